@@ -1,0 +1,110 @@
+"""`attnv41` command line: argument parsing and printing only.
+
+Subcommands:
+  check   replay a golden file (default: the tiny one bundled in the package)
+          through an implementation and compare every tensor it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from .golden import KINDS, VARIANTS, GoldenFile, LayerReport, ReplayReport, bundled_golden_path, reference_impl, replay
+
+IMPLS = {"reference": reference_impl}
+COLS = tuple(k for k in KINDS)
+SHORT = {
+    "q": "q", "kv_win": "kv_win", "compress_kv": "ckv", "index_k": "idx_k", "index_score": "score",
+    "index_k_owner": "owner", "candidates": "cand", "sel": "sel", "o": "o", "out": "out",
+}
+
+
+def _fmt_ratio(r: float) -> str:
+    return "inf" if math.isinf(r) else f"{r:.3f}"
+
+
+def _row(lr: LayerReport) -> str:
+    by = {c.name: c for c in lr.cmps}
+    cells = []
+    for k in COLS:
+        c = by.get(k)
+        if c is None:
+            cells.append(f"{'-':>7}")
+        else:
+            mark = "" if c.ok else "!"
+            mark += "~" if c.excused else ""
+            cells.append(f"{_fmt_ratio(c.ratio) + mark:>7}")
+    status = "ok" if lr.ok else "FAIL"
+    return f"{lr.regime:<11} L{lr.layer:<3} {lr.role:<22}" + "".join(cells) + f"  {status}"
+
+
+def _header() -> str:
+    return f"{'regime':<11} {'layer':<4} {'role':<22}" + "".join(f"{SHORT[k]:>7}" for k in COLS) + "  status"
+
+
+def _print_report(rep: ReplayReport, out) -> None:
+    print(f"\n== {rep.golden} / {rep.variant} / impl {rep.impl}: worst |err|/tol per tensor "
+          "(<= 1 passes; ~ = some rows or elements excused by the golden README's rules; ! = fails)", file=out)
+    print(_header(), file=out)
+    for lr in rep.layers:
+        print(_row(lr), file=out)
+    for f in rep.failures():
+        print(f"  FAIL {f}", file=out)
+    excused = [f"{lr.regime} L{lr.layer} {c}" for lr in rep.layers for c in lr.cmps if c.excused and c.ok]
+    for e in excused:
+        print(f"  note {e}", file=out)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    path = args.golden or bundled_golden_path()
+    golden = GoldenFile(path)
+    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("attnv41 check: --device cuda requested but torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+    failed = 0
+    total_cmp = total_skip = 0
+    t0 = time.perf_counter()
+    for v in variants:
+        rep = replay(golden, v, IMPLS[args.impl], device=args.device, impl_name=args.impl)
+        _print_report(rep, sys.stdout)
+        failed += rep.n_failed
+        total_cmp += rep.n_compared
+        total_skip += rep.n_skipped
+        worst = rep.worst()
+        print(f"-- {golden.name}/{v}: {rep.n_compared} tensors compared, {rep.n_failed} failed, "
+              f"{rep.n_skipped} absent from the file (skipped); worst ratio "
+              + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst))
+    dt = time.perf_counter() - t0
+    verdict = "PASS" if failed == 0 else "FAIL"
+    print(f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {args.impl}, "
+          f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s")
+    return 0 if failed == 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnv41", description="DeepSeek-V4.1 attention runtime tools")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="replay a golden file and compare every tensor it holds")
+    c.add_argument("--golden", help="golden .safetensors file (default: the tiny one bundled in the package)")
+    c.add_argument("--variant", choices=(*VARIANTS, "both"), default="both",
+                   help="released: the index-key flaw of the released code; intended: the fix (default both)")
+    c.add_argument("--impl", choices=tuple(IMPLS), default="reference", help="implementation to check")
+    c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    c.set_defaults(func=cmd_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""Golden files (`../shared/golden/`, format `v41-attention-golden/1`): loading and replay.
+
+`GoldenFile` reads a file's metadata, config, weights and per-layer tensors.
+`replay` runs every regime in order, layer by layer, through an implementation and
+compares every tensor present in the file by the README's rules (see `testing.py`);
+a tensor the README lists for a layer but the file lacks is skipped and counted.
+`attnv41 check` and the tests call the same code.
+
+An implementation is any callable `make(cfg, weights, index_keys, device)` returning
+an object with `layer(i, x, start_pos)`; the object the call returns carries the
+golden names as attributes (`q`, `kv_win`, `sel`, `o`, `out`, `compress_kv`,
+`index_k`, `index_score`, `index_k_owner`, `candidates`), None where not produced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from .config import AttnV41Cfg
+from .testing import Cmp, compare_bf16, compare_exact, compare_quantized, compare_selection
+
+__all__ = [
+    "GoldenFile", "LayerReport", "ReplayReport", "replay", "bundled_golden_path", "VARIANTS",
+    "INDEX_KEYS_FOR_VARIANT", "reference_impl",
+]
+
+FORMAT = "v41-attention-golden/1"
+VARIANTS = ("released", "intended")
+INDEX_KEYS_FOR_VARIANT = {"released": "released", "intended": "own"}
+KINDS = ("q", "kv_win", "compress_kv", "index_k", "index_score", "index_k_owner", "candidates", "sel", "o", "out")
+
+
+def bundled_golden_path() -> Path:
+    """The tiny golden file shipped inside the package (a copy of `v41_tiny.safetensors`)."""
+    return Path(str(resources.files("attnv41") / "data" / "v41_tiny.safetensors"))
+
+
+class GoldenFile:
+    """One golden file: metadata, config, weights and tensors, read lazily."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"golden file {self.path} does not exist")
+        self._f = safe_open(str(self.path), framework="pt")
+        meta = self._f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: metadata format = {meta.get('format')!r}; allowed: {FORMAT!r}")
+        dec = {k: _maybe_json(v) for k, v in meta.items()}
+        self.meta = dec
+        self.name: str = dec["name"]
+        self.cfg = AttnV41Cfg.from_golden_meta(dec["config"])
+        self.roles: list[str] = list(dec["roles"])
+        self.regimes: list[dict[str, Any]] = list(dec["regimes"])
+        self.variants: list[str] = list(dec["variants"])
+        self.compress_kv_owner = {int(k): int(v) for k, v in dec.get("compress_kv_owner", {}).items()}
+        self.selection_owner = {int(k): int(v) for k, v in dec.get("selection_owner", {}).items()}
+        self.keys = set(self._f.keys())
+        derived = [r.name for r in self.cfg.roles]
+        if derived != self.roles:
+            raise ValueError(f"{self.path}: roles {self.roles} differ from those derived from its config {derived}")
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return self._f.get_tensor(key)
+
+    def weights(self, layer: int) -> dict[str, torch.Tensor]:
+        """Layer weights under the released module's parameter names (`wq_a.weight`, ...)."""
+        pre = f"weights/L{layer}/"
+        return {k[len(pre):]: self.tensor(k) for k in sorted(self.keys) if k.startswith(pre)}
+
+    def get(self, variant: str, regime: str, layer: int, name: str) -> torch.Tensor | None:
+        """`<variant>/<regime>/L<l>/<name>`; an absent `intended` tensor equals the `released` one."""
+        for v in (variant, "released"):
+            k = f"{v}/{regime}/L{layer}/{name}"
+            if k in self.keys:
+                return self.tensor(k)
+        return None
+
+    @property
+    def prefill_rows(self) -> torch.Tensor:
+        return self.tensor("rows/prefill").long()
+
+
+def _maybe_json(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except (json.JSONDecodeError, TypeError):
+        return v
+
+
+def _expected(role) -> set[str]:
+    """The tensors the README lists for a layer of this role."""
+    names = {"q", "kv_win", "sel", "o", "out"}
+    if role.is_kv_source:
+        names |= {"compress_kv", "index_k"}
+    if role.is_index_source:
+        names |= {"index_score", "index_k_owner"}
+    if role.is_candidate_source:
+        names |= {"candidates"}
+    return names
+
+
+@dataclass
+class LayerReport:
+    regime: str
+    layer: int
+    role: str
+    cmps: list[Cmp] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.cmps)
+
+
+@dataclass
+class ReplayReport:
+    golden: str
+    variant: str
+    impl: str
+    layers: list[LayerReport] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(lr.ok for lr in self.layers)
+
+    @property
+    def n_compared(self) -> int:
+        return sum(len(lr.cmps) for lr in self.layers)
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(len(lr.skipped) for lr in self.layers)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(1 for lr in self.layers for c in lr.cmps if not c.ok)
+
+    def worst(self) -> dict[str, float]:
+        w: dict[str, float] = {}
+        for lr in self.layers:
+            for c in lr.cmps:
+                w[c.name] = max(w.get(c.name, 0.0), c.ratio)
+        return w
+
+    def failures(self) -> list[str]:
+        return [f"{lr.regime} L{lr.layer}: {c}" for lr in self.layers for c in lr.cmps if not c.ok]
+
+
+def reference_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
+    """The reference stack as a golden implementation."""
+    from .reference.layer import RefStack
+
+    return RefStack(cfg, weights, device=device, index_keys=index_keys)
+
+
+def replay(
+    golden: GoldenFile,
+    variant: str,
+    make_impl: Callable[..., Any] = reference_impl,
+    device: str | torch.device = "cpu",
+    impl_name: str = "reference",
+    on_layer: Callable[[LayerReport], None] | None = None,
+) -> ReplayReport:
+    """Run every regime of `golden` in order through a fresh implementation and compare."""
+    if variant not in golden.variants:
+        raise ValueError(f"variant = {variant!r}; allowed: {golden.variants}")
+    cfg = golden.cfg
+    weights = [{k: v.to(device) for k, v in golden.weights(i).items()} for i in range(cfg.n_layers)]
+    impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
+    report = ReplayReport(golden.name, variant, impl_name)
+    rows_prefill = golden.prefill_rows
+    for reg in golden.regimes:
+        rname, start = reg["name"], int(reg["start_pos"])
+        traces: dict[int, Any] = {}
+        score_rows: dict[int, set[int]] = {}  # per index source: rows whose scores were excused
+        for i in range(cfg.n_layers):
+            role = cfg.roles[i]
+            x = golden.get(variant, rname, i, "x")
+            if x is None:
+                raise ValueError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
+            tr = impl.layer(i, x.to(device), start)
+            traces[i] = tr
+            lr = _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows_prefill if start == 0 else None)
+            report.layers.append(lr)
+            if on_layer:
+                on_layer(lr)
+    return report
+
+
+def _cpu(t):
+    if t is None:
+        return None
+    if isinstance(t, int):
+        return torch.tensor([t], dtype=torch.int32)
+    return t.detach().cpu()
+
+
+def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) -> LayerReport:
+    rname, start, m = reg["name"], int(reg["start_pos"]), int(reg["len"])
+    window_cols, offset = int(reg["window_cols"]), int(reg["offset"])
+    lr = LayerReport(rname, i, role.name)
+    present = {n: golden.get(variant, rname, i, n) for n in KINDS}
+    lr.skipped = sorted(n for n in _expected(role) if present.get(n) is None)
+
+    def got(n):
+        return _cpu(getattr(tr, n, None))
+
+    def missing(n) -> bool:
+        if got(n) is None:
+            lr.cmps.append(Cmp(n, False, float("inf"), "the implementation did not produce it"))
+            return True
+        return False
+
+    # Selection first: o/out rows are compared only where the selection matches.
+    r = role.ratio
+    positions = torch.arange(start, start + m)
+    visible = torch.div(positions + 1, r, rounding_mode="floor") if r else None
+    sel_same_rows = torch.ones(m, dtype=torch.bool)
+    if present["index_score"] is not None and not missing("index_score"):
+        cand_tie = None
+        if role.uses_candidates and golden.cfg.candidate_source_layer is not None:
+            cand_tie = golden.get(variant, rname, golden.cfg.candidate_source_layer, "cand_tie")
+        c = compare_bf16(
+            "index_score", got("index_score"), present["index_score"],
+            excuse_rows=max(1, m // 50), finite_only_rows=None if cand_tie is None else cand_tie != 0,
+        )
+        lr.cmps.append(c)
+        score_rows[i] = set(c.rows)
+    if present["sel"] is not None and not missing("sel"):
+        ref_sel = present["sel"]
+        k = ref_sel.shape[1] - window_cols
+        src = i if role.is_index_source else golden.selection_owner.get(i, i)
+        tie = golden.get(variant, rname, i, "sel_tie") if r else None  # reuse layers copy their source's flags
+        ref_scores = golden.get(variant, rname, src, "index_score") if r else None
+        own = traces.get(src)
+        got_scores = _cpu(getattr(own, "index_score", None)) if own is not None else None
+        own_on_ties = golden.cfg.roles[src].uses_candidates  # ties judged with our own candidate row
+        c = compare_selection(
+            "sel", got("sel"), ref_sel, window_cols, offset, tie, ref_scores, got_scores, visible, k, own_on_ties,
+            score_rows.get(src, set()),
+        )
+        lr.cmps.append(c)
+        if got("sel").shape == ref_sel.shape:
+            sel_same_rows = (got("sel").long() == ref_sel.long()).all(1)
+    for n in ("q", "kv_win", "compress_kv", "index_k", "index_k_owner", "candidates", "o", "out"):
+        ref = present[n]
+        if ref is None or missing(n):
+            continue
+        g = got(n)
+        if n in ("q", "o") and rows is not None:
+            g = g[rows]
+        if n == "kv_win":
+            lr.cmps.append(compare_quantized(n, g, ref, "fp8"))
+        elif n in ("compress_kv", "index_k"):
+            lr.cmps.append(compare_quantized(n, g, ref, "fp4"))
+        elif n == "index_k_owner":
+            lr.cmps.append(compare_exact(n, g.reshape(-1).to(torch.int32), ref.reshape(-1)))
+        elif n == "candidates":
+            tie = golden.get(variant, rname, i, "cand_tie")
+            keep = torch.ones(m, dtype=torch.bool) if tie is None else tie == 0
+            c = compare_exact(n, g.to(torch.uint8)[keep], ref[keep])
+            c.excused = int((~keep).sum()) if c.ok else 0
+            lr.cmps.append(c)
+        else:  # q, o, out: rows whose selection legitimately differs (ties) are not compared
+            same = sel_same_rows if n == "out" or rows is None else sel_same_rows[rows]
+            if n == "q":
+                same = torch.ones_like(same)
+            c = compare_bf16(n, g[same], ref[same])
+            c.excused = int((~same).sum())
+            lr.cmps.append(c)
+    return lr
+

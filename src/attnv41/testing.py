@@ -1,0 +1,252 @@
+"""Named comparisons shared by the tests and `attnv41 check`.
+
+Every comparison returns a `Cmp` that names the tensor, reports the worst error as a
+ratio to the tolerance (≤ 1 passes), and fails on any NaN, on an ±inf mismatch and on
+a shape mismatch. Tolerances follow `../shared/golden/README.md` ("How to compare").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "Cmp", "compare_bf16", "compare_quantized", "compare_exact", "compare_selection",
+    "bf16_ulp", "seeded", "assert_close_named",
+]
+
+BF16_REL = 2.0**-7
+BF16_ABS = 1e-4
+
+
+@dataclass
+class Cmp:
+    """One tensor comparison. `ratio` = worst |error| / tolerance (0 when bit-equal)."""
+
+    name: str
+    ok: bool
+    ratio: float
+    detail: str = ""
+    excused: int = 0  # elements accepted under a documented exception (quantization step, ulp swap, tie)
+    rows: list[int] = field(default_factory=list)  # rows excused (index scores: judged by our own scores)
+
+    def __str__(self) -> str:
+        s = f"{self.name}: {'ok' if self.ok else 'FAIL'} ratio {self.ratio:.3g}"
+        if self.excused:
+            s += f", {self.excused} excused"
+        return s + (f" ({self.detail})" if self.detail else "")
+
+
+def _prelude(name: str, got: torch.Tensor, ref: torch.Tensor) -> Cmp | None:
+    if tuple(got.shape) != tuple(ref.shape):
+        return Cmp(name, False, math.inf, f"shape {tuple(got.shape)} vs reference {tuple(ref.shape)}")
+    if torch.isnan(got.float()).any() or torch.isnan(ref.float()).any():
+        return Cmp(name, False, math.inf, "NaN present")
+    return None
+
+
+def _inf_mismatch(name: str, g: torch.Tensor, r: torch.Tensor) -> Cmp | None:
+    gi, ri = torch.isinf(g), torch.isinf(r)
+    if not torch.equal(gi, ri) or not torch.equal(g[ri], r[ri]):
+        n = int((gi != ri).sum())
+        return Cmp(name, False, math.inf, f"±inf pattern differs ({n} elements)")
+    return None
+
+
+def compare_bf16(
+    name: str,
+    got: torch.Tensor,
+    ref: torch.Tensor,
+    rel: float = BF16_REL,
+    abs_: float = BF16_ABS,
+    excuse_rows: int = 0,
+    excuse_factor: float = 4.0,
+    finite_only_rows: torch.Tensor | None = None,
+) -> Cmp:
+    """`|got − ref| ≤ max|ref|·rel + abs_` elementwise over finite entries; ±inf must match exactly.
+
+    `excuse_rows` (for index scores): up to that many rows (dim 0) may exceed the
+    tolerance, each by at most `excuse_factor`× — what one fp4 step of a single
+    index-query element does to a row of scores when an input crossed a rounding
+    boundary one bf16 ulp away. Their indices land in `Cmp.rows`.
+    `finite_only_rows` (bool `[m]`): on these rows only entries finite in both are
+    compared (the row's ±inf pattern came from a tie-dependent candidate mask).
+    """
+    bad = _prelude(name, got, ref)
+    if bad:
+        return bad
+    g, r = got.double().cpu(), ref.double().cpu()
+    skip = torch.zeros(g.shape[:1], dtype=torch.bool) if finite_only_rows is None else finite_only_rows.cpu().bool()
+    bad = _inf_mismatch(name, g[~skip], r[~skip])
+    if bad:
+        return bad
+    fin = torch.isfinite(r) & torch.isfinite(g)
+    if not fin.any():
+        return Cmp(name, True, 0.0)
+    tol = r[fin].abs().max().item() * rel + abs_
+    err = torch.where(fin, (g - r).abs(), torch.zeros_like(g))
+    row_err = err.reshape(err.shape[0], -1).amax(1) if err.dim() else err.reshape(1)
+    over = (row_err > tol).nonzero().flatten().tolist()
+    if not over:
+        return Cmp(name, True, row_err.max().item() / tol, f"max err {row_err.max().item():.3g}, tol {tol:.3g}")
+    within = len(over) <= excuse_rows and all(row_err[t].item() <= excuse_factor * tol for t in over)
+    rest = row_err.clone()
+    rest[over] = 0
+    ratio = (rest.max().item() if within else row_err.max().item()) / tol
+    detail = f"max err {row_err.max().item():.3g}, tol {tol:.3g}; rows {over[:6]} over tol"
+    if not within:
+        detail += f" (allowed {excuse_rows} rows up to {excuse_factor}x)"
+    return Cmp(name, within, ratio, detail, excused=len(over) if within else 0, rows=over if within else [])
+
+
+def compare_quantized(name: str, got: torch.Tensor, ref: torch.Tensor, fmt: str, max_frac: float = 0.01) -> Cmp:
+    """Quantized rows (fmt `fp8` or `fp4`): as `compare_bf16`, except that isolated
+    elements may differ by one quantization step (an input one bf16 ulp away crosses a
+    rounding boundary). At most `max_frac` of the elements (and at least 2) may be
+    excused, each by at most one step: `2^(floor(log2 max(|a|,|b|)) − 2)` for e4m3
+    (3 mantissa bits, counted generously), `max(|a|, |b|)` for e2m1 (neighbouring codes).
+    """
+    if fmt not in ("fp8", "fp4"):
+        raise ValueError(f"fmt = {fmt!r}; allowed: 'fp8', 'fp4'")
+    bad = _prelude(name, got, ref)
+    if bad:
+        return bad
+    g, r = got.double().cpu(), ref.double().cpu()
+    bad = _inf_mismatch(name, g, r)
+    if bad:
+        return bad
+    if r.numel() == 0:
+        return Cmp(name, True, 0.0)
+    tol = r.abs().max().item() * BF16_REL + BF16_ABS
+    err = (g - r).abs()
+    over = err > tol
+    n_over = int(over.sum())
+    if n_over == 0:
+        return Cmp(name, True, err.max().item() / tol)
+    big = torch.maximum(g.abs(), r.abs())[over]
+    if fmt == "fp8":
+        step = torch.exp2(torch.floor(torch.log2(big)) - 2)
+    else:
+        step = big
+    within = bool((err[over] <= step + 1e-30).all())
+    allowed = max(2, int(max_frac * r.numel()))
+    rest = err[~over]
+    ratio = rest.max().item() / tol if rest.numel() else 0.0
+    ok = within and n_over <= allowed
+    detail = f"{n_over} elements one quantization step off (allowed {allowed})"
+    if not within:
+        detail += ", some by more than one step"
+        ratio = max(ratio, err.max().item() / tol)
+    return Cmp(name, ok, ratio, detail, excused=n_over if ok else 0)
+
+
+def compare_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> Cmp:
+    """Bit-for-bit equality (integers, masks, selections without ties)."""
+    bad = _prelude(name, got, ref)
+    if bad:
+        return bad
+    g, r = got.cpu(), ref.cpu().to(got.dtype)
+    n = int((g != r).sum())
+    return Cmp(name, n == 0, 0.0 if n == 0 else math.inf, f"{n} entries differ" if n else "")
+
+
+def bf16_ulp(v: torch.Tensor) -> torch.Tensor:
+    """The bf16 ulp at each finite value (fp64)."""
+    a = v.double().abs().clamp_min(2.0**-126)
+    return torch.exp2(torch.floor(torch.log2(a)) - 7)
+
+
+def _is_valid_topk(chosen: set[int], scores: torch.Tensor, visible: int, k: int, slack: float) -> bool:
+    """Whether `chosen` (compressed positions, −1 dropped) is a top-k of `scores` with ties
+    broken any way: every position scoring above the k-th value (minus `slack`) is in,
+    every chosen position scores at least the k-th value (minus `slack`)."""
+    s = scores.double()
+    if any(j >= visible for j in chosen):
+        return False
+    kth = torch.sort(s, descending=True).values[k - 1].item() if k >= 1 else math.inf
+    must = {j for j in range(s.numel()) if s[j].item() > kth + slack}
+    if not must <= chosen:
+        return False
+    return all(s[j].item() >= kth - slack for j in chosen)
+
+
+def compare_selection(
+    name: str,
+    got: torch.Tensor,
+    ref: torch.Tensor,
+    window_cols: int,
+    offset: int,
+    tie: torch.Tensor | None,
+    ref_scores: torch.Tensor | None,
+    got_scores: torch.Tensor | None,
+    visible: torch.Tensor | None,
+    k: int,
+    own_scores_on_ties: bool = False,
+    own_score_rows: set[int] | frozenset[int] = frozenset(),
+) -> Cmp:
+    """A selection `[m, window_cols + k]` against the golden one (README "How to compare").
+
+    The window part must match exactly. The compressed part must match exactly, except:
+    on rows flagged in `tie`, any valid top-k of the scores (golden scores, or our own
+    when `own_scores_on_ties`, as for a layer that applies its own candidate mask);
+    on other rows, positions whose golden scores lie within the row's score error (at
+    least one bf16 ulp) of the row's k-th value may be swapped, provided ours is a
+    valid top-k of our own scores; on rows in `own_score_rows` (whose scores were excused
+    by `compare_bf16`), any valid top-k of our own scores. Returns which rows were accepted under those rules in
+    `excused`; `detail` lists the rows whose selection differs.
+    """
+    bad = _prelude(name, got, ref)
+    if bad:
+        return bad
+    g, r = got.cpu().long(), ref.cpu().long()
+    if not torch.equal(g[:, :window_cols], r[:, :window_cols]):
+        n = int((g[:, :window_cols] != r[:, :window_cols]).any(1).sum())
+        return Cmp(name, False, math.inf, f"window part differs on {n} rows")
+    diff_rows = (g[:, window_cols:] != r[:, window_cols:]).any(1).nonzero().flatten().tolist()
+    if not diff_rows:
+        return Cmp(name, True, 0.0)
+    if ref_scores is None or visible is None:
+        return Cmp(name, False, math.inf, f"compressed part differs on rows {diff_rows[:8]} and no scores to judge ties")
+    excused = []
+    for t in diff_rows:
+        gs = {int(v) - offset for v in g[t, window_cols:] if v >= 0}
+        rs = {int(v) - offset for v in r[t, window_cols:] if v >= 0}
+        vis = int(visible[t])
+        if t in own_score_rows and got_scores is not None:
+            ok = _is_valid_topk(gs, got_scores[t], vis, k, 0.0) and len(gs) == len(rs)
+        elif tie is not None and bool(tie[t]):
+            scores = got_scores[t] if (own_scores_on_ties and got_scores is not None) else ref_scores[t]
+            ok = _is_valid_topk(gs, scores, vis, k, 0.0) and len(gs) == len(rs)
+        else:
+            # Positions may swap only where the scores themselves differ: each swapped
+            # position's golden score lies within the row's score error (at least one
+            # bf16 ulp) of the golden k-th value, and ours is a valid top-k of our scores.
+            s = ref_scores[t].double()
+            kth = torch.sort(s, descending=True).values[k - 1].item()
+            slack = bf16_ulp(torch.tensor(kth)).item() if math.isfinite(kth) else 0.0
+            if got_scores is not None:
+                gsc = got_scores[t].double()
+                fin = torch.isfinite(s) & torch.isfinite(gsc)
+                if fin.any():
+                    slack = max(slack, (gsc[fin] - s[fin]).abs().max().item())
+            ok = len(gs) == len(rs) and all(abs(s[j].item() - kth) <= slack for j in gs ^ rs)
+            if got_scores is not None:
+                ok = ok and _is_valid_topk(gs, got_scores[t], vis, k, 0.0)
+        if not ok:
+            return Cmp(name, False, math.inf, f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}")
+        excused.append(t)
+    return Cmp(name, True, 0.0, f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties", excused=len(excused))
+
+
+def seeded(seed: int, *shape: int, dtype=torch.bfloat16, device="cpu", scale: float = 1.0) -> torch.Tensor:
+    """Deterministic standard-normal values (a private generator, global RNG untouched)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+
+def assert_close_named(c: Cmp) -> None:
+    """Raise AssertionError with the comparison's report unless it passed."""
+    if not c.ok:
+        raise AssertionError(str(c))
