@@ -17,8 +17,16 @@ from .golden import KINDS, VARIANTS, GoldenFile, LayerReport, ReplayReport, bund
 IMPLS = {"reference": reference_impl}
 COLS = tuple(k for k in KINDS)
 SHORT = {
-    "q": "q", "kv_win": "kv_win", "compress_kv": "ckv", "index_k": "idx_k", "index_score": "score",
-    "index_k_owner": "owner", "candidates": "cand", "sel": "sel", "o": "o", "out": "out",
+    "q": "q",
+    "kv_win": "kv_win",
+    "compress_kv": "ckv",
+    "index_k": "idx_k",
+    "index_score": "score",
+    "index_k_owner": "owner",
+    "candidates": "cand",
+    "sel": "sel",
+    "o": "o",
+    "out": "out",
 }
 
 
@@ -46,8 +54,11 @@ def _header() -> str:
 
 
 def _print_report(rep: ReplayReport, out) -> None:
-    print(f"\n== {rep.golden} / {rep.variant} / impl {rep.impl}: worst |err|/tol per tensor "
-          "(<= 1 passes; ~ = some rows or elements excused by the golden README's rules; ! = fails)", file=out)
+    print(
+        f"\n== {rep.golden} / {rep.variant} / impl {rep.impl}: worst |err|/tol per tensor "
+        "(<= 1 passes; ~ = some rows or elements excused by the golden README's rules; ! = fails)",
+        file=out,
+    )
     print(_header(), file=out)
     for lr in rep.layers:
         print(_row(lr), file=out)
@@ -78,13 +89,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         total_cmp += rep.n_compared
         total_skip += rep.n_skipped
         worst = rep.worst()
-        print(f"-- {golden.name}/{v}: {rep.n_compared} tensors compared, {rep.n_failed} failed, "
-              f"{rep.n_skipped} absent from the file (skipped); worst ratio "
-              + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst))
+        print(
+            f"-- {golden.name}/{v}: {rep.n_compared} tensors compared, {rep.n_failed} failed, "
+            f"{rep.n_skipped} absent from the file (skipped); worst ratio "
+            + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst)
+        )
     dt = time.perf_counter() - t0
     verdict = "PASS" if failed == 0 else "FAIL"
-    print(f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {args.impl}, "
-          f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s")
+    print(
+        f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {args.impl}, "
+        f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s"
+    )
     return 0 if failed == 0 else 1
 
 
@@ -93,8 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="replay a golden file and compare every tensor it holds")
     c.add_argument("--golden", help="golden .safetensors file (default: the tiny one bundled in the package)")
-    c.add_argument("--variant", choices=(*VARIANTS, "both"), default="both",
-                   help="released: the index-key flaw of the released code; intended: the fix (default both)")
+    c.add_argument(
+        "--variant",
+        choices=(*VARIANTS, "both"),
+        default="both",
+        help="released: the index-key flaw of the released code; intended: the fix (default both)",
+    )
     c.add_argument("--impl", choices=tuple(IMPLS), default="reference", help="implementation to check")
     c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     c.set_defaults(func=cmd_check)

@@ -101,9 +101,24 @@ class AttnV41Cfg:
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
         positive = (
-            "dim", "n_layers", "n_heads", "head_dim", "rope_dim", "q_rank", "o_rank", "groups",
-            "window", "index_heads", "index_head_dim", "index_topk", "cand_blocks", "cand_block",
-            "original_seq_len", "max_position_embeddings", "max_tokens", "max_seq",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "head_dim",
+            "rope_dim",
+            "q_rank",
+            "o_rank",
+            "groups",
+            "window",
+            "index_heads",
+            "index_head_dim",
+            "index_topk",
+            "cand_blocks",
+            "cand_block",
+            "original_seq_len",
+            "max_position_embeddings",
+            "max_tokens",
+            "max_seq",
         )
         for name in positive:
             v = getattr(self, name)
@@ -124,21 +139,21 @@ class AttnV41Cfg:
             raise _range_error("index_head_dim", self.index_head_dim, "a multiple of 32 (fp4 blocks)")
         if self.rope_dim % 2 or self.rope_dim > self.head_dim or self.rope_dim > self.index_head_dim:
             raise _range_error(
-                "rope_dim", self.rope_dim,
+                "rope_dim",
+                self.rope_dim,
                 f"even and <= min(head_dim, index_head_dim) = {min(self.head_dim, self.index_head_dim)}",
             )
         if self.n_heads % self.groups:
             raise _range_error("groups", self.groups, f"a divisor of n_heads ({self.n_heads})")
         if not self.max_tokens <= self.max_seq <= self.max_position_embeddings:
             raise _range_error(
-                "max_seq", self.max_seq,
+                "max_seq",
+                self.max_seq,
                 f"max_tokens ({self.max_tokens}) <= max_seq <= max_position_embeddings "
                 f"({self.max_position_embeddings})",
             )
         if len(self.compress_ratios) != self.n_layers:
-            raise _range_error(
-                "compress_ratios", self.compress_ratios, f"exactly n_layers ({self.n_layers}) entries"
-            )
+            raise _range_error("compress_ratios", self.compress_ratios, f"exactly n_layers ({self.n_layers}) entries")
         for i, r in enumerate(self.compress_ratios):
             if r < 0 or r > 128:
                 raise _range_error(f"compress_ratios[{i}]", r, "0 (window only) or 1..128")
@@ -154,7 +169,8 @@ class AttnV41Cfg:
         missing = [i for i in self.kv_source_layers if i not in self.index_source_layers]
         if missing:
             raise _range_error(
-                "index_source_layers", self.index_source_layers,
+                "index_source_layers",
+                self.index_source_layers,
                 f"a superset of kv_source_layers (a kv source also indexes; missing {missing})",
             )
         c = self.candidate_source_layer
@@ -169,12 +185,14 @@ class AttnV41Cfg:
                 before = [j for j in getattr(self, name) if j <= i]
                 if not before:
                     raise _range_error(
-                        name, getattr(self, name),
+                        name,
+                        getattr(self, name),
                         f"a source at or before layer {i} (compress ratio {r})",
                     )
                 if self.compress_ratios[before[-1]] != r:
                     raise _range_error(
-                        name, getattr(self, name),
+                        name,
+                        getattr(self, name),
                         f"the latest source before layer {i} (layer {before[-1]}, ratio "
                         f"{self.compress_ratios[before[-1]]}) to have layer {i}'s ratio {r}",
                     )
@@ -183,9 +201,7 @@ class AttnV41Cfg:
         kv = i in self.kv_source_layers
         ix = i in self.index_source_layers
         cand = self.candidate_source_layer == i
-        uses = (
-            ix and not kv and self.candidate_source_layer is not None and i > self.candidate_source_layer
-        )
+        uses = ix and not kv and self.candidate_source_layer is not None and i > self.candidate_source_layer
         return LayerRole(i, self.compress_ratios[i], kv, ix, cand, uses)
 
     # ------------------------------------------------------------------ derived
@@ -318,21 +334,39 @@ class AttnV41Cfg:
 
 def _need(d: dict[str, Any], key: str, prefix: str = "") -> Any:
     if key not in d:
-        raise KeyError(f"config key {prefix}{key!r} is missing")
+        raise KeyError(f"config key '{prefix}{key}' is missing")
     return d[key]
 
 
 def v41_flash(max_tokens: int = 4096, max_seq: int = 8192) -> AttnV41Cfg:
     """The released DeepSeek-V4.1-Flash attention geometry (attention-v41.md §1)."""
     return AttnV41Cfg(
-        dim=5120, n_layers=40, n_heads=64, head_dim=512, rope_dim=64, q_rank=1280, o_rank=1024,
-        groups=8, window=128, index_heads=32, index_head_dim=128, index_topk=512,
-        cand_blocks=2048, cand_block=8, rope_theta=10000.0, compress_rope_theta=160000.0,
-        rope_factor=16.0, original_seq_len=65536, beta_fast=32.0, beta_slow=1.0, norm_eps=1e-20,
+        dim=5120,
+        n_layers=40,
+        n_heads=64,
+        head_dim=512,
+        rope_dim=64,
+        q_rank=1280,
+        o_rank=1024,
+        groups=8,
+        window=128,
+        index_heads=32,
+        index_head_dim=128,
+        index_topk=512,
+        cand_blocks=2048,
+        cand_block=8,
+        rope_theta=10000.0,
+        compress_rope_theta=160000.0,
+        rope_factor=16.0,
+        original_seq_len=65536,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        norm_eps=1e-20,
         max_position_embeddings=1 << 20,
         compress_ratios=(0, 0) + (2,) * 18 + (1,) * 20,
         kv_source_layers=(2, 8, 14, 20),
         index_source_layers=(2, 8, 14, 20, 24, 28, 32, 36),
         candidate_source_layer=20,
-        max_tokens=max_tokens, max_seq=max_seq,
+        max_tokens=max_tokens,
+        max_seq=max_seq,
     )

@@ -15,7 +15,7 @@ golden names as attributes (`q`, `kv_win`, `sel`, `o`, `out`, `compress_kv`,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -28,8 +28,14 @@ from .config import AttnV41Cfg
 from .testing import Cmp, compare_bf16, compare_exact, compare_quantized, compare_selection
 
 __all__ = [
-    "GoldenFile", "LayerReport", "ReplayReport", "replay", "bundled_golden_path", "VARIANTS",
-    "INDEX_KEYS_FOR_VARIANT", "reference_impl",
+    "GoldenFile",
+    "LayerReport",
+    "ReplayReport",
+    "replay",
+    "bundled_golden_path",
+    "VARIANTS",
+    "INDEX_KEYS_FOR_VARIANT",
+    "reference_impl",
 ]
 
 FORMAT = "v41-attention-golden/1"
@@ -74,7 +80,7 @@ class GoldenFile:
     def weights(self, layer: int) -> dict[str, torch.Tensor]:
         """Layer weights under the released module's parameter names (`wq_a.weight`, ...)."""
         pre = f"weights/L{layer}/"
-        return {k[len(pre):]: self.tensor(k) for k in sorted(self.keys) if k.startswith(pre)}
+        return {k[len(pre) :]: self.tensor(k) for k in sorted(self.keys) if k.startswith(pre)}
 
     def get(self, variant: str, regime: str, layer: int, name: str) -> torch.Tensor | None:
         """`<variant>/<regime>/L<l>/<name>`; an absent `intended` tensor equals the `released` one."""
@@ -189,7 +195,9 @@ def replay(
                 raise ValueError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
             tr = impl.layer(i, x.to(device), start)
             traces[i] = tr
-            lr = _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows_prefill if start == 0 else None)
+            lr = _compare_layer(
+                golden, variant, reg, i, role, tr, traces, score_rows, rows_prefill if start == 0 else None
+            )
             report.layers.append(lr)
             if on_layer:
                 on_layer(lr)
@@ -230,8 +238,11 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
         if role.uses_candidates and golden.cfg.candidate_source_layer is not None:
             cand_tie = golden.get(variant, rname, golden.cfg.candidate_source_layer, "cand_tie")
         c = compare_bf16(
-            "index_score", got("index_score"), present["index_score"],
-            excuse_rows=max(1, m // 50), finite_only_rows=None if cand_tie is None else cand_tie != 0,
+            "index_score",
+            got("index_score"),
+            present["index_score"],
+            excuse_rows=max(1, m // 50),
+            finite_only_rows=None if cand_tie is None else cand_tie != 0,
         )
         lr.cmps.append(c)
         score_rows[i] = set(c.rows)
@@ -245,7 +256,17 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
         got_scores = _cpu(getattr(own, "index_score", None)) if own is not None else None
         own_on_ties = golden.cfg.roles[src].uses_candidates  # ties judged with our own candidate row
         c = compare_selection(
-            "sel", got("sel"), ref_sel, window_cols, offset, tie, ref_scores, got_scores, visible, k, own_on_ties,
+            "sel",
+            got("sel"),
+            ref_sel,
+            window_cols,
+            offset,
+            tie,
+            ref_scores,
+            got_scores,
+            visible,
+            k,
+            own_on_ties,
             score_rows.get(src, set()),
         )
         lr.cmps.append(c)
@@ -278,4 +299,3 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
             c.excused = int((~same).sum())
             lr.cmps.append(c)
     return lr
-

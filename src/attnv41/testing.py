@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = [
-    "Cmp", "compare_bf16", "compare_quantized", "compare_exact", "compare_selection",
-    "bf16_ulp", "seeded", "assert_close_named",
+    "Cmp",
+    "compare_bf16",
+    "compare_quantized",
+    "compare_exact",
+    "compare_selection",
+    "bf16_ulp",
+    "seeded",
+    "assert_close_named",
 ]
 
 BF16_REL = 2.0**-7
@@ -208,7 +214,9 @@ def compare_selection(
     if not diff_rows:
         return Cmp(name, True, 0.0)
     if ref_scores is None or visible is None:
-        return Cmp(name, False, math.inf, f"compressed part differs on rows {diff_rows[:8]} and no scores to judge ties")
+        return Cmp(
+            name, False, math.inf, f"compressed part differs on rows {diff_rows[:8]} and no scores to judge ties"
+        )
     excused = []
     for t in diff_rows:
         gs = {int(v) - offset for v in g[t, window_cols:] if v >= 0}
@@ -237,7 +245,9 @@ def compare_selection(
         if not ok:
             return Cmp(name, False, math.inf, f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}")
         excused.append(t)
-    return Cmp(name, True, 0.0, f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties", excused=len(excused))
+    return Cmp(
+        name, True, 0.0, f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties", excused=len(excused)
+    )
 
 
 def seeded(seed: int, *shape: int, dtype=torch.bfloat16, device="cpu", scale: float = 1.0) -> torch.Tensor:

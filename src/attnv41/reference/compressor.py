@@ -16,13 +16,16 @@ from .norm import linear, rms_norm
 __all__ = ["compress_project", "compress_pool", "compress_latents"]
 
 
-def compress_project(x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def compress_project(
+    x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token compressor inputs. r ≥ 2 (`wgate` given): fp32 `(a, g)`, each `[m, head_dim]`.
     r = 1 (`wgate` None): `(bf16(x·W_ckvᵀ), None)`."""
     if wgate is None:
         return linear(x, wkv), None
-    xf = x.float()
-    return xf @ wkv.float().t(), xf @ wgate.float().t()
+    # fp32 results, accumulated in fp64 so that they do not depend on the row count.
+    xd = x.double()
+    return (xd @ wkv.double().t()).float(), (xd @ wgate.double().t()).float()
 
 
 def compress_pool(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

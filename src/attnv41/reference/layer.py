@@ -32,8 +32,13 @@ from .rope import apply_rope, rope_freqs, rope_table
 from .sparse_attn import sparse_attn
 
 __all__ = [
-    "INDEX_KEY_MODES", "RefTables", "RefLayerState", "RefShared", "RefTrace",
-    "layer_forward", "RefStack",
+    "INDEX_KEY_MODES",
+    "RefTables",
+    "RefLayerState",
+    "RefShared",
+    "RefTrace",
+    "layer_forward",
+    "RefStack",
 ]
 
 INDEX_KEY_MODES = ("own", "released")
@@ -54,7 +59,8 @@ class RefTables:
         yarn = rope_table(
             cfg.max_seq,
             rope_freqs(
-                cfg.rope_dim, cfg.compress_rope_theta,
+                cfg.rope_dim,
+                cfg.compress_rope_theta,
                 (cfg.rope_factor, cfg.original_seq_len, cfg.beta_fast, cfg.beta_slow),
             ),
         )
@@ -149,7 +155,9 @@ def _window_selection(cfg: AttnV41Cfg, m: int, start_pos: int, device) -> torch.
     return torch.where(slots <= p, slots, -1).to(torch.int32)[None, :]
 
 
-def _compress(cfg: AttnV41Cfg, role: LayerRole, w, st: RefLayerState, x: torch.Tensor, start_pos: int, tables: RefTables) -> int:
+def _compress(
+    cfg: AttnV41Cfg, role: LayerRole, w, st: RefLayerState, x: torch.Tensor, start_pos: int, tables: RefTables
+) -> int:
     """Feed the call's tokens to the compressor; append every completed row to the
     caches. Returns how many rows were added."""
     r = role.ratio
@@ -172,11 +180,11 @@ def _compress(cfg: AttnV41Cfg, role: LayerRole, w, st: RefLayerState, x: torch.T
     latent = compress_latents(pooled_rows, _w(w, "compressor.norm.weight"), cfg.norm_eps)
     n = latent.shape[0]
     j0 = st.n_rows
-    row_pos = (torch.arange(j0, j0 + n, device=x.device) * r)
+    row_pos = torch.arange(j0, j0 + n, device=x.device) * r
     cos, sin = tables.yarn_cos, tables.yarn_sin
-    st.compress_kv[j0:j0 + n] = fp4_e4m3_qdq(apply_rope(latent, cos, sin, row_pos))
+    st.compress_kv[j0 : j0 + n] = fp4_e4m3_qdq(apply_rope(latent, cos, sin, row_pos))
     k = rms_norm(linear(latent, _w(w, "indexer.wk.weight")), _w(w, "indexer.k_norm.weight"), cfg.norm_eps)
-    st.index_k[j0:j0 + n] = fp4_e8m0_qdq(apply_rope(k, cos, sin, row_pos))
+    st.index_k[j0 : j0 + n] = fp4_e8m0_qdq(apply_rope(k, cos, sin, row_pos))
     st.n_rows = j0 + n
     return n
 
@@ -218,7 +226,7 @@ def layer_forward(
     kv = rms_norm(linear(x, _w(w, "wkv.weight")), _w(w, "kv_norm.weight"), cfg.norm_eps)
     kv = fp8_qdq(apply_rope(kv, cos, sin, positions))
     keep = min(m, W)
-    st.ring[(positions[m - keep:] % W)] = kv[m - keep:]
+    st.ring[(positions[m - keep :] % W)] = kv[m - keep :]
     if start_pos == 0:
         window_rows, offset = kv, m
     else:
@@ -251,7 +259,7 @@ def layer_forward(
                 iq = linear(c, _w(w, "indexer.wq_b.weight")).view(m, cfg.index_heads, cfg.index_head_dim)
                 iq = fp4_e8m0_qdq(apply_rope(iq, cos, sin, positions))
                 hw = linear(x, _w(w, "indexer.weights_proj.weight")).float()
-                hw = (hw * (cfg.index_head_dim ** -0.5 * cfg.index_heads ** -0.5)).to(torch.bfloat16)
+                hw = (hw * (cfg.index_head_dim**-0.5 * cfg.index_heads**-0.5)).to(torch.bfloat16)
                 scores = index_scores(iq, hw, shared.index_k[:L], vis)
                 if role.is_candidate_source:
                     shared.candidates = candidate_mask(scores, vis, cfg.cand_blocks, cfg.cand_block)
@@ -273,7 +281,7 @@ def layer_forward(
     sel = torch.cat(sel_parts, dim=1)
 
     # §7: sparse attention with the sink
-    o = sparse_attn(q, torch.cat(rows, dim=0), sel, _w(w, "attn_sink"), D ** -0.5)
+    o = sparse_attn(q, torch.cat(rows, dim=0), sel, _w(w, "attn_sink"), D**-0.5)
 
     # §8: inverse RoPE and the grouped low-rank output
     o_rot = apply_rope(o, cos, sin, positions, inverse=True)
@@ -288,7 +296,9 @@ def layer_forward(
 class RefStack:
     """A stack of reference layers over one sequence: states, shared state and tables."""
 
-    def __init__(self, cfg: AttnV41Cfg, weights: list[Mapping[str, torch.Tensor]], device="cpu", index_keys: str = "own"):
+    def __init__(
+        self, cfg: AttnV41Cfg, weights: list[Mapping[str, torch.Tensor]], device="cpu", index_keys: str = "own"
+    ):
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         if index_keys not in INDEX_KEY_MODES:
@@ -302,8 +312,15 @@ class RefStack:
         if i == 0 and start_pos == 0:
             self.shared.reset()
         return layer_forward(
-            self.cfg, self.cfg.roles[i], self.weights[i], self.states[i], self.shared, x, start_pos,
-            self.tables, self.index_keys,
+            self.cfg,
+            self.cfg.roles[i],
+            self.weights[i],
+            self.states[i],
+            self.shared,
+            x,
+            start_pos,
+            self.tables,
+            self.index_keys,
         )
 
     def step(self, xs: list[torch.Tensor], start_pos: int) -> list[RefTrace]:

@@ -13,7 +13,9 @@ import torch
 __all__ = ["rope_freqs", "yarn_range", "rope_table", "apply_rope"]
 
 
-def yarn_range(rope_dim: int, theta: float, original_seq_len: int, beta_fast: float, beta_slow: float) -> tuple[int, int]:
+def yarn_range(
+    rope_dim: int, theta: float, original_seq_len: int, beta_fast: float, beta_slow: float
+) -> tuple[int, int]:
     """The YaRN ramp's (low, high) pair indices: `corr(b) = d·ln(L0/(2πb)) / (2 ln θ)`."""
 
     def corr(b: float) -> float:

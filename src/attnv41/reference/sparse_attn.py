@@ -10,10 +10,10 @@ BLOCK = 64  # selection entries per online-softmax step of the released kernel
 
 
 def _gather(q, rows, sel, t0, chunk, scale):
-    s_sel = sel[t0:t0 + chunk].long()
+    s_sel = sel[t0 : t0 + chunk].long()
     present = s_sel >= 0  # [c, K]
     R = rows[s_sel.clamp_min(0)]  # [c, K, D], rows' dtype
-    logits = scale * torch.einsum("chd,ckd->chk", q[t0:t0 + chunk].float(), R.float())
+    logits = scale * torch.einsum("chd,ckd->chk", q[t0 : t0 + chunk].float(), R.float())
     return logits.masked_fill(~present[:, None, :], float("-inf")), R
 
 
@@ -51,19 +51,19 @@ def sparse_attn(
         den = torch.zeros(c, H, device=q.device)
         acc = torch.zeros(c, H, D, device=q.device)
         for b0 in range(0, K, BLOCK):
-            s = logits[..., b0:b0 + BLOCK]
+            s = logits[..., b0 : b0 + BLOCK]
             new = torch.maximum(mx, s.amax(-1))
             base = torch.where(new == float("-inf"), 0.0, new)  # nothing present yet: keep exps at 0
             alpha = torch.exp(mx - base)
             p = torch.exp(s - base[..., None])  # absent → 0
             den = den * alpha + p.sum(-1)
-            pv = torch.einsum("chk,ckd->chd", p.to(torch.bfloat16).float(), R[:, b0:b0 + BLOCK].float())
+            pv = torch.einsum("chk,ckd->chd", p.to(torch.bfloat16).float(), R[:, b0 : b0 + BLOCK].float())
             acc = acc * alpha[..., None] + pv
             mx = new
         # The sink joins the denominator last, against the running max of the keys.
         den = den + torch.exp(sink[None, :] - torch.where(mx == float("-inf"), sink[None, :], mx))
         den = torch.where(mx == float("-inf"), torch.ones_like(den), den)  # no key: acc is 0, o = 0
-        out[t0:t0 + chunk] = (acc / den[..., None]).to(torch.bfloat16)
+        out[t0 : t0 + chunk] = (acc / den[..., None]).to(torch.bfloat16)
     return out
 
 
@@ -81,12 +81,12 @@ def sparse_attn_exact(
     out = torch.empty(m, H, D, dtype=torch.float64, device=q.device)
     sink = sink.double()
     for t0 in range(0, m, chunk):
-        s_sel = sel[t0:t0 + chunk].long()
+        s_sel = sel[t0 : t0 + chunk].long()
         R = rows[s_sel.clamp_min(0)].double()
-        logits = scale * torch.einsum("chd,ckd->chk", q[t0:t0 + chunk].double(), R)
+        logits = scale * torch.einsum("chd,ckd->chk", q[t0 : t0 + chunk].double(), R)
         logits = logits.masked_fill(~(s_sel >= 0)[:, None, :], float("-inf"))
         mx = torch.maximum(logits.amax(-1), sink[None, :])
         p = torch.exp(logits - mx[..., None])
         den = torch.exp(sink[None, :] - mx) + p.sum(-1)
-        out[t0:t0 + chunk] = torch.einsum("chk,ckd->chd", p / den[..., None], R)
+        out[t0 : t0 + chunk] = torch.einsum("chk,ckd->chd", p / den[..., None], R)
     return out

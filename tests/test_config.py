@@ -1,0 +1,165 @@
+import dataclasses
+import json
+
+import pytest
+
+from attnv41.config import AttnV41Cfg, v41_flash
+from conftest import small_cfg
+
+
+def test_flash_preset_geometry_and_roles():
+    cfg = v41_flash()
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.rope_dim) == (5120, 40, 64, 512, 64)
+    assert (cfg.q_rank, cfg.o_rank, cfg.groups, cfg.group_width, cfg.window) == (1280, 1024, 8, 4096, 128)
+    assert (cfg.index_heads, cfg.index_head_dim, cfg.index_topk, cfg.cand_blocks, cfg.cand_block) == (
+        32,
+        128,
+        512,
+        2048,
+        8,
+    )
+    names = [r.name for r in cfg.roles]
+    assert names[:2] == ["swa", "swa"]
+    assert [i for i, n in enumerate(names) if n == "full"] == [2, 8, 14]
+    assert names[20] == "full_candidate_source"
+    assert [i for i, n in enumerate(names) if n == "reindex"] == [24, 28, 32, 36]
+    assert names.count("reuse") == 40 - 2 - 4 - 4
+    assert all(r.ratio == 2 for r in cfg.roles[2:20]) and all(r.ratio == 1 for r in cfg.roles[20:])
+    assert [r.layer for r in cfg.roles if r.uses_candidates] == [24, 28, 32, 36]
+
+
+def test_golden_roles_derived():
+    cfg = small_cfg()
+    assert [r.name for r in cfg.roles] == ["swa", "full", "reuse", "full_candidate_source", "reuse", "reindex"]
+
+
+@pytest.mark.parametrize(
+    "change, field, allowed",
+    [
+        (dict(rope_dim=7), "rope_dim", "even"),
+        (dict(head_dim=48), "head_dim", "multiple of 32"),
+        (dict(index_head_dim=40), "index_head_dim", "multiple of 32"),
+        (dict(groups=3), "groups", "divisor of n_heads"),
+        (dict(max_tokens=128, max_seq=64), "max_seq", "max_tokens"),
+        (dict(max_seq=1 << 21, max_tokens=64), "max_seq", "max_position_embeddings"),
+        (dict(window=0), "window", ">= 1"),
+        (dict(norm_eps=float("nan")), "norm_eps", "finite"),
+        (dict(compress_ratios=(0, 2, 2, 1, 1)), "compress_ratios", "n_layers"),
+        (dict(kv_source_layers=(0, 3)), "kv_source_layers", "compress ratio > 0"),
+        (dict(kv_source_layers=(3,)), "kv_source_layers", "before layer 1"),
+        (dict(candidate_source_layer=5), "candidate_source_layer", "kv_source_layers"),
+        (dict(compress_ratios=(0, 2, 2, 2, 1, 1)), "kv_source_layers", "ratio"),
+        (dict(index_source_layers=(1, 5)), "index_source_layers", "superset"),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, dict) else ",".join(v),
+)
+def test_validation_names_field_and_range(change, field, allowed):
+    with pytest.raises(ValueError) as e:
+        small_cfg(**change)
+    msg = str(e.value)
+    assert f"AttnV41Cfg.{field}" in msg and allowed in msg, msg
+
+
+def test_frozen_and_replace_revalidates():
+    cfg = small_cfg()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.dim = 3
+    assert cfg.replace(window=16).window == 16
+    with pytest.raises(ValueError, match="window"):
+        cfg.replace(window=-1)
+
+
+def _hf_config() -> dict:
+    return {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "quantization_config": {"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]},
+        "text_config": {
+            "hidden_size": 5120,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 64,
+            "head_dim": 512,
+            "qk_rope_head_dim": 64,
+            "q_lora_rank": 1280,
+            "o_lora_rank": 1024,
+            "o_groups": 8,
+            "sliding_window": 128,
+            "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+            "kv_source_layer_ids": [2, 8, 14, 20],
+            "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+            "candidate_source_layer_id": 20,
+            "candidate_topk_blocks": 2048,
+            "candidate_block_size": 8,
+            "index_n_heads": 32,
+            "index_head_dim": 128,
+            "index_topk": 512,
+            "rms_norm_eps": 1e-20,
+            "rope_theta": 10000,
+            "compress_rope_theta": 160000,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 16,
+                "original_max_position_embeddings": 65536,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+            "max_position_embeddings": 1048576,
+        },
+    }
+
+
+def _flat_config() -> dict:
+    return {
+        "dim": 5120,
+        "n_layers": 40,
+        "n_heads": 64,
+        "head_dim": 512,
+        "rope_head_dim": 64,
+        "q_lora_rank": 1280,
+        "o_lora_rank": 1024,
+        "o_groups": 8,
+        "window_size": 128,
+        "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+        "kv_source_layers": [2, 8, 14, 20],
+        "index_source_layers": [2, 8, 14, 20, 24, 28, 32, 36],
+        "candidate_source_layer": 20,
+        "candidate_topk_blocks": 2048,
+        "candidate_block_size": 8,
+        "index_n_heads": 32,
+        "index_head_dim": 128,
+        "index_topk": 512,
+        "norm_eps": 1e-20,
+        "rope_theta": 10000,
+        "compress_rope_theta": 160000,
+        "rope_factor": 16,
+        "original_seq_len": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    }
+
+
+@pytest.mark.parametrize("kind", ["nested", "flat"])
+def test_readers_match_preset(tmp_path, kind):
+    flash = v41_flash()
+    if kind == "nested":
+        (tmp_path / "config.json").write_text(json.dumps(_hf_config()))
+    else:
+        (tmp_path / "inference").mkdir()
+        (tmp_path / "inference" / "config.json").write_text(json.dumps(_flat_config()))
+    cfg = AttnV41Cfg.from_checkpoint(tmp_path, max_tokens=flash.max_tokens, max_seq=flash.max_seq)
+    assert cfg == flash
+    assert [r.name for r in cfg.roles] == [r.name for r in flash.roles]
+
+
+def test_reader_missing_key_is_named():
+    d = _hf_config()
+    del d["text_config"]["rope_scaling"]["beta_fast"]
+    with pytest.raises(KeyError, match="rope_scaling.beta_fast"):
+        AttnV41Cfg.from_hf_config(d)
+
+
+def test_golden_meta_reader(tmp_path):
+    from attnv41.golden import GoldenFile, bundled_golden_path
+
+    g = GoldenFile(bundled_golden_path())
+    assert g.cfg == small_cfg()
