@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import settings
 
-from attnv41.config import AttnV41Cfg
+# Kernel tests run on CUDA when present, else on Triton's CPU interpreter. The variable
+# must be set before any kernel module is imported (triton.jit reads it then).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import settings  # noqa: E402
+
+from attnv41.config import AttnV41Cfg  # noqa: E402
 
 # CI runs a fixed set of examples (derandomized) so that a red run is reproducible;
 # local runs explore fresh examples each time.
