@@ -12,9 +12,8 @@ import math
 import sys
 import time
 
-from .golden import KINDS, VARIANTS, GoldenFile, LayerReport, ReplayReport, bundled_golden_path, reference_impl, replay
+from .golden import IMPLS, KINDS, VARIANTS, GoldenFile, LayerReport, ReplayReport, bundled_golden_path, replay
 
-IMPLS = {"reference": reference_impl}
 COLS = tuple(k for k in KINDS)
 SHORT = {
     "q": "q",
@@ -114,7 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="both",
         help="released: the index-key flaw of the released code; intended: the fix (default both)",
     )
-    c.add_argument("--impl", choices=tuple(IMPLS), default="reference", help="implementation to check")
+    c.add_argument(
+        "--impl",
+        choices=tuple(IMPLS),
+        default="reference",
+        help="reference: the plain-PyTorch oracle; runtime: AttnV41 (Triton on CUDA, torch on CPU)",
+    )
     c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     c.set_defaults(func=cmd_check)
     return p

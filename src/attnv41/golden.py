@@ -168,6 +168,16 @@ def reference_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
     return RefStack(cfg, weights, device=device, index_keys=index_keys)
 
 
+def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
+    """The runtime (`AttnV41` through `RuntimeStack`) as a golden implementation."""
+    from .runtime.stack import RuntimeStack
+
+    return RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
+
+
+IMPLS = {"reference": reference_impl, "runtime": runtime_impl}
+
+
 def replay(
     golden: GoldenFile,
     variant: str,

@@ -219,6 +219,12 @@ def compare_selection(
         )
     excused = []
     for t in diff_rows:
+        comp = [int(v) for v in g[t, window_cols:]]
+        present = [v for v in comp if v >= 0]
+        if present != sorted(set(present)) or comp[len(present) :] != [-1] * (len(comp) - len(present)):
+            return Cmp(
+                name, False, math.inf, f"compressed part of row {t} is not ascending with −1 at the tail: {comp}"
+            )
         gs = {int(v) - offset for v in g[t, window_cols:] if v >= 0}
         rs = {int(v) - offset for v in r[t, window_cols:] if v >= 0}
         vis = int(visible[t])

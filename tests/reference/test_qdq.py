@@ -16,6 +16,19 @@ def test_fp8_hand_check():
     assert (out[4:] == 0).all()
 
 
+def test_fp8_blocks_are_32_wide():
+    """Two 32-value halves of very different magnitude keep separate scales: a small value
+    in the first half keeps its precision (a 64-wide block would flush it to the big
+    half's grid)."""
+    v = torch.zeros(64)
+    v[0], v[1] = 1.0, 0.01
+    v[32] = 100.0
+    out = fp8_qdq(v.bfloat16()).float()
+    assert out[1].item() == 0.009765625  # scale 2^-8 from amax 1: 0.01 → 2.5·2^-8 → code 2.5 → 0.009765625
+    assert out[0].item() == 1.0
+    assert out[32].item() == 96.0  # 100/2^-2 = 400, a tie between e4m3 384 and 416 → even 384
+
+
 def test_e2m1_ties_to_even_hand_check():
     a = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6, -0.3, -2.9, 0.1, -0.74, 4.4, -6])
     assert e2m1_round(a).tolist() == [0, 1, 1, 2, 2, 4, 4, 6, -0.5, -3, 0, -0.5, 4, -6]

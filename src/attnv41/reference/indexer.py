@@ -43,10 +43,9 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int
     pad = n_blocks * cand_block - L
     s = torch.nn.functional.pad(scores.float(), (0, pad), value=float("-inf"))
     block = s.view(m, n_blocks, cand_block).amax(-1)
-    rows = torch.arange(m, device=scores.device)
-    pinned = visible >= 1
-    newest = ((visible - 1).clamp_min(0) // cand_block).long()
-    block[rows[pinned], newest[pinned]] = float("inf")
+    newest = ((visible.long() - 1).clamp_min(0) // cand_block)[:, None]
+    pin = (torch.arange(n_blocks, device=scores.device)[None, :] == newest) & (visible.long() >= 1)[:, None]
+    block = torch.where(pin, torch.full_like(block, float("inf")), block)
     keep_n = min(cand_blocks, n_blocks)
     order = torch.sort(block, dim=-1, descending=True, stable=True).indices[:, :keep_n]
     kept = torch.zeros_like(block, dtype=torch.bool)
