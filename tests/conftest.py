@@ -76,21 +76,32 @@ def small_cfg(**kw) -> AttnV41Cfg:
     return AttnV41Cfg(**base)
 
 
-def random_weights(cfg: AttnV41Cfg, seed: int) -> list[dict[str, torch.Tensor]]:
-    """Deterministic weights with the golden files' distributions (activations O(1))."""
-    gen = torch.Generator().manual_seed(seed)
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skipped, with the reason, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def random_weights(cfg: AttnV41Cfg, seed: int, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
+    """Deterministic weights with the golden files' distributions (activations O(1)):
+    matrices N(0,1)·in^-1/2 (wo_a ×3), norm weights 1 + 0.1·N(0,1), sinks U(-1, 1)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def mat(out, inp, dtype=torch.bfloat16, mult=1.0):
-        return (torch.randn(out, inp, generator=gen) * inp**-0.5 * mult).to(dtype)
+        return (torch.randn(out, inp, generator=gen, device=device) * (inp**-0.5 * mult)).to(dtype)
 
     def norm(n):
-        return (1 + 0.1 * torch.randn(n, generator=gen)).to(torch.bfloat16)
+        return (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
 
     H, D = cfg.n_heads, cfg.head_dim
     out = []
     for role in cfg.roles:
         w = {
-            "attn_sink": torch.rand(H, generator=gen) * 2 - 1,
+            "attn_sink": torch.rand(H, generator=gen, device=device) * 2 - 1,
             "wq_a.weight": mat(cfg.q_rank, cfg.dim),
             "q_norm.weight": norm(cfg.q_rank),
             "wq_b.weight": mat(H * D, cfg.q_rank),
@@ -114,11 +125,11 @@ def random_weights(cfg: AttnV41Cfg, seed: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def random_inputs(cfg: AttnV41Cfg, n: int, seed: int) -> list[torch.Tensor]:
+def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str = "cpu") -> list[torch.Tensor]:
     """Per-layer inputs `[n, dim]`: standard normal rows scaled to unit RMS, bf16."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     xs = []
     for _ in range(cfg.n_layers):
-        x = torch.randn(n, cfg.dim, generator=gen)
+        x = torch.randn(n, cfg.dim, generator=gen, device=device)
         xs.append((x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16))
     return xs

@@ -206,7 +206,19 @@ def replay(
             tr = impl.layer(i, x.to(device), start)
             traces[i] = tr
             lr = _compare_layer(
-                golden, variant, reg, i, role, tr, traces, score_rows, rows_prefill if start == 0 else None
+                lambda layer, n, _r=rname: golden.get(variant, _r, layer, n),
+                cfg,
+                rname,
+                start,
+                int(reg["len"]),
+                int(reg["window_cols"]),
+                int(reg["offset"]),
+                i,
+                role,
+                tr,
+                traces,
+                score_rows,
+                rows_prefill if start == 0 else None,
             )
             report.layers.append(lr)
             if on_layer:
@@ -222,11 +234,18 @@ def _cpu(t):
     return t.detach().cpu()
 
 
-def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) -> LayerReport:
-    rname, start, m = reg["name"], int(reg["start_pos"]), int(reg["len"])
-    window_cols, offset = int(reg["window_cols"]), int(reg["offset"])
+def selection_source(cfg: AttnV41Cfg, layer: int) -> int:
+    """The index source whose selection a ratio>0 layer attends with (itself, or the latest before it)."""
+    return max(j for j in cfg.index_source_layers if j <= layer)
+
+
+def _compare_layer(
+    ref_get, cfg, rname, start, m, window_cols, offset, i, role, tr, traces, score_rows, rows
+) -> LayerReport:
+    """Compare one layer's results `tr` against reference tensors `ref_get(layer, name)`
+    (golden tensors, or another implementation's trace) by the golden README's rules."""
     lr = LayerReport(rname, i, role.name)
-    present = {n: golden.get(variant, rname, i, n) for n in KINDS}
+    present = {n: ref_get(i, n) for n in KINDS}
     lr.skipped = sorted(n for n in _expected(role) if present.get(n) is None)
 
     def got(n):
@@ -245,8 +264,8 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
     sel_same_rows = torch.ones(m, dtype=torch.bool)
     if present["index_score"] is not None and not missing("index_score"):
         cand_tie = None
-        if role.uses_candidates and golden.cfg.candidate_source_layer is not None:
-            cand_tie = golden.get(variant, rname, golden.cfg.candidate_source_layer, "cand_tie")
+        if role.uses_candidates and cfg.candidate_source_layer is not None:
+            cand_tie = ref_get(cfg.candidate_source_layer, "cand_tie")
         c = compare_bf16(
             "index_score",
             got("index_score"),
@@ -259,12 +278,12 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
     if present["sel"] is not None and not missing("sel"):
         ref_sel = present["sel"]
         k = ref_sel.shape[1] - window_cols
-        src = i if role.is_index_source else golden.selection_owner.get(i, i)
-        tie = golden.get(variant, rname, i, "sel_tie") if r else None  # reuse layers copy their source's flags
-        ref_scores = golden.get(variant, rname, src, "index_score") if r else None
+        src = selection_source(cfg, i) if r else i
+        tie = ref_get(i, "sel_tie") if r else None  # reuse layers copy their source's flags
+        ref_scores = ref_get(src, "index_score") if r else None
         own = traces.get(src)
         got_scores = _cpu(getattr(own, "index_score", None)) if own is not None else None
-        own_on_ties = golden.cfg.roles[src].uses_candidates  # ties judged with our own candidate row
+        own_on_ties = cfg.roles[src].uses_candidates  # ties judged with our own candidate row
         c = compare_selection(
             "sel",
             got("sel"),
@@ -294,11 +313,11 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
         elif n in ("compress_kv", "index_k"):
             lr.cmps.append(compare_quantized(n, g, ref, "fp4"))
         elif n == "index_k_owner":
-            lr.cmps.append(compare_exact(n, g.reshape(-1).to(torch.int32), ref.reshape(-1)))
+            lr.cmps.append(compare_exact(n, g.reshape(-1).to(torch.int32), ref.reshape(-1).to(torch.int32)))
         elif n == "candidates":
-            tie = golden.get(variant, rname, i, "cand_tie")
+            tie = ref_get(i, "cand_tie")
             keep = torch.ones(m, dtype=torch.bool) if tie is None else tie == 0
-            c = compare_exact(n, g.to(torch.uint8)[keep], ref[keep])
+            c = compare_exact(n, g.to(torch.uint8)[keep], ref.to(torch.uint8)[keep])
             c.excused = int((~keep).sum()) if c.ok else 0
             lr.cmps.append(c)
         else:  # q, o, out: rows whose selection legitimately differs (ties) are not compared
@@ -309,3 +328,65 @@ def _compare_layer(golden, variant, reg, i, role, tr, traces, score_rows, rows) 
             c.excused = int((~same).sum())
             lr.cmps.append(c)
     return lr
+
+
+class TraceRecorder:
+    """Compare an implementation against another one (e.g. the runtime against the
+    reference) call by call with the same rules as the golden replay. Feed both traces
+    of each layer, in order, to `add`; `report` collects the comparisons."""
+
+    def __init__(self, cfg: AttnV41Cfg, name: str = "reference", impl: str = "runtime"):
+        self.cfg = cfg
+        self.report = ReplayReport(name, "-", impl)
+        self._step = None
+        self._ref: dict[int, Any] = {}
+        self._got: dict[int, Any] = {}
+        self._score_rows: dict[int, set[int]] = {}
+
+    def add(self, i: int, start_pos: int, m: int, ref_trace, got_trace, keep: bool = True) -> LayerReport:
+        if self._step != start_pos:
+            self._step, self._ref, self._got, self._score_rows = start_pos, {}, {}, {}
+        self._ref[i] = _Frozen(ref_trace)
+        self._got[i] = _Frozen(got_trace)
+        W = self.cfg.window
+        wc, off = (min(m, W), m) if start_pos == 0 else (W, W)
+
+        def ref_get(layer, name):
+            t = self._ref.get(layer)
+            return None if t is None else t.get(name)
+
+        name = "prefill" if start_pos == 0 else f"decode{start_pos}"
+        lr = _compare_layer(
+            ref_get,
+            self.cfg,
+            name,
+            start_pos,
+            m,
+            wc,
+            off,
+            i,
+            self.cfg.roles[i],
+            self._got[i],
+            self._got,
+            self._score_rows,
+            None,
+        )
+        if keep:
+            self.report.layers.append(lr)
+        return lr
+
+
+class _Frozen:
+    """CPU copies of a trace's tensors (runtime runs are views that the next call overwrites)."""
+
+    def __init__(self, tr):
+        self._d = {n: _cpu(getattr(tr, n, None)) for n in KINDS}
+        self._d["index_k_owner"] = _cpu(getattr(tr, "index_k_owner", None))
+
+    def get(self, name):
+        return self._d.get(name)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._d.get(name)

@@ -286,8 +286,8 @@ def layer_forward(
     # §8: inverse RoPE and the grouped low-rank output
     o_rot = apply_rope(o, cos, sin, positions, inverse=True)
     G = cfg.groups
-    og = o_rot.reshape(m, G, cfg.group_width).float()
-    wo_a = _w(w, "wo_a.weight").float().view(G, cfg.o_rank, cfg.group_width)
+    og = o_rot.reshape(m, G, cfg.group_width).double()  # fp64 accumulation, as `linear`
+    wo_a = _w(w, "wo_a.weight").double().view(G, cfg.o_rank, cfg.group_width)
     u = torch.einsum("mgk,grk->mgr", og, wo_a).to(torch.bfloat16).reshape(m, G * cfg.o_rank)
     out = linear(u, _w(w, "wo_b.weight"))
     return RefTrace(sel=sel, o=o, out=out, **trace)

@@ -1,0 +1,6 @@
+"""The fast runtime: `AttnV41` (tables, workspaces, forward) and a layer-stack driver."""
+
+from .attn import AttnV41, AttnV41Run
+from .stack import RuntimeStack
+
+__all__ = ["AttnV41", "AttnV41Run", "RuntimeStack"]

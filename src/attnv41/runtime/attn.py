@@ -1,0 +1,392 @@
+"""`AttnV41`: the attention runtime shared by all layers of a model.
+
+Built once per model and device: the plain and YaRN RoPE tables for `max_seq`
+positions and every workspace for `max_tokens` tokens. `forward` runs one layer for
+m tokens (a prefill from position 0, or one decode token) and returns an
+`AttnV41Run` of views into the workspaces, valid until the next call.
+
+The kernels come from one table (`runtime/ops.py`): Triton on CUDA, torch twins on the
+CPU. Projections go through torch (cuBLAS on CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import AttnV41Cfg
+from ..reference.rope import rope_freqs, rope_table
+from ..state import AttnV41LayerState, SharedV41
+from ..weights import AttnV41LayerWeights, expected_tensors
+from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
+
+__all__ = ["AttnV41", "AttnV41Run", "INDEX_KEY_MODES"]
+
+INDEX_KEY_MODES = ("own", "released")
+
+
+@dataclass
+class AttnV41Run:
+    """What one `forward` returns; tensors are views into workspaces or state, valid
+    until the next call.
+
+    q:        bf16 [m, n_heads, head_dim], after RoPE.
+    rows_win: bf16 window rows attention read (prefill: the chunk's kv [m, D]; decode:
+              the ring [window, D] after this token's write). Also `kv_win`.
+    rows_comp: bf16 [n_comp, D], the shared compressed rows read (n_comp = 0 on ratio 0).
+    n_win, n_comp: the row counts; `offset` = where compressed rows start in `idx`.
+    idx:      int32 [m, window_cols + topk], the selection sparse attention used.
+    topk:     the width of its compressed part.
+    o:        bf16 [m, n_heads, head_dim], attention output before the inverse rotation.
+    out:      bf16 [m, dim], the layer output (a view of `AttnV41.out`).
+    On index sources also `index_score` (bf16 [m, L]) and `index_k_owner`; on kv sources
+    `compress_kv`/`index_k` (the layer's caches, rows [:L]); on the candidate source
+    `candidates` (bool [m, L]).
+    """
+
+    q: torch.Tensor
+    rows_win: torch.Tensor
+    rows_comp: torch.Tensor
+    n_win: int
+    n_comp: int
+    offset: int
+    idx: torch.Tensor
+    topk: int
+    o: torch.Tensor
+    out: torch.Tensor
+    index_score: torch.Tensor | None = None
+    index_k_owner: int | None = None
+    compress_kv: torch.Tensor | None = None
+    index_k: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+
+    # golden-file names
+    @property
+    def kv_win(self) -> torch.Tensor:
+        return self.rows_win
+
+    @property
+    def sel(self) -> torch.Tensor:
+        return self.idx
+
+
+class AttnV41:
+    """RoPE tables, workspaces and kernels for V4.1 attention on one device.
+
+    Memory: the tables take `2·max_seq·rope_dim` fp32 values; the workspaces
+    O(max_tokens·n_heads·head_dim) bf16. Caches live in `AttnV41LayerState`. The index
+    path (scores, candidate mask, top-k) still allocates its temporaries per call
+    through torch's caching allocator (sized by the call, not by max_seq); every other
+    buffer is allocated here, once.
+    """
+
+    def __init__(
+        self, cfg: AttnV41Cfg, device: torch.device | str = "cpu", index_keys: str = "own", ops: str | Ops | None = None
+    ):
+        if index_keys not in INDEX_KEY_MODES:
+            raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
+        self.cfg = cfg
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.index_keys = index_keys
+        if ops is None:
+            self.ops = ops_for(self.device)
+        elif isinstance(ops, Ops):
+            self.ops = ops
+        else:
+            table = {"torch": TORCH_OPS, "triton": TRITON_OPS}
+            if ops not in table:
+                raise ValueError(f"ops = {ops!r}; allowed: {tuple(table)}")
+            self.ops = table[ops]
+        dev, c = self.device, cfg
+        yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
+        self.plain_cos, self.plain_sin = (
+            t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
+        )
+        self.yarn_cos, self.yarn_sin = (
+            t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.compress_rope_theta, yarn))
+        )
+        M, H, D = c.max_tokens, c.n_heads, c.head_dim
+        bf = dict(dtype=torch.bfloat16, device=dev)
+        self.iota = torch.arange(c.max_seq, dtype=torch.int32, device=dev)  # positions are views of it
+        self.row_pos = torch.empty(M, dtype=torch.int32, device=dev)  # positions of new compressed rows
+        self.c_pre = torch.empty(M, c.q_rank, **bf)
+        self.c = torch.empty(M, c.q_rank, **bf)
+        self.q = torch.empty(M, H, D, **bf)
+        self.kv = torch.empty(M, D, **bf)
+        self.o = torch.empty(M, H, D, **bf)
+        self.o_rot = torch.empty(M, H, D, **bf)
+        self.u = torch.empty(M, c.groups * c.o_rank, **bf)
+        self.out = torch.empty(M, c.dim, **bf)
+        self.sel = torch.empty(M, c.window + c.index_topk, dtype=torch.int32, device=dev)
+        self.iq = torch.empty(M, c.index_heads, c.index_head_dim, **bf)
+        self.hw = torch.empty(M, c.index_heads, **bf)
+        self.lat_pre = torch.empty(M, D, **bf)
+        self.latent = torch.empty(M, D, **bf)
+        self.rows_tmp = torch.empty(M, D, **bf)
+        self.k_pre = torch.empty(M, c.index_head_dim, **bf)
+        self.k_rows = torch.empty(M, c.index_head_dim, **bf)
+        self.comp_a = torch.empty(M, D, dtype=torch.float32, device=dev)
+        self.comp_g = torch.empty(M, D, dtype=torch.float32, device=dev)
+        self.pooled = torch.empty(max(M // 2, 1), D, dtype=torch.float32, device=dev)
+        self._empty_rows = torch.zeros(0, D, **bf)
+        self._freed = False
+
+    # ------------------------------------------------------------------ lifetime
+    def free(self) -> None:
+        """Release every workspace and table; safe to call twice."""
+        if self._freed:
+            return
+        for k, v in list(vars(self).items()):
+            if isinstance(v, torch.Tensor):
+                setattr(self, k, None)
+        self._freed = True
+
+    def new_layer_state(self, layer: int) -> AttnV41LayerState:
+        return AttnV41LayerState(self.cfg, self.cfg.role(layer), self.device)
+
+    def new_shared(self) -> SharedV41:
+        return SharedV41(self.cfg, self.device)
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x, start_pos: int) -> None:
+        """Every check of runtime-api.md, before anything is written."""
+        c = self.cfg
+        if self._freed:
+            raise RuntimeError("AttnV41.forward after free()")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x is a {type(x).__name__}; allowed: a torch.Tensor")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"x.dtype = {x.dtype}; allowed: torch.bfloat16")
+        if x.device != self.device:
+            raise ValueError(f"x.device = {x.device}; allowed: {self.device} (the runtime's device)")
+        if x.dim() != 2 or x.shape[1] != c.dim:
+            raise ValueError(f"x.shape = {tuple(x.shape)}; allowed: [m, {c.dim}]")
+        m = x.shape[0]
+        if not 1 <= m <= c.max_tokens:
+            raise ValueError(f"m = {m}; allowed: 1..{c.max_tokens} (max_tokens)")
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int):
+            raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int")
+        if start_pos < 0:
+            raise ValueError(f"start_pos = {start_pos}; allowed: >= 0")
+        if start_pos > 0 and m != 1:
+            raise ValueError(f"m = {m} at start_pos = {start_pos}; allowed: m = 1 (decode) or start_pos = 0 (prefill)")
+        if start_pos + m > c.max_seq:
+            raise ValueError(
+                f"positions {start_pos}..{start_pos + m - 1}; allowed: 0..{c.max_seq - 1} (max_seq = {c.max_seq})"
+            )
+        role = w.role
+        if not 0 <= role.layer < c.n_layers or c.roles[role.layer] != role:
+            raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
+        if st.role != role:
+            raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
+        for name, (shape, dtypes) in expected_tensors(c, role).items():
+            t = w.get(name)
+            if t is None:
+                raise KeyError(f"layer {role.layer}: weight {name!r} is missing")
+            if t.dtype not in dtypes:
+                raise TypeError(f"layer {role.layer}: {name}.dtype = {t.dtype}; allowed: {list(dtypes)}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"layer {role.layer}: {name}.shape = {tuple(t.shape)}; allowed: {shape}")
+            if t.device != self.device:
+                raise ValueError(f"layer {role.layer}: {name}.device = {t.device}; allowed: {self.device}")
+        i = role.layer
+        # Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1.
+        if i == 0:
+            if start_pos != 0 and start_pos != st.next_pos:
+                raise ValueError(
+                    f"layer 0: start_pos = {start_pos}; allowed: 0 (a new sequence) or {st.next_pos} (the next token)"
+                )
+        else:
+            if shared.last_layer != i - 1 or shared.step_pos != start_pos:
+                raise ValueError(
+                    f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
+                    f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
+                )
+            if start_pos != 0 and start_pos != st.next_pos:
+                raise ValueError(f"layer {i}: start_pos = {start_pos}; allowed: {st.next_pos} (its next token)")
+        r = role.ratio
+        if r == 0:
+            return
+        end = start_pos + m
+        L = end // r
+        if not role.is_kv_source and (shared.compress_kv is None or shared.compress_ratio != r):
+            raise ValueError(
+                f"layer {i} (ratio {r}) runs before any kv source of ratio {r} published compressed rows "
+                f"(published ratio: {shared.compress_ratio or 'none'})"
+            )
+        if role.is_index_source and L > 0:
+            own_keys = role.is_kv_source and (self.index_keys == "own" or L > st.n_rows or start_pos == 0)
+            if not own_keys and (shared.index_k is None or shared.index_k.shape[0] < L):
+                raise ValueError(f"layer {i}: needs {L} published index keys; none of that length were published")
+            if role.uses_candidates and L > 0 and (shared.candidates is None or shared.candidates_pos != start_pos):
+                raise ValueError(f"layer {i} uses candidates, but none were published for start_pos {start_pos}")
+        if not role.is_index_source and L > 0:
+            if shared.topk_pos != start_pos or shared.topk_m != m:
+                raise ValueError(f"layer {i} reuses a selection, but none was published for start_pos {start_pos}")
+            if shared.topk_k > c.index_topk:
+                raise ValueError(f"selection width {shared.topk_k}; allowed: <= {c.index_topk} (the workspace)")
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
+    ) -> AttnV41Run:
+        """One layer's attention for the m tokens of `x` (bf16 `[m, dim]`, the normed input)
+        at positions `start_pos …`: a prefill from 0 (`m <= max_tokens`) or one decode token.
+
+        Host synchronisation points: none. Every value the host decides on (the window
+        layout, compressor groups, visible row counts, top-k width) follows from
+        `start_pos` and `m`, which the host knows; scores, the candidate mask and the
+        top-k stay on the device. Launches take host scalars (positions, widths), so
+        this path is not capturable as is; `decode_prep`/`decode_body` (later) are.
+        """
+        self._check(w, st, shared, x, start_pos)
+        c, ops = self.cfg, self.ops
+        role = w.role
+        i, r, m = role.layer, role.ratio, x.shape[0]
+        H, D, W = c.n_heads, c.head_dim, c.window
+        if start_pos == 0:
+            st.reset()
+            if i == 0:
+                shared.reset()
+        pos = self.iota[start_pos : start_pos + m]
+        cos, sin = (self.plain_cos, self.plain_sin) if r == 0 else (self.yarn_cos, self.yarn_sin)
+
+        # §4: q, kv and the window
+        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:m])
+        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
+        q = self.q[:m]
+        ops.mm(cq, w["wq_b.weight"], out=q.view(m, H * D))
+        ops.apply_rope(q, cos, sin, pos, out=q)
+        kv = self.kv[:m]
+        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:m])
+        ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
+        ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
+        ops.fp8_qdq(kv, out=kv)
+        ops.ring_write(st.ring, kv, pos)
+        if start_pos == 0:
+            win, offset = kv, m
+        else:
+            win, offset = st.ring, W
+        wsel = ops.window_selection(self.sel, m, start_pos, W)
+        n_wc = wsel.shape[1]
+
+        run_extra: dict = {}
+        comp = self._empty_rows
+        k = 0
+        if r > 0:
+            end = start_pos + m
+            L = end // r
+            vis = torch.div(pos + 1, r, rounding_mode="floor")
+            new_rows = 0
+            if role.is_kv_source:
+                new_rows = self._compress(w, st, x, start_pos)
+                shared.compress_kv, shared.compress_ratio, shared.n_compressed = st.compress_kv, r, st.n_rows
+                run_extra["compress_kv"] = st.compress_kv[:L]
+                run_extra["index_k"] = st.index_k[:L]
+            if role.is_index_source:
+                if role.is_kv_source and (self.index_keys == "own" or new_rows > 0):
+                    shared.index_k, shared.index_k_owner = st.index_k, i
+                if L > 0:
+                    scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin)
+                    if role.is_candidate_source:
+                        shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
+                        shared.candidates_pos = start_pos
+                        run_extra["candidates"] = shared.candidates
+                    if role.uses_candidates:
+                        scores = scores.masked_fill(~shared.candidates, float("-inf"))
+                    kk = min(c.index_topk, L)
+                    ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
+                    shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, start_pos
+                    run_extra["index_score"] = scores
+                    run_extra["index_k_owner"] = shared.index_k_owner
+            if L > 0:
+                k = shared.topk_k
+                self.sel[:m, n_wc : n_wc + k].copy_(shared.topk_idxs[:m, :k])
+                comp = shared.compress_kv[:L]
+        sel = self.sel[:m, : n_wc + k]
+
+        # §7: sparse attention with the sink
+        o = ops.sparse_attn(q, win, comp, sel, offset, w["attn_sink"], D**-0.5, out=self.o[:m])
+
+        # §8: inverse RoPE, grouped low-rank output
+        o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
+        G, gw = c.groups, c.group_width
+        wo_a = w["wo_a.weight"].view(G, c.o_rank, gw)
+        u = self.u[:m]
+        ops.group_mm(o_rot.view(m, G, gw), wo_a, out=u.view(m, G, c.o_rank))
+        out = ops.mm(u, w["wo_b.weight"], out=self.out[:m])
+
+        st.next_pos = start_pos + m
+        shared.last_layer, shared.step_pos = i, start_pos
+        return AttnV41Run(
+            q=q,
+            rows_win=win,
+            rows_comp=comp,
+            n_win=win.shape[0],
+            n_comp=comp.shape[0],
+            offset=offset,
+            idx=sel,
+            topk=k,
+            o=o,
+            out=out,
+            **run_extra,
+        )
+
+    def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, start_pos: int) -> int:
+        """Feed the tokens to the compressor and append completed rows to the layer's
+        caches (§5, §6.1). Returns the number of rows added."""
+        c, ops = self.cfg, self.ops
+        r, m, D = st.role.ratio, x.shape[0], c.head_dim
+        if r == 1:
+            n = m
+            ops.mm(x, w["compressor.wkv.weight"], out=self.lat_pre[:n])
+        else:
+            a, g = self.comp_a[:m], self.comp_g[:m]
+            ops.mm(x, w["compressor.wkv.weight"], out=a)  # fp32 weights: fp32 math
+            ops.mm(x, w["compressor.wgate.weight"], out=g)
+            if start_pos == 0:
+                n = m // r
+                pooled = ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D), out=self.pooled[:n])
+                rem = m - n * r
+                st.comp_a[:rem].copy_(a[n * r :])
+                st.comp_g[:rem].copy_(g[n * r :])
+            else:
+                slot = start_pos % r
+                st.comp_a[slot].copy_(a[0])
+                st.comp_g[slot].copy_(g[0])
+                n = 1 if slot == r - 1 else 0
+                if n:
+                    pooled = ops.compress_pool(st.comp_a[None], st.comp_g[None], out=self.pooled[:1])
+                    st.comp_g.fill_(float("-inf"))
+            if n == 0:
+                return 0
+            self.lat_pre[:n].copy_(pooled)
+        latent = ops.rms_norm(self.lat_pre[:n], w["compressor.norm.weight"], c.norm_eps, out=self.latent[:n])
+        j0 = st.n_rows
+        row_pos = torch.mul(self.iota[j0 : j0 + n], r, out=self.row_pos[:n])
+        rows = ops.apply_rope(
+            latent.view(n, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:n].view(n, 1, D)
+        )
+        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n])
+        kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:n])
+        kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:n])
+        ops.apply_rope(kr.view(n, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(n, 1, -1))
+        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n])
+        st.n_rows = j0 + n
+        return n
+
+    def _index_scores(self, w, cq, x, pos, vis, keys, cos, sin) -> torch.Tensor:
+        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
+        c, ops = self.cfg, self.ops
+        m = x.shape[0]
+        iq = self.iq[:m]
+        ops.mm(cq, w["indexer.wq_b.weight"], out=iq.view(m, -1))
+        ops.apply_rope(iq, cos, sin, pos, out=iq)
+        ops.fp4_e8m0_qdq(iq.view(m * c.index_heads, c.index_head_dim), out=iq.view(m * c.index_heads, c.index_head_dim))
+        hw = self.hw[:m]
+        ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
+        hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))
+        return ops.index_scores(iq, hw, keys, vis)

@@ -1,0 +1,75 @@
+"""The one table that picks each op's implementation: Triton kernels on CUDA, their
+torch twins on the CPU (so the runtime runs and is tested without a GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import compressor, indexer, linear, norm, qdq, ring, rope, select
+from ..kernels import sparse_attn as sparse
+
+__all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    mm: Callable
+    group_mm: Callable
+    rms_norm: Callable
+    apply_rope: Callable
+    fp8_qdq: Callable
+    fp4_e8m0_qdq: Callable
+    fp4_e4m3_qdq: Callable
+    ring_write: Callable
+    compress_pool: Callable
+    index_scores: Callable
+    sparse_attn: Callable
+    candidate_mask: Callable
+    topk_select: Callable
+    window_selection: Callable
+
+
+TORCH_OPS = Ops(
+    name="torch",
+    mm=linear.mm_exact,
+    group_mm=linear.group_mm_exact,
+    rms_norm=norm.rms_norm_torch,
+    apply_rope=rope.apply_rope_torch,
+    fp8_qdq=qdq.fp8_qdq_torch,
+    fp4_e8m0_qdq=qdq.fp4_e8m0_qdq_torch,
+    fp4_e4m3_qdq=qdq.fp4_e4m3_qdq_torch,
+    ring_write=ring.ring_write_torch,
+    compress_pool=compressor.compress_pool_torch,
+    index_scores=indexer.index_scores_torch,
+    sparse_attn=sparse.sparse_attn_torch,
+    candidate_mask=select.candidate_mask,
+    topk_select=select.topk_select,
+    window_selection=select.window_selection,
+)
+
+TRITON_OPS = Ops(
+    name="triton",
+    mm=linear.mm,
+    group_mm=linear.group_mm,
+    rms_norm=norm.rms_norm,
+    apply_rope=rope.apply_rope,
+    fp8_qdq=qdq.fp8_qdq,
+    fp4_e8m0_qdq=qdq.fp4_e8m0_qdq,
+    fp4_e4m3_qdq=qdq.fp4_e4m3_qdq,
+    ring_write=ring.ring_write,
+    compress_pool=compressor.compress_pool,
+    index_scores=indexer.index_scores,
+    sparse_attn=sparse.sparse_attn,
+    candidate_mask=select.candidate_mask,
+    topk_select=select.topk_select,
+    window_selection=select.window_selection,
+)
+
+
+def ops_for(device: torch.device) -> Ops:
+    """Triton on CUDA devices, torch elsewhere."""
+    return TRITON_OPS if torch.device(device).type == "cuda" else TORCH_OPS

@@ -1,0 +1,101 @@
+"""Per-layer and per-sequence state of the runtime, allocated once at full size.
+
+`AttnV41LayerState` (per layer and sequence): the window ring, and on kv sources the
+compressor's partial group and the compressed-KV and index-key caches, sized from
+`max_seq`. `SharedV41` (per sequence): what source layers publish, latest writer
+wins (attention-v41.md §2). Byte formats: every cache row is bf16 holding values that
+are exact on the fp8 (ring) or fp4 (caches) grids, so a packed format could hold the
+same values losslessly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import AttnV41Cfg, LayerRole
+
+__all__ = ["AttnV41LayerState", "SharedV41"]
+
+
+class AttnV41LayerState:
+    """One layer's state for one sequence.
+
+    ring:        bf16 [window, head_dim]; position p in slot p % window; never written = 0.
+    comp_a/g:    fp32 [r, head_dim] (kv sources, r >= 2): token p in slot p % r; g = −∞ where empty.
+    compress_kv: bf16 [max_seq // r, head_dim] (kv sources): rows 0..n_rows−1 valid.
+    index_k:     bf16 [max_seq // r, index_head_dim] (kv sources).
+    next_pos:    the position the next call must start at (0 = a new sequence may start).
+    """
+
+    def __init__(self, cfg: AttnV41Cfg, role: LayerRole, device: torch.device | str):
+        dev = torch.device(device)
+        self.role = role
+        self.ring = torch.zeros(cfg.window, cfg.head_dim, dtype=torch.bfloat16, device=dev)
+        self.comp_a = self.comp_g = self.compress_kv = self.index_k = None
+        if role.is_kv_source:
+            r = role.ratio
+            self.compress_kv = torch.zeros(cfg.max_seq // r, cfg.head_dim, dtype=torch.bfloat16, device=dev)
+            self.index_k = torch.zeros(cfg.max_seq // r, cfg.index_head_dim, dtype=torch.bfloat16, device=dev)
+            if r >= 2:
+                self.comp_a = torch.zeros(r, cfg.head_dim, dtype=torch.float32, device=dev)
+                self.comp_g = torch.full((r, cfg.head_dim), float("-inf"), dtype=torch.float32, device=dev)
+        self.n_rows = 0
+        self.next_pos = 0
+
+    def reset(self) -> None:
+        """Forget the sequence (a new one starts at position 0)."""
+        self.ring.zero_()
+        if self.comp_g is not None:
+            self.comp_a.zero_()
+            self.comp_g.fill_(float("-inf"))
+        self.n_rows = 0
+        self.next_pos = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by name (for snapshots in tests and debugging)."""
+        d = {"ring": self.ring}
+        for k in ("comp_a", "comp_g", "compress_kv", "index_k"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+
+class SharedV41:
+    """What source layers publish for one sequence, latest writer wins.
+
+    compress_kv / compress_ratio / n_compressed: the latest kv source's cache (a
+        reference to its state tensor, not a copy), its ratio and valid row count.
+    index_k / index_k_owner: the index-key cache published last and which layer owns it.
+    topk_idxs: int32 [max_tokens, index_topk]; rows [:topk_m], columns [:topk_k] hold the
+        latest index source's selection (already offset, −1 padded) for the call at
+        `topk_pos`.
+    candidates: bool [m, L] mask of the candidate source for the call at `candidates_pos`.
+    """
+
+    def __init__(self, cfg: AttnV41Cfg, device: torch.device | str):
+        dev = torch.device(device)
+        self.topk_idxs = torch.full((cfg.max_tokens, cfg.index_topk), -1, dtype=torch.int32, device=dev)
+        self.reset()
+
+    def reset(self) -> None:
+        self.compress_kv: torch.Tensor | None = None
+        self.compress_ratio = 0
+        self.n_compressed = 0
+        self.index_k: torch.Tensor | None = None
+        self.index_k_owner = -1
+        self.topk_m = 0
+        self.topk_k = 0
+        self.topk_pos = -1
+        self.candidates: torch.Tensor | None = None
+        self.candidates_pos = -1
+        self.last_layer = -1  # the layer that ran last, and the start_pos of its call:
+        self.step_pos = -1  # layers run strictly in order, layer i right after layer i−1
+
+    def snapshot(self) -> dict:
+        """Host fields and cloned tensors, for tests that check a failed call changed nothing."""
+        d = {k: v for k, v in vars(self).items() if not isinstance(v, torch.Tensor)}
+        d["topk_idxs"] = self.topk_idxs.clone()
+        d["compress_kv_id"] = None if self.compress_kv is None else self.compress_kv.data_ptr()
+        d["index_k_id"] = None if self.index_k is None else self.index_k.data_ptr()
+        d["candidates"] = None if self.candidates is None else self.candidates.clone()
+        return d
