@@ -4,7 +4,7 @@ import json
 import pytest
 
 from attnv41.config import AttnV41Cfg, v41_flash
-from conftest import small_cfg
+from helpers import small_cfg
 
 
 def test_flash_preset_geometry_and_roles():

@@ -75,6 +75,7 @@ class SharedV41:
     def __init__(self, cfg: AttnV41Cfg, device: torch.device | str):
         dev = torch.device(device)
         self.topk_idxs = torch.full((cfg.max_tokens, cfg.index_topk), -1, dtype=torch.int32, device=dev)
+        self.topk_version = 0  # +1 on every publish, never reset: tells a changed selection apart
         self.reset()
 
     def reset(self) -> None:

@@ -106,6 +106,20 @@ class AttnV41LayerWeights:
             got = {k: v.to(device) for k, v in got.items()}
         return cls(role, got)
 
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path,
+        layer: int,
+        cfg: AttnV41Cfg | None = None,
+        device: torch.device | str = "cpu",
+    ) -> AttnV41LayerWeights:
+        """Layer `layer` from a checkpoint directory in the released layout, fp8 weights
+        dequantized to bf16 (see `attnv41.checkpoint.load_layer`)."""
+        from .checkpoint import load_layer  # checkpoint imports this module
+
+        return load_layer(path, layer, cfg=cfg, device=device)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The runtime tensors under the checkpoint's names relative to the layer."""
         return dict(self.tensors)

@@ -2,7 +2,7 @@ import torch
 
 from attnv41.reference.compressor import compress_pool
 from attnv41.reference.layer import RefStack
-from conftest import random_inputs, random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg
 
 
 def test_pool_is_per_channel_softmax():

@@ -4,7 +4,7 @@ every regime and layer, through the same comparison code as `attnv41 check`."""
 import pytest
 
 from attnv41.golden import GoldenFile, bundled_golden_path, replay
-from conftest import golden_path
+from helpers import golden_path
 
 _cache: dict = {}
 

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from attnv41.reference.indexer import candidate_mask, index_scores, topk_select, visible_rows
 from attnv41.reference.layer import RefStack
-from conftest import random_inputs, random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg
 
 
 def test_visible_rows_rule():

@@ -20,7 +20,7 @@ import torch
 
 from attnv41.reference.layer import RefStack
 from attnv41.reference.rope import apply_rope
-from conftest import random_inputs, random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg
 
 
 def _bound_out(cfg, w, o_a, o_b, rows_max, cos, sin, pos, out_a, out_b):

@@ -5,7 +5,7 @@ import torch
 
 from attnv41.golden import GoldenFile
 from attnv41.reference.rope import apply_rope, rope_freqs, rope_table, yarn_range
-from conftest import golden_path
+from helpers import golden_path
 
 
 def test_yarn_hand_check():

@@ -10,7 +10,7 @@ from attnv41.golden import GoldenFile, replay, runtime_impl
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import AttnV41, RuntimeStack
 from attnv41.weights import AttnV41LayerWeights
-from conftest import golden_path, random_inputs, random_weights, small_cfg
+from helpers import golden_path, random_inputs, random_weights, small_cfg
 
 TRACE = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k", "index_score", "candidates")
 

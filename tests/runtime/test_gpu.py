@@ -12,7 +12,7 @@ from attnv41.config import v41_flash
 from attnv41.golden import GoldenFile, TraceRecorder, reference_impl, replay, runtime_impl
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
-from conftest import golden_path, random_inputs, random_weights
+from helpers import golden_path, random_inputs, random_weights
 
 pytestmark = pytest.mark.gpu
 

@@ -132,6 +132,15 @@ class AttnV41:
         self.comp_g = torch.empty(M, D, dtype=torch.float32, device=dev)
         self.pooled = torch.empty(max(M // 2, 1), D, dtype=torch.float32, device=dev)
         self._empty_rows = torch.zeros(0, D, **bf)
+        self._checked: dict[int, dict] = {}  # id(weights) → its tensor dict, once validated
+        # Decode split (capturable steps): the device position and one selection buffer
+        # per class, [1, decode width]: window slots, then the shared selection, then −1.
+        self.dec_pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.dec_sel = {
+            False: torch.full((1, c.window), -1, dtype=torch.int32, device=dev),
+            True: torch.full((1, c.window + c.index_topk), -1, dtype=torch.int32, device=dev),
+        }
+        self._uploaded: dict = {}  # what dec_pos / dec_sel hold, to skip unchanged uploads
         self._freed = False
 
     # ------------------------------------------------------------------ lifetime
@@ -142,6 +151,8 @@ class AttnV41:
         for k, v in list(vars(self).items()):
             if isinstance(v, torch.Tensor):
                 setattr(self, k, None)
+        self.dec_sel = {}
+        self._uploaded = {}
         self._freed = True
 
     def new_layer_state(self, layer: int) -> AttnV41LayerState:
@@ -153,9 +164,24 @@ class AttnV41:
     # ------------------------------------------------------------------ checks
     def _check(self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x, start_pos: int) -> None:
         """Every check of runtime-api.md, before anything is written."""
-        c = self.cfg
+        self._check_live("forward")
+        m = self._check_x(x)
+        self._check_pos(start_pos, m)
+        self._check_layer(w, st)
+        self._check_order(w.role, st, shared, start_pos)
+        self._check_sources(w.role, st, shared, start_pos, m)
+
+    def _check_live(self, what: str) -> None:
         if self._freed:
-            raise RuntimeError("AttnV41.forward after free()")
+            raise RuntimeError(f"AttnV41.{what} after free()")
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"AttnV41.{what} was reached during CUDA graph capture; it does host work "
+                "(only decode_body may be captured)"
+            )
+
+    def _check_x(self, x, m_max: int | None = None) -> int:
+        c = self.cfg
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x is a {type(x).__name__}; allowed: a torch.Tensor")
         if x.dtype != torch.bfloat16:
@@ -165,8 +191,13 @@ class AttnV41:
         if x.dim() != 2 or x.shape[1] != c.dim:
             raise ValueError(f"x.shape = {tuple(x.shape)}; allowed: [m, {c.dim}]")
         m = x.shape[0]
-        if not 1 <= m <= c.max_tokens:
-            raise ValueError(f"m = {m}; allowed: 1..{c.max_tokens} (max_tokens)")
+        hi = c.max_tokens if m_max is None else m_max
+        if not 1 <= m <= hi:
+            raise ValueError(f"m = {m}; allowed: 1..{hi}" + (" (max_tokens)" if m_max is None else " (decode)"))
+        return m
+
+    def _check_pos(self, start_pos: int, m: int) -> None:
+        c = self.cfg
         if isinstance(start_pos, bool) or not isinstance(start_pos, int):
             raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int")
         if start_pos < 0:
@@ -177,11 +208,16 @@ class AttnV41:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + m - 1}; allowed: 0..{c.max_seq - 1} (max_seq = {c.max_seq})"
             )
+
+    def _check_layer(self, w: AttnV41LayerWeights, st: AttnV41LayerState) -> None:
+        c = self.cfg
         role = w.role
         if not 0 <= role.layer < c.n_layers or c.roles[role.layer] != role:
             raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
         if st.role != role:
             raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
+        if self._checked.get(id(w)) is w.tensors:
+            return  # checked before, same tensor dict
         for name, (shape, dtypes) in expected_tensors(c, role).items():
             t = w.get(name)
             if t is None:
@@ -192,26 +228,32 @@ class AttnV41:
                 raise ValueError(f"layer {role.layer}: {name}.shape = {tuple(t.shape)}; allowed: {shape}")
             if t.device != self.device:
                 raise ValueError(f"layer {role.layer}: {name}.device = {t.device}; allowed: {self.device}")
+        self._checked[id(w)] = w.tensors
+
+    def _check_order(self, role, st: AttnV41LayerState, shared: SharedV41, start_pos: int) -> None:
+        """Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1."""
         i = role.layer
-        # Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1.
         if i == 0:
             if start_pos != 0 and start_pos != st.next_pos:
                 raise ValueError(
                     f"layer 0: start_pos = {start_pos}; allowed: 0 (a new sequence) or {st.next_pos} (the next token)"
                 )
-        else:
-            if shared.last_layer != i - 1 or shared.step_pos != start_pos:
-                raise ValueError(
-                    f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
-                    f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
-                )
-            if start_pos != 0 and start_pos != st.next_pos:
-                raise ValueError(f"layer {i}: start_pos = {start_pos}; allowed: {st.next_pos} (its next token)")
-        r = role.ratio
+            return
+        if shared.last_layer != i - 1 or shared.step_pos != start_pos:
+            raise ValueError(
+                f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
+                f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
+            )
+        if start_pos != 0 and start_pos != st.next_pos:
+            raise ValueError(f"layer {i}: start_pos = {start_pos}; allowed: {st.next_pos} (its next token)")
+
+    def _check_sources(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int, m: int) -> None:
+        """What a ratio>0 layer reads from the shared state must have been published."""
+        c = self.cfg
+        i, r = role.layer, role.ratio
         if r == 0:
             return
-        end = start_pos + m
-        L = end // r
+        L = (start_pos + m) // r
         if not role.is_kv_source and (shared.compress_kv is None or shared.compress_ratio != r):
             raise ValueError(
                 f"layer {i} (ratio {r}) runs before any kv source of ratio {r} published compressed rows "
@@ -221,7 +263,7 @@ class AttnV41:
             own_keys = role.is_kv_source and (self.index_keys == "own" or L > st.n_rows or start_pos == 0)
             if not own_keys and (shared.index_k is None or shared.index_k.shape[0] < L):
                 raise ValueError(f"layer {i}: needs {L} published index keys; none of that length were published")
-            if role.uses_candidates and L > 0 and (shared.candidates is None or shared.candidates_pos != start_pos):
+            if role.uses_candidates and (shared.candidates is None or shared.candidates_pos != start_pos):
                 raise ValueError(f"layer {i} uses candidates, but none were published for start_pos {start_pos}")
         if not role.is_index_source and L > 0:
             if shared.topk_pos != start_pos or shared.topk_m != m:
@@ -300,6 +342,7 @@ class AttnV41:
                     kk = min(c.index_topk, L)
                     ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
                     shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, start_pos
+                    shared.topk_version += 1
                     run_extra["index_score"] = scores
                     run_extra["index_k_owner"] = shared.index_k_owner
             if L > 0:
@@ -307,17 +350,16 @@ class AttnV41:
                 self.sel[:m, n_wc : n_wc + k].copy_(shared.topk_idxs[:m, :k])
                 comp = shared.compress_kv[:L]
         sel = self.sel[:m, : n_wc + k]
+        # Launch at the class's fixed width (−1 padding changes no output bit), so the
+        # kernel sees one selection width per class instead of one per context length.
+        width = self.dec_sel[r > 0].shape[1]
+        self.sel[:m, n_wc + k : width].fill_(-1)
 
         # §7: sparse attention with the sink
-        o = ops.sparse_attn(q, win, comp, sel, offset, w["attn_sink"], D**-0.5, out=self.o[:m])
+        o = ops.sparse_attn(q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], D**-0.5, out=self.o[:m])
 
         # §8: inverse RoPE, grouped low-rank output
-        o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
-        G, gw = c.groups, c.group_width
-        wo_a = w["wo_a.weight"].view(G, c.o_rank, gw)
-        u = self.u[:m]
-        ops.group_mm(o_rot.view(m, G, gw), wo_a, out=u.view(m, G, c.o_rank))
-        out = ops.mm(u, w["wo_b.weight"], out=self.out[:m])
+        out = self._output(w, o, pos, cos, sin, m)
 
         st.next_pos = start_pos + m
         shared.last_layer, shared.step_pos = i, start_pos
@@ -334,6 +376,143 @@ class AttnV41:
             out=out,
             **run_extra,
         )
+
+    # ------------------------------------------------------------------ decode split
+    def decode_capturable(self, w: AttnV41LayerWeights) -> bool:
+        """Whether this layer's single-token step can be captured into a CUDA graph: false
+        on kv and index sources (their forward decides compressor groups and the top-k
+        width on the host)."""
+        return not (w.role.is_kv_source or w.role.is_index_source)
+
+    def decode_fixed_topk(self, w: AttnV41LayerWeights) -> int:
+        """The selection width a captured step launches sparse attention with: the widest
+        selection of the layer's class, so the launch argument is constant. −1 padding
+        adds an exact zero, so results equal the eager step's bit for bit."""
+        c = self.cfg
+        return min(c.window + c.index_topk, 2048) if w.role.ratio > 0 else c.window
+
+    def invalidate_decode_uploads(self) -> None:
+        """Forget what the decode buffers hold; the next `decode_prep` writes them again."""
+        self._uploaded = {}
+
+    def decode_prep(self, w: AttnV41LayerWeights, shared: SharedV41, start_pos: int) -> torch.Tensor | None:
+        """Host half of a capturable layer's decode step at `start_pos`: the position and
+        the class's padded selection into the device buffers (only what changed). Returns
+        the compressed rows the captured attention reads (the shared cache buffer, whose
+        address a graph bakes), or None on ratio-0 layers."""
+        self._check_live("decode_prep")
+        if not self.decode_capturable(w):
+            kind = "kv source" if w.role.is_kv_source else "index source"
+            raise ValueError(
+                f"layer {w.role.layer} is a {kind}: its decode step is not capturable; allowed: "
+                "layers with decode_capturable(w) true (run sources through forward)"
+            )
+        self._check_pos_decode(start_pos)
+        i = w.role.layer
+        if i > 0 and (shared.last_layer != i - 1 or shared.step_pos != start_pos):
+            raise ValueError(
+                f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
+                f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
+            )
+        self._check_sources(w.role, None, shared, start_pos, 1)
+        self.decode_prep_role(w.role.ratio > 0, shared, start_pos)
+        shared.last_layer, shared.step_pos = i, start_pos
+        return shared.compress_kv if w.role.ratio > 0 else None
+
+    def _check_pos_decode(self, start_pos: int) -> None:
+        hi = self.cfg.max_seq - 1
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or not 1 <= start_pos <= hi:
+            raise ValueError(f"start_pos = {start_pos!r}; allowed: 1..{hi} (a decode position below max_seq)")
+
+    def decode_prep_role(self, ratio_positive: bool, shared: SharedV41, start_pos: int) -> None:
+        """`decode_prep` by selection class (ratio>0: window + shared selection; ratio 0:
+        window only), so both classes can be prepared for one multi-layer capture."""
+        self._check_live("decode_prep_role")
+        self._check_pos_decode(start_pos)
+        c = self.cfg
+        W = c.window
+        if self._uploaded.get("pos") != start_pos:
+            self.dec_pos.fill_(start_pos)
+            self._uploaded["pos"] = start_pos
+        buf = self.dec_sel[bool(ratio_positive)]
+        done = self._uploaded.get(bool(ratio_positive))
+        win_key = start_pos if start_pos < W else start_pos % W + W  # layout repeats once the ring is full
+        if not ratio_positive:
+            if done != win_key:
+                self.ops.window_selection(buf, 1, start_pos, W)
+                self._uploaded[False] = win_key
+            return
+        r = shared.compress_ratio
+        L = (start_pos + 1) // r if r else 0
+        published = shared.topk_pos == start_pos and shared.topk_m == 1
+        if L > 0 and not published:
+            raise ValueError(
+                f"start_pos {start_pos}: no selection was published for this step (run the index source first)"
+            )
+        k = shared.topk_k if L > 0 else 0
+        key = (win_key, id(shared), shared.topk_version if L > 0 else None)
+        if done != key:
+            self.ops.window_selection(buf, 1, start_pos, W)
+            if k:
+                buf[0, W : W + k].copy_(shared.topk_idxs[0, :k])
+            buf[0, W + k :].fill_(-1)
+            self._uploaded[True] = key
+
+    def decode_body(
+        self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Device half of a capturable layer's decode step: projections, the ring write at
+        `pos % window` (slot read on the device), sparse attention over the class's padded
+        selection, output projection into `out[:1]`, which it returns. No host work, no
+        synchronisation, no per-token scalar: a captured graph replays for any position
+        once `decode_prep` has updated the device buffers."""
+        c, ops, role = self.cfg, self.ops, w.role
+        if self._freed:
+            raise RuntimeError("AttnV41.decode_body after free()")
+        self._check_x(x, m_max=1)
+        self._check_layer(w, st)
+        if not self.decode_capturable(w):
+            raise ValueError(f"layer {role.layer} is a source layer; allowed: decode_capturable(w) true")
+        if role.ratio == 0 and rows_b is not None:
+            raise ValueError(
+                f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
+            )
+        if role.ratio > 0 and (rows_b is None or rows_b.dim() != 2 or rows_b.shape[1] != c.head_dim):
+            raise ValueError(
+                f"layer {role.layer} has ratio {role.ratio}: rows_b = "
+                f"{None if rows_b is None else tuple(rows_b.shape)}; allowed: the [n, {c.head_dim}] rows decode_prep returned"
+            )
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        H, D, W = c.n_heads, c.head_dim, c.window
+        pos = self.dec_pos
+        cos, sin = (self.plain_cos, self.plain_sin) if role.ratio == 0 else (self.yarn_cos, self.yarn_sin)
+        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:1])
+        cq = ops.rms_norm(self.c_pre[:1], w["q_norm.weight"], c.norm_eps, out=self.c[:1])
+        q = self.q[:1]
+        ops.mm(cq, w["wq_b.weight"], out=q.view(1, H * D))
+        ops.apply_rope(q, cos, sin, pos, out=q)
+        kv = self.kv[:1]
+        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:1])
+        ops.rms_norm(self.rows_tmp[:1], w["kv_norm.weight"], c.norm_eps, out=kv)
+        ops.apply_rope(kv.view(1, 1, D), cos, sin, pos, out=kv.view(1, 1, D))
+        ops.fp8_qdq(kv, out=kv)
+        ops.ring_write(st.ring, kv, pos)
+        sel = self.dec_sel[role.ratio > 0]
+        comp = rows_b if role.ratio > 0 else self._empty_rows
+        o = ops.sparse_attn(q, st.ring, comp, sel, W, w["attn_sink"], D**-0.5, out=self.o[:1])
+        self._output(w, o, pos, cos, sin, 1)
+        if not capturing and "pos" in self._uploaded:
+            st.next_pos = self._uploaded["pos"] + 1  # host bookkeeping; a graph driver does it after replay
+        return self.out[:1]
+
+    def _output(self, w, o, pos, cos, sin, m: int) -> torch.Tensor:
+        """§8: inverse RoPE of o, the grouped low-rank projection, the output projection."""
+        c, ops = self.cfg, self.ops
+        o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
+        G, gw = c.groups, c.group_width
+        u = self.u[:m]
+        ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
+        return ops.mm(u, w["wo_b.weight"], out=self.out[:m])
 
     def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, start_pos: int) -> int:
         """Feed the tokens to the compressor and append completed rows to the layer's

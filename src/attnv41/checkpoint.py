@@ -1,0 +1,428 @@
+"""Loading attention weights from a checkpoint in the released DeepSeek-V4.1 layout.
+
+The layout (../shared/spec/checkpoint-v41.md): a nested `config.json`,
+`model.safetensors.index.json` (`"weight_map"`: tensor name → shard file) and shards
+`model-000NN-of-000MM.safetensors`. Layer i's attention tensors are named
+`layers.{i}.attn.<...>` (no `model.` prefix; an index whose names all carry `model.`
+is accepted too). Every name is resolved through `weight_map`; shards are opened lazily
+with `safe_open` and read one tensor at a time, never whole. `layers.{i}.attn_norm.weight`
+and everything outside `layers.{i}.attn.` are not read.
+
+On-disk dtypes (the spec's table): `wq_a`, `wq_b`, `wkv`, `wo_a`, `wo_b` and
+`indexer.wq_b` are float8_e4m3fn with a block scale `<name without .weight>.scale`
+(float8_e8m0fnu, `[ceil(out/32), ceil(in/32)]`); `attn_sink` is fp32; everything else
+(norms, `compressor.wkv`/`wgate`, `indexer.wk`, `indexer.weights_proj`) is bf16.
+Choice: one of the fp8 names stored bf16 WITHOUT a `.scale` is accepted as a checkpoint
+already dequantized and used as is; bf16 with a `.scale`, or fp8 without one, is an error.
+
+Dequantization: `W[n, k] = e4m3(q[n, k]) · 2^(S[n // 32, k // 32] − 127)` with S the raw
+scale byte, computed in fp32 (exact) and rounded to bf16 (exact for scales >= 2^−124).
+A scale byte 0xFF (NaN) is rejected. The result goes through
+`AttnV41LayerWeights.from_state_dict`, which upcasts the ratio>=2 compressor to fp32.
+
+Every validation failure raises `CheckpointError` (a `ValueError`) naming the tensor:
+missing (from `weight_map` or from its shard), shape, dtype, scale missing or misshapen,
+NaN scale, and a role that does not match the config's layer lists.
+
+`write_checkpoint` writes a small checkpoint in exactly this layout, for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import AttnV41Cfg, LayerRole
+from .weights import AttnV41LayerWeights, expected_tensors
+
+__all__ = [
+    "BLOCK",
+    "FP8_NAMES",
+    "CheckpointError",
+    "dequantize_fp8",
+    "load_layer",
+    "load_model",
+    "quantize_fp8",
+    "write_checkpoint",
+]
+
+INDEX_FILE = "model.safetensors.index.json"
+BLOCK = 32  # fp8 scale block edge (quantization_config.weight_block_size)
+# Names (relative to `attn.`) stored float8_e4m3fn with a block scale in the release.
+FP8_NAMES = ("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight", "indexer.wq_b.weight")
+_FP8 = frozenset("attn." + n for n in FP8_NAMES)
+_ST_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+_LAYER_NAME = re.compile(r"^(model\.)?layers\.(\d+)\.(attn\..+)$")
+_ROLE_FAMILIES = ("attn.compressor.", "attn.indexer.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the spec or the config; the message names the tensor."""
+
+
+def _scale_name(rel: str) -> str:
+    return rel.removesuffix(".weight") + ".scale"
+
+
+def _disk_dtype(rel: str) -> torch.dtype:
+    """The released checkpoint's dtype of a name relative to the layer (`attn.…`)."""
+    if rel in _FP8:
+        return torch.float8_e4m3fn
+    return torch.float32 if rel == "attn.attn_sink" else torch.bfloat16
+
+
+def _describe(role: LayerRole) -> str:
+    return (
+        f"{role.name} (compress ratio {role.ratio}, kv source {role.is_kv_source}, index source {role.is_index_source})"
+    )
+
+
+# ---------------------------------------------------------------------------- fp8 blocks
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, name: str = "weight") -> torch.Tensor:
+    """bf16 `W[n, k] = e4m3(q[n, k]) · 2^(S[n // 32, k // 32] − 127)` on `q`'s device.
+
+    q: float8_e4m3fn [out, in]; scale: float8_e8m0fnu (or its raw uint8 bytes)
+    [ceil(out/32), ceil(in/32)]. Exact in fp32; the bf16 rounding is exact for scales
+    >= 2^−124. Raises `CheckpointError` naming `name` on a misshapen scale, a scale byte
+    0xFF (NaN, with its block index) or a NaN weight byte.
+    """
+    out, inp = q.shape
+    grid = (math.ceil(out / BLOCK), math.ceil(inp / BLOCK))
+    if tuple(scale.shape) != grid:
+        raise CheckpointError(
+            f"{_scale_name(name)}.shape = {tuple(scale.shape)}; allowed: {grid} for {name} {[out, inp]}"
+        )
+    s = scale.to(q.device).view(torch.uint8)
+    bad = (s == 0xFF).nonzero()
+    if bad.numel():
+        r, c = bad[0].tolist()
+        raise CheckpointError(
+            f"{_scale_name(name)}: byte 0xFF (NaN) at block [{r}, {c}] (rows {r * BLOCK}.., cols {c * BLOCK}..) "
+            f"of {name}; allowed: 0x00..0xFE"
+        )
+    nan = ((q.view(torch.uint8) & 0x7F) == 0x7F).nonzero()
+    if nan.numel():
+        raise CheckpointError(f"{name}: NaN fp8 byte at {nan[0].tolist()}")
+    # 2^(S−127) built from its fp32 bits: exponent field S for S >= 1, the subnormal 2^−127 for S = 0.
+    bits = torch.where(s == 0, 0x00400000, s.to(torch.int32) << 23)
+    pow2 = bits.view(torch.float32)
+    pow2 = pow2.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:out, :inp]
+    return (q.float() * pow2).to(torch.bfloat16)
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-quantize `w` [out, in] the released way: per 32×32 block the power-of-two
+    scale s = 2^ceil(log2(amax/448)) (s = 1 for an all-zero block, clamped to 2^−127..2^127),
+    q = e4m3(w / s). Returns (q float8_e4m3fn [out, in], scale float8_e8m0fnu
+    [ceil(out/32), ceil(in/32)] holding the byte log2(s) + 127)."""
+    out, inp = w.shape
+    R, C = math.ceil(out / BLOCK), math.ceil(inp / BLOCK)
+    pad = torch.zeros(R * BLOCK, C * BLOCK, dtype=torch.float64, device=w.device)
+    pad[:out, :inp] = w.double()
+    amax = pad.view(R, BLOCK, C, BLOCK).abs().amax(dim=(1, 3))
+    # frexp: amax/448 ≈ m·2^e with m in [0.5, 1), so the smallest e' with 448·2^e' >= amax is
+    # e or e−1; decide exactly (the division rounds, 448·2^(e−1) does not).
+    _, e = torch.frexp(amax / 448)
+    e = torch.where(torch.ldexp(torch.full_like(amax, 448.0), e - 1) >= amax, e - 1, e)
+    e = torch.where(amax == 0, torch.zeros_like(e), e).clamp(-127, 127)
+    s = torch.ldexp(torch.ones_like(amax), e)
+    q = (pad / s.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1))[:out, :inp]
+    scale = (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return q.float().to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+# ---------------------------------------------------------------------------- reading
+class _Checkpoint:
+    """A checkpoint directory's index and its shards, opened on first use."""
+
+    def __init__(self, path: str | Path):
+        self.root = Path(path)
+        self.index_path = self.root / INDEX_FILE
+        if not self.index_path.is_file():
+            raise FileNotFoundError(f"{self.root}: no {INDEX_FILE}")
+        wm = json.loads(self.index_path.read_text()).get("weight_map")
+        if not isinstance(wm, dict):
+            raise CheckpointError(f"{self.index_path}: no 'weight_map' object")
+        self.weight_map: dict[str, str] = wm
+        _check_quantization_config(self.root / "config.json")
+        plain = any(k.startswith("layers.") for k in wm)
+        self.prefix = "" if plain or not any(k.startswith("model.layers.") for k in wm) else "model."
+        # layer → names present under `layers.{i}.attn.`, relative to the layer
+        self.layers: dict[int, set[str]] = {}
+        for k in wm:
+            m = _LAYER_NAME.match(k)
+            if m and (m.group(1) or "") == self.prefix:
+                self.layers.setdefault(int(m.group(2)), set()).add(m.group(3))
+        self._stack = ExitStack()
+        self._open: dict[str, tuple[object, set[str]]] = {}
+
+    def __enter__(self) -> _Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def name(self, layer: int, rel: str) -> str:
+        return f"{self.prefix}layers.{layer}.{rel}"
+
+    def _shard(self, name: str):
+        file = self.weight_map[name]
+        if file not in self._open:
+            p = self.root / file
+            if not p.is_file():
+                raise FileNotFoundError(f"{name}: weight_map names shard {file}, which does not exist in {self.root}")
+            f = self._stack.enter_context(safe_open(str(p), framework="pt", device="cpu"))
+            self._open[file] = (f, set(f.keys()))
+        f, keys = self._open[file]
+        if name not in keys:
+            raise CheckpointError(f"{name}: listed in weight_map under {file}, but absent from that shard")
+        return f
+
+    def header(self, name: str) -> tuple[torch.dtype | str, tuple[int, ...]]:
+        """(dtype, shape) from the shard's header, without reading the data."""
+        sl = self._shard(name).get_slice(name)
+        code = sl.get_dtype()
+        return _ST_DTYPES.get(code, code), tuple(sl.get_shape())
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._shard(name).get_tensor(name)
+
+
+def _check_quantization_config(path: Path) -> None:
+    if not path.is_file():
+        return
+    qc = json.loads(path.read_text()).get("quantization_config")
+    if not qc:
+        return
+    block = qc.get("weight_block_size", [BLOCK, BLOCK])
+    fmt = qc.get("scale_fmt", "ue8m0")
+    if list(block) != [BLOCK, BLOCK] or fmt != "ue8m0":
+        raise CheckpointError(
+            f"{path}: quantization_config weight_block_size = {block}, scale_fmt = {fmt!r}; allowed: [32, 32], 'ue8m0'"
+        )
+
+
+def _check_role(ck: _Checkpoint, i: int, role: LayerRole, spec: Mapping[str, object]) -> None:
+    """Compare the compressor/indexer names the checkpoint holds for layer i with the role."""
+    present = ck.layers.get(i, set())
+    allowed = set(spec) | {_scale_name(k) for k in spec if k in _FP8}
+    for rel in sorted(present - allowed):
+        if rel.startswith(_ROLE_FAMILIES):
+            raise CheckpointError(
+                f"{ck.name(i, rel)}: present in the checkpoint, but the config makes layer {i} "
+                f"{_describe(role)}, which has no such tensor (role mismatch: check compress_ratios, "
+                f"kv_source_layers, index_source_layers)"
+            )
+        raise CheckpointError(f"{ck.name(i, rel)}: unexpected tensor for layer {i}, {_describe(role)}")
+    for rel in sorted(set(spec) - present):
+        family = next((f for f in _ROLE_FAMILIES if rel.startswith(f)), None)
+        if family and not any(p.startswith(family) for p in present):
+            raise CheckpointError(
+                f"{ck.name(i, rel)}: missing, and the checkpoint has no {family}* tensors for layer {i}, "
+                f"but the config makes it {_describe(role)} (role mismatch: check compress_ratios, "
+                f"kv_source_layers, index_source_layers)"
+            )
+
+
+def _load_layer(ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str) -> AttnV41LayerWeights:
+    role = cfg.role(i)
+    spec = expected_tensors(cfg, role)
+    _check_role(ck, i, role, spec)
+    present = ck.layers.get(i, set())
+    tensors: dict[str, torch.Tensor] = {}
+    for rel, (shape, _) in spec.items():
+        name = ck.name(i, rel)
+        if rel not in present:
+            raise CheckpointError(f"{name}: missing from weight_map ({ck.index_path}); layer {i} is {_describe(role)}")
+        dtype, got = ck.header(name)
+        want = _disk_dtype(rel)
+        has_scale = _scale_name(rel) in present
+        if rel in _FP8 and dtype == torch.bfloat16 and not has_scale:
+            want = torch.bfloat16  # a checkpoint already dequantized
+        if dtype != want:
+            allowed = f"{want}" if rel not in _FP8 else f"{want} with a .scale, or torch.bfloat16 without one"
+            raise CheckpointError(f"{name}.dtype = {dtype}; allowed: {allowed}")
+        if got != shape:
+            raise CheckpointError(f"{name}.shape = {got}; allowed: {shape}")
+        if want != torch.float8_e4m3fn:
+            tensors[rel] = ck.read(name)
+            continue
+        sname = ck.name(i, _scale_name(rel))
+        if not has_scale:
+            raise CheckpointError(f"{sname}: missing from weight_map; {name} is float8_e4m3fn and needs its scale")
+        sdtype, sshape = ck.header(sname)
+        grid = tuple(math.ceil(n / BLOCK) for n in shape)
+        if sdtype != torch.float8_e8m0fnu:
+            raise CheckpointError(f"{sname}.dtype = {sdtype}; allowed: torch.float8_e8m0fnu")
+        if sshape != grid:
+            raise CheckpointError(f"{sname}.shape = {sshape}; allowed: {grid} for {name} {list(shape)}")
+        q = ck.read(name).to(device)
+        tensors[rel] = dequantize_fp8(q, ck.read(sname), name=name)
+    return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device)
+
+
+def load_layer(
+    path: str | Path, layer: int, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu"
+) -> AttnV41LayerWeights:
+    """Layer `layer`'s attention weights from a checkpoint directory, dequantized to the
+    runtime dtypes on `device`. `cfg` defaults to `AttnV41Cfg.from_checkpoint(path)`."""
+    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
+    with _Checkpoint(path) as ck:
+        return _load_layer(ck, cfg, layer, device)
+
+
+def load_model(
+    path: str | Path, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu", progress: bool = True
+) -> list[AttnV41LayerWeights]:
+    """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does, with a
+    progress bar (tqdm when importable, else one stderr line per layer)."""
+    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
+    out = []
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.n_layers, desc="attnv41 attention layers", unit="layer")
+        except ImportError:
+            pass
+    try:
+        with _Checkpoint(path) as ck:
+            for i in range(cfg.n_layers):
+                out.append(_load_layer(ck, cfg, i, device))
+                if bar is not None:
+                    bar.update(1)
+                elif progress:
+                    print(f"attnv41: loaded layer {i + 1}/{cfg.n_layers} ({cfg.roles[i].name})", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+# ---------------------------------------------------------------------------- writing (tests)
+def _hf_config(cfg: AttnV41Cfg, quantized: bool) -> dict:
+    text = {
+        "hidden_size": cfg.dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "head_dim": cfg.head_dim,
+        "qk_rope_head_dim": cfg.rope_dim,
+        "q_lora_rank": cfg.q_rank,
+        "o_lora_rank": cfg.o_rank,
+        "o_groups": cfg.groups,
+        "sliding_window": cfg.window,
+        # The released list also covers the 3 draft stages after the backbone.
+        "compress_ratios": list(cfg.compress_ratios) + [0, 0, 0],
+        "kv_source_layer_ids": list(cfg.kv_source_layers),
+        "index_source_layer_ids": list(cfg.index_source_layers),
+        "candidate_source_layer_id": cfg.candidate_source_layer,
+        "candidate_topk_blocks": cfg.cand_blocks,
+        "candidate_block_size": cfg.cand_block,
+        "index_n_heads": cfg.index_heads,
+        "index_head_dim": cfg.index_head_dim,
+        "index_topk": cfg.index_topk,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "compress_rope_theta": cfg.compress_rope_theta,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": cfg.rope_factor,
+            "original_max_position_embeddings": cfg.original_seq_len,
+            "beta_fast": cfg.beta_fast,
+            "beta_slow": cfg.beta_slow,
+        },
+        "max_position_embeddings": cfg.max_position_embeddings,
+    }
+    d: dict = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41"}
+    if quantized:
+        d["quantization_config"] = {
+            "quant_method": "fp8",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [BLOCK, BLOCK],
+            "activation_scheme": "dynamic",
+            "expert_dtype": "fp4",
+        }
+    d["text_config"] = text
+    return d
+
+
+def write_checkpoint(
+    path: str | Path,
+    cfg: AttnV41Cfg,
+    layers: Sequence[Mapping[str, torch.Tensor]],
+    shards: int,
+    fp8_names: Iterable[str] = FP8_NAMES,
+    seed: int = 0,
+) -> Path:
+    """Write a checkpoint in the released layout from runtime tensors (a test utility).
+
+    `layers[i]` holds layer i's runtime tensors under module-relative names
+    (`"wq_a.weight"`, `"compressor.wkv.weight"`, …, as `tests/conftest.py`'s
+    `random_weights`; an `attn.` prefix is tolerated), checked against `cfg`'s roles.
+    Writes into the directory `path`: the nested `config.json` (quantization_config at the
+    root when any name is fp8), `model.safetensors.index.json` and `shards` files
+    `model-000NN-of-000MM.safetensors`. Names in `fp8_names` (a subset of `FP8_NAMES`) are
+    stored float8_e4m3fn with their e8m0 `.scale` (`quantize_fp8`); the others in the
+    spec's dtype (the ratio>=2 compressor rounded to bf16). Each layer also gets
+    `layers.{i}.attn_norm.weight` (bf16 [dim], 1 + 0.1·N(0,1) from `seed`), which loaders
+    ignore. Tensors are spread over the shards in layer order, in near-equal counts, so
+    a layer — even a weight and its scale — may straddle two shards. Returns `path`.
+    """
+    root = Path(path)
+    fp8 = set(fp8_names)
+    if not fp8 <= set(FP8_NAMES):
+        raise ValueError(f"fp8_names = {sorted(fp8)}; allowed: a subset of {list(FP8_NAMES)}")
+    if len(layers) != cfg.n_layers:
+        raise ValueError(f"{len(layers)} layers; allowed: exactly n_layers = {cfg.n_layers}")
+    gen = torch.Generator().manual_seed(seed)
+    items: list[tuple[str, torch.Tensor]] = []
+    for i, (role, w) in enumerate(zip(cfg.roles, layers)):
+        AttnV41LayerWeights.from_state_dict(role, w, cfg=cfg)  # names, shapes, runtime dtypes
+        norm = 1 + 0.1 * torch.randn(cfg.dim, generator=gen)
+        items.append((f"layers.{i}.attn_norm.weight", norm.to(torch.bfloat16)))
+        for key, t in w.items():
+            rel = key.removeprefix("attn.")
+            name = f"layers.{i}.attn.{rel}"
+            if rel in fp8:
+                q, s = quantize_fp8(t.detach().cpu())
+                items += [(name, q), (name.removesuffix(".weight") + ".scale", s)]
+            else:  # an fp8 name left out of fp8_names is stored bf16, already dequantized
+                dtype = torch.bfloat16 if rel in FP8_NAMES else _disk_dtype("attn." + rel)
+                items.append((name, t.detach().cpu().to(dtype).contiguous()))
+    if not 1 <= shards <= len(items):
+        raise ValueError(f"shards = {shards}; allowed: 1..{len(items)}")
+    root.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = dict(items[len(items) * k // shards : len(items) * (k + 1) // shards])
+        save_file(chunk, str(root / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(chunk, file))
+        total += sum(t.numel() * t.element_size() for t in chunk.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    (root / "config.json").write_text(json.dumps(_hf_config(cfg, bool(fp8)), indent=2) + "\n")
+    return root

@@ -1,0 +1,171 @@
+"""Lightning-indexer scores on the device (attention-v41.md §6.4): `index_scores`
+(Triton) and `index_scores_torch`.
+
+Twin: `attnv41.reference.indexer.index_scores`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..reference import indexer as _ref
+from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from .rope import round_bf16
+
+__all__ = ["index_scores", "index_scores_torch"]
+
+_INT = (torch.int32, torch.int64)
+_BLOCK_L = 64  # keys per program
+_MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
+_MAX_DIM = 256
+
+
+def _check(iq, weights, keys, visible, out) -> None:
+    for name, t in (("iq", iq), ("weights", weights), ("keys", keys)):
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name}.dtype = {t.dtype}; allowed: torch.bfloat16")
+        if t.device != iq.device:
+            raise ValueError(f"{name}.device = {t.device}; allowed: iq.device = {iq.device}")
+    if iq.dim() != 3:
+        raise ValueError(f"iq.dim() = {iq.dim()} (shape {tuple(iq.shape)}); allowed: 3 ([m, H, d])")
+    m, H, d = iq.shape
+    if not 1 <= H <= _MAX_HEADS:
+        raise ValueError(f"iq.shape[1] (H) = {H}; allowed: 1..{_MAX_HEADS}")
+    if d < 32 or d % 32 or d > _MAX_DIM:
+        raise ValueError(f"iq.shape[2] (index_head_dim) = {d}; allowed: a multiple of 32 in 32..{_MAX_DIM}")
+    if iq.stride(2) != 1:
+        raise ValueError(f"iq.stride(2) = {iq.stride(2)}; allowed: 1")
+    if tuple(weights.shape) != (m, H):
+        raise ValueError(f"weights.shape = {tuple(weights.shape)}; allowed: [m, H] = [{m}, {H}]")
+    if keys.dim() != 2 or keys.shape[1] != d:
+        raise ValueError(f"keys.shape = {tuple(keys.shape)}; allowed: [L, d] with d = {d}")
+    if keys.stride(1) != 1:
+        raise ValueError(f"keys.stride(1) = {keys.stride(1)}; allowed: 1")
+    if visible.dtype not in _INT:
+        raise ValueError(f"visible.dtype = {visible.dtype}; allowed: torch.int32 or torch.int64")
+    if tuple(visible.shape) != (m,):
+        raise ValueError(f"visible.shape = {tuple(visible.shape)}; allowed: [m] = [{m}]")
+    if visible.device != iq.device:
+        raise ValueError(f"visible.device = {visible.device}; allowed: iq.device = {iq.device}")
+    if out is not None:
+        L = keys.shape[0]
+        if out.dtype != torch.bfloat16 or tuple(out.shape) != (m, L) or out.device != iq.device:
+            raise ValueError(
+                f"out = {out.dtype} {tuple(out.shape)} on {out.device}; allowed: torch.bfloat16 [{m}, {L}] on {iq.device}"
+            )
+        if L > 1 and out.stride(1) != 1:
+            raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
+
+
+def index_scores_torch(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fallback of `index_scores` (same contract), the reference twin."""
+    _check(iq, weights, keys, visible, out)
+    s = _ref.index_scores(iq, weights, keys, visible)
+    return s if out is None else out.copy_(s)
+
+
+def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
+
+    iq: bf16 `[m, H, d]` (d = index_head_dim, a multiple of 32); weights: bf16 `[m, H]`;
+    keys: bf16 `[L, d]`; visible: int32/int64 `[m]` on iq's device, `L_t` of each token.
+    The reference's roundings: each dot over d accumulates in fp32 (in any order) and is
+    rounded to bf16; ReLU; times `w[t, h]`, the product rounded to bf16; the sum over
+    heads accumulates in fp32 (any order) and is rounded to bf16. Entries `j ≥ L_t` are
+    −∞. Results may differ from the reference only where a differently ordered fp32
+    sum rounds to the other bf16 neighbour.
+
+    out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation.
+    """
+    _check(iq, weights, keys, visible, out)
+    require_triton("index_scores", iq, weights, keys, visible)
+    m, H, d = iq.shape
+    L = keys.shape[0]
+    if out is None:
+        out = torch.empty(m, L, dtype=torch.bfloat16, device=iq.device)
+    if m == 0 or L == 0:
+        return out
+    grid = (m, triton.cdiv(L, _BLOCK_L))
+    _index_scores_kernel[grid](
+        iq,
+        weights,
+        keys,
+        visible,
+        out,
+        L,
+        iq.stride(0),
+        iq.stride(1),
+        weights.stride(0),
+        weights.stride(1),
+        keys.stride(0),
+        out.stride(0),
+        H=H,
+        D=d,
+        H_P=max(16, triton.next_power_of_2(H)),  # tl.dot needs >= 16 rows
+        D_P=triton.next_power_of_2(d),
+        BLOCK_L=_BLOCK_L,
+        # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
+        # the tiles go to fp32 first (exact: same products, fp32 accumulation).
+        DOT_F32=interpreting(),
+    )
+    return out
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _index_scores_kernel(
+        iq_ptr,
+        w_ptr,
+        k_ptr,
+        vis_ptr,
+        out_ptr,
+        L,
+        s_iq_m,
+        s_iq_h,
+        s_w_m,
+        s_w_h,
+        s_k,
+        s_out,
+        H: tl.constexpr,
+        D: tl.constexpr,
+        H_P: tl.constexpr,
+        D_P: tl.constexpr,
+        BLOCK_L: tl.constexpr,
+        DOT_F32: tl.constexpr,
+    ):
+        # program (t, lb): token t, keys lb·BLOCK_L … +BLOCK_L−1, all heads
+        t = tl.program_id(0).to(tl.int64)
+        lb = tl.program_id(1)
+        vis = tl.load(vis_ptr + t).to(tl.int64)
+        # [H_P] head h, [D_P] channel c, [BLOCK_L] key row j
+        h = tl.arange(0, H_P)
+        c = tl.arange(0, D_P)
+        j = lb * BLOCK_L + tl.arange(0, BLOCK_L)
+        h_ok = h < H
+        c_ok = c < D
+        j_ok = j < L
+        h64 = h.to(tl.int64)
+        j64 = j.to(tl.int64)
+        # [H_P, D_P] the token's index queries (padded heads are 0)
+        q = tl.load(
+            iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0
+        )
+        # [BLOCK_L, D_P] index keys
+        k = tl.load(k_ptr + j64[:, None] * s_k + c[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0)
+        # [H_P] head weights (padded heads are 0, so they add 0)
+        w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
+        # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
+        if DOT_F32:
+            dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+        dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+        # [H_P, BLOCK_L] weighted, rounded to bf16
+        prod = round_bf16(dots * w[:, None]).to(tl.float32)
+        # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
+        s = tl.sum(prod, axis=0)
+        s = tl.where(j64 < vis, s, float("-inf"))
+        tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)

@@ -1,0 +1,161 @@
+"""RMSNorm in Triton (attention-v41.md §3); twin: `attnv41.reference.norm.rms_norm`.
+
+Contract: `x` is a 2-D bf16 tensor `[rows, width]` with a contiguous last dim (any row
+stride); `weight` is fp32 or bf16 `[width]`; `y = bf16(w ⊙ v / sqrt(mean(v²) + eps))`
+in fp32 over the last dim, written into `out` (allocated when None; bf16 of x's shape,
+contiguous last dim; may be `x` itself, must not partially overlap it); `out` is
+returned.
+
+Not bit-exact with the reference, by design: the sum of squares is reduced in a
+different order than torch's, and the reciprocal square root is rounded differently
+from `torch.rsqrt`, so the fp32 value before the final bf16 rounding differs by a few
+fp32 ulps and may, near a bf16 rounding boundary, land one bf16 ulp away. Compare with
+a tolerance of one bf16 ulp.
+
+`rms_norm_torch` runs the reference twin with the same signature (the CPU path).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..reference import norm as _ref
+from ._triton import HAVE_TRITON, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from .qdq import _bf16_to_f32, _f32_to_bf16_rne
+
+__all__ = ["rms_norm", "rms_norm_torch"]
+
+_MAX_BLOCK = 4096  # widest chunk one program holds; wider rows loop over chunks in two passes
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None) -> torch.Tensor:
+    """Validate the arguments (ValueError naming the argument); return `out`, allocated if None."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x = {type(x).__name__}; allowed: a torch.Tensor")
+    if x.dim() != 2:
+        raise ValueError(f"x.dim() = {x.dim()}; allowed: 2 ([rows, width])")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"x.dtype = {x.dtype}; allowed: torch.bfloat16")
+    if x.shape[-1] < 1:
+        raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed: >= 1")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"x.stride(-1) = {x.stride(-1)}; allowed: 1 (contiguous last dim)")
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"weight = {type(weight).__name__}; allowed: a torch.Tensor")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"weight.shape = {tuple(weight.shape)}; allowed: ({x.shape[-1]},) (x.shape[-1])")
+    if weight.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"weight.dtype = {weight.dtype}; allowed: torch.float32 or torch.bfloat16")
+    if weight.device != x.device:
+        raise ValueError(f"weight.device = {weight.device}; allowed: {x.device} (the device of x)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps = {eps!r}; allowed: a finite float >= 0")
+    if out is None:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out = {type(out).__name__}; allowed: None or a torch.Tensor")
+    if tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: {tuple(x.shape)} (the shape of x)")
+    if out.dtype != torch.bfloat16:
+        raise ValueError(f"out.dtype = {out.dtype}; allowed: torch.bfloat16")
+    if out.device != x.device:
+        raise ValueError(f"out.device = {out.device}; allowed: {x.device} (the device of x)")
+    if out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError(f"out.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
+    return out
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _load_weight(ptrs, mask):
+        """fp32 weights as they are; bf16 ones widened through the bits."""
+        if ptrs.dtype.element_ty == tl.bfloat16:
+            return _bf16_to_f32(tl.load(ptrs, mask=mask, other=0.0))
+        else:
+            return tl.load(ptrs, mask=mask, other=0.0)
+
+    @triton.jit
+    def _rms_norm_kernel(
+        x_ptr,
+        w_ptr,
+        out_ptr,
+        width,
+        width_f,  # float(width): an int arg equal to 1 would be specialized to a constexpr
+        stride_x,
+        stride_w,
+        stride_out,
+        eps,
+        BLOCK: tl.constexpr,  # power of two, >= width when NUM_CHUNKS == 1
+        NUM_CHUNKS: tl.constexpr,  # cdiv(width, BLOCK)
+    ):
+        # One program per row.
+        row = tl.program_id(0).to(tl.int64)
+        x_row = x_ptr + row * stride_x
+        out_row = out_ptr + row * stride_out
+        # [BLOCK]
+        offs = tl.arange(0, BLOCK)
+        if NUM_CHUNKS == 1:
+            mask = offs < width
+            v = _bf16_to_f32(tl.load(x_row + offs, mask=mask, other=0.0))
+            ss = tl.sum(v * v, axis=0)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for c in range(NUM_CHUNKS):
+                cols = c * BLOCK + offs
+                v = _bf16_to_f32(tl.load(x_row + cols, mask=cols < width, other=0.0))
+                acc += v * v
+            ss = tl.sum(acc, axis=0)
+        # scalar: 1/sqrt(mean + eps), each step correctly rounded (torch.rsqrt rounds once)
+        ms = tl.math.div_rn(ss, width_f)
+        r = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))
+        if NUM_CHUNKS == 1:
+            w = _load_weight(w_ptr + offs * stride_w, mask)
+            tl.store(out_row + offs, _f32_to_bf16_rne(w * (v * r)), mask=mask)
+        else:
+            for c in range(NUM_CHUNKS):
+                cols = c * BLOCK + offs
+                cmask = cols < width
+                v = _bf16_to_f32(tl.load(x_row + cols, mask=cmask, other=0.0))
+                w = _load_weight(w_ptr + cols * stride_w, cmask)
+                tl.store(out_row + cols, _f32_to_bf16_rne(w * (v * r)), mask=cmask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`bf16(w ⊙ v / sqrt(mean(v²) + eps))` per row of bf16 `x [rows, width]`, in Triton.
+
+    `weight`: fp32 or bf16 `[width]`; `eps`: finite float >= 0; `out`: None or bf16 of
+    x's shape (may be x). Returns `out`. Within one bf16 ulp of the reference.
+    """
+    out = _check(x, weight, eps, out)
+    require_triton("rms_norm", x, weight, out)
+    rows, width = x.shape
+    if rows == 0:
+        return out
+    block = min(triton.next_power_of_2(width), _MAX_BLOCK)
+    num_chunks = triton.cdiv(width, block)
+    _rms_norm_kernel[(rows,)](
+        x,
+        weight,
+        out,
+        width,
+        float(width),
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        float(eps),
+        BLOCK=block,
+        NUM_CHUNKS=num_chunks,
+        num_warps=4 if block <= 1024 else 8,
+    )
+    return out
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`rms_norm` through the reference twin (any device); same contract, bit-exact with it."""
+    out = _check(x, weight, eps, out)
+    return out.copy_(_ref.rms_norm(x, weight, eps))

@@ -1,0 +1,139 @@
+"""Triton rms_norm vs its reference twin (attnv41.reference.norm.rms_norm).
+
+Not bit for bit: the kernel reduces the sum of squares in another order than torch and
+rounds 1/sqrt differently from torch.rsqrt, so the fp32 value before the bf16 rounding
+may differ by a few fp32 ulps and, near a bf16 rounding boundary, the result by one bf16
+ulp. Each value must lie within one bf16 ulp (counted on the bit patterns, which is
+exact at binade edges where 2^-8·|ref| is not), and at most 1% of them may differ at all
+(a systematic error, e.g. truncating instead of rounding, would move far more).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from attnv41.kernels import norm as K
+from attnv41.reference import norm as R
+
+CASES = [
+    pytest.param(w, r, wdt, id=f"w{w}-r{r}-{str(wdt).removeprefix('torch.')}")
+    for w in (1, 64, 301, 1280)
+    for r in (1, 7, 13)
+    for wdt in (torch.float32, torch.bfloat16)
+]
+
+
+def _ordered(bits: torch.Tensor) -> torch.Tensor:
+    """bf16 bit patterns as integers that count ulps across the whole line (±0 → 0)."""
+    b = bits.to(torch.int32)
+    mag = b & 0x7FFF
+    return torch.where(b < 0, -mag, mag)
+
+
+def assert_within_one_ulp(name: str, got: torch.Tensor, ref: torch.Tensor, max_frac: float = 0.01) -> None:
+    got = got.cpu()
+    assert got.shape == ref.shape and got.dtype == ref.dtype == torch.bfloat16, f"{name}: {got.shape} {got.dtype}"
+    assert not torch.isnan(ref.float()).any(), f"{name}: NaN in the reference"
+    assert not torch.isnan(got.float()).any(), f"{name}: NaN in the kernel output"
+    ulps = (_ordered(got.view(torch.int16)) - _ordered(ref.view(torch.int16))).abs()
+    worst, n_diff = int(ulps.max()) if ulps.numel() else 0, int((ulps > 0).sum())
+    err = (got.float() - ref.float()).abs().max().item() if ulps.numel() else 0.0
+    msg = f"{name}: worst {worst} bf16 ulps, {n_diff} of {ulps.numel()} values differ, max |err| {err:.3g}"
+    assert worst <= 1, msg
+    assert n_diff <= max(1, max_frac * ulps.numel()), msg
+
+
+@pytest.mark.parametrize("width,rows,wdtype", CASES)
+def test_random_vs_reference(width, rows, wdtype, device):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{width}-{rows}-{wdtype}".encode()))
+    weight = (1 + 0.3 * torch.randn(width, generator=gen)).to(wdtype)
+    for scale in (2.0**-20, 1.0, 2.0**10):
+        for eps in (1e-6, 1e-20):
+            x = (torch.randn(rows, width, generator=gen) * scale).to(torch.bfloat16)
+            out = torch.full_like(x, float("nan"), device=device)  # poisoned: every value must be written
+            got = K.rms_norm(x.to(device), weight.to(device), eps, out=out)
+            assert got is out
+            assert_within_one_ulp(f"rms_norm scale {scale:g} eps {eps:g}", got, R.rms_norm(x, weight, eps))
+
+
+def test_wide_rows_loop_over_chunks(device):
+    """Rows wider than one chunk (_MAX_BLOCK) take the two-pass loop."""
+    width = K._MAX_BLOCK + 904
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, width, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(width, generator=gen)
+    got = K.rms_norm(x.to(device), weight.to(device), 1e-6)
+    assert_within_one_ulp("rms_norm wide", got, R.rms_norm(x, weight, 1e-6))
+
+
+def test_hostile_rows(device):
+    width = 48
+    x = torch.zeros(6, width)
+    x[1, 17] = -3.0  # a single nonzero
+    x[2, :] = -0.0  # negative zeros
+    x[3, ::2] = 2.0**-60  # tiny: mean(v²) far below eps
+    x[4, :] = torch.linspace(-(2.0**40), 2.0**40, width)  # large
+    x[5, :] = 1.0  # every value the same: y = w/sqrt(1 + eps)
+    x = x.to(torch.bfloat16)
+    weight = torch.linspace(-2, 2, width)
+    for eps in (1e-6, 1e-20):
+        got = K.rms_norm(x.to(device), weight.to(device), eps)
+        assert_within_one_ulp(f"rms_norm hostile eps {eps:g}", got, R.rms_norm(x, weight, eps), max_frac=0.05)
+
+
+def test_in_place_and_strided_rows(device):
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(7, 96, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(64, generator=gen).to(torch.bfloat16)
+    want = R.rms_norm(base[:, 32:], weight, 1e-6)
+    x = base.to(device)
+    view = x[:, 32:]  # row stride 96, width 64
+    assert K.rms_norm(view, weight.to(device), 1e-6, out=view) is view
+    assert_within_one_ulp("rms_norm in place", view, want)
+    assert torch.equal(x[:, :32].cpu(), base[:, :32]), "values outside the view untouched"
+
+
+def test_torch_fallback(device):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 40, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(40, generator=gen)
+    out = torch.empty_like(x)
+    assert K.rms_norm_torch(x, weight, 1e-6, out=out) is out
+    assert torch.equal(out, R.rms_norm(x, weight, 1e-6))
+    assert torch.equal(K.rms_norm_torch(x, weight, 1e-6), R.rms_norm(x, weight, 1e-6))
+
+
+def test_empty_rows(device):
+    x = torch.empty(0, 64, dtype=torch.bfloat16, device=device)
+    assert K.rms_norm(x, torch.ones(64, device=device), 1e-6).shape == (0, 64)
+
+
+X = torch.zeros(2, 64, dtype=torch.bfloat16)
+W = torch.ones(64)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        pytest.param(dict(x=X.float(), weight=W, eps=1e-6), r"x\.dtype", id="x-dtype"),
+        pytest.param(dict(x=X[None], weight=W, eps=1e-6), r"x\.dim\(\) = 3", id="x-3d"),
+        pytest.param(dict(x=X.t(), weight=torch.ones(2), eps=1e-6), r"x\.stride\(-1\) = 64", id="x-stride"),
+        pytest.param(dict(x=X, weight=torch.ones(32), eps=1e-6), r"weight\.shape = \(32,\)", id="weight-shape"),
+        pytest.param(dict(x=X, weight=W.half(), eps=1e-6), r"weight\.dtype", id="weight-dtype"),
+        pytest.param(dict(x=X, weight=W, eps=-1.0), r"eps = -1\.0", id="eps-negative"),
+        pytest.param(dict(x=X, weight=W, eps=float("nan")), r"eps = nan", id="eps-nan"),
+        pytest.param(
+            dict(x=X, weight=W, eps=1e-6, out=torch.zeros(2, 32, dtype=torch.bfloat16)), r"out\.shape", id="out-shape"
+        ),
+        pytest.param(dict(x=X, weight=W, eps=1e-6, out=torch.zeros(2, 64)), r"out\.dtype", id="out-dtype"),
+    ],
+)
+def test_validation(args, match, device):
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(ValueError, match=match):
+        K.rms_norm(**moved)
+    with pytest.raises(ValueError, match=match):
+        K.rms_norm_torch(**args)
