@@ -15,7 +15,9 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install -q "torch>=2.11" >&2
   else
-    "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
+    # Triton pinned to the release our interpreter tests were written against (the CUDA
+    # builds of torch bring their own).
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0" "triton==3.6.0" >&2
   fi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
   echo "$want" > "$stamp"
