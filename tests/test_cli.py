@@ -70,3 +70,15 @@ def test_bad_golden_format_is_named(tmp_path):
     save_file({"a": torch.zeros(1)}, str(p), metadata={"format": "other"})
     with pytest.raises(ValueError, match="format"):
         main(["check", "--golden", str(p)])
+
+
+def test_check_runtime_forward_and_split(capsys):
+    assert main(["check", "--impl", "runtime"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check", "--impl", "runtime", "--decode", "split"]) == 0
+    out = capsys.readouterr().out
+    assert "impl runtime-split" in out and "0 failed" in out
+
+
+def test_split_needs_runtime(capsys):
+    assert main(["check", "--decode", "split"]) == 2

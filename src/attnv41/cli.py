@@ -78,11 +78,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("attnv41 check: --device cuda requested but torch.cuda.is_available() is False", file=sys.stderr)
             return 2
+    impl = args.impl
+    if args.decode == "split":
+        if impl != "runtime":
+            print("attnv41 check: --decode split needs --impl runtime", file=sys.stderr)
+            return 2
+        impl = "runtime-split"
     failed = 0
     total_cmp = total_skip = 0
     t0 = time.perf_counter()
     for v in variants:
-        rep = replay(golden, v, IMPLS[args.impl], device=args.device, impl_name=args.impl)
+        rep = replay(golden, v, IMPLS[impl], device=args.device, impl_name=impl)
         _print_report(rep, sys.stdout)
         failed += rep.n_failed
         total_cmp += rep.n_compared
@@ -90,13 +96,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         worst = rep.worst()
         print(
             f"-- {golden.name}/{v}: {rep.n_compared} tensors compared, {rep.n_failed} failed, "
-            f"{rep.n_skipped} absent from the file (skipped); worst ratio "
+            f"{rep.n_skipped} skipped (absent from the file, or not observable in a captured step); worst ratio "
             + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst)
         )
     dt = time.perf_counter() - t0
     verdict = "PASS" if failed == 0 else "FAIL"
     print(
-        f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {args.impl}, "
+        f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {impl}, "
         f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s"
     )
     return 0 if failed == 0 else 1
@@ -120,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="reference: the plain-PyTorch oracle; runtime: AttnV41 (Triton on CUDA, torch on CPU)",
     )
     c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    c.add_argument(
+        "--decode",
+        choices=("forward", "split"),
+        default="forward",
+        help="runtime decode steps through forward (default) or through decode_prep/decode_body "
+        "(CUDA graphs on cuda, the split path eagerly on cpu); captured layers are compared by out and ring",
+    )
     c.set_defaults(func=cmd_check)
     return p
 

@@ -175,7 +175,51 @@ def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
     return RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
 
 
-IMPLS = {"reference": reference_impl, "runtime": runtime_impl}
+class _SplitDecode:
+    """The runtime with decode steps through `decode_prep`/`decode_body` (CUDA graphs on
+    CUDA, the split path eagerly on the CPU): prefill through `forward`, decode per step."""
+
+    def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device):
+        from .runtime.graphs import DecodeGraphs
+        from .runtime.stack import RuntimeStack
+
+        self.stack = RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
+        self.graphs = DecodeGraphs(self.stack)
+        self.graphs.on_source = self._keep
+        self._sources: dict[int, _Frozen] = {}
+
+    def _keep(self, i: int, run) -> None:
+        self._sources[i] = _Frozen(run)
+
+    def layer(self, i: int, x: torch.Tensor, start_pos: int):
+        return self.stack.layer(i, x, start_pos)
+
+    def decode_step(self, xs, start_pos: int) -> list:
+        self._sources = {}
+        y = self.graphs.step(xs, start_pos)
+        out = []
+        for i, st in enumerate(self.stack.states):
+            if i in self._sources:
+                out.append(self._sources[i])
+            else:
+                out.append(_Captured(y[i].clone(), st.ring.clone()))
+        return out
+
+
+class _Captured:
+    """What a captured layer step leaves observable: its output and its ring."""
+
+    not_produced = ("q", "o", "sel")
+
+    def __init__(self, out: torch.Tensor, ring: torch.Tensor):
+        self.out, self.kv_win = out, ring
+
+
+def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
+    return _SplitDecode(cfg, weights, index_keys, device)
+
+
+IMPLS = {"reference": reference_impl, "runtime": runtime_impl, "runtime-split": runtime_split_impl}
 
 
 def replay(
@@ -198,12 +242,18 @@ def replay(
         rname, start = reg["name"], int(reg["start_pos"])
         traces: dict[int, Any] = {}
         score_rows: dict[int, set[int]] = {}  # per index source: rows whose scores were excused
+        xs = []
         for i in range(cfg.n_layers):
-            role = cfg.roles[i]
             x = golden.get(variant, rname, i, "x")
             if x is None:
                 raise ValueError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
-            tr = impl.layer(i, x.to(device), start)
+            xs.append(x.to(device))
+        # A split-decode implementation runs a whole decode step at once (CUDA graphs
+        # span several layers); its traces are then compared layer by layer.
+        step_traces = impl.decode_step(xs, start) if start > 0 and hasattr(impl, "decode_step") else None
+        for i in range(cfg.n_layers):
+            role = cfg.roles[i]
+            tr = step_traces[i] if step_traces is not None else impl.layer(i, xs[i], start)
             traces[i] = tr
             lr = _compare_layer(
                 lambda layer, n, _r=rname: golden.get(variant, _r, layer, n),
@@ -251,7 +301,12 @@ def _compare_layer(
     def got(n):
         return _cpu(getattr(tr, n, None))
 
+    not_produced = getattr(tr, "not_produced", None) or ()
+
     def missing(n) -> bool:
+        if n in not_produced:  # by design (a captured step keeps only out and the ring)
+            lr.skipped.append(n)
+            return True
         if got(n) is None:
             lr.cmps.append(Cmp(n, False, float("inf"), "the implementation did not produce it"))
             return True
@@ -380,7 +435,8 @@ class _Frozen:
     """CPU copies of a trace's tensors (runtime runs are views that the next call overwrites)."""
 
     def __init__(self, tr):
-        self._d = {n: _cpu(getattr(tr, n, None)) for n in KINDS}
+        # clone: on the CPU `.cpu()` returns the same tensor, a workspace view
+        self._d = {n: (None if (t := _cpu(getattr(tr, n, None))) is None else t.clone()) for n in KINDS}
         self._d["index_k_owner"] = _cpu(getattr(tr, "index_k_owner", None))
 
     def get(self, name):
