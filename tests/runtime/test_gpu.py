@@ -18,12 +18,17 @@ from helpers import golden_path, random_inputs, random_weights
 pytestmark = pytest.mark.gpu
 
 
+_REPORT: dict = {}
+
+
 def _save(name: str, data: dict) -> None:
+    """Collect results in one JSON file, `$ATTNV41_REPORT_DIR/gpu_report.json`."""
     d = os.environ.get("ATTNV41_REPORT_DIR")
     if d:
+        _REPORT[name] = data
         os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, f"{name}.json"), "w") as f:
-            json.dump(data, f, indent=1)
+        with open(os.path.join(d, "gpu_report.json"), "w") as f:
+            json.dump(_REPORT, f, indent=1, default=str)
 
 
 @pytest.mark.parametrize("impl", ["runtime", "reference"])

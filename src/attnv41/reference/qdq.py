@@ -74,6 +74,7 @@ def fp4_e4m3_qdq(v: torch.Tensor, block: int = 16) -> torch.Tensor:
     """FP4 e2m1 round trip per `block` values, scale `e4m3_rne(amax/6)`, `amax ≥ 6·2^-9`."""
     x = _blocks(v, block)
     amax = x.abs().amax(-1, keepdim=True).clamp_min(FP4_MAX * 2.0**-9)
-    s = (amax / FP4_MAX).to(torch.float8_e4m3fn).float()
+    # e4m3 saturates at 448 (torch releases differ: some cast larger values to NaN)
+    s = (amax / FP4_MAX).clamp_max(FP8_MAX).to(torch.float8_e4m3fn).float()
     q = e2m1_round((x / s).clamp(-FP4_MAX, FP4_MAX))
     return (q * s).flatten(-2).to(torch.bfloat16)
