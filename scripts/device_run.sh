@@ -11,8 +11,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 status=0
 for g in tiny headdim; do
-  python3 -m attnv41 check --golden ".golden/v41_$g.safetensors" --impl runtime --device cuda > "$OUT/check_$g.txt" 2>&1 || status=1
-  tail -1 "$OUT/check_$g.txt"
+  for mode in forward split; do
+    python3 -m attnv41 check --golden ".golden/v41_$g.safetensors" --impl runtime --device cuda --decode $mode \
+      > "$OUT/check_${g}_$mode.txt" 2>&1 || status=1
+    tail -1 "$OUT/check_${g}_$mode.txt"
+  done
 done
 python3 -m pytest -q -p no:cacheprovider -rA ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/pytest.txt" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
