@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnv41.config import AttnV41Cfg
+from attnv41.synthetic import random_inputs, random_weights  # noqa: F401  (re-exported for tests)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,52 +62,3 @@ def small_cfg(**kw) -> AttnV41Cfg:
     )
     base.update(kw)
     return AttnV41Cfg(**base)
-
-
-def random_weights(cfg: AttnV41Cfg, seed: int, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
-    """Deterministic weights with the golden files' distributions (activations O(1)):
-    matrices N(0,1)·in^-1/2 (wo_a ×3), norm weights 1 + 0.1·N(0,1), sinks U(-1, 1)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def mat(out, inp, dtype=torch.bfloat16, mult=1.0):
-        return (torch.randn(out, inp, generator=gen, device=device) * (inp**-0.5 * mult)).to(dtype)
-
-    def norm(n):
-        return (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
-
-    H, D = cfg.n_heads, cfg.head_dim
-    out = []
-    for role in cfg.roles:
-        w = {
-            "attn_sink": torch.rand(H, generator=gen, device=device) * 2 - 1,
-            "wq_a.weight": mat(cfg.q_rank, cfg.dim),
-            "q_norm.weight": norm(cfg.q_rank),
-            "wq_b.weight": mat(H * D, cfg.q_rank),
-            "wkv.weight": mat(D, cfg.dim),
-            "kv_norm.weight": norm(D),
-            "wo_a.weight": mat(cfg.groups * cfg.o_rank, cfg.group_width, mult=3.0),
-            "wo_b.weight": mat(cfg.dim, cfg.groups * cfg.o_rank),
-        }
-        if role.is_kv_source:
-            cdt = torch.float32 if role.ratio >= 2 else torch.bfloat16
-            w["compressor.wkv.weight"] = mat(D, cfg.dim, cdt)
-            if role.ratio >= 2:
-                w["compressor.wgate.weight"] = mat(D, cfg.dim, torch.float32)
-            w["compressor.norm.weight"] = norm(D)
-            w["indexer.wk.weight"] = mat(cfg.index_head_dim, D)
-            w["indexer.k_norm.weight"] = norm(cfg.index_head_dim)
-        if role.is_index_source:
-            w["indexer.wq_b.weight"] = mat(cfg.index_heads * cfg.index_head_dim, cfg.q_rank)
-            w["indexer.weights_proj.weight"] = mat(cfg.index_heads, cfg.dim)
-        out.append(w)
-    return out
-
-
-def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str = "cpu") -> list[torch.Tensor]:
-    """Per-layer inputs `[n, dim]`: standard normal rows scaled to unit RMS, bf16."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    xs = []
-    for _ in range(cfg.n_layers):
-        x = torch.randn(n, cfg.dim, generator=gen, device=device)
-        xs.append((x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16))
-    return xs

@@ -1,6 +1,7 @@
 """`attnv41` command line: argument parsing and printing only.
 
 Subcommands:
+  demo    the main job: a 40-layer stack, prefill, graph vs eager decode, a report.
   check   replay a golden file (default: the tiny one bundled in the package)
           through an implementation and compare every tensor it holds.
 """
@@ -108,6 +109,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    res = run_demo(
+        preset=args.preset,
+        prompt=args.prompt,
+        steps=args.steps,
+        seed=args.seed,
+        index_keys=args.index_keys,
+        device=args.device,
+        checkpoint=args.checkpoint,
+        progress=not args.no_progress,
+    )
+    for line in res.lines():
+        print(line)
+    print("PASS" if res.ok else "FAIL: graph and eager decode steps differ")
+    return 0 if res.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnv41", description="DeepSeek-V4.1 attention runtime tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -134,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(CUDA graphs on cuda, the split path eagerly on cpu); captured layers are compared by out and ring",
     )
     c.set_defaults(func=cmd_check)
+    d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")
+    d.add_argument(
+        "--preset",
+        choices=("auto", "flash", "small"),
+        default="auto",
+        help="auto: V4.1-Flash geometry on a GPU, a small one with the same schedule on the CPU",
+    )
+    d.add_argument("--prompt", type=int, help="prompt tokens (default 4096 on a GPU, 128 on the CPU)")
+    d.add_argument("--steps", type=int, help="decode steps (default 256 on a GPU, 48 on the CPU)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--index-keys", choices=("own", "released"), default="own")
+    d.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    d.add_argument("--checkpoint", help="a V4.1 checkpoint directory (config.json + safetensors shards)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.set_defaults(func=cmd_demo)
     return p
 
 

@@ -1,0 +1,170 @@
+"""`attnv41 demo`: the main job. A 40-layer V4.1 attention stack (V4.1-Flash geometry on
+a GPU, a small geometry with the same schedule on the CPU, or a checkpoint), prefill,
+then decode with CUDA graphs (the split path on the CPU) beside eager `forward`,
+every step compared byte for byte, and a short report."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .synthetic import PRESETS, random_inputs, random_weights
+
+__all__ = ["DemoResult", "run_demo"]
+
+
+@dataclass
+class DemoResult:
+    device: str
+    geometry: str
+    prompt: int
+    steps: int
+    prefill_s: float
+    graph_step_ms: float
+    eager_step_ms: float
+    mismatched_steps: int
+    captures: int
+    recaptures: int
+    memory: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched_steps == 0
+
+    def lines(self) -> list[str]:
+        mode = "CUDA graphs" if self.device.startswith("cuda") else "split path (decode_prep/decode_body)"
+        return [
+            f"attnv41 demo: {self.geometry} on {self.device}",
+            f"  prefill   {self.prompt} tokens x 40 layers: {self.prefill_s * 1e3:.1f} ms, "
+            f"{self.prompt / self.prefill_s:,.0f} tokens/s",
+            f"  decode    {self.steps} steps, {mode}: {self.graph_step_ms:.3f} ms/step, "
+            f"{1e3 / self.graph_step_ms:,.1f} tokens/s",
+            f"  decode    eager forward: {self.eager_step_ms:.3f} ms/step "
+            f"(graph/split path {self.eager_step_ms / self.graph_step_ms:.2f}x faster)",
+            f"  captures  {self.captures} graphs, {self.recaptures} recaptures",
+            "  check     graph vs eager, every step, byte for byte: "
+            + ("all equal" if self.ok else f"{self.mismatched_steps} steps DIFFER"),
+            f"  memory    {self.memory}",
+        ]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_demo(
+    preset: str = "auto",
+    prompt: int | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    index_keys: str = "own",
+    device: str = "auto",
+    checkpoint: str | None = None,
+    progress: bool = True,
+) -> DemoResult:
+    from .runtime.graphs import DecodeGraphs
+    from .runtime.stack import RuntimeStack
+
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device = 'cuda'; allowed: 'cpu' or 'auto' (torch.cuda.is_available() is False)")
+    gpu = dev.type == "cuda"
+    prompt = prompt if prompt is not None else (4096 if gpu else 128)
+    steps = steps if steps is not None else (256 if gpu else 48)
+    if prompt < 1 or steps < 1:
+        raise ValueError(f"prompt = {prompt}, steps = {steps}; allowed: both >= 1")
+    max_seq = prompt + steps + 1
+    if checkpoint is not None:
+        from .checkpoint import load_model
+        from .config import AttnV41Cfg
+
+        cfg = AttnV41Cfg.from_checkpoint(checkpoint, max_tokens=prompt, max_seq=max_seq)
+        weights = load_model(checkpoint, cfg, device=dev, progress=progress)
+        geometry = f"checkpoint {checkpoint} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers)"
+    else:
+        name = preset if preset != "auto" else ("flash" if gpu else "small")
+        if name not in PRESETS:
+            raise ValueError(f"preset = {preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
+        cfg = PRESETS[name](max_tokens=prompt, max_seq=max_seq)
+        weights = random_weights(cfg, seed, dev)
+        geometry = (
+            f"preset {name} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers), seed {seed}"
+        )
+    eager = RuntimeStack(cfg, weights, device=dev, index_keys=index_keys)
+    graph = RuntimeStack(cfg, eager.weights, device=dev, index_keys=index_keys)
+    drv = DecodeGraphs(graph)
+    xs = random_inputs(cfg, prompt, seed + 1, dev)
+    dec = random_inputs(cfg, steps, seed + 2, dev)
+
+    eager.step(xs, 0)  # warm-up and the eager stack's own prefill
+    _sync(dev)
+    t = time.perf_counter()
+    graph.step(xs, 0)
+    _sync(dev)
+    prefill_s = time.perf_counter() - t
+
+    bar = _bar(steps, progress and steps >= 64)
+    y_graph = torch.empty(steps, cfg.n_layers, cfg.dim, dtype=torch.bfloat16, device=dev)
+    y_eager = torch.empty_like(y_graph)
+    t = time.perf_counter()
+    for s in range(steps):
+        y_graph[s] = drv.step([x[s : s + 1] for x in dec], prompt + s).view(cfg.n_layers, cfg.dim)
+        bar(1)
+    _sync(dev)
+    graph_ms = (time.perf_counter() - t) / steps * 1e3
+    t = time.perf_counter()
+    for s in range(steps):
+        runs = eager.step([x[s : s + 1] for x in dec], prompt + s, keep=True)
+        y_eager[s] = torch.cat(runs)
+        bar(1)
+    _sync(dev)
+    eager_ms = (time.perf_counter() - t) / steps * 1e3
+    bar(None)
+    mismatched = int((y_graph != y_eager).flatten(1).any(1).sum())
+    if gpu:
+        memory = (
+            f"{torch.cuda.memory_allocated(dev) / 2**30:.2f} GiB allocated, "
+            f"{torch.cuda.max_memory_allocated(dev) / 2**30:.2f} GiB peak on the GPU"
+        )
+    else:
+        memory = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB peak resident (process)"
+    return DemoResult(
+        str(dev),
+        geometry,
+        prompt,
+        steps,
+        prefill_s,
+        graph_ms,
+        eager_ms,
+        mismatched,
+        drv.captures,
+        drv.recaptures,
+        memory,
+    )
+
+
+def _bar(total: int, enabled: bool):
+    """A progress callback: tqdm when enabled and importable; bar(None) closes it."""
+    if not enabled:
+        return lambda n: None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return lambda n: None
+    b = tqdm(total=2 * total, desc="decode (graph, then eager)", unit="step", file=sys.stderr)
+
+    def step(n):
+        if n is None:
+            b.close()
+        else:
+            b.update(n)
+
+    return step

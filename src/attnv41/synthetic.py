@@ -1,0 +1,87 @@
+"""Deterministic synthetic weights and inputs for demos, benchmarks and tests.
+
+Distributions as the golden files' (../shared/golden/README.md), so that every
+activation is O(1) and the attention softmax is not saturated: matrices N(0,1)·in^-1/2
+(`wo_a` ×3), norm weights 1 + 0.1·N(0,1), sinks U(-1, 1); inputs are standard normal
+rows scaled to unit RMS, bf16. Generated on the target device from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import AttnV41Cfg, v41_flash
+
+__all__ = ["random_weights", "random_inputs", "small_preset", "PRESETS"]
+
+
+def random_weights(cfg: AttnV41Cfg, seed: int, device: str | torch.device = "cpu") -> list[dict[str, torch.Tensor]]:
+    """One dict per layer, under the released module's names (`wq_a.weight`, ...)."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def mat(out, inp, dtype=torch.bfloat16, mult=1.0):
+        return (torch.randn(out, inp, generator=gen, device=device) * (inp**-0.5 * mult)).to(dtype)
+
+    def norm(n):
+        return (1 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
+
+    H, D = cfg.n_heads, cfg.head_dim
+    layers = []
+    for role in cfg.roles:
+        w = {
+            "attn_sink": torch.rand(H, generator=gen, device=device) * 2 - 1,
+            "wq_a.weight": mat(cfg.q_rank, cfg.dim),
+            "q_norm.weight": norm(cfg.q_rank),
+            "wq_b.weight": mat(H * D, cfg.q_rank),
+            "wkv.weight": mat(D, cfg.dim),
+            "kv_norm.weight": norm(D),
+            "wo_a.weight": mat(cfg.groups * cfg.o_rank, cfg.group_width, mult=3.0),
+            "wo_b.weight": mat(cfg.dim, cfg.groups * cfg.o_rank),
+        }
+        if role.is_kv_source:
+            cdt = torch.float32 if role.ratio >= 2 else torch.bfloat16
+            w["compressor.wkv.weight"] = mat(D, cfg.dim, cdt)
+            if role.ratio >= 2:
+                w["compressor.wgate.weight"] = mat(D, cfg.dim, torch.float32)
+            w["compressor.norm.weight"] = norm(D)
+            w["indexer.wk.weight"] = mat(cfg.index_head_dim, D)
+            w["indexer.k_norm.weight"] = norm(cfg.index_head_dim)
+        if role.is_index_source:
+            w["indexer.wq_b.weight"] = mat(cfg.index_heads * cfg.index_head_dim, cfg.q_rank)
+            w["indexer.weights_proj.weight"] = mat(cfg.index_heads, cfg.dim)
+        layers.append(w)
+    return layers
+
+
+def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """Per-layer inputs `[n, dim]`: standard normal rows scaled to unit RMS, bf16."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    xs = []
+    for _ in range(cfg.n_layers):
+        x = torch.randn(n, cfg.dim, generator=gen, device=device)
+        xs.append((x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16))
+    return xs
+
+
+def small_preset(max_tokens: int = 256, max_seq: int = 512) -> AttnV41Cfg:
+    """The V4.1-Flash layer schedule (40 layers, every role) at a width a CPU runs quickly."""
+    return v41_flash(max_tokens=max_tokens, max_seq=max_seq).replace(
+        dim=256,
+        n_heads=4,
+        head_dim=64,
+        rope_dim=16,
+        q_rank=64,
+        o_rank=32,
+        groups=2,
+        window=32,
+        index_heads=2,
+        index_head_dim=32,
+        index_topk=16,
+        cand_blocks=4,
+        cand_block=4,
+    )
+
+
+PRESETS = {"flash": v41_flash, "small": small_preset}
