@@ -86,6 +86,10 @@ class AttnV41:
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
+        if cfg.window + cfg.index_topk > 2048:
+            raise ValueError(
+                f"window + index_topk = {cfg.window + cfg.index_topk}; allowed: <= 2048 (the fixed decode launch width)"
+            )
         self.cfg = cfg
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -230,11 +234,12 @@ class AttnV41:
                 raise ValueError(f"layer {role.layer}: {name}.device = {t.device}; allowed: {self.device}")
         self._checked[id(w)] = w.tensors
 
-    def _check_order(self, role, st: AttnV41LayerState, shared: SharedV41, start_pos: int) -> None:
-        """Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1."""
+    def _check_order(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int) -> None:
+        """Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1.
+        With `st`, also that the layer's own previous call ended at `start_pos`."""
         i = role.layer
         if i == 0:
-            if start_pos != 0 and start_pos != st.next_pos:
+            if st is not None and start_pos != 0 and start_pos != st.next_pos:
                 raise ValueError(
                     f"layer 0: start_pos = {start_pos}; allowed: 0 (a new sequence) or {st.next_pos} (the next token)"
                 )
@@ -244,7 +249,7 @@ class AttnV41:
                 f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
                 f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
             )
-        if start_pos != 0 and start_pos != st.next_pos:
+        if st is not None and start_pos != 0 and start_pos != st.next_pos:
             raise ValueError(f"layer {i}: start_pos = {start_pos}; allowed: {st.next_pos} (its next token)")
 
     def _check_sources(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int, m: int) -> None:
@@ -388,8 +393,7 @@ class AttnV41:
         """The selection width a captured step launches sparse attention with: the widest
         selection of the layer's class, so the launch argument is constant. −1 padding
         adds an exact zero, so results equal the eager step's bit for bit."""
-        c = self.cfg
-        return min(c.window + c.index_topk, 2048) if w.role.ratio > 0 else c.window
+        return self.dec_sel[w.role.ratio > 0].shape[1]
 
     def invalidate_decode_uploads(self) -> None:
         """Forget what the decode buffers hold; the next `decode_prep` writes them again."""
@@ -409,11 +413,7 @@ class AttnV41:
             )
         self._check_pos_decode(start_pos)
         i = w.role.layer
-        if i > 0 and (shared.last_layer != i - 1 or shared.step_pos != start_pos):
-            raise ValueError(
-                f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
-                f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
-            )
+        self._check_order(w.role, None, shared, start_pos)
         self._check_sources(w.role, None, shared, start_pos, 1)
         self.decode_prep_role(w.role.ratio > 0, shared, start_pos)
         shared.last_layer, shared.step_pos = i, start_pos
