@@ -13,7 +13,8 @@ import math
 import sys
 import time
 
-from .golden import IMPLS, KINDS, VARIANTS, GoldenFile, LayerReport, ReplayReport, bundled_golden_path, replay
+from .compare import KINDS, LayerReport, ReplayReport
+from .golden import IMPLS, VARIANTS, GoldenFile, bundled_golden_path, replay
 
 COLS = tuple(k for k in KINDS)
 SHORT = {

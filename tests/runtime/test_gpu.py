@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
+from attnv41.compare import TraceRecorder
 from attnv41.config import v41_flash
-from attnv41.golden import GoldenFile, TraceRecorder, reference_impl, replay, runtime_impl
+from attnv41.golden import GoldenFile, reference_impl, replay, runtime_impl
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
 from helpers import golden_path, random_inputs, random_weights
