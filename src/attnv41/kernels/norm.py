@@ -22,7 +22,7 @@ import math
 import torch
 
 from ..reference import norm as _ref
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
 
 if HAVE_TRITON:
     from .qdq import _bf16_to_f32, _f32_to_bf16_rne
@@ -54,19 +54,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor 
         raise ValueError(f"weight.device = {weight.device}; allowed: {x.device} (the device of x)")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps = {eps!r}; allowed: a finite float >= 0")
-    if out is None:
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(f"out = {type(out).__name__}; allowed: None or a torch.Tensor")
-    if tuple(out.shape) != tuple(x.shape):
-        raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: {tuple(x.shape)} (the shape of x)")
-    if out.dtype != torch.bfloat16:
-        raise ValueError(f"out.dtype = {out.dtype}; allowed: torch.bfloat16")
-    if out.device != x.device:
-        raise ValueError(f"out.device = {out.device}; allowed: {x.device} (the device of x)")
-    if out.shape[-1] > 1 and out.stride(-1) != 1:
-        raise ValueError(f"out.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
-    return out
+    return bf16_out_like(x, out)
 
 
 if HAVE_TRITON:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import qdq as _ref
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
 
 __all__ = [
     "fp8_qdq",
@@ -56,19 +56,7 @@ def _check(x: torch.Tensor, out: torch.Tensor | None, block: int) -> torch.Tenso
         raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed: a multiple of {block}")
     if x.shape[-1] > 1 and x.stride(-1) != 1:
         raise ValueError(f"x.stride(-1) = {x.stride(-1)}; allowed: 1 (contiguous last dim)")
-    if out is None:
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(f"out = {type(out).__name__}; allowed: None or a torch.Tensor")
-    if tuple(out.shape) != tuple(x.shape):
-        raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: {tuple(x.shape)} (the shape of x)")
-    if out.dtype != torch.bfloat16:
-        raise ValueError(f"out.dtype = {out.dtype}; allowed: torch.bfloat16")
-    if out.device != x.device:
-        raise ValueError(f"out.device = {out.device}; allowed: {x.device} (the device of x)")
-    if out.shape[-1] > 1 and out.stride(-1) != 1:
-        raise ValueError(f"out.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
-    return out
+    return bf16_out_like(x, out)
 
 
 if HAVE_TRITON:
