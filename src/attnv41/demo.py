@@ -8,7 +8,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +30,6 @@ class DemoResult:
     captures: int
     recaptures: int
     memory: str
-    extra: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

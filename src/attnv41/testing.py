@@ -19,8 +19,6 @@ __all__ = [
     "compare_exact",
     "compare_selection",
     "bf16_ulp",
-    "seeded",
-    "assert_close_named",
 ]
 
 BF16_REL = 2.0**-7
@@ -254,15 +252,3 @@ def compare_selection(
     return Cmp(
         name, True, 0.0, f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties", excused=len(excused)
     )
-
-
-def seeded(seed: int, *shape: int, dtype=torch.bfloat16, device="cpu", scale: float = 1.0) -> torch.Tensor:
-    """Deterministic standard-normal values (a private generator, global RNG untouched)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
-
-
-def assert_close_named(c: Cmp) -> None:
-    """Raise AssertionError with the comparison's report unless it passed."""
-    if not c.ok:
-        raise AssertionError(str(c))

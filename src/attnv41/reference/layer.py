@@ -19,7 +19,7 @@ new latent row and scores against whatever keys were published last.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -133,7 +133,6 @@ class RefTrace:
     index_score: torch.Tensor | None = None  # bf16 [m, L] (index sources with L > 0)
     index_k_owner: int | None = None
     candidates: torch.Tensor | None = None  # bool [m, L] (candidate source)
-    extra: dict = field(default_factory=dict)
 
 
 def _w(w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
