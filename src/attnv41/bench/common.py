@@ -1,0 +1,206 @@
+"""What every part of `attnv41 bench` shares: timing, the two measured ceilings (copy
+bandwidth, matmul rate), floors and ratios, table printing, environment facts.
+
+Timing: CUDA events around each repetition after warm-up, median reported (on the CPU,
+`time.perf_counter` around each repetition). With `flush_l2`, a 256 MiB buffer is
+overwritten between repetitions (outside the timed region) so a kernel whose inputs
+fit in the 50 MB L2 is timed from device memory, as it runs inside a model step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = [
+    "Timing",
+    "Timer",
+    "Ceilings",
+    "measure_ceilings",
+    "floor_ms",
+    "kernel_row",
+    "format_table",
+    "markdown_table",
+    "environment",
+]
+
+L2_FLUSH_BYTES = 256 << 20
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    reps: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Timer:
+    """Times a callable on one device: warm-up calls, then `reps` timed calls."""
+
+    def __init__(self, device: torch.device | str, flush_l2: bool = False):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._flush = None
+        if flush_l2 and self.cuda:
+            self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time(self, fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> Timing:
+        if reps < 1:
+            raise ValueError(f"reps = {reps}; allowed: >= 1")
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        ms: list[float] = []
+        if self.cuda:
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+            for s, e in ev:
+                if self._flush is not None:
+                    self._flush.fill_(1)
+                s.record()
+                fn()
+                e.record()
+            self.sync()
+            ms = [s.elapsed_time(e) for s, e in ev]
+        else:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                ms.append((time.perf_counter() - t0) * 1e3)
+        return Timing(statistics.median(ms), min(ms), max(ms), reps)
+
+
+@dataclass
+class Ceilings:
+    """The two rates every floor divides by, measured in the same run."""
+
+    copy_gbps: float  # device-to-device copy: (bytes read + bytes written) / time
+    copy_bytes: int
+    mm_tflops: float  # bf16 matmul on random data (fp32 on the CPU)
+    mm_shape: tuple[int, int, int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceilings:
+    """Copy bandwidth from a large device-to-device copy (bytes read plus bytes written)
+    and the matmul rate from a large product of random matrices."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    timer = Timer(dev)
+    n_bytes = (1 << 30) if cuda and not quick else (64 << 20)
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    t = timer.time(lambda: dst.copy_(src), warmup=3, reps=20 if cuda else 5)
+    copy_gbps = 2 * n_bytes / (t.median_ms * 1e-3) / 1e9
+    del src, dst
+    n = 8192 if cuda and not quick else 512
+    dt = torch.bfloat16 if cuda else torch.float32
+    a = torch.randn(n, n, device=dev).to(dt)
+    b = torch.randn(n, n, device=dev).to(dt)
+    c = torch.empty(n, n, device=dev, dtype=dt)
+    t = timer.time(lambda: torch.mm(a, b, out=c), warmup=3, reps=20 if cuda else 5)
+    mm_tflops = 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+    return Ceilings(copy_gbps, 2 * n_bytes, mm_tflops, (n, n, n))
+
+
+def floor_ms(bytes_moved: float, flops: float, ceil: Ceilings) -> float:
+    """The larger of bytes / copy bandwidth and FLOPs / matmul rate, in ms."""
+    return max(bytes_moved / (ceil.copy_gbps * 1e9), flops / (ceil.mm_tflops * 1e12)) * 1e3
+
+
+def kernel_row(name: str, shape: str, t: Timing, bytes_moved: float, flops: float, ceil: Ceilings, **extra) -> dict:
+    """One row of a kernel table: time, achieved GB/s and TFLOP/s, floor and ratio."""
+    s = t.median_ms * 1e-3
+    fl = floor_ms(bytes_moved, flops, ceil)
+    return {
+        "name": name,
+        "shape": shape,
+        "ms": t.median_ms,
+        "ms_min": t.min_ms,
+        "bytes": int(bytes_moved),
+        "flops": int(flops),
+        "gbps": bytes_moved / s / 1e9,
+        "tflops": flops / s / 1e12,
+        "floor_ms": fl,
+        "x_floor": t.median_ms / fl if fl > 0 else float("inf"),
+        "bound": "memory" if bytes_moved / (ceil.copy_gbps * 1e9) >= flops / (ceil.mm_tflops * 1e12) else "compute",
+        **extra,
+    }
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def format_table(rows: Sequence[dict], cols: Sequence[tuple[str, str]], title: str = "") -> str:
+    """A plain-text table; `cols` = (key, header). Missing keys print as '-'."""
+    cells = [[h for _, h in cols]] + [[_cell(r[k]) if r.get(k) is not None else "-" for k, _ in cols] for r in rows]
+    widths = [max(len(row[j]) for row in cells) for j in range(len(cols))]
+    lines = [title] if title else []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: Sequence[dict], cols: Sequence[tuple[str, str]]) -> str:
+    """The same table in Markdown, for BENCHMARKS.md."""
+    out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_cell(r[k]) if r.get(k) is not None else "-" for k, _ in cols) + " |")
+    return "\n".join(out)
+
+
+def environment(device: torch.device | str) -> dict:
+    """Date, device and software versions, for the JSON and BENCHMARKS.md."""
+    dev = torch.device(device)
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(dev),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        env.update(
+            gpu=p.name,
+            gpu_memory_gib=round(p.total_memory / 2**30, 1),
+            sms=p.multi_processor_count,
+            capability=f"{p.major}.{p.minor}",
+            cuda=torch.version.cuda,
+        )
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
