@@ -2,6 +2,7 @@
 
 Subcommands:
   demo    the main job: a 40-layer stack, prefill, graph vs eager decode, a report.
+  bench   time the runtime against measured floors and the FlashMLA peer.
   check   replay a golden file (default: the tiny one bundled in the package)
           through an implementation and compare every tensor it holds.
 """
@@ -129,6 +130,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if res.ok else 1
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: comma-separated integers, e.g. 4096,32768") from None
+    if not vals:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: at least one integer")
+    return vals
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.run import PARTS, BenchOptions, run_bench, write_outputs
+
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        print(
+            f"attnv41 bench: --parts {args.parts!r}; allowed: a comma-separated subset of {','.join(PARTS)}",
+            file=sys.stderr,
+        )
+        return 2
+    opts = BenchOptions(
+        parts=parts,
+        contexts=args.contexts,
+        prefill=args.prefill,
+        index_lengths=args.index_lengths,
+        batches=args.batches,
+        preset=args.preset,
+        device=args.device,
+        checkpoint=args.checkpoint,
+        seed=args.seed,
+        quick=args.quick,
+        progress=not args.no_progress,
+    )
+    res = run_bench(opts, log=lambda s: print(s, flush=True))
+    paths = write_outputs(res, args.out, log=lambda s: print(s, flush=True))
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnv41", description="DeepSeek-V4.1 attention runtime tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -170,6 +211,35 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint", help="a V4.1 checkpoint directory (config.json + safetensors shards)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=cmd_demo)
+    b = sub.add_parser(
+        "bench",
+        help="decode step and prefill against the floor, each kernel alone, the FlashMLA peer, index top-k",
+        description="Times the runtime after a correctness gate, against floors from the copy bandwidth and "
+        "matmul rate measured in the same run; writes bench.json, bench.md and decode_step.png to --out. "
+        "Meant for a GPU; on the CPU it is a quick smoke run at a small geometry.",
+    )
+    b.add_argument(
+        "--parts",
+        default="kernels,decode,prefill,peer,index",
+        help="comma-separated subset of kernels,decode,prefill,peer,index (default: all)",
+    )
+    b.add_argument("--contexts", type=_ints, help="decode contexts (default 4096,32768,131072 on a GPU)")
+    b.add_argument("--prefill", type=_ints, help="prefill lengths (default 2048,8192 on a GPU)")
+    b.add_argument("--index-lengths", type=_ints, help="index top-k positions (default 4096 ... 1048576 on a GPU)")
+    b.add_argument("--batches", type=_ints, help="batches for the peer comparison (default 1,64 on a GPU)")
+    b.add_argument(
+        "--preset",
+        choices=("auto", "flash", "small"),
+        default="auto",
+        help="auto: V4.1-Flash geometry on a GPU, the small one on the CPU",
+    )
+    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    b.add_argument("--checkpoint", help="a V4.1 checkpoint directory: its geometry and weights instead of random ones")
+    b.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--quick", action="store_true", help="few repetitions (a smoke run, not a measurement)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar while loading a checkpoint")
+    b.set_defaults(func=cmd_bench)
     return p
 
 

@@ -103,11 +103,7 @@ def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceiling
     cuda = dev.type == "cuda"
     timer = Timer(dev)
     n_bytes = (1 << 30) if cuda and not quick else (64 << 20)
-    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    t = timer.time(lambda: dst.copy_(src), warmup=3, reps=20 if cuda else 5)
-    copy_gbps = 2 * n_bytes / (t.median_ms * 1e-3) / 1e9
-    del src, dst
+    copy_gbps = 2 * n_bytes / (_copy_ms(timer, n_bytes) * 1e-3) / 1e9
     n = 8192 if cuda and not quick else 512
     dt = torch.bfloat16 if cuda else torch.float32
     a = torch.randn(n, n, device=dev).to(dt)
@@ -116,6 +112,12 @@ def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceiling
     t = timer.time(lambda: torch.mm(a, b, out=c), warmup=3, reps=20 if cuda else 5)
     mm_tflops = 2 * n**3 / (t.median_ms * 1e-3) / 1e12
     return Ceilings(copy_gbps, 2 * n_bytes, mm_tflops, (n, n, n))
+
+
+def _copy_ms(timer: Timer, n_bytes: int) -> float:
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=timer.device)
+    dst = torch.empty_like(src)
+    return timer.time(lambda: dst.copy_(src), warmup=3, reps=20 if timer.cuda else 5).median_ms
 
 
 def floor_ms(bytes_moved: float, flops: float, ceil: Ceilings) -> float:

@@ -1,0 +1,355 @@
+"""`attnv41 bench`, part (b): each kernel alone, timed, against its own floor.
+
+One row per (kernel, regime): decode is one token (m = 1), prefill is m = prefill_tokens,
+at the config's geometry with `context` cached rows. Every op runs through the op table
+(`runtime/ops.py`: Triton on CUDA, torch twins on the CPU) into pre-allocated buffers,
+on fresh random inputs from one seeded generator on the device.
+
+Bytes are the fewest the op must move: each input read once, each output written once
+(sparse attention: each distinct selected row once; in-place RoPE: only the rotated
+tail). FLOPs count the dot products only (sparse attention's QK and PV, the index dots,
+the projections); the elementwise ops count 0, so their floor is the copy bandwidth's.
+
+Before a kernel is timed it is checked once against its torch twin (`TORCH_OPS`) on the
+same inputs: selections, masks and ring writes exactly, float outputs to a relative
+tolerance (`check_output`); a mismatch raises RuntimeError naming the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..config import AttnV41Cfg
+from ..runtime.ops import TORCH_OPS, Ops, ops_for
+from .common import Ceilings, Timer, Timing, kernel_row
+
+__all__ = ["bench_kernels", "check_output", "check_case", "KernelCase", "KERNEL_COLS", "KERNEL_NAMES"]
+
+KERNEL_COLS = [
+    ("name", "kernel"),
+    ("regime", "regime"),
+    ("shape", "shape"),
+    ("ms", "ms"),
+    ("gbps", "GB/s"),
+    ("tflops", "TFLOP/s"),
+    ("floor_ms", "floor ms"),
+    ("x_floor", "x floor"),
+    ("bound", "bound"),
+]
+
+# name → regimes it is timed in, in row order
+KERNEL_NAMES = {
+    "sparse_attn": ("decode", "prefill"),
+    "index_scores": ("decode",),
+    "topk_select": ("decode",),
+    "candidate_mask": ("decode",),
+    "compress_pool": ("decode", "prefill"),
+    "rope_q": ("decode", "prefill"),
+    "rms_norm_q": ("decode", "prefill"),
+    "fp8_qdq_kv": ("decode", "prefill"),
+    "fp4_e8m0_qdq_iq": ("decode", "prefill"),
+    "fp4_e4m3_qdq_kv": ("decode", "prefill"),
+    "ring_write": ("decode",),
+    "wq_a": ("decode", "prefill"),
+    "wq_b": ("decode", "prefill"),
+    "wkv": ("decode", "prefill"),
+    "wo_a": ("decode", "prefill"),
+    "wo_b": ("decode", "prefill"),
+}
+
+TOL = 1e-2  # float outputs: |err| <= TOL·(|ref| + mean|ref|)
+
+
+@dataclass
+class KernelCase:
+    """One timed op: `call(fn, dst)` runs op table entry `op` writing into `dst` (its out=
+    buffer, or the tensor it updates in place) and returns the result."""
+
+    name: str
+    regime: str
+    op: str
+    shape: str
+    call: Callable[[Callable, torch.Tensor], torch.Tensor]
+    dst: torch.Tensor
+    bytes: int
+    flops: int
+    exact: bool = False
+
+
+def _nbytes(*ts: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def check_output(what: str, got: torch.Tensor, want: torch.Tensor, exact: bool = False, tol: float = TOL) -> None:
+    """RuntimeError naming `what` unless `got` matches the twin's `want`: equal when `exact`,
+    else no NaN, the same infinities, and `|got − want| <= tol·(|want| + mean|want|)`."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise RuntimeError(
+            f"{what}: output {got.dtype} {tuple(got.shape)}; the torch twin gives {want.dtype} {tuple(want.shape)}"
+        )
+    if exact:
+        if not torch.equal(got, want):
+            n = int((got != want).sum())
+            raise RuntimeError(f"{what}: {n} of {got.numel()} entries differ from the torch twin (exact check)")
+        return
+    g, w = got.double(), want.double()
+    if bool(torch.isnan(g).any()) or bool(torch.isnan(w).any()):
+        raise RuntimeError(f"{what}: NaN in the output ({int(torch.isnan(g).sum())}) or the twin's")
+    inf = torch.isinf(g) | torch.isinf(w)
+    if not torch.equal(g[inf], w[inf]):
+        raise RuntimeError(f"{what}: infinities differ from the torch twin at {int((g[inf] != w[inf]).sum())} entries")
+    err, ref = (g - w).abs()[~inf], w.abs()[~inf]
+    if err.numel() == 0:
+        return
+    denom = ref + ref.mean() + 1e-30
+    rel = err / denom
+    if bool((rel > tol).any()):
+        raise RuntimeError(
+            f"{what}: {int((rel > tol).sum())} of {err.numel()} entries off the torch twin; "
+            f"max |err|/(|ref| + mean|ref|) = {float(rel.max()):.3g} > {tol}"
+        )
+
+
+def check_case(case: KernelCase, ops: Ops) -> None:
+    """Run `case` through `ops` and through `TORCH_OPS` on copies of its buffer and compare."""
+    got = case.call(getattr(ops, case.op), case.dst.clone())
+    want = case.call(getattr(TORCH_OPS, case.op), case.dst.clone())
+    check_output(f"kernel {case.name} ({case.regime}, op {ops.name}.{case.op})", got, want, exact=case.exact)
+
+
+class _Rand:
+    """Fresh random inputs from one seeded generator on the device."""
+
+    def __init__(self, dev: torch.device, seed: int):
+        self.dev = dev
+        self.g = torch.Generator(device=dev)
+        self.g.manual_seed(seed)
+
+    def f32(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.g, device=self.dev)
+
+    def bf16(self, *shape: int) -> torch.Tensor:
+        return self.f32(*shape).to(torch.bfloat16)
+
+    def angles(self, rows: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random cos/sin tables (unit pairs, so repeated in-place rotation stays bounded)."""
+        theta = torch.rand(rows, half, generator=self.g, device=self.dev) * (2 * math.pi)
+        return theta.cos().contiguous(), theta.sin().contiguous()
+
+    def distinct(self, m: int, n: int, k: int) -> torch.Tensor:
+        """Per row, k distinct indices in 0..n−1, ascending (as top-k hands them over); int64 [m, k]."""
+        return torch.rand(m, n, generator=self.g, device=self.dev).topk(k, dim=1).indices.sort(dim=1).values
+
+
+def _sparse(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, context: int) -> KernelCase:
+    H, D, W = cfg.n_heads, cfg.head_dim, cfg.window
+    k = min(cfg.index_topk, context)
+    q, ring, comp, sink = rnd.bf16(m, H, D), rnd.bf16(W, D), rnd.bf16(context, D), rnd.f32(H)
+    picked = rnd.distinct(m, context, k)
+    win = torch.arange(W, device=rnd.dev).expand(m, W)
+    sel = torch.cat([win, picked + W], dim=1).to(torch.int32).contiguous()
+    rows = W + int(torch.unique(picked).numel())
+    K = W + k
+    return KernelCase(
+        "sparse_attn",
+        regime,
+        "sparse_attn",
+        f"m={m} H={H} D={D} K={K} Nc={context}",
+        lambda f, d: f(q, ring, comp, sel, W, sink, D**-0.5, out=d),
+        torch.empty(m, H, D, dtype=torch.bfloat16, device=rnd.dev),
+        rows * D * 2 + _nbytes(q, q, sel, sink),
+        2 * 2 * m * H * K * D,
+    )
+
+
+def _index_cases(rnd: _Rand, cfg: AttnV41Cfg, context: int) -> Iterator[KernelCase]:
+    dev, ih, d = rnd.dev, cfg.index_heads, cfg.index_head_dim
+    iq, hw, keys = rnd.bf16(1, ih, d), rnd.bf16(1, ih), rnd.bf16(context, d)
+    vis = torch.full((1,), context, dtype=torch.int32, device=dev)
+    out = torch.empty(1, context, dtype=torch.bfloat16, device=dev)
+    yield KernelCase(
+        "index_scores",
+        "decode",
+        "index_scores",
+        f"m=1 H={ih} d={d} L={context}",
+        lambda f, o: f(iq, hw, keys, vis, out=o),
+        out,
+        _nbytes(iq, hw, keys, vis, out),
+        2 * ih * d * context,
+    )
+    scores = rnd.bf16(1, context)
+    k = min(cfg.index_topk, context)
+    idx = torch.empty(1, k, dtype=torch.int32, device=dev)
+    yield KernelCase(
+        "topk_select",
+        "decode",
+        "topk_select",
+        f"L={context} k={k}",
+        lambda f, o: f(scores, vis, k, cfg.window, out=o),
+        idx,
+        _nbytes(scores, vis, idx),
+        0,
+        exact=True,
+    )
+    mask = torch.empty(1, context, dtype=torch.bool, device=dev)  # the op allocates its own; the check copies this
+    yield KernelCase(
+        "candidate_mask",
+        "decode",
+        "candidate_mask",
+        f"L={context} blocks={cfg.cand_blocks}x{cfg.cand_block}",
+        lambda f, o: f(scores, vis, cfg.cand_blocks, cfg.cand_block),
+        mask,
+        _nbytes(scores, vis, mask),
+        0,
+        exact=True,
+    )
+
+
+def _elementwise_cases(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, context: int) -> Iterator[KernelCase]:
+    dev, H, D = rnd.dev, cfg.n_heads, cfg.head_dim
+    bf = dict(dtype=torch.bfloat16, device=dev)
+    r = min((x for x in cfg.compress_ratios if x >= 2), default=2)
+    n = max(1, m // r)
+    a, g = rnd.f32(n, r, D), rnd.f32(n, r, D)
+    pooled = torch.empty(n, D, dtype=torch.float32, device=dev)
+    yield KernelCase(
+        "compress_pool",
+        regime,
+        "compress_pool",
+        f"n={n} r={r} D={D}",
+        lambda f, o: f(a, g, out=o),
+        pooled,
+        _nbytes(a, g, pooled),
+        0,
+    )
+    half = cfg.rope_dim // 2
+    cos, sin = rnd.angles(context + m, half)
+    pos = torch.arange(context, context + m, dtype=torch.int32, device=dev)
+    q = rnd.bf16(m, H, D)  # rotated in place, as the runtime does: only the rope tail moves
+    yield KernelCase(
+        "rope_q",
+        regime,
+        "apply_rope",
+        f"m={m} H={H} D={D} rope={cfg.rope_dim}",
+        lambda f, x: f(x, cos, sin, pos, out=x),
+        q,
+        2 * m * H * cfg.rope_dim * 2 + 2 * m * half * 4 + _nbytes(pos),
+        0,
+    )
+    x, wn = rnd.bf16(m, cfg.q_rank), rnd.bf16(cfg.q_rank)
+    y = torch.empty(m, cfg.q_rank, **bf)
+    yield KernelCase(
+        "rms_norm_q",
+        regime,
+        "rms_norm",
+        f"m={m} width={cfg.q_rank}",
+        lambda f, o: f(x, wn, cfg.norm_eps, out=o),
+        y,
+        _nbytes(x, wn, y),
+        0,
+    )
+    for name, op, rows_, width in (
+        ("fp8_qdq_kv", "fp8_qdq", m, D),
+        ("fp4_e8m0_qdq_iq", "fp4_e8m0_qdq", m * cfg.index_heads, cfg.index_head_dim),
+        ("fp4_e4m3_qdq_kv", "fp4_e4m3_qdq", m, D),
+    ):
+        yield _qdq_case(rnd, name, op, regime, rows_, width)
+    if regime == "decode":
+        ring, row = rnd.bf16(cfg.window, D), rnd.bf16(1, D)
+        at = torch.tensor([context], dtype=torch.int32, device=dev)
+        yield KernelCase(
+            "ring_write",
+            regime,
+            "ring_write",
+            f"window={cfg.window} D={D}",
+            lambda f, rg: f(rg, row, at),
+            ring,
+            2 * _nbytes(row) + _nbytes(at),
+            0,
+            exact=True,
+        )
+
+
+def _qdq_case(rnd: _Rand, name: str, op: str, regime: str, rows: int, width: int) -> KernelCase:
+    x = rnd.bf16(rows, width)
+    out = torch.empty_like(x)
+    return KernelCase(name, regime, op, f"[{rows}, {width}]", lambda f, o: f(x, out=o), out, _nbytes(x, out), 0)
+
+
+def _projection_cases(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int) -> Iterator[KernelCase]:
+    bf = dict(dtype=torch.bfloat16, device=rnd.dev)
+    G, gw = cfg.groups, cfg.group_width
+    for name, n_out, n_in in (
+        ("wq_a", cfg.q_rank, cfg.dim),
+        ("wq_b", cfg.n_heads * cfg.head_dim, cfg.q_rank),
+        ("wkv", cfg.head_dim, cfg.dim),
+        ("wo_a", None, None),
+        ("wo_b", cfg.dim, G * cfg.o_rank),
+    ):
+        if name == "wo_a":
+            x, w = rnd.bf16(m, G, gw), rnd.bf16(G, cfg.o_rank, gw)
+            y = torch.empty(m, G, cfg.o_rank, **bf)
+            op, shape, flops = "group_mm", f"m={m} G={G} out={cfg.o_rank} in={gw}", 2 * m * G * cfg.o_rank * gw
+        else:
+            x, w = rnd.bf16(m, n_in), rnd.bf16(n_out, n_in)
+            y = torch.empty(m, n_out, **bf)
+            op, shape, flops = "mm", f"m={m} out={n_out} in={n_in}", 2 * m * n_out * n_in
+        yield KernelCase(name, regime, op, shape, _mm_call(x, w), y, _nbytes(x, w, y), flops)
+
+
+def _mm_call(x: torch.Tensor, w: torch.Tensor) -> Callable[[Callable, torch.Tensor], torch.Tensor]:
+    return lambda f, o: f(x, w, out=o)
+
+
+def _cases(cfg: AttnV41Cfg, dev: torch.device, context: int, prefill_tokens: int, seed: int) -> Iterator[KernelCase]:
+    """Every case, built one at a time (a case's buffers are freed once it has been timed)."""
+    rnd = _Rand(dev, seed)
+    regimes = (("decode", 1), ("prefill", prefill_tokens))
+    for regime, m in regimes:
+        yield _sparse(rnd, cfg, regime, m, context)
+    yield from _index_cases(rnd, cfg, context)
+    for regime, m in regimes:
+        yield from _elementwise_cases(rnd, cfg, regime, m, context)
+    for regime, m in regimes:
+        yield from _projection_cases(rnd, cfg, regime, m)
+
+
+def _time(timer: Timer, case: KernelCase, fn: Callable, warmup: int, reps: int) -> Timing:
+    return timer.time(lambda: case.call(fn, case.dst), warmup=warmup, reps=reps)
+
+
+def bench_kernels(
+    cfg: AttnV41Cfg,
+    device,
+    ceil: Ceilings,
+    context: int = 32768,
+    prefill_tokens: int = 2048,
+    quick: bool = False,
+    seed: int = 0,
+    *,
+    ops: Ops | None = None,
+) -> list[dict]:
+    """Time each kernel alone (decode: m = 1; prefill: m = prefill_tokens) over `context`
+    cached rows; one `kernel_row` per (kernel, regime), with keys `regime` and `op` added.
+
+    `ops`: the table under test (default `ops_for(device)`); each case is first checked
+    against `TORCH_OPS` (RuntimeError naming the kernel on a mismatch). `quick`: warm-up 1,
+    3 repetitions (smoke tests); otherwise 5 and 50 on CUDA, 2 and 10 on the CPU.
+    """
+    for name, v in (("context", context), ("prefill_tokens", prefill_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} = {v!r}; allowed: an integer >= 1")
+    dev = torch.device(device)
+    ops = ops_for(dev) if ops is None else ops
+    timer = Timer(dev, flush_l2=True)
+    warmup, reps = (1, 3) if quick else ((5, 50) if timer.cuda else (2, 10))
+    rows = []
+    for case in _cases(cfg, dev, context, prefill_tokens, seed):
+        check_case(case, ops)
+        t = _time(timer, case, getattr(ops, case.op), warmup, reps)
+        rows.append(kernel_row(case.name, case.shape, t, case.bytes, case.flops, ceil, regime=case.regime, op=case.op))
+    return rows

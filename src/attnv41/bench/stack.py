@@ -1,0 +1,253 @@
+"""Parts (a) and (e) of `attnv41 bench`: the 40-layer decode step at batch 1 for a set of
+context lengths (eager `forward` and CUDA graphs), and prefill through all layers.
+
+A context of P tokens is set up by `fill_context`, not by prefilling P tokens: every
+layer's ring, compressed-KV cache, index-key cache and compressor remainder are filled
+with random rows on the formats' grids (fp8 ring rows, fp4 cache rows) and the
+positions set to P. A decode step then reads exactly what it would read after a real
+prompt of P tokens: the same row counts, the same selection width, the same scores
+over every visible key; only the values are random. Before timing, two steps at each
+context run under the graph oracle (every captured layer's output and ring compared
+byte for byte with eager `forward`).
+
+Floors. Decode: the bytes one step must read or write (`decode_step_bytes`: every weight
+once as stored, the window ring, the selected compressed rows, every visible index key
+of each index source, the activations) over the copy bandwidth measured in the same run.
+Prefill: the useful FLOPs (`prefill_flops`: projections, compressor, indexer scores over
+causally visible keys, attention over present selection entries) over the measured
+matmul rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..config import AttnV41Cfg
+from ..runtime.graphs import DecodeGraphs
+from ..runtime.stack import RuntimeStack
+from .common import Ceilings, Timer, floor_ms
+
+__all__ = [
+    "fill_context",
+    "decode_step_bytes",
+    "prefill_flops",
+    "bench_decode",
+    "bench_prefill",
+    "DECODE_COLS",
+    "PREFILL_COLS",
+]
+
+_CHUNK = 1 << 16  # rows generated at a time while filling caches
+
+
+def _randn(gen: torch.Generator, rows: int, cols: int, device) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=gen, device=device).to(torch.bfloat16)
+
+
+def fill_context(stack: RuntimeStack, context: int, seed: int = 0) -> None:
+    """Put every layer's state where it would be after `context` tokens, with random rows
+    on the formats' grids; the next decode step runs at position `context`."""
+    cfg, attn = stack.cfg, stack.attn
+    if not 1 <= context < cfg.max_seq:
+        raise ValueError(f"context = {context}; allowed: 1..{cfg.max_seq - 1} (max_seq - 1)")
+    ops, dev = attn.ops, attn.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    W, D = cfg.window, cfg.head_dim
+    for st in stack.states:
+        st.reset()
+        ops.fp8_qdq(_randn(gen, W, D, dev), out=st.ring)
+        if st.role.is_kv_source:
+            r = st.role.ratio
+            n = context // r
+            for j in range(0, n, _CHUNK):
+                c = min(_CHUNK, n - j)
+                ops.fp4_e4m3_qdq(_randn(gen, c, D, dev), out=st.compress_kv[j : j + c])
+                ops.fp4_e8m0_qdq(_randn(gen, c, cfg.index_head_dim, dev), out=st.index_k[j : j + c])
+            st.n_rows = n
+            rem = context % r if r >= 2 else 0
+            if rem:
+                st.comp_a[:rem].normal_(generator=gen)
+                st.comp_g[:rem].normal_(generator=gen)
+        st.next_pos = context
+    stack.shared.reset()
+
+
+def _weight_bytes(w) -> int:
+    return sum(t.numel() * t.element_size() for t in w.tensors.values())
+
+
+def decode_step_bytes(cfg: AttnV41Cfg, weights: Sequence, position: int) -> dict[str, int]:
+    """The fewest bytes one decode step at `position` moves, by kind (and `total`).
+
+    weights: each layer's tensors once, as stored (`AttnV41LayerWeights` or a dict of
+    tensors); window: the ring read plus the new row written; selected: the compressed
+    rows the selection names (min(index_topk, visible rows)); index_keys: every visible
+    index key, once per index source; compressor: the remainder state read and written,
+    the new compressed row and index key when a group completes; activations: each
+    layer's input and output row, q, o and the low-rank intermediates.
+    """
+    D, W = cfg.head_dim, cfg.window
+    b = dict(weights=0, window=0, selected=0, index_keys=0, compressor=0, activations=0)
+    for i, role in enumerate(cfg.roles):
+        w = weights[i]
+        b["weights"] += _weight_bytes(w) if hasattr(w, "tensors") else sum(t.nbytes for t in w.values())
+        b["window"] += (W + 1) * D * 2
+        r = role.ratio
+        L = (position + 1) // r if r else 0
+        if r:
+            b["selected"] += min(cfg.index_topk, L) * D * 2
+        if role.is_index_source:
+            b["index_keys"] += L * cfg.index_head_dim * 2
+        if role.is_kv_source:
+            state = 2 * r * D * 4 if r >= 2 else 0
+            completes = (position + 1) % r == 0
+            b["compressor"] += state + (D + cfg.index_head_dim) * 2 * completes
+        H = cfg.n_heads
+        b["activations"] += 2 * (2 * cfg.dim + 2 * cfg.q_rank + 3 * H * D + cfg.groups * cfg.o_rank)
+    b["total"] = sum(b.values())
+    return b
+
+
+def prefill_flops(cfg: AttnV41Cfg, m: int) -> float:
+    """Useful FLOPs of a prefill of m tokens from position 0 through every layer."""
+    H, D, W, dim = cfg.n_heads, cfg.head_dim, cfg.window, cfg.dim
+    IH, ID = cfg.index_heads, cfg.index_head_dim
+    t = torch.arange(m, dtype=torch.float64)
+    win = (t + 1).clamp(max=W).sum().item()  # window entries present, summed over tokens
+    total = 0.0
+    for role in cfg.roles:
+        proj = dim * cfg.q_rank + cfg.q_rank * H * D + dim * D + cfg.groups * cfg.o_rank * cfg.group_width
+        proj += cfg.groups * cfg.o_rank * dim
+        f = 2.0 * m * proj
+        r = role.ratio
+        sel = 0.0
+        if r:
+            L = torch.div(t + 1, r, rounding_mode="floor")
+            sel = L.clamp(max=cfg.index_topk).sum().item()
+            if role.is_kv_source:
+                n_rows = m // r
+                f += 2.0 * m * dim * D * (2 if r >= 2 else 1) + 2.0 * n_rows * D * ID
+            if role.is_index_source:
+                f += 2.0 * m * (cfg.q_rank * IH * ID + dim * IH) + 2.0 * IH * ID * L.sum().item()
+        f += 2.0 * 2.0 * H * D * (win + sel)
+        total += f
+    return total
+
+
+DECODE_COLS = [
+    ("context", "context"),
+    ("mode", "mode"),
+    ("ms", "ms/step"),
+    ("tokens_s", "tok/s"),
+    ("gbps", "GB/s"),
+    ("floor_ms", "floor ms"),
+    ("x_floor", "x floor"),
+    ("peer_est_ms", "peer-attn est ms"),
+]
+
+PREFILL_COLS = [
+    ("tokens", "tokens"),
+    ("ms", "ms"),
+    ("tokens_s", "tok/s"),
+    ("tflops", "TFLOP/s"),
+    ("floor_ms", "floor ms"),
+    ("x_floor", "x floor"),
+    ("pct_mm", "% of mm rate"),
+]
+
+
+def bench_decode(
+    stack: RuntimeStack,
+    contexts: Sequence[int],
+    ceil: Ceilings,
+    reps: int = 20,
+    oracle_steps: int = 2,
+    seed: int = 0,
+    modes: Sequence[str] = ("graphs", "eager"),
+) -> list[dict]:
+    """Decode step time at each context, per mode ('graphs': `DecodeGraphs`, CUDA graphs
+    on a GPU and the split path on the CPU; 'eager': `forward` layer by layer)."""
+    cfg, dev = stack.cfg, stack.attn.device
+    need = max(contexts) + oracle_steps + 2 * (reps + 3) + 1
+    if need > cfg.max_seq:
+        raise ValueError(f"contexts up to {max(contexts)} need max_seq >= {need}; the stack has {cfg.max_seq}")
+    timer = Timer(dev)
+    gen = torch.Generator(device=dev).manual_seed(seed + 7)
+    n_in = 4  # input sets rotated between steps
+    inputs = torch.randn(n_in, cfg.n_layers, 1, cfg.dim, generator=gen, device=dev)
+    inputs = (inputs / inputs.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+    driver = DecodeGraphs(stack)
+    rows = []
+    for ctx in contexts:
+        fill_context(stack, ctx, seed)
+        pos = [ctx]
+        check = DecodeGraphs(stack, oracle=True)
+        for _ in range(oracle_steps):
+            check.step(inputs[pos[0] % n_in], pos[0])
+            pos[0] += 1
+        del check
+
+        def graph_step(pos=pos):
+            driver.step(inputs[pos[0] % n_in], pos[0])
+            pos[0] += 1
+
+        def eager_step(pos=pos):
+            x = inputs[pos[0] % n_in]
+            stack.step([x[i] for i in range(cfg.n_layers)], pos[0])
+            pos[0] += 1
+
+        for mode in modes:
+            fn = {"graphs": graph_step, "eager": eager_step}[mode]
+            start = pos[0]
+            t = timer.time(fn, warmup=3, reps=reps)
+            nb = decode_step_bytes(cfg, stack.weights, (start + pos[0]) // 2)
+            fl = floor_ms(nb["total"], 0.0, ceil)
+            rows.append(
+                {
+                    "context": ctx,
+                    "mode": mode if (mode != "graphs" or driver.use_graphs) else "split",
+                    "ms": t.median_ms,
+                    "ms_min": t.min_ms,
+                    "tokens_s": 1e3 / t.median_ms,
+                    "bytes": nb,
+                    "gbps": nb["total"] / (t.median_ms * 1e-3) / 1e9,
+                    "floor_ms": fl,
+                    "x_floor": t.median_ms / fl,
+                    "graphs": len(driver._graphs),
+                    "oracle_steps": oracle_steps,
+                }
+            )
+    return rows
+
+
+def bench_prefill(stack: RuntimeStack, tokens: Sequence[int], ceil: Ceilings, reps: int = 3, seed: int = 0) -> list:
+    """Prefill of each length from position 0 through every layer (all on one stack)."""
+    cfg, dev = stack.cfg, stack.attn.device
+    if max(tokens) > cfg.max_tokens:
+        raise ValueError(f"prefill of {max(tokens)} tokens; the stack's max_tokens is {cfg.max_tokens}")
+    timer = Timer(dev)
+    gen = torch.Generator(device=dev).manual_seed(seed + 11)
+    rows = []
+    for m in tokens:
+        xs = torch.randn(cfg.n_layers, m, cfg.dim, generator=gen, device=dev)
+        xs = (xs / xs.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+        t = timer.time(lambda xs=xs: stack.step(list(xs), 0), warmup=1, reps=reps)
+        fl = prefill_flops(cfg, m)
+        floor = floor_ms(0.0, fl, ceil)
+        rows.append(
+            {
+                "tokens": m,
+                "ms": t.median_ms,
+                "ms_min": t.min_ms,
+                "tokens_s": m / (t.median_ms * 1e-3),
+                "flops": fl,
+                "tflops": fl / (t.median_ms * 1e-3) / 1e12,
+                "floor_ms": floor,
+                "x_floor": t.median_ms / floor,
+                "pct_mm": 100 * floor / t.median_ms,
+            }
+        )
+        del xs
+    return rows

@@ -1,0 +1,137 @@
+"""`attnv41 bench` part (b), each kernel alone: a CPU smoke run on the small preset, the
+bytes/FLOPs formulas checked by hand, and the pre-timing check catching a broken op."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from attnv41.bench.common import format_table, measure_ceilings
+from attnv41.bench.kernels import KERNEL_COLS, KERNEL_NAMES, bench_kernels, check_output
+from attnv41.runtime.ops import TORCH_OPS
+from attnv41.synthetic import small_preset
+
+CONTEXT, PREFILL = 512, 32
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return small_preset(max_tokens=64, max_seq=1024)
+
+
+@pytest.fixture(scope="module")
+def ceil():
+    return measure_ceilings("cpu", quick=True)
+
+
+@pytest.fixture(scope="module")
+def rows(cfg, ceil):
+    return bench_kernels(cfg, "cpu", ceil, context=CONTEXT, prefill_tokens=PREFILL, quick=True)
+
+
+def _row(rows, name, regime):
+    (r,) = [r for r in rows if r["name"] == name and r["regime"] == regime]
+    return r
+
+
+def test_every_kernel_in_every_regime(rows):
+    got = {(r["name"], r["regime"]) for r in rows}
+    want = {(n, reg) for n, regs in KERNEL_NAMES.items() for reg in regs}
+    assert got == want
+    assert len(rows) == len(want)
+
+
+def test_rows_are_finite_and_positive(rows):
+    for r in rows:
+        for key in ("ms", "bytes", "floor_ms", "x_floor", "gbps"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["name"], r["regime"], key, r[key])
+        assert r["flops"] >= 0 and r["tflops"] >= 0
+        assert r["bound"] in ("memory", "compute")
+        assert r["op"] in {f.name for f in dataclasses.fields(TORCH_OPS)}
+
+
+def test_projection_formulas(rows, cfg):
+    H, D, q_rank = cfg.n_heads, cfg.head_dim, cfg.q_rank
+    r = _row(rows, "wq_b", "decode")
+    assert r["op"] == "mm"
+    assert r["bytes"] == (H * D * q_rank + q_rank + H * D) * 2
+    assert r["flops"] == 2 * H * D * q_rank
+    r = _row(rows, "wq_a", "prefill")
+    assert r["bytes"] == (q_rank * cfg.dim + PREFILL * cfg.dim + PREFILL * q_rank) * 2
+    assert r["flops"] == 2 * PREFILL * q_rank * cfg.dim
+    G, gw, o_rank = cfg.groups, cfg.group_width, cfg.o_rank
+    r = _row(rows, "wo_a", "decode")
+    assert r["op"] == "group_mm"
+    assert r["bytes"] == (G * o_rank * gw + G * gw + G * o_rank) * 2
+    assert r["flops"] == 2 * G * o_rank * gw
+
+
+def test_attention_and_index_formulas(rows, cfg):
+    H, D, W, k = cfg.n_heads, cfg.head_dim, cfg.window, cfg.index_topk
+    K = W + k
+    r = _row(rows, "sparse_attn", "decode")
+    # decode: W ring rows + k distinct compressed rows; q and o; the selection; the sink
+    assert r["bytes"] == K * D * 2 + 2 * H * D * 2 + K * 4 + H * 4
+    assert r["flops"] == 2 * 2 * H * K * D
+    r = _row(rows, "sparse_attn", "prefill")
+    assert r["flops"] == 2 * 2 * PREFILL * H * K * D
+    rows_read = (r["bytes"] - 2 * PREFILL * H * D * 2 - PREFILL * K * 4 - H * 4) // (D * 2)
+    assert K <= rows_read <= W + CONTEXT  # distinct rows: at least one token's, at most all
+    r = _row(rows, "index_scores", "decode")
+    ih, d = cfg.index_heads, cfg.index_head_dim
+    assert r["bytes"] == (ih * d + ih + CONTEXT * d + CONTEXT) * 2 + 4
+    assert r["flops"] == 2 * ih * d * CONTEXT
+    r = _row(rows, "ring_write", "decode")
+    assert r["bytes"] == 2 * D * 2 + 4 and r["flops"] == 0
+
+
+def test_table_renders(rows):
+    text = format_table(rows, KERNEL_COLS, title="kernels")
+    lines = text.splitlines()
+    assert len(lines) == len(rows) + 3  # title, header, rule
+    assert "x floor" in lines[1] and "sparse_attn" in text and "wo_b" in text
+
+
+def _broken_rms_norm(x, weight, eps, out=None):
+    TORCH_OPS.rms_norm(x, weight, eps, out=out)
+    return out.mul_(1.1)
+
+
+def test_broken_op_is_caught(cfg, ceil):
+    broken = dataclasses.replace(TORCH_OPS, name="broken", rms_norm=_broken_rms_norm)
+    with pytest.raises(RuntimeError, match="rms_norm_q.*broken.rms_norm"):
+        bench_kernels(cfg, "cpu", ceil, context=64, prefill_tokens=8, quick=True, ops=broken)
+
+
+def test_broken_selection_is_caught(cfg, ceil):
+    def topk_off_by_one(scores, visible, k, offset, out):
+        return TORCH_OPS.topk_select(scores, visible, k, offset + 1, out)
+
+    broken = dataclasses.replace(TORCH_OPS, name="broken", topk_select=topk_off_by_one)
+    with pytest.raises(RuntimeError, match="topk_select.*exact"):
+        bench_kernels(cfg, "cpu", ceil, context=64, prefill_tokens=8, quick=True, ops=broken)
+
+
+def test_check_output():
+    want = torch.randn(4, 8).to(torch.bfloat16)
+    check_output("same", want.clone(), want)
+    check_output("one ulp", (want.float() * (1 + 2**-8)).to(torch.bfloat16), want)
+    with pytest.raises(RuntimeError, match="k1"):
+        check_output("k1", want * 2, want)
+    with pytest.raises(RuntimeError, match="NaN"):
+        check_output("k2", torch.full_like(want, float("nan")), want)
+    with pytest.raises(RuntimeError, match="infinities"):
+        check_output("k3", torch.full_like(want, float("inf")), want)
+    with pytest.raises(RuntimeError, match="k4"):
+        check_output("k4", want.float(), want)
+    idx = torch.arange(6, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="1 of 6"):
+        check_output("k5", idx + (idx == 3).int(), idx, exact=True)
+
+
+def test_bad_arguments(cfg, ceil):
+    with pytest.raises(ValueError, match="context"):
+        bench_kernels(cfg, "cpu", ceil, context=0, quick=True)
