@@ -10,9 +10,11 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from pathlib import Path
 
 from .compare import KINDS, LayerReport, ReplayReport
 from .golden import IMPLS, VARIANTS, GoldenFile, bundled_golden_path, replay
@@ -164,9 +166,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         quick=args.quick,
         progress=not args.no_progress,
     )
-    res = run_bench(opts, log=lambda s: print(s, flush=True))
+    partial = Path(args.out) / "bench.partial.json"
+
+    def save(res: dict) -> None:  # what is measured survives a run cut short
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(res, indent=1, default=str))
+
+    res = run_bench(opts, log=lambda s: print(s, flush=True), on_part=save)
+    partial.unlink(missing_ok=True)
     paths = write_outputs(res, args.out, log=lambda s: print(s, flush=True))
     print("\nwrote " + ", ".join(str(p) for p in paths))
+    if res.get("errors"):
+        for part, tb in res["errors"].items():
+            print(f"\nFAILED part {part}:\n{tb}", file=sys.stderr)
+        return 1
     return 0
 
 

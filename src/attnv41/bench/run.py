@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,8 +124,11 @@ def _geometry(opts: BenchOptions):
     return PRESETS[opts.preset]()
 
 
-def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
-    """Run the selected parts; returns the results (what `bench.json` holds)."""
+def run_bench(
+    opts: BenchOptions, log: Callable[[str], None] = print, on_part: Callable[[dict], None] | None = None
+) -> dict:
+    """Run the selected parts; returns the results (what `bench.json` holds). `on_part(res)`
+    is called after each part (the command saves partial results with it)."""
     dev, opts = _resolve(opts)
     t0 = time.perf_counter()
     res: dict = {"environment": environment(dev), "options": asdict(opts)}
@@ -141,42 +145,64 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     )
     reps = 3 if opts.quick else 20
     geo = _geometry(opts)
-    if "kernels" in opts.parts:
+    held: dict = {}
+
+    def stack():
+        if "stack" not in held:
+            held["stack"], res["stack"] = _stack(opts, dev, log)
+        return held["stack"]
+
+    def kernels():
         from .kernels import bench_kernels
 
         ctx = sorted(opts.contexts)[len(opts.contexts) // 2]
-        res["kernels"] = bench_kernels(
+        return bench_kernels(
             geo, dev, ceil, context=ctx, prefill_tokens=min(opts.prefill), quick=opts.quick, seed=opts.seed
         )
-        log(f"kernels: {len(res['kernels'])} rows")
-    if "decode" in opts.parts or "prefill" in opts.parts:
-        from .stack import bench_decode, bench_prefill
 
-        stack, what = _stack(opts, dev, log)
-        res["stack"] = what
-        if "decode" in opts.parts:
-            res["decode"] = bench_decode(stack, opts.contexts, ceil, reps=reps, seed=opts.seed)
-            log(f"decode: {len(res['decode'])} rows")
-        if "prefill" in opts.parts:
-            res["prefill"] = bench_prefill(stack, opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
-            log(f"prefill: {len(res['prefill'])} rows")
-        del stack
+    def decode():
+        from .stack import bench_decode
+
+        return bench_decode(stack(), opts.contexts, ceil, reps=reps, seed=opts.seed)
+
+    def prefill():
+        from .stack import bench_prefill
+
+        rows = bench_prefill(stack(), opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
+        held.clear()  # the stack's weights and caches go before the peer's data arrive
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    if "peer" in opts.parts:
+        return rows
+
+    def peer():
         from .peer import bench_attention_peer
 
-        res["peer"], res["peer_status"] = bench_attention_peer(
+        rows, res["peer_status"] = bench_attention_peer(
             geo, dev, ceil, opts.contexts, opts.batches, reps=5 if opts.quick else 50, seed=opts.seed
         )
         log(f"peer: {res['peer_status']}")
-    if "index" in opts.parts:
+        return rows
+
+    def index():
         from .index import bench_index_topk
 
-        res["index"] = bench_index_topk(
-            geo, dev, ceil, opts.index_lengths, reps=3 if opts.quick else 30, seed=opts.seed
-        )
-        log(f"index: {len(res['index'])} rows")
+        return bench_index_topk(geo, dev, ceil, opts.index_lengths, reps=3 if opts.quick else 30, seed=opts.seed)
+
+    # One part failing does not stop the others; its error is kept and the command fails.
+    for name, fn in (("kernels", kernels), ("decode", decode), ("prefill", prefill), ("peer", peer), ("index", index)):
+        if name not in opts.parts:
+            continue
+        t = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as e:
+            res.setdefault("errors", {})[name] = traceback.format_exc()
+            log(f"{name}: FAILED: {type(e).__name__}: {e}")
+            continue
+        log(f"{name}: {len(res[name])} rows, {time.perf_counter() - t:.1f} s")
+        if on_part is not None:
+            on_part(res)
+    held.clear()
     _peer_estimate(res, geo)
     if dev.type == "cuda":
         res["memory_peak_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30

@@ -1,0 +1,239 @@
+"""`attnv41 bench`: the floors' byte and FLOP counts by hand, the synthetic context, the
+V4 cache layout of the peer, the top-k set check, the correctness gate, and a CPU smoke
+run of every part through the command line (its outputs, its error handling)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnv41.bench import run as bench_run
+from attnv41.bench.common import Ceilings, Timing, floor_ms, kernel_row
+from attnv41.bench.index import check_selection
+from attnv41.bench.peer import V4_BYTES, v4_cache
+from attnv41.bench.stack import decode_step_bytes, fill_context, prefill_flops
+from attnv41.cli import main
+from attnv41.runtime.stack import RuntimeStack
+from attnv41.synthetic import random_weights, small_preset
+
+CEIL = Ceilings(copy_gbps=1000.0, copy_bytes=1, mm_tflops=100.0, mm_shape=(1, 1, 1))
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return small_preset(max_tokens=64, max_seq=512)
+
+
+@pytest.fixture(scope="module")
+def weights(cfg):
+    return random_weights(cfg, 0)
+
+
+def test_decode_step_bytes_by_hand(cfg, weights):
+    p = 100  # ratio-2 layers see 50 compressed rows, ratio-1 layers 101; index_topk = 16
+    D, W, k = cfg.head_dim, cfg.window, cfg.index_topk
+    b = decode_step_bytes(cfg, weights, p)
+    assert b["weights"] == sum(t.numel() * t.element_size() for w in weights for t in w.values())
+    assert b["window"] == 40 * (W + 1) * D * 2
+    assert b["selected"] == 38 * min(k, 50) * D * 2  # layers 2..39 have ratio > 0
+    assert b["index_keys"] == (3 * 50 + 5 * 101) * cfg.index_head_dim * 2  # sources 2,8,14 | 20,24,..,36
+    # kv sources: three of ratio 2 (state read+write, no group completes at p=100: 101 % 2 = 1), one of ratio 1
+    assert b["compressor"] == 3 * (2 * 2 * D * 4) + (D + cfg.index_head_dim) * 2
+    assert b["total"] == sum(v for key, v in b.items() if key != "total")
+    b1 = decode_step_bytes(cfg, weights, 101)  # a ratio-2 group completes: three more rows and keys
+    assert b1["compressor"] - b["compressor"] == 3 * (D + cfg.index_head_dim) * 2
+
+
+def test_prefill_flops_by_token_loop(cfg):
+    m = 37
+    H, D, W, dim, IH, ID = cfg.n_heads, cfg.head_dim, cfg.window, cfg.dim, cfg.index_heads, cfg.index_head_dim
+    want = 0.0
+    for role in cfg.roles:
+        r = role.ratio
+        proj = dim * cfg.q_rank + cfg.q_rank * H * D + dim * D + cfg.groups * cfg.o_rank * (H * D // cfg.groups)
+        proj += cfg.groups * cfg.o_rank * dim
+        want += 2 * m * proj
+        if role.is_kv_source:
+            want += 2 * m * dim * D * (2 if r >= 2 else 1) + 2 * (m // r) * D * ID
+        if role.is_index_source:
+            want += 2 * m * (cfg.q_rank * IH * ID + dim * IH)
+        for t in range(m):
+            L = (t + 1) // r if r else 0
+            entries = min(t + 1, W) + (min(cfg.index_topk, L) if r else 0)
+            want += 4 * H * D * entries
+            if role.is_index_source:
+                want += 2 * IH * ID * L
+    assert prefill_flops(cfg, m) == pytest.approx(want, rel=1e-12)
+
+
+def test_fill_context_puts_rows_on_the_grids(cfg, weights):
+    stack = RuntimeStack(cfg, weights)
+    ops = stack.attn.ops
+    fill_context(stack, 301, seed=3)
+    for st in stack.states:
+        assert st.next_pos == 301
+        assert torch.equal(ops.fp8_qdq(st.ring.clone()), st.ring), "ring rows must lie on the fp8 grid"
+        assert st.ring.abs().sum() > 0
+        if st.role.is_kv_source:
+            n = 301 // st.role.ratio
+            assert st.n_rows == n
+            ckv, ik = st.compress_kv[:n], st.index_k[:n]
+            assert torch.equal(ops.fp4_e4m3_qdq(ckv.clone()), ckv)
+            assert torch.equal(ops.fp4_e8m0_qdq(ik.clone()), ik)
+            assert not st.compress_kv[n:].any(), "rows past the context stay empty"
+            if st.role.ratio == 2:  # 301 = 2·150 + 1: one remainder token in slot 0
+                assert torch.isfinite(st.comp_g[0]).all() and torch.isneginf(st.comp_g[1]).all()
+    # a decode step at the context runs and is finite
+    x = torch.randn(cfg.n_layers, 1, cfg.dim).to(torch.bfloat16)
+    outs = stack.step(list(x), 301, keep=True)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    with pytest.raises(ValueError, match="context = 512; allowed: 1..511"):
+        fill_context(stack, 512)
+
+
+def _dequant_v4(cache: torch.Tensor, n: int) -> torch.Tensor:
+    """Read the V4 layout back from its bytes (FlashMLA's documented layout)."""
+    nb, block = cache.shape[0], cache.shape[1]
+    raw = torch.as_strided(cache.view(torch.uint8), (nb, block * V4_BYTES), (cache.stride(0), 1))
+    data = raw[:, : block * 576].reshape(nb * block, 576)
+    scales = raw[:, block * 576 : block * V4_BYTES].reshape(nb * block, 8)
+    nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).float().view(-1, 7, 64)
+    nope = nope * torch.exp2(scales[:, :7].float() - 127)[..., None]
+    rope = data[:, 448:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope.view(-1, 448), rope], 1)[:n]
+
+
+def test_v4_cache_layout_round_trip():
+    gen = torch.Generator().manual_seed(5)
+    rows = (torch.randn(192, 512, generator=gen) * torch.logspace(-2, 2, 192)[:, None]).to(torch.bfloat16)
+    cache = v4_cache(rows)
+    assert cache.shape == (3, 64, 1, V4_BYTES) and cache.dtype == torch.float8_e4m3fn
+    assert cache.stride(1) == V4_BYTES and cache.stride(0) % 576 == 0 and cache.stride(0) >= 64 * V4_BYTES
+    back = _dequant_v4(cache, 192)
+    assert torch.equal(back[:, 448:], rows[:, 448:].float()), "rope values are stored as bf16, exactly"
+    ref = rows[:, :448].float()
+    amax = ref.view(-1, 7, 64).abs().amax(-1, keepdim=True).expand(-1, -1, 64).reshape(-1, 448)
+    assert ((back[:, :448] - ref).abs() <= amax * 2.0**-3).all(), "fp8 e4m3 with a power-of-two tile scale"
+    with pytest.raises(ValueError, match="multiple of the page block 64"):
+        v4_cache(rows[:100])
+
+
+def test_check_selection_catches_wrong_topk():
+    s = torch.tensor([[0.5, 3.0, 1.0, 3.0, -2.0, 2.0]])
+    check_selection(s, torch.tensor([[1, 3, 5]], dtype=torch.int32), 3)
+    with pytest.raises(RuntimeError, match="missing"):
+        check_selection(s, torch.tensor([[1, 2, 5]], dtype=torch.int32), 3)
+    with pytest.raises(RuntimeError, match="ascending"):
+        check_selection(s, torch.tensor([[3, 1, 5]], dtype=torch.int32), 3)
+    with pytest.raises(RuntimeError, match="distinct"):
+        check_selection(s, torch.tensor([[1, 1, 3]], dtype=torch.int32), 3)
+    t = torch.tensor([[1.0, 2.0, 2.0, 2.0]])  # ties at the k-th score: either is right
+    check_selection(t, torch.tensor([[1, 2]], dtype=torch.int32), 2)
+    check_selection(t, torch.tensor([[2, 3]], dtype=torch.int32), 2)
+
+
+def test_floor_takes_the_larger_bound():
+    assert floor_ms(1e9, 0, CEIL) == pytest.approx(1.0)  # 1 GB at 1000 GB/s
+    assert floor_ms(0, 1e12, CEIL) == pytest.approx(10.0)  # 1 TFLOP at 100 TFLOP/s
+    r = kernel_row("x", "s", Timing(2.0, 2.0, 2.0, 1), 1e9, 1e12, CEIL)
+    assert r["bound"] == "compute" and r["x_floor"] == pytest.approx(0.2) and r["gbps"] == pytest.approx(500.0)
+
+
+def test_peer_estimate_swaps_attention_time():
+    cfg = small_preset()
+    res = {
+        "decode": [{"context": 4, "mode": "graphs", "ms": 10.0}, {"context": 4, "mode": "eager", "ms": 20.0}],
+        "peer": [
+            {"context": 4, "batch": 1, "name": "attnv41 (bf16 rows)", "ms": 0.1},
+            {"context": 4, "batch": 1, "name": "FlashMLA legacy (x)", "ms": 0.04},
+            {"context": 4, "batch": 64, "name": "FlashMLA legacy (x)", "ms": 9.0},
+        ],
+    }
+    bench_run._peer_estimate(res, cfg)
+    assert res["decode"][0]["peer_est_ms"] == pytest.approx(10.0 - 38 * 0.06)
+    assert "peer_est_ms" not in res["decode"][1]
+
+
+def test_bench_command_on_cpu(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert (
+        main(
+            [
+                "bench",
+                "--device",
+                "cpu",
+                "--quick",
+                "--out",
+                str(out),
+                "--contexts",
+                "96,200",
+                "--index-lengths",
+                "1000",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "gate: bundled golden tiny through the runtime on cpu" in text and "0 failed" in text
+    res = json.loads((out / "bench.json").read_text())
+    assert not res.get("errors")
+    for part in bench_run.PARTS:
+        assert res[part], f"part {part} produced no rows"
+    assert [r["context"] for r in res["decode"]] == [96, 96, 200, 200]
+    assert {r["mode"] for r in res["decode"]} == {"split", "eager"}
+    for r in res["decode"] + res["prefill"]:
+        assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] > 0
+    assert res["peer_status"] == "skipped (needs CUDA)"
+    assert (out / "decode_step.png").stat().st_size > 10_000
+    md = (out / "bench.md").read_text()
+    assert "### (a) decode step" in md and "| context |" in md
+
+
+def test_bench_command_rejects_bad_input(tmp_path, capsys):
+    assert main(["bench", "--device", "cpu", "--parts", "decode,nope", "--out", str(tmp_path)]) == 2
+    assert "allowed: a comma-separated subset" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--contexts", "4k"])
+    with pytest.raises(ValueError, match="contexts = .*allowed: positive integers"):
+        bench_run.run_bench(bench_run.BenchOptions(contexts=(0,), device="cpu"))
+    assert not any(tmp_path.iterdir()), "nothing written on bad input"
+
+
+def test_gate_failure_times_nothing(monkeypatch):
+    from attnv41 import golden
+
+    class Bad:
+        n_compared, n_failed = 10, 1
+
+    monkeypatch.setattr(golden, "replay", lambda *a, **k: Bad())
+    with pytest.raises(RuntimeError, match="correctness gate.*nothing was timed"):
+        bench_run.run_bench(bench_run.BenchOptions(parts=("decode",), device="cpu"))
+
+
+def test_failing_part_is_reported_and_fails_the_command(tmp_path, monkeypatch, capsys):
+    from attnv41.bench import index
+
+    def boom(*a, **k):
+        raise RuntimeError("index broke")
+
+    monkeypatch.setattr(index, "bench_index_topk", boom)
+    assert main(["bench", "--device", "cpu", "--quick", "--parts", "index,prefill", "--out", str(tmp_path)]) == 1
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert "index broke" in res["errors"]["index"] and res["prefill"]
+    assert "FAILED part index" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_bench_command_on_cuda_small(tmp_path):
+    """Every part through the Triton kernels at the small geometry (the peer needs 64 heads
+    of width 512, so it reports itself as not run)."""
+    args = ["bench", "--device", "cuda", "--preset", "small", "--quick", "--out", str(tmp_path)]
+    args += ["--contexts", "256,1024", "--prefill", "64,128", "--index-lengths", "4096,65536", "--batches", "1,4"]
+    assert main(args) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert not res.get("errors") and res["gate"]["released"]["failed"] == 0
+    assert {r["mode"] for r in res["decode"]} == {"graphs", "eager"}
+    assert all(r["op"] == "triton" for r in res["kernels"])
+    assert res["ceilings"]["copy_gbps"] > 100 and res["ceilings"]["mm_tflops"] > 10
