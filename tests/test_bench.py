@@ -12,7 +12,7 @@ import torch
 from attnv41.bench import run as bench_run
 from attnv41.bench.common import Ceilings, Timing, floor_ms, kernel_row
 from attnv41.bench.index import check_selection
-from attnv41.bench.peer import V4_BYTES, v4_cache
+from attnv41.bench.peer import V4_BYTES, v4_cache, v4_grid_
 from attnv41.bench.stack import decode_step_bytes, fill_context, prefill_flops
 from attnv41.cli import main
 from attnv41.runtime.stack import RuntimeStack
@@ -118,6 +118,10 @@ def test_v4_cache_layout_round_trip():
     assert ((back[:, :448] - ref).abs() <= amax * 2.0**-3).all(), "fp8 e4m3 with a power-of-two tile scale"
     with pytest.raises(ValueError, match="multiple of the page block 64"):
         v4_cache(rows[:100])
+    on_grid = v4_grid_(rows.clone())
+    assert torch.equal(on_grid[:, 448:], rows[:, 448:])
+    assert torch.equal(_dequant_v4(v4_cache(on_grid), 192), on_grid.float()), "grid rows are stored exactly"
+    assert torch.equal(v4_grid_(on_grid.clone()), on_grid), "rounding onto the grid is idempotent"
 
 
 def test_check_selection_catches_wrong_topk():
@@ -235,5 +239,10 @@ def test_bench_command_on_cuda_small(tmp_path):
     res = json.loads((tmp_path / "bench.json").read_text())
     assert not res.get("errors") and res["gate"]["released"]["failed"] == 0
     assert {r["mode"] for r in res["decode"]} == {"graphs", "eager"}
-    assert all(r["op"] == "triton" for r in res["kernels"])
+    for r in res["decode"]:
+        if r["mode"] == "graphs":
+            assert r["sources_ms"] > 0 and r["captured_ms"] > 0 and r["n_sources"] == 8
+    assert all(r["impl"] == "triton" and r["timing"] == "graph" for r in res["kernels"]), [
+        (r["name"], r.get("graph_error")) for r in res["kernels"] if r["timing"] != "graph"
+    ]
     assert res["ceilings"]["copy_gbps"] > 100 and res["ceilings"]["mm_tflops"] > 10

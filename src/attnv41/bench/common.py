@@ -82,6 +82,31 @@ class Timer:
                 ms.append((time.perf_counter() - t0) * 1e3)
         return Timing(statistics.median(ms), min(ms), max(ms), reps)
 
+    def time_graph(self, fns: Sequence[Callable[[], object]], warmup: int = 2, reps: int = 20) -> Timing:
+        """GPU time per call, without launch overhead: one CUDA graph runs every callable
+        of `fns` once (give several copies of an op on distinct inputs so that the calls
+        in one replay do not hit each other's data in L2); the L2 is flushed before each
+        replay (outside the events) and the replay time is divided by len(fns). CUDA only;
+        a capture error propagates."""
+        if not self.cuda:
+            raise ValueError(f"time_graph on {self.device}; allowed: a CUDA device")
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                for f in fns:
+                    f()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.sync()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for f in fns:
+                f()
+        t = self.time(g.replay, warmup=1, reps=reps)
+        n = len(fns)
+        del g
+        return Timing(t.median_ms / n, t.min_ms / n, t.max_ms / n, t.reps)
+
 
 @dataclass
 class Ceilings:

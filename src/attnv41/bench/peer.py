@@ -20,14 +20,15 @@ ceil(64·584 / 576)·576 bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from ..kernels.sparse_attn import sparse_attn
-from .common import Ceilings, Timer, kernel_row
+from .common import Ceilings, Timer, Timing, kernel_row
 
-__all__ = ["v4_cache", "peer_status", "bench_attention_peer", "PEER_COLS"]
+__all__ = ["v4_cache", "v4_grid_", "peer_status", "bench_attention_peer", "PEER_COLS"]
 
 V4_NOPE, V4_ROPE, V4_TILE, V4_BLOCK = 448, 64, 64, 64
 V4_BYTES = V4_NOPE + 2 * V4_ROPE + V4_NOPE // V4_TILE + 1  # 584 bytes per token
@@ -78,7 +79,8 @@ PEER_COLS = [
     ("context", "context"),
     ("batch", "batch"),
     ("name", "kernel"),
-    ("ms", "ms"),
+    ("ms", "GPU ms"),
+    ("launch_ms", "launch ms"),
     ("gbps", "GB/s"),
     ("tflops", "TFLOP/s"),
     ("floor_ms", "floor ms"),
@@ -88,73 +90,122 @@ PEER_COLS = [
 ]
 
 
-def _problem(cfg, batch: int, context: int, gen: torch.Generator, dev):
-    """Queries, rows and selections of `batch` sequences at `context` (ratio-1 cache)."""
+COPIES = 8  # query/selection sets per timed graph (on CUDA): distinct rows per call, as in a real step
+
+
+def v4_grid_(rows: torch.Tensor) -> torch.Tensor:
+    """Round bf16 rows `[N, 512]` in place onto the V4 format's grid (fp8 e4m3 with a
+    power-of-two scale per 64-value tile of the first 448 values; the rope tail is bf16
+    already), so that FlashMLA's cache holds exactly the rows ours reads."""
+    tiles = V4_NOPE // V4_TILE
+    for j in range(0, rows.shape[0], 1 << 20):
+        part = rows[j : j + (1 << 20), :V4_NOPE]
+        nope = part.float().view(-1, tiles, V4_TILE)
+        scale = torch.exp2(torch.ceil(torch.log2(nope.abs().amax(-1, keepdim=True).clamp_min(1e-4) / 448.0)))
+        part.copy_(((nope / scale).to(torch.float8_e4m3fn).float() * scale).view(-1, V4_NOPE))
+    return rows
+
+
+@dataclass
+class _Problem:
+    """`batch` sequences at `context` (a ratio-1 cache): their rings and caches side by side,
+    and COPIES sets of queries and selections (each token's entries in its own sequence)."""
+
+    q: list[torch.Tensor]  # [B, H, D] each
+    win: torch.Tensor  # [B·window, D]
+    comp: torch.Tensor  # [B·n_comp, D]
+    win_idx: torch.Tensor  # [B, window], rows of win
+    comp_idx: list[torch.Tensor]  # [B, k] each, rows of comp
+    sink: torch.Tensor  # [H]
+
+
+def _problem(cfg, batch: int, context: int, copies: int, gen: torch.Generator, dev) -> _Problem:
     H, D, W, K = cfg.n_heads, cfg.head_dim, cfg.window, cfg.index_topk
     n_comp = -(-context // V4_BLOCK) * V4_BLOCK
-    q = torch.randn(batch, H, D, generator=gen, device=dev).to(torch.bfloat16)
     win = torch.empty(batch * W, D, dtype=torch.bfloat16, device=dev)
     comp = torch.empty(batch * n_comp, D, dtype=torch.bfloat16, device=dev)
     for t in (win, comp):
         for j in range(0, t.shape[0], 1 << 20):
             t[j : j + (1 << 20)] = torch.randn(min(1 << 20, t.shape[0] - j), D, generator=gen, device=dev)
+        if D == V4_NOPE + V4_ROPE:
+            v4_grid_(t)
     k = min(K, context)
-    pick = torch.rand(batch, context, generator=gen, device=dev).topk(k, dim=1).indices.sort(dim=1).values
     b = torch.arange(batch, device=dev)[:, None]
+    comp_idx = []
+    for _ in range(copies):
+        pick = torch.rand(batch, context, generator=gen, device=dev).topk(k, dim=1).indices.sort(dim=1).values
+        comp_idx.append((b * n_comp + pick).to(torch.int32))
+    q = [torch.randn(batch, H, D, generator=gen, device=dev).to(torch.bfloat16) for _ in range(copies)]
     win_idx = (b * W + torch.arange(W, device=dev)[None, :]).to(torch.int32)  # every ring slot present
-    comp_idx = (b * n_comp + pick).to(torch.int32)
     sink = torch.rand(H, generator=gen, device=dev) * 2 - 1
-    return q, win, comp, win_idx, comp_idx, sink
+    return _Problem(q, win, comp, win_idx, comp_idx, sink)
+
+
+def _time(timer: Timer, calls: list) -> tuple[Timing, str]:
+    """GPU time per call from a graph of the calls (CUDA), else eager time of the first."""
+    if timer.cuda:
+        return timer.time_graph(calls), "graph"
+    return timer.time(calls[0], warmup=1, reps=3), "launch"
 
 
 def bench_attention_peer(
     cfg, device, ceil: Ceilings, contexts=(4096, 32768, 131072), batches=(1, 64), reps: int = 50, seed: int = 0
 ) -> tuple[list[dict], str]:
     """Rows for ours and (when importable) the peer at each context and batch, plus the
-    peer status line. Ours runs the runtime's kernel (Triton on CUDA)."""
+    peer status line. Ours runs the runtime's kernel (Triton on CUDA). Times are GPU time
+    per call from a CUDA graph of COPIES calls on distinct queries and selections."""
     dev = torch.device(device)
     fm, status = peer_status() if dev.type == "cuda" else (None, "skipped (needs CUDA)")
     timer = Timer(dev, flush_l2=True)
     gen = torch.Generator(device=dev).manual_seed(seed + 23)
     H, D, W = cfg.n_heads, cfg.head_dim, cfg.window
     scale = D**-0.5
+    copies = COPIES if dev.type == "cuda" else 1
     rows: list[dict] = []
     use_peer = fm is not None and H in (64, 128) and D == 512
     if fm is not None and not use_peer:
         status += f"; not run: it needs 64 or 128 heads of width 512 (this geometry: {H} x {D})"
+    fn = sparse_attn if dev.type == "cuda" else _torch_twin
     for ctx in contexts:
         for B in batches:
-            q, win, comp, win_idx, comp_idx, sink = _problem(cfg, B, ctx, gen, dev)
-            K = W + comp_idx.shape[1]
-            sel = torch.cat([win_idx, comp_idx + B * W], 1)  # offset = B·window: comp rows follow
-            out = torch.empty(B, H, D, dtype=torch.bfloat16, device=dev)
-            fn = sparse_attn if dev.type == "cuda" else _torch_twin
-            o_ours = fn(q, win, comp, sel, B * W, sink, scale, out=out).clone()
+            pb = _problem(cfg, B, ctx, copies, gen, dev)
+            K = W + pb.comp_idx[0].shape[1]
+            sels = [torch.cat([pb.win_idx, ci + B * W], 1) for ci in pb.comp_idx]  # offset B·window: comp follows
+            outs = [torch.empty(B, H, D, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
+            calls = [
+                partial(fn, q, pb.win, pb.comp, sel, B * W, pb.sink, scale, out=o)
+                for q, sel, o in zip(pb.q, sels, outs)
+            ]
+            o_ours = calls[0]().clone()
             if not torch.isfinite(o_ours.float()).all():
                 raise RuntimeError(f"sparse attention (context {ctx}, batch {B}): non-finite output")
-            t = timer.time(partial(fn, q, win, comp, sel, B * W, sink, scale, out=out), warmup=5, reps=reps)
+            t_launch = timer.time(calls[0], warmup=3, reps=reps)
+            t, how = _time(timer, calls)
             flops = 2 * 2 * B * H * K * D
+            shape = f"B={B} H={H} K={K}"
             ours = kernel_row(
                 "attnv41 (bf16 rows)",
-                f"B={B} H={H} K={K}",
+                shape,
                 t,
                 B * (K * D * 2 + 2 * H * D * 2),
                 flops,
                 ceil,
                 context=ctx,
                 batch=B,
+                timing=how,
+                launch_ms=t_launch.median_ms,
             )
             rows.append(ours)
             if not use_peer:
                 continue
-            peer = _run_peer(fm, q, win, comp, win_idx, comp_idx, sink, scale, B, ctx, timer, reps)
+            peer = _run_peer(fm, pb, scale, timer, reps)
             if "error" in peer:
                 status += f"; context {ctx} batch {B}: {peer['error']}"
                 continue
             rel = float((peer["out"].float() - o_ours.float()).norm() / o_ours.float().norm())
             row = kernel_row(
                 f"FlashMLA legacy ({peer['layout']})",
-                f"B={B} H={H} K={K}",
+                shape,
                 peer["timing"],
                 B * (K * V4_BYTES + 2 * H * D * 2),
                 flops,
@@ -162,11 +213,13 @@ def bench_attention_peer(
                 context=ctx,
                 batch=B,
                 rel_diff=rel,
+                timing="graph",
+                launch_ms=peer["launch"].median_ms,
             )
             ours["x_peer"] = ours["ms"] / row["ms"]
             ours["rel_diff"] = rel
             rows.append(row)
-            del peer
+            del peer, pb, calls
     return rows, status
 
 
@@ -176,54 +229,58 @@ def _torch_twin(q, win, comp, sel, offset, sink, scale, out):
     return sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=out)
 
 
-def _run_peer(fm, q, win, comp, win_idx, comp_idx, sink, scale, B, ctx, timer, reps) -> dict:
+def _run_peer(fm, pb: _Problem, scale: float, timer: Timer, reps: int) -> dict:
     """Time the peer: compressed rows as the main cache with the window as FlashMLA's
     'extra' cache; if that call is refused, one cache holding both (reported as such)."""
-    D = q.shape[-1]
-    q4 = q.view(B, 1, q.shape[1], D)
-    n_comp = comp.shape[0]
+    B, H, D = pb.q[0].shape
+    n_comp = pb.comp.shape[0]
     attempts = [
         (
             "main 512 + extra 128",
-            lambda: dict(
-                k_cache=v4_cache(comp),
-                indices=comp_idx[:, None],
-                extra_k_cache=v4_cache(win),
-                extra_indices_in_kvcache=win_idx[:, None],
+            lambda: (
+                dict(k_cache=v4_cache(pb.comp), extra_k_cache=v4_cache(pb.win)),
+                [dict(indices=ci[:, None], extra_indices_in_kvcache=pb.win_idx[:, None]) for ci in pb.comp_idx],
             ),
         ),
         (
             "one cache, 640",
-            lambda: dict(
-                k_cache=v4_cache(torch.cat([comp, win])), indices=torch.cat([win_idx + n_comp, comp_idx], 1)[:, None]
+            lambda: (
+                dict(k_cache=v4_cache(torch.cat([pb.comp, pb.win]))),
+                [dict(indices=torch.cat([pb.win_idx + n_comp, ci], 1)[:, None]) for ci in pb.comp_idx],
             ),
         ),
     ]
     errors = []
     for layout, build in attempts:
-        kw = build()
+        caches, per_call = build()
         sched, _ = fm.get_mla_metadata()
-        call = lambda kw=kw, sched=sched: fm.flash_mla_with_kvcache(  # noqa: E731
-            q4,
-            kw["k_cache"],
-            None,
-            None,
-            D,
-            sched,
-            softmax_scale=scale,
-            indices=kw["indices"],
-            attn_sink=sink,
-            extra_k_cache=kw.get("extra_k_cache"),
-            extra_indices_in_kvcache=kw.get("extra_indices_in_kvcache"),
-            use_legacy=True,
-            kv_format="V4",
-        )
+
+        def call(kw, caches=caches, sched=sched, q=None):
+            o, _ = fm.flash_mla_with_kvcache(
+                q.view(B, 1, H, D),
+                caches["k_cache"],
+                None,
+                None,
+                D,
+                sched,
+                softmax_scale=scale,
+                indices=kw["indices"],
+                attn_sink=pb.sink,
+                extra_k_cache=caches.get("extra_k_cache"),
+                extra_indices_in_kvcache=kw.get("extra_indices_in_kvcache"),
+                use_legacy=True,
+                kv_format="V4",
+            )
+            return o
+
+        calls = [partial(call, kw, q=q) for kw, q in zip(per_call, pb.q)]
         try:
-            o, _ = call()
+            o = calls[0]()
             torch.cuda.synchronize()
         except Exception as e:  # the peer's own validation (asserts, RuntimeError): record, try the next layout
             errors.append(f"{layout}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
             continue
-        t = timer.time(call, warmup=5, reps=reps)
-        return {"out": o.view(B, q.shape[1], D), "timing": t, "layout": layout}
+        launch = timer.time(calls[0], warmup=3, reps=reps)
+        t = timer.time_graph(calls, reps=reps)
+        return {"out": o.view(B, H, D), "timing": t, "launch": launch, "layout": layout}
     return {"error": "peer call failed: " + " | ".join(errors)}

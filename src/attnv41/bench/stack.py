@@ -144,6 +144,8 @@ DECODE_COLS = [
     ("gbps", "GB/s"),
     ("floor_ms", "floor ms"),
     ("x_floor", "x floor"),
+    ("sources_ms", "sources ms"),
+    ("captured_ms", "graphs ms"),
     ("peer_est_ms", "peer-attn est ms"),
 ]
 
@@ -170,7 +172,7 @@ def bench_decode(
     """Decode step time at each context, per mode ('graphs': `DecodeGraphs`, CUDA graphs
     on a GPU and the split path on the CPU; 'eager': `forward` layer by layer)."""
     cfg, dev = stack.cfg, stack.attn.device
-    need = max(contexts) + oracle_steps + 2 * (reps + 3) + 1
+    need = max(contexts) + oracle_steps + 2 * (reps + 3) + 6
     if need > cfg.max_seq:
         raise ValueError(f"contexts up to {max(contexts)} need max_seq >= {need}; the stack has {cfg.max_seq}")
     timer = Timer(dev)
@@ -204,8 +206,10 @@ def bench_decode(
             t = timer.time(fn, warmup=3, reps=reps)
             nb = decode_step_bytes(cfg, stack.weights, (start + pos[0]) // 2)
             fl = floor_ms(nb["total"], 0.0, ceil)
+            split = _segment_split(driver, graph_step, cfg) if mode == "graphs" and driver.use_graphs else {}
             rows.append(
                 {
+                    **split,
                     "context": ctx,
                     "mode": mode if (mode != "graphs" or driver.use_graphs) else "split",
                     "ms": t.median_ms,
@@ -220,6 +224,42 @@ def bench_decode(
                 }
             )
     return rows
+
+
+def _segment_split(driver: DecodeGraphs, step, cfg: AttnV41Cfg, steps: int = 5) -> dict:
+    """Where a graph-mode step's time goes, from CUDA events around each segment over a few
+    extra steps: the source layers (eager `forward`), the captured segments (graph
+    replays plus their host-side prep), and the rest of the step (between segments)."""
+    driver.events.clear()
+    driver.profile = True
+    t = Timer(driver.stack.attn.device)
+    starts, ends = [], []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        starts.append(a)
+        ends.append(b)
+    t.sync()
+    driver.profile = False
+    n_seg = len(driver.segments)
+    src, cap, tot = [], [], []
+    for k in range(steps):
+        evs = driver.events[k * n_seg : (k + 1) * n_seg]
+        src.append(sum(e0.elapsed_time(e1) for seg, e0, e1 in evs if not driver.capturable[seg[0]]))
+        cap.append(sum(e0.elapsed_time(e1) for seg, e0, e1 in evs if driver.capturable[seg[0]]))
+        tot.append(starts[k].elapsed_time(ends[k]))
+    driver.events.clear()
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    n_src = sum(1 for c in driver.capturable if not c)
+    return {
+        "sources_ms": med(src),
+        "captured_ms": med(cap),
+        "other_ms": med(tot) - med(src) - med(cap),
+        "n_sources": n_src,
+        "n_graphs": n_seg - n_src,
+    }
 
 
 def bench_prefill(stack: RuntimeStack, tokens: Sequence[int], ceil: Ceilings, reps: int = 3, seed: int = 0) -> list:

@@ -72,6 +72,10 @@ class DecodeGraphs:
         self.recaptures = 0
         self.oracle_checks = 0
         self.on_source = None  # optional callback(layer, run) right after each source layer's forward
+        # With `profile` (CUDA), step() records a pair of CUDA events around each segment into
+        # `events` as (segment, start, end); the caller reads them after a synchronise.
+        self.profile = False
+        self.events: list = []
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     # ------------------------------------------------------------------ stepping
@@ -85,7 +89,11 @@ class DecodeGraphs:
             for i, x in enumerate(xs):
                 self.x_in[i].copy_(x.view(1, -1))
         st = self.stack
+        prof = self.profile and st.attn.device.type == "cuda"
         for k, seg in enumerate(self.segments):
+            if prof:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
             if not self.capturable[seg[0]]:
                 i = seg[0]
                 run = st.attn.forward(st.weights[i], st.states[i], st.shared, self.x_in[i], start_pos)
@@ -94,6 +102,9 @@ class DecodeGraphs:
                     self.on_source(i, run)
             else:
                 self._segment(k, seg, start_pos)
+            if prof:
+                ev[1].record()
+                self.events.append((seg, *ev))
         return self.y
 
     def _prep(self, seg: list[int], start_pos: int) -> torch.Tensor | None:
