@@ -143,7 +143,6 @@ def run_bench(
         f"ceilings: copy {ceil.copy_gbps:,.0f} GB/s (read + write), matmul {ceil.mm_tflops:,.1f} TFLOP/s "
         f"({'bf16' if dev.type == 'cuda' else 'fp32'} {ceil.mm_shape[0]}^3)"
     )
-    reps = 3 if opts.quick else 20
     geo = _geometry(opts)
     held: dict = {}
 
@@ -163,7 +162,7 @@ def run_bench(
     def decode():
         from .stack import bench_decode
 
-        return bench_decode(stack(), opts.contexts, ceil, reps=reps, seed=opts.seed)
+        return bench_decode(stack(), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
 
     def prefill():
         from .stack import bench_prefill
@@ -285,11 +284,14 @@ def plot_decode(res: dict, path: Path) -> Path:
         if rs:
             ax.plot([r["context"] for r in rs], [r["ms"] for r in rs], style, label=f"attnv41, {mode}")
     fl = sorted({(r["context"], r["floor_ms"]) for r in rows})
-    ax.plot([c for c, _ in fl], [f for _, f in fl], "k:", label="floor (bytes / measured copy bandwidth)")
+    ax.plot([c for c, _ in fl], [f for _, f in fl], "k.:", label="floor (bytes / measured copy bandwidth)")
     pe = sorted((r["context"], r["peer_est_ms"]) for r in rows if r.get("peer_est_ms") is not None)
     if pe:
         ax.plot([c for c, _ in pe], [v for _, v in pe], "^-", label="attnv41 graphs with FlashMLA's attention (est.)")
     ax.set_xscale("log", base=2)
+    ticks = sorted({r["context"] for r in rows})
+    ax.set_xticks(ticks, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ticks])
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("ms per decode step (40 layers, batch 1)")
