@@ -245,4 +245,4 @@ def test_bench_command_on_cuda_small(tmp_path):
     assert all(r["impl"] == "triton" and r["timing"] == "graph" for r in res["kernels"]), [
         (r["name"], r.get("graph_error")) for r in res["kernels"] if r["timing"] != "graph"
     ]
-    assert res["ceilings"]["copy_gbps"] > 100 and res["ceilings"]["mm_tflops"] > 10
+    assert res["ceilings"]["copy_gbps"] > 100 and res["ceilings"]["mm_tflops"] > 1  # --quick: a 512^3 product

@@ -7,7 +7,7 @@ from attnv41.synthetic import random_weights, small_preset
 
 
 def test_demo_cpu_small():
-    res = run_demo(prompt=40, steps=6, progress=False)
+    res = run_demo(prompt=40, steps=6, progress=False, device="cpu")
     assert res.ok and res.device == "cpu" and "preset small" in res.geometry
     assert res.graph_step_ms > 0 and res.eager_step_ms > 0
     assert any("byte for byte: all equal" in line for line in res.lines())
