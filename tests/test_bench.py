@@ -246,3 +246,19 @@ def test_bench_command_on_cuda_small(tmp_path):
         (r["name"], r.get("graph_error")) for r in res["kernels"] if r["timing"] != "graph"
     ]
     assert res["ceilings"]["copy_gbps"] > 100 and res["ceilings"]["mm_tflops"] > 1  # --quick: a 512^3 product
+
+
+def test_bench_on_a_written_checkpoint(tmp_path, capsys):
+    """`--checkpoint`: the stack parts use its geometry and weights (dequantized as loaded)."""
+    from attnv41.checkpoint import write_checkpoint
+
+    cfg = small_preset(max_tokens=64, max_seq=128)
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, cfg, random_weights(cfg, 7), shards=3)
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--checkpoint", str(ckpt), "--no-progress", "--out", str(out)]
+    assert main(args + ["--parts", "decode,prefill", "--contexts", "64", "--prefill", "16"]) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert res["stack"] == f"checkpoint {ckpt}"
+    assert [r["context"] for r in res["decode"]] == [64, 64] and res["prefill"][0]["tokens"] == 16
+    assert f"checkpoint {ckpt}" in capsys.readouterr().out

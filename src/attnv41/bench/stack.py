@@ -140,6 +140,7 @@ DECODE_COLS = [
     ("context", "context"),
     ("mode", "mode"),
     ("ms", "ms/step"),
+    ("ms_min", "min ms"),
     ("tokens_s", "tok/s"),
     ("gbps", "GB/s"),
     ("floor_ms", "floor ms"),
@@ -172,7 +173,7 @@ def bench_decode(
     """Decode step time at each context, per mode ('graphs': `DecodeGraphs`, CUDA graphs
     on a GPU and the split path on the CPU; 'eager': `forward` layer by layer)."""
     cfg, dev = stack.cfg, stack.attn.device
-    need = max(contexts) + oracle_steps + 2 * (reps + 3) + 6  # every step advances the position
+    need = max(contexts) + oracle_steps + 2 * (reps + 3) + 21  # every step advances the position
     if need > cfg.max_seq:
         raise ValueError(f"contexts up to {max(contexts)} need max_seq >= {need}; the stack has {cfg.max_seq}")
     timer = Timer(dev)
@@ -226,7 +227,7 @@ def bench_decode(
     return rows
 
 
-def _segment_split(driver: DecodeGraphs, step, cfg: AttnV41Cfg, steps: int = 5) -> dict:
+def _segment_split(driver: DecodeGraphs, step, cfg: AttnV41Cfg, steps: int = 20) -> dict:
     """Where a graph-mode step's time goes, from CUDA events around each segment over a few
     extra steps: the source layers (eager `forward`), the captured segments (graph
     replays plus their host-side prep), and the rest of the step (between segments)."""
@@ -256,6 +257,7 @@ def _segment_split(driver: DecodeGraphs, step, cfg: AttnV41Cfg, steps: int = 5) 
     return {
         "sources_ms": med(src),
         "captured_ms": med(cap),
+        "profiled_step_ms": med(tot),
         "other_ms": med(tot) - med(src) - med(cap),
         "n_sources": n_src,
         "n_graphs": n_seg - n_src,
