@@ -59,28 +59,32 @@ class Timer:
             torch.cuda.synchronize(self.device)
 
     def time(self, fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> Timing:
+        ms = self.times(fn, warmup, reps)
+        return Timing(statistics.median(ms), min(ms), max(ms), reps)
+
+    def times(self, fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> list[float]:
+        """Each repetition's time in ms (CUDA events around each call; host clock on the CPU)."""
         if reps < 1:
             raise ValueError(f"reps = {reps}; allowed: >= 1")
         for _ in range(warmup):
             fn()
         self.sync()
-        ms: list[float] = []
-        if self.cuda:
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-            for s, e in ev:
-                if self._flush is not None:
-                    self._flush.fill_(1)
-                s.record()
-                fn()
-                e.record()
-            self.sync()
-            ms = [s.elapsed_time(e) for s, e in ev]
-        else:
+        if not self.cuda:
+            ms = []
             for _ in range(reps):
                 t0 = time.perf_counter()
                 fn()
                 ms.append((time.perf_counter() - t0) * 1e3)
-        return Timing(statistics.median(ms), min(ms), max(ms), reps)
+            return ms
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for s, e in ev:
+            if self._flush is not None:
+                self._flush.fill_(1)
+            s.record()
+            fn()
+            e.record()
+        self.sync()
+        return [s.elapsed_time(e) for s, e in ev]
 
     def time_graph(self, fns: Sequence[Callable[[], object]], warmup: int = 2, reps: int = 20) -> Timing:
         """GPU time per call, without launch overhead: one CUDA graph runs every callable
