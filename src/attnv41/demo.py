@@ -5,6 +5,7 @@ every step compared byte for byte, and a short report."""
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 import time
@@ -113,19 +114,26 @@ def run_demo(
     bar = _bar(steps, progress and steps >= 64)
     y_graph = torch.empty(steps, cfg.n_layers, cfg.dim, dtype=torch.bfloat16, device=dev)
     y_eager = torch.empty_like(y_graph)
-    t = time.perf_counter()
-    for s in range(steps):
-        y_graph[s] = drv.step([x[s : s + 1] for x in dec], prompt + s).view(cfg.n_layers, cfg.dim)
-        bar(1)
-    _sync(dev)
-    graph_ms = (time.perf_counter() - t) / steps * 1e3
-    t = time.perf_counter()
-    for s in range(steps):
-        runs = eager.step([x[s : s + 1] for x in dec], prompt + s, keep=True)
-        y_eager[s] = torch.cat(runs)
-        bar(1)
-    _sync(dev)
-    eager_ms = (time.perf_counter() - t) / steps * 1e3
+    # Decode is timed with Python's garbage collector paused, as an engine runs its decode
+    # loop: collector pauses otherwise add milliseconds to single steps (BENCHMARKS.md).
+    gc.collect()
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        for s in range(steps):
+            y_graph[s] = drv.step([x[s : s + 1] for x in dec], prompt + s).view(cfg.n_layers, cfg.dim)
+            bar(1)
+        _sync(dev)
+        graph_ms = (time.perf_counter() - t) / steps * 1e3
+        t = time.perf_counter()
+        for s in range(steps):
+            runs = eager.step([x[s : s + 1] for x in dec], prompt + s, keep=True)
+            y_eager[s] = torch.cat(runs)
+            bar(1)
+        _sync(dev)
+        eager_ms = (time.perf_counter() - t) / steps * 1e3
+    finally:
+        gc.enable()
     bar(None)
     mismatched = int((y_graph != y_eager).flatten(1).any(1).sum())
     if gpu:
