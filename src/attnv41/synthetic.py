@@ -12,7 +12,12 @@ import torch
 
 from .config import AttnV41Cfg, v41_flash
 
-__all__ = ["random_weights", "random_inputs", "small_preset", "PRESETS"]
+__all__ = ["random_weights", "random_inputs", "unit_rms_bf16", "small_preset", "PRESETS"]
+
+
+def unit_rms_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` scaled to unit RMS (over the last dim), as bf16: the inputs' distribution."""
+    return (x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
 
 
 def random_weights(cfg: AttnV41Cfg, seed: int, device: str | torch.device = "cpu") -> list[dict[str, torch.Tensor]]:
@@ -61,7 +66,7 @@ def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str | torch.device
     xs = []
     for _ in range(cfg.n_layers):
         x = torch.randn(n, cfg.dim, generator=gen, device=device)
-        xs.append((x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16))
+        xs.append(unit_rms_bf16(x))
     return xs
 
 

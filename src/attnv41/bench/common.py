@@ -111,6 +111,15 @@ class Timer:
         del g
         return Timing(t.median_ms / n, t.min_ms / n, t.max_ms / n, t.reps)
 
+    def gpu_and_launch(self, calls: Sequence[Callable[[], object]], reps: int = 20) -> tuple[Timing, Timing, str]:
+        """(GPU time per call from a CUDA graph of `calls`, eager time of `calls[0]` with its
+        launch, which of the two the first is: "graph" on CUDA, "launch" on the CPU where
+        both are the eager time)."""
+        launch = self.time(calls[0], warmup=2, reps=reps)
+        if not self.cuda:
+            return launch, launch, "launch"
+        return self.time_graph(calls, reps=reps), launch, "graph"
+
 
 @dataclass
 class Ceilings:

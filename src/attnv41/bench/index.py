@@ -125,10 +125,8 @@ COPIES = 4
 
 
 def _time(timer: Timer, calls: list, reps: int) -> tuple[Timing, Timing]:
-    """(GPU time per call from a CUDA graph of the calls, eager time of one call with its
-    launch); on the CPU both are the eager time."""
-    launch = timer.time(calls[0], warmup=2, reps=reps)
-    return (timer.time_graph(calls, reps=reps) if timer.cuda else launch), launch
+    gpu, launch, _ = timer.gpu_and_launch(calls, reps)
+    return gpu, launch
 
 
 def _row(name: str, shape: str, t: tuple[Timing, Timing], nbytes: int, flops: int, ceil: Ceilings, L: int) -> dict:

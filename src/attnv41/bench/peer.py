@@ -26,7 +26,7 @@ from functools import partial
 import torch
 
 from ..kernels.sparse_attn import sparse_attn
-from .common import Ceilings, Timer, Timing, kernel_row
+from .common import Ceilings, Timer, kernel_row
 
 __all__ = ["v4_cache", "v4_grid_", "peer_status", "bench_attention_peer", "PEER_COLS"]
 
@@ -141,13 +141,6 @@ def _problem(cfg, batch: int, context: int, copies: int, gen: torch.Generator, d
     return _Problem(q, win, comp, win_idx, comp_idx, sink)
 
 
-def _time(timer: Timer, calls: list) -> tuple[Timing, str]:
-    """GPU time per call from a graph of the calls (CUDA), else eager time of the first."""
-    if timer.cuda:
-        return timer.time_graph(calls), "graph"
-    return timer.time(calls[0], warmup=1, reps=3), "launch"
-
-
 def bench_attention_peer(
     cfg, device, ceil: Ceilings, contexts=(4096, 32768, 131072), batches=(1, 64), reps: int = 50, seed: int = 0
 ) -> tuple[list[dict], str]:
@@ -179,8 +172,7 @@ def bench_attention_peer(
             o_ours = calls[0]().clone()
             if not torch.isfinite(o_ours.float()).all():
                 raise RuntimeError(f"sparse attention (context {ctx}, batch {B}): non-finite output")
-            t_launch = timer.time(calls[0], warmup=3, reps=reps)
-            t, how = _time(timer, calls)
+            t, t_launch, how = timer.gpu_and_launch(calls, reps)
             flops = 2 * 2 * B * H * K * D
             shape = f"B={B} H={H} K={K}"
             ours = kernel_row(
@@ -280,7 +272,6 @@ def _run_peer(fm, pb: _Problem, scale: float, timer: Timer, reps: int) -> dict:
         except Exception as e:  # the peer's own validation (asserts, RuntimeError): record, try the next layout
             errors.append(f"{layout}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
             continue
-        launch = timer.time(calls[0], warmup=3, reps=reps)
-        t = timer.time_graph(calls, reps=reps)
+        t, launch, _ = timer.gpu_and_launch(calls, reps)
         return {"out": o.view(B, H, D), "timing": t, "launch": launch, "layout": layout}
     return {"error": "peer call failed: " + " | ".join(errors)}

@@ -29,6 +29,7 @@ import torch
 from ..config import AttnV41Cfg
 from ..runtime.graphs import DecodeGraphs
 from ..runtime.stack import RuntimeStack
+from ..synthetic import unit_rms_bf16
 from .common import Ceilings, Timer, floor_ms
 
 __all__ = [
@@ -190,7 +191,7 @@ def bench_decode(
     gen = torch.Generator(device=dev).manual_seed(seed + 7)
     n_in = 4  # input sets rotated between steps
     inputs = torch.randn(n_in, cfg.n_layers, 1, cfg.dim, generator=gen, device=dev)
-    inputs = (inputs / inputs.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+    inputs = unit_rms_bf16(inputs)
     driver = DecodeGraphs(stack)
     pos = [0]
 
@@ -299,7 +300,7 @@ def bench_prefill(stack: RuntimeStack, tokens: Sequence[int], ceil: Ceilings, re
     rows = []
     for m in tokens:
         xs = torch.randn(cfg.n_layers, m, cfg.dim, generator=gen, device=dev)
-        xs = (xs / xs.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+        xs = unit_rms_bf16(xs)
         t = timer.time(lambda xs=xs: stack.step(list(xs), 0), warmup=1, reps=reps)
         fl = prefill_flops(cfg, m)
         floor = floor_ms(0.0, fl, ceil)
