@@ -10,11 +10,16 @@ same values losslessly.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .config import AttnV41Cfg, LayerRole
 
 __all__ = ["AttnV41LayerState", "SharedV41"]
+
+
+_SEQ_IDS = itertools.count(1)  # sequence numbers, unique within the process
 
 
 class AttnV41LayerState:
@@ -24,12 +29,17 @@ class AttnV41LayerState:
     comp_a/g:    fp32 [r, head_dim] (kv sources, r >= 2): token p in slot p % r; g = −∞ where empty.
     compress_kv: bf16 [max_seq // r, head_dim] (kv sources): rows 0..n_rows−1 valid.
     index_k:     bf16 [max_seq // r, index_head_dim] (kv sources).
-    next_pos:    the position the next call must start at (0 = a new sequence may start).
+    next_pos:    the position after this layer's last call (eager calls and `DecodeGraphs`
+                 keep it; a decode step you replay from your own CUDA graph does not).
+    seq_id:      the sequence (`SharedV41.seq_id`) this state was prefilled in; None before.
+    cfg:         the geometry it was allocated for (the runtime refuses a state of another).
     """
 
     def __init__(self, cfg: AttnV41Cfg, role: LayerRole, device: torch.device | str):
         dev = torch.device(device)
+        self.cfg = cfg
         self.role = role
+        self.seq_id: int | None = None
         self.ring = torch.zeros(cfg.window, cfg.head_dim, dtype=torch.bfloat16, device=dev)
         self.comp_a = self.comp_g = self.compress_kv = self.index_k = None
         if role.is_kv_source:
@@ -50,6 +60,7 @@ class AttnV41LayerState:
             self.comp_g.fill_(float("-inf"))
         self.n_rows = 0
         self.next_pos = 0
+        self.seq_id = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every state tensor by name (for snapshots in tests and debugging)."""
@@ -70,10 +81,17 @@ class SharedV41:
         latest index source's selection (already offset, −1 padded) for the call at
         `topk_pos`.
     candidates: bool [m, L] mask of the candidate source for the call at `candidates_pos`.
+
+    Order bookkeeping (host ints; layers run strictly in order, one step after another):
+    `step_pos`/`step_end` are the positions of the step in progress (or the last one),
+    `last_layer` the layer that ran last in it (n_layers − 1: the step is complete), and
+    `seq_id` a number unique to each sequence (new at every reset), which layer states are
+    bound to at their prefill, so a state of another sequence is refused.
     """
 
     def __init__(self, cfg: AttnV41Cfg, device: torch.device | str):
         dev = torch.device(device)
+        self.cfg = cfg
         self.topk_idxs = torch.full((cfg.max_tokens, cfg.index_topk), -1, dtype=torch.int32, device=dev)
         self.topk_version = 0  # +1 on every publish, never reset: tells a changed selection apart
         self.reset()
@@ -89,8 +107,18 @@ class SharedV41:
         self.topk_pos = -1
         self.candidates: torch.Tensor | None = None
         self.candidates_pos = -1
-        self.last_layer = -1  # the layer that ran last, and the start_pos of its call:
+        self.last_layer = -1  # the layer that ran last, and the positions of its call:
         self.step_pos = -1  # layers run strictly in order, layer i right after layer i−1
+        self.step_end = -1  # start_pos + m of the step in progress (the next step starts there)
+        self.seq_id = next(_SEQ_IDS)
+
+    def continue_at(self, states, next_pos: int) -> None:
+        """Bookkeeping for a context written straight into the caches (benchmarks, tests):
+        bind `states` to this sequence and mark the step ending at `next_pos` complete, so
+        the next decode step starts there."""
+        for st in states:
+            st.seq_id, st.next_pos = self.seq_id, next_pos
+        self.last_layer, self.step_pos, self.step_end = len(states) - 1, next_pos - 1, next_pos
 
     def snapshot(self) -> dict:
         """Host fields and cloned tensors, for tests that check a failed call changed nothing."""

@@ -132,7 +132,7 @@ BAD_CALLS = {
     "dtype": (0, lambda x: x[:1].float(), 14, "x.dtype = torch.float32; allowed: torch.bfloat16"),
     "shape": (0, lambda x: x[:1, :32], 14, "x.shape = (1, 32); allowed: [m, 64]"),
     "skipped_position": (0, lambda x: x[:1], 16, "allowed: 0 (a new sequence) or 14"),
-    "out_of_order_layer": (2, lambda x: x[:1], 14, "allowed: after layer 1"),
+    "out_of_order_layer": (2, lambda x: x[:1], 14, "allowed: layer 0 at start_pos 0 (a new sequence) or layer 0 at start_pos 14"),
     "negative_pos": (0, lambda x: x[:1], -1, "start_pos = -1; allowed: >= 0"),
 }
 
@@ -158,7 +158,7 @@ def test_ratio_layer_before_any_kv_source_raises():
     wt = AttnV41LayerWeights.from_state_dict(cfg.roles[1], w[1], cfg=cfg)
     st = attn.new_layer_state(1)
     sh = attn.new_shared()
-    sh.last_layer, sh.step_pos = 0, 0  # pretend layer 0 ran but published nothing
+    sh.last_layer, sh.step_pos, sh.step_end = 0, 0, 3  # pretend layer 0 ran but published nothing
     with pytest.raises(ValueError, match="runs before any kv source of ratio 2"):
         attn.forward(wt, st, sh, random_inputs(cfg, 3, 2)[1], 0)
 

@@ -91,5 +91,5 @@ def test_split_errors():
         attn.decode_body(w[1], rt.states[1], xs[1][13:14], sh.compress_kv)
     # a reuse layer before its index source ran this step: no selection published
     rt.layer(0, xs[0][13:14], 13)
-    with pytest.raises(ValueError, match="after layer 1"):
+    with pytest.raises(ValueError, match="allowed: layer 1 at start_pos 13"):
         attn.decode_prep(w[2], sh, 13)

@@ -45,7 +45,7 @@ def test_driver_rejects_skipped_positions_and_graphs_on_cpu():
     xs = random_inputs(cfg, 20, 2)
     st.step([x[:5] for x in xs], 0)
     drv = DecodeGraphs(st)
-    with pytest.raises(ValueError, match="start_pos = 7; allowed: 5"):
+    with pytest.raises(ValueError, match=r"start_pos = 7; allowed: 0 \(a new sequence\) or 5"):
         drv.step([x[7:8] for x in xs], 7)
     with pytest.raises(ValueError, match="use_graphs = True on cpu"):
         DecodeGraphs(st, use_graphs=True)

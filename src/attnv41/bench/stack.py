@@ -73,8 +73,8 @@ def fill_context(stack: RuntimeStack, context: int, seed: int = 0) -> None:
             if rem:
                 st.comp_a[:rem].normal_(generator=gen)
                 st.comp_g[:rem].normal_(generator=gen)
-        st.next_pos = context
     stack.shared.reset()
+    stack.shared.continue_at(stack.states, context)
 
 
 def _weight_bytes(w) -> int:

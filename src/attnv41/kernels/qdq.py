@@ -18,6 +18,11 @@ and bf16 <-> fp32 conversions go through the bits (see `_bf16_to_f32`).
   the scale at 448, so such blocks clip to ±2688.
 
 `<op>_torch` runs the reference twin with the same signature (the CPU path).
+
+`nonfinite` (every op, optional): an int64 `[1]` tensor on x's device to which the op adds
+the number of non-finite values (NaN, ±inf) of `x`, on the device (an integer atomic add
+per program that saw any: exact and deterministic, no host sync). The runtime passes its
+counter on the round trips that write caches.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ if HAVE_TRITON:
     def _qdq_kernel(
         x_ptr,
         out_ptr,
+        count_ptr,  # int64 [1]: += the non-finite inputs (when COUNT)
         n_blocks_total,  # rows · blocks per row
         blocks_per_row,
         stride_x,
@@ -158,6 +164,7 @@ if HAVE_TRITON:
         MODE: tl.constexpr,  # 0 fp8, 1 fp4_e8m0, 2 fp4_e4m3
         QBLOCK: tl.constexpr,  # values per quantization block (32 or 16)
         BLOCKS: tl.constexpr,  # quantization blocks per program (power of two)
+        COUNT: tl.constexpr,  # count non-finite inputs into count_ptr
     ):
         # The [rows, width] tensor is viewed as n_blocks_total blocks of QBLOCK values;
         # this program takes BLOCKS consecutive ones (they may span rows).
@@ -170,6 +177,12 @@ if HAVE_TRITON:
         cols = col0[:, None] + tl.arange(0, QBLOCK)[None, :].to(tl.int64)
         mask = (g < n_blocks_total)[:, None] & (cols >= 0)
         v = _bf16_to_f32(tl.load(x_ptr + row[:, None] * stride_x + cols, mask=mask, other=0.0))
+        if COUNT:
+            # non-finite: all exponent bits set; integer sum, so the count is exact and
+            # deterministic whatever the order of the programs' atomic adds
+            bad = (v.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+            n_bad = tl.sum(tl.sum((bad & mask).to(tl.int64), axis=1), axis=0)
+            tl.atomic_add(count_ptr, n_bad, mask=n_bad > 0)
         # [BLOCKS]
         amax = tl.max(tl.abs(v), axis=1)
         if MODE == 0:
@@ -199,8 +212,26 @@ if HAVE_TRITON:
         tl.store(out_ptr + row[:, None] * stride_out + cols, _f32_to_bf16_rne(y), mask=mask)
 
 
-def _launch(op: str, x: torch.Tensor, out: torch.Tensor | None, block: int, mode: int) -> torch.Tensor:
+def _check_count(nonfinite: torch.Tensor | None, x: torch.Tensor) -> None:
+    if nonfinite is None:
+        return
+    if not isinstance(nonfinite, torch.Tensor) or nonfinite.dtype != torch.int64 or nonfinite.numel() != 1:
+        raise ValueError(f"nonfinite = {nonfinite!r}; allowed: None or an int64 tensor of one element")
+    if nonfinite.device != x.device:
+        raise ValueError(f"nonfinite.device = {nonfinite.device}; allowed: {x.device} (x's device)")
+
+
+def _count_torch(x: torch.Tensor, nonfinite: torch.Tensor | None) -> None:
+    """The counting twin: add the non-finite values of `x` to `nonfinite` (no host sync)."""
+    if nonfinite is not None:
+        nonfinite.add_((~torch.isfinite(x)).sum().view(1))
+
+
+def _launch(
+    op: str, x: torch.Tensor, out: torch.Tensor | None, block: int, mode: int, nonfinite: torch.Tensor | None
+) -> torch.Tensor:
     out = _check(x, out, block)
+    _check_count(nonfinite, x)
     require_triton(op, x, out)
     rows, width = x.shape
     blocks_per_row = width // block
@@ -212,6 +243,7 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor | None, block: int, mode
     _qdq_kernel[grid](
         x,
         out,
+        out if nonfinite is None else nonfinite,  # any pointer when not counting
         total,
         blocks_per_row,
         x.stride(0),
@@ -219,52 +251,69 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor | None, block: int, mode
         MODE=mode,
         QBLOCK=block,
         BLOCKS=blocks,
+        COUNT=nonfinite is not None,
         num_warps=_NUM_WARPS,
     )
     return out
 
 
-def fp8_qdq(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_qdq(x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 e4m3 round trip per 32 values, power-of-two scale, in Triton.
 
     `amax = max(|v|, 1e-4)`, `s = 2^ceil(log2(amax·fp32(1/448)))`,
     `v ← bf16(e4m3_rne(clamp(v/s, ±448))·s)`. `x`: bf16 `[rows, width]`, width a
     multiple of 32. `out`: None or bf16 of x's shape (may be x). Returns `out`.
     """
-    return _launch("fp8_qdq", x, out, FP8_BLOCK, _MODE_FP8)
+    return _launch("fp8_qdq", x, out, FP8_BLOCK, _MODE_FP8, nonfinite)
 
 
-def fp4_e8m0_qdq(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp4_e8m0_qdq(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+) -> torch.Tensor:
     """FP4 e2m1 round trip per 32 values, scale `2^ceil(log2(amax/6))`, `amax ≥ 6·2^-126`, in Triton.
 
     `x`: bf16 `[rows, width]`, width a multiple of 32. `out`: None or bf16 of x's shape
     (may be x). Returns `out`.
     """
-    return _launch("fp4_e8m0_qdq", x, out, FP4_E8M0_BLOCK, _MODE_FP4_E8M0)
+    return _launch("fp4_e8m0_qdq", x, out, FP4_E8M0_BLOCK, _MODE_FP4_E8M0, nonfinite)
 
 
-def fp4_e4m3_qdq(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp4_e4m3_qdq(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+) -> torch.Tensor:
     """FP4 e2m1 round trip per 16 values, scale `e4m3_rne(amax/6)`, `amax ≥ 6·2^-9`, in Triton.
 
     `x`: bf16 `[rows, width]`, width a multiple of 16, block amax ≤ 2784 (beyond it the
     scale saturates at 448). `out`: None or bf16 of x's shape (may be x). Returns `out`.
     """
-    return _launch("fp4_e4m3_qdq", x, out, FP4_E4M3_BLOCK, _MODE_FP4_E4M3)
+    return _launch("fp4_e4m3_qdq", x, out, FP4_E4M3_BLOCK, _MODE_FP4_E4M3, nonfinite)
 
 
-def fp8_qdq_torch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_qdq_torch(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+) -> torch.Tensor:
     """`fp8_qdq` through the reference twin (any device); same contract."""
     out = _check(x, out, FP8_BLOCK)
+    _check_count(nonfinite, x)
+    _count_torch(x, nonfinite)
     return out.copy_(_ref.fp8_qdq(x, FP8_BLOCK))
 
 
-def fp4_e8m0_qdq_torch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp4_e8m0_qdq_torch(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+) -> torch.Tensor:
     """`fp4_e8m0_qdq` through the reference twin (any device); same contract."""
     out = _check(x, out, FP4_E8M0_BLOCK)
+    _check_count(nonfinite, x)
+    _count_torch(x, nonfinite)
     return out.copy_(_ref.fp4_e8m0_qdq(x, FP4_E8M0_BLOCK))
 
 
-def fp4_e4m3_qdq_torch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp4_e4m3_qdq_torch(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+) -> torch.Tensor:
     """`fp4_e4m3_qdq` through the reference twin (any device); same contract."""
     out = _check(x, out, FP4_E4M3_BLOCK)
+    _check_count(nonfinite, x)
+    _count_torch(x, nonfinite)
     return out.copy_(_ref.fp4_e4m3_qdq(x, FP4_E4M3_BLOCK))

@@ -71,6 +71,19 @@ class AttnV41Run:
         return self.idx
 
 
+@dataclass
+class _Ticket:
+    """What one `decode_prep` prepared: the sequence, layer and position its decode_body
+    must run for, the compressed rows it returned, and whether an eager body ran it."""
+
+    shared: SharedV41
+    layer: int
+    pos: int
+    rows: torch.Tensor | None
+    before: tuple[int, int, int]  # the sequence's order state before the prep
+    done: bool = False
+
+
 class AttnV41:
     """RoPE tables, workspaces and kernels for V4.1 attention on one device.
 
@@ -79,10 +92,26 @@ class AttnV41:
     path (scores, candidate mask, top-k) still allocates its temporaries per call
     through torch's caching allocator (sized by the call, not by max_seq); every other
     buffer is allocated here, once.
+
+    Checks on every call (host-side, no device sync): arguments, positions, the order of
+    layers and steps of the sequence, that weights, state and shared state belong to this
+    config and the state to this sequence, and that a decode_body follows its own
+    decode_prep. Weight shapes and dtypes are checked once per weights object and again
+    whenever one of its tensors is replaced; tensor VALUES are not checked per call (the
+    loaders reject non-finite weights). Non-finite activations: `nonfinite_count()`
+    reports how many non-finite values entered a cache write (counted on the device; a
+    NaN row in a cache stays there and can keep being selected, so watch it); with
+    `check_finite=True` every eager call first checks `x` (a host sync) and raises before
+    writing anything. Captured replays are not checked; the counter still counts.
     """
 
     def __init__(
-        self, cfg: AttnV41Cfg, device: torch.device | str = "cpu", index_keys: str = "own", ops: str | Ops | None = None
+        self,
+        cfg: AttnV41Cfg,
+        device: torch.device | str = "cpu",
+        index_keys: str = "own",
+        ops: str | Ops | None = None,
+        check_finite: bool = False,
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
@@ -95,6 +124,9 @@ class AttnV41:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.index_keys = index_keys
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite = {check_finite!r}; allowed: True or False")
+        self.check_finite = check_finite
         if ops is None:
             self.ops = ops_for(self.device)
         elif isinstance(ops, Ops):
@@ -136,7 +168,10 @@ class AttnV41:
         self.comp_g = torch.empty(M, D, dtype=torch.float32, device=dev)
         self.pooled = torch.empty(max(M // 2, 1), D, dtype=torch.float32, device=dev)
         self._empty_rows = torch.zeros(0, D, **bf)
-        self._checked: dict[int, dict] = {}  # id(weights) → its tensor dict, once validated
+        self._checked: dict[int, tuple] = {}  # id(weights) → (tensor dict, its tensors), once validated
+        # Non-finite values that entered a cache write (ring, compressed KV, index keys),
+        # counted on the device by the quantizers that write them: no host sync.
+        self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
         # Decode split (capturable steps): the device position and one selection buffer
         # per class, [1, decode width]: window slots, then the shared selection, then −1.
         self.dec_pos = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -145,6 +180,7 @@ class AttnV41:
             True: torch.full((1, c.window + c.index_topk), -1, dtype=torch.int32, device=dev),
         }
         self._uploaded: dict = {}  # what dec_pos / dec_sel hold, to skip unchanged uploads
+        self._ticket: _Ticket | None = None  # the last decode_prep, which decode_body must match
         self._freed = False
 
     # ------------------------------------------------------------------ lifetime
@@ -159,6 +195,17 @@ class AttnV41:
         self._uploaded = {}
         self._freed = True
 
+    def nonfinite_count(self) -> int:
+        """Non-finite values (NaN, ±inf) that entered a cache write (window ring, compressed
+        KV, index keys) since construction or `reset_nonfinite()`: counted on the device
+        by the kernels that write the caches; reading it synchronises."""
+        self._check_freed("nonfinite_count")
+        return int(self.nonfinite.item())
+
+    def reset_nonfinite(self) -> None:
+        self._check_freed("reset_nonfinite")
+        self.nonfinite.zero_()
+
     def new_layer_state(self, layer: int) -> AttnV41LayerState:
         return AttnV41LayerState(self.cfg, self.cfg.role(layer), self.device)
 
@@ -172,17 +219,39 @@ class AttnV41:
         m = self._check_x(x)
         self._check_pos(start_pos, m)
         self._check_layer(w, st)
-        self._check_order(w.role, st, shared, start_pos)
+        self._check_shared(shared)
+        t = self._ticket
+        if t is not None and not t.done and t.shared is shared and t.layer == w.role.layer and t.pos == start_pos:
+            book = t.before  # a prepared step whose body has not run: forward may run it instead
+        else:
+            book = None
+        self._check_order(w.role.layer, shared, start_pos, m, book)
+        if start_pos > 0:
+            self._check_bound(st, shared)
         self._check_sources(w.role, st, shared, start_pos, m)
+        self._check_values(x, w.role.layer, start_pos)
+
+    def _check_freed(self, what: str) -> None:
+        if self._freed:
+            raise RuntimeError(f"AttnV41.{what} after free(); allowed: before free() (build a new AttnV41)")
 
     def _check_live(self, what: str) -> None:
-        if self._freed:
-            raise RuntimeError(f"AttnV41.{what} after free()")
+        self._check_freed(what)
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"AttnV41.{what} was reached during CUDA graph capture; it does host work "
                 "(only decode_body may be captured)"
             )
+
+    def _check_values(self, x: torch.Tensor, layer: int, start_pos: int) -> None:
+        """With `check_finite`: x must be finite (a host sync; before any state write)."""
+        if self.check_finite:
+            bad = int((~torch.isfinite(x)).sum())
+            if bad:
+                raise ValueError(
+                    f"layer {layer} at start_pos {start_pos}: x holds {bad} non-finite values; "
+                    "allowed: finite values (check_finite=True)"
+                )
 
     def _check_x(self, x, m_max: int | None = None) -> int:
         c = self.cfg
@@ -213,16 +282,62 @@ class AttnV41:
                 f"positions {start_pos}..{start_pos + m - 1}; allowed: 0..{c.max_seq - 1} (max_seq = {c.max_seq})"
             )
 
-    def _check_layer(self, w: AttnV41LayerWeights, st: AttnV41LayerState) -> None:
-        c = self.cfg
-        role = w.role
+    def _check_cfg(self, what: str, cfg) -> None:
+        if cfg is not self.cfg and cfg != self.cfg:
+            diff = [
+                f"{f}={getattr(cfg, f)!r} (runtime: {getattr(self.cfg, f)!r})"
+                for f in self.cfg.to_dict()
+                if getattr(cfg, f, None) != getattr(self.cfg, f)
+            ]
+            raise ValueError(f"{what} was built for another config ({', '.join(diff[:4])}); allowed: this runtime's")
+
+    def _check_role(self, w: AttnV41LayerWeights) -> None:
+        c, role = self.cfg, w.role
+        if not isinstance(w, AttnV41LayerWeights):
+            raise TypeError(f"weights are a {type(w).__name__}; allowed: AttnV41LayerWeights")
         if not 0 <= role.layer < c.n_layers or c.roles[role.layer] != role:
             raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
+
+    def _check_state(self, st: AttnV41LayerState, role) -> None:
+        c = self.cfg
+        if not isinstance(st, AttnV41LayerState):
+            raise TypeError(f"state is a {type(st).__name__}; allowed: AttnV41LayerState (attn.new_layer_state)")
         if st.role != role:
             raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
-        if self._checked.get(id(w)) is w.tensors:
-            return  # checked before, same tensor dict
-        for name, (shape, dtypes) in expected_tensors(c, role).items():
+        self._check_cfg(f"layer {role.layer}'s state", st.cfg)
+        ring = st.ring
+        if tuple(ring.shape) != (c.window, c.head_dim) or ring.dtype != torch.bfloat16 or ring.device != self.device:
+            raise ValueError(
+                f"layer {role.layer}: state ring {tuple(ring.shape)} {ring.dtype} on {ring.device}; "
+                f"allowed: ({c.window}, {c.head_dim}) torch.bfloat16 on {self.device}"
+            )
+
+    def _check_shared(self, shared: SharedV41) -> None:
+        c = self.cfg
+        if not isinstance(shared, SharedV41):
+            raise TypeError(f"shared is a {type(shared).__name__}; allowed: SharedV41 (attn.new_shared)")
+        self._check_cfg("the shared state", shared.cfg)
+        t = shared.topk_idxs
+        if tuple(t.shape) != (c.max_tokens, c.index_topk) or t.device != self.device:
+            raise ValueError(
+                f"shared.topk_idxs {tuple(t.shape)} on {t.device}; allowed: ({c.max_tokens}, {c.index_topk}) "
+                f"on {self.device}"
+            )
+
+    def _check_layer(self, w: AttnV41LayerWeights, st: AttnV41LayerState) -> None:
+        """Weights and state of one layer: roles, config, and every tensor's name, shape,
+        dtype and device (re-checked whenever a tensor of `w` was replaced)."""
+        c = self.cfg
+        self._check_role(w)
+        role = w.role
+        self._check_state(st, role)
+        spec = expected_tensors(c, role) if (seen := self._checked.get(id(w))) is None else None
+        if seen is not None:
+            tensors, names, held = seen
+            if tensors is w.tensors and all(w.tensors.get(n) is t for n, t in zip(names, held)):
+                return  # checked before: the same dict holding the same tensors
+            spec = expected_tensors(c, role)
+        for name, (shape, dtypes) in spec.items():
             t = w.get(name)
             if t is None:
                 raise KeyError(f"layer {role.layer}: weight {name!r} is missing")
@@ -232,25 +347,59 @@ class AttnV41:
                 raise ValueError(f"layer {role.layer}: {name}.shape = {tuple(t.shape)}; allowed: {shape}")
             if t.device != self.device:
                 raise ValueError(f"layer {role.layer}: {name}.device = {t.device}; allowed: {self.device}")
-        self._checked[id(w)] = w.tensors
+        names = tuple(spec)
+        self._checked[id(w)] = (w.tensors, names, tuple(w.tensors[n] for n in names))
 
-    def _check_order(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int) -> None:
-        """Layers run strictly in order: layer 0 opens a step, layer i follows layer i−1.
-        With `st`, also that the layer's own previous call ended at `start_pos`."""
-        i = role.layer
-        if i == 0:
-            if st is not None and start_pos != 0 and start_pos != st.next_pos:
-                raise ValueError(
-                    f"layer 0: start_pos = {start_pos}; allowed: 0 (a new sequence) or {st.next_pos} (the next token)"
-                )
-            return
-        if shared.last_layer != i - 1 or shared.step_pos != start_pos:
+    def _check_bound(self, st: AttnV41LayerState, shared: SharedV41) -> None:
+        """A decode call's state must have been prefilled in this very sequence."""
+        if st.seq_id != shared.seq_id:
+            where = "no sequence (never prefilled)" if st.seq_id is None else f"sequence #{st.seq_id}"
             raise ValueError(
-                f"layer {i} at start_pos {start_pos}; allowed: after layer {i - 1} of the same step "
-                f"(last ran: layer {shared.last_layer} at start_pos {shared.step_pos})"
+                f"layer {st.role.layer}: its state belongs to {where}; allowed: the state prefilled in this "
+                f"sequence (#{shared.seq_id}, the shared state given)"
             )
-        if st is not None and start_pos != 0 and start_pos != st.next_pos:
-            raise ValueError(f"layer {i}: start_pos = {start_pos}; allowed: {st.next_pos} (its next token)")
+
+    @staticmethod
+    def _book(shared: SharedV41) -> tuple[int, int, int]:
+        return shared.last_layer, shared.step_pos, shared.step_end
+
+    def _expected_next(self, book: tuple[int, int, int]) -> str:
+        n = self.cfg.n_layers
+        last, pos, end = book
+        if last in (-1, n - 1):
+            nxt = "layer 0 at start_pos 0 (a new sequence)"
+            if last == n - 1:
+                nxt += f" or layer 0 at start_pos {end} (the next step)"
+            return nxt
+        return (
+            f"layer {last + 1} at start_pos {pos} with m = {end - pos} (layers run in order; layer {last} ran "
+            "last), or layer 0 at start_pos 0 (a new sequence)"
+        )
+
+    def _check_order(
+        self, layer: int, shared: SharedV41, start_pos: int, m: int, book: tuple[int, int, int] | None = None
+    ) -> None:
+        """Layers run strictly in order and steps one after another: layer 0 opens a step
+        (at 0: a new sequence; else where the last complete step ended), layer i > 0
+        follows layer i−1 of the same step. Anything else would write a ring slot twice,
+        skip one, or leave the sequence half-stepped. `book`: the order state to check
+        against (default: the shared state's)."""
+        n = self.cfg.n_layers
+        last, pos, end = self._book(shared) if book is None else book
+        if layer == 0 and start_pos == 0:
+            return  # a new sequence may always start
+        if layer == 0:
+            ok = last == n - 1 and start_pos == end
+            if not ok and last == n - 1:
+                raise ValueError(
+                    f"layer 0: start_pos = {start_pos}; allowed: 0 (a new sequence) or {end} (the next token)"
+                )
+        else:
+            ok = last == layer - 1 and start_pos == pos and start_pos + m == end
+        if not ok:
+            raise ValueError(
+                f"layer {layer} at start_pos {start_pos} (m = {m}); allowed: {self._expected_next((last, pos, end))}"
+            )
 
     def _check_sources(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int, m: int) -> None:
         """What a ratio>0 layer reads from the shared state must have been published."""
@@ -276,6 +425,11 @@ class AttnV41:
             if shared.topk_k > c.index_topk:
                 raise ValueError(f"selection width {shared.topk_k}; allowed: <= {c.index_topk} (the workspace)")
 
+    def _advance(self, shared: SharedV41, layer: int, start_pos: int, m: int) -> None:
+        """The host bookkeeping of a layer call that ran (or, for a prepared decode step,
+        will run): the sequence's order state."""
+        shared.last_layer, shared.step_pos, shared.step_end = layer, start_pos, start_pos + m
+
     # ------------------------------------------------------------------ forward
     def forward(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
@@ -295,9 +449,10 @@ class AttnV41:
         i, r, m = role.layer, role.ratio, x.shape[0]
         H, D, W = c.n_heads, c.head_dim, c.window
         if start_pos == 0:
-            st.reset()
             if i == 0:
                 shared.reset()
+            st.reset()
+            st.seq_id = shared.seq_id
         pos = self.iota[start_pos : start_pos + m]
         cos, sin = (self.plain_cos, self.plain_sin) if r == 0 else (self.yarn_cos, self.yarn_sin)
 
@@ -311,7 +466,7 @@ class AttnV41:
         ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:m])
         ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
         ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
-        ops.fp8_qdq(kv, out=kv)
+        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
         ops.ring_write(st.ring, kv, pos)
         if start_pos == 0:
             win, offset = kv, m
@@ -367,7 +522,8 @@ class AttnV41:
         out = self._output(w, o, pos, cos, sin, m)
 
         st.next_pos = start_pos + m
-        shared.last_layer, shared.step_pos = i, start_pos
+        self._advance(shared, i, start_pos, m)
+        self._ticket = None  # a decode_prep before this call can no longer be run
         return AttnV41Run(
             q=q,
             rows_win=win,
@@ -393,6 +549,7 @@ class AttnV41:
         """The selection width a captured step launches sparse attention with: the widest
         selection of the layer's class, so the launch argument is constant. −1 padding
         adds an exact zero, so results equal the eager step's bit for bit."""
+        self._check_freed("decode_fixed_topk")
         return self.dec_sel[w.role.ratio > 0].shape[1]
 
     def invalidate_decode_uploads(self) -> None:
@@ -403,21 +560,37 @@ class AttnV41:
         """Host half of a capturable layer's decode step at `start_pos`: the position and
         the class's padded selection into the device buffers (only what changed). Returns
         the compressed rows the captured attention reads (the shared cache buffer, whose
-        address a graph bakes), or None on ratio-0 layers."""
+        address a graph bakes), or None on ratio-0 layers.
+
+        Checks the layer's turn in the sequence (layer 0 opens the step after the last
+        complete one, layer i follows layer i−1 of the same step) and records the prepared
+        step: the next `decode_body` must be this layer's, with these rows. The sequence's
+        order state advances here, so a graph replay of the body (which runs no host code)
+        keeps it; preparing the same layer and position again is allowed until its body
+        ran eagerly."""
         self._check_live("decode_prep")
+        self._check_role(w)
+        role = w.role
         if not self.decode_capturable(w):
-            kind = "kv source" if w.role.is_kv_source else "index source"
+            kind = "kv source" if role.is_kv_source else "index source"
             raise ValueError(
-                f"layer {w.role.layer} is a {kind}: its decode step is not capturable; allowed: "
+                f"layer {role.layer} is a {kind}: its decode step is not capturable; allowed: "
                 "layers with decode_capturable(w) true (run sources through forward)"
             )
         self._check_pos_decode(start_pos)
-        i = w.role.layer
-        self._check_order(w.role, None, shared, start_pos)
-        self._check_sources(w.role, None, shared, start_pos, 1)
-        self.decode_prep_role(w.role.ratio > 0, shared, start_pos)
-        shared.last_layer, shared.step_pos = i, start_pos
-        return shared.compress_kv if w.role.ratio > 0 else None
+        self._check_shared(shared)
+        i = role.layer
+        t = self._ticket
+        again = t is not None and not t.done and t.shared is shared and t.layer == i and t.pos == start_pos
+        if not again:
+            self._check_order(i, shared, start_pos, 1)
+        self._check_sources(role, None, shared, start_pos, 1)
+        self.decode_prep_role(role.ratio > 0, shared, start_pos)
+        rows = shared.compress_kv if role.ratio > 0 else None
+        before = t.before if again else self._book(shared)
+        self._advance(shared, i, start_pos, 1)
+        self._ticket = _Ticket(shared, i, start_pos, rows, before)
+        return rows
 
     def _check_pos_decode(self, start_pos: int) -> None:
         hi = self.cfg.max_seq - 1
@@ -426,11 +599,20 @@ class AttnV41:
 
     def decode_prep_role(self, ratio_positive: bool, shared: SharedV41, start_pos: int) -> None:
         """`decode_prep` by selection class (ratio>0: window + shared selection; ratio 0:
-        window only), so both classes can be prepared for one multi-layer capture."""
+        window only), so both classes can be prepared for one multi-layer capture. Uploads
+        only: the caller (e.g. `DecodeGraphs`) keeps the order of layers and steps."""
         self._check_live("decode_prep_role")
         self._check_pos_decode(start_pos)
+        self._check_shared(shared)
         c = self.cfg
         W = c.window
+        r = shared.compress_ratio
+        L = (start_pos + 1) // r if r else 0
+        published = shared.topk_pos == start_pos and shared.topk_m == 1
+        if ratio_positive and L > 0 and not published:
+            raise ValueError(
+                f"start_pos {start_pos}: no selection was published for this step (run the index source first)"
+            )
         if self._uploaded.get("pos") != start_pos:
             self.dec_pos.fill_(start_pos)
             self._uploaded["pos"] = start_pos
@@ -442,13 +624,6 @@ class AttnV41:
                 self.ops.window_selection(buf, 1, start_pos, W)
                 self._uploaded[False] = win_key
             return
-        r = shared.compress_ratio
-        L = (start_pos + 1) // r if r else 0
-        published = shared.topk_pos == start_pos and shared.topk_m == 1
-        if L > 0 and not published:
-            raise ValueError(
-                f"start_pos {start_pos}: no selection was published for this step (run the index source first)"
-            )
         k = shared.topk_k if L > 0 else 0
         key = (win_key, id(shared), shared.topk_version if L > 0 else None)
         if done != key:
@@ -463,26 +638,60 @@ class AttnV41:
     ) -> torch.Tensor:
         """Device half of a capturable layer's decode step: projections, the ring write at
         `pos % window` (slot read on the device), sparse attention over the class's padded
-        selection, output projection into `out[:1]`, which it returns. No host work, no
+        selection, output projection into `out[:1]`, which it returns. No host
         synchronisation, no per-token scalar: a captured graph replays for any position
-        once `decode_prep` has updated the device buffers."""
-        c, ops, role = self.cfg, self.ops, w.role
-        if self._freed:
-            raise RuntimeError("AttnV41.decode_body after free()")
+        once `decode_prep` has updated the device buffers.
+
+        Must follow this layer's `decode_prep` (the last one on this runtime), with the
+        rows it returned and the layer's state of that sequence; everything is checked
+        before the first kernel. An eager body runs a prepared step once; during CUDA
+        graph capture (and a warm-up run before it) the same prepared step may be
+        recorded again."""
+        c, role = self.cfg, w.role
+        self._check_freed("decode_body")
         self._check_x(x, m_max=1)
         self._check_layer(w, st)
         if not self.decode_capturable(w):
             raise ValueError(f"layer {role.layer} is a source layer; allowed: decode_capturable(w) true")
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        t = self._ticket
+        if t is None or t.layer != role.layer:
+            last = "none" if t is None else f"layer {t.layer} at start_pos {t.pos}"
+            raise ValueError(
+                f"decode_body of layer {role.layer} without its decode_prep (last prepared: {last}); "
+                f"allowed: right after decode_prep(w, shared, start_pos) of layer {role.layer}"
+            )
+        if t.done and not capturing:
+            raise ValueError(
+                f"decode_body of layer {role.layer} at start_pos {t.pos} already ran (it would write the ring "
+                f"twice); allowed: once per decode_prep (next: {self._expected_next(self._book(t.shared))})"
+            )
+        self._check_bound(st, t.shared)
         if role.ratio == 0 and rows_b is not None:
             raise ValueError(
                 f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
             )
-        if role.ratio > 0 and (rows_b is None or rows_b.dim() != 2 or rows_b.shape[1] != c.head_dim):
+        if role.ratio > 0 and not _same_tensor(rows_b, t.rows):
+            got = None if not isinstance(rows_b, torch.Tensor) else tuple(rows_b.shape)
             raise ValueError(
-                f"layer {role.layer} has ratio {role.ratio}: rows_b = "
-                f"{None if rows_b is None else tuple(rows_b.shape)}; allowed: the [n, {c.head_dim}] rows decode_prep returned"
+                f"layer {role.layer} has ratio {role.ratio}: rows_b = {got}; allowed: the "
+                f"{tuple(t.rows.shape)} [n, {c.head_dim}] rows decode_prep returned for this step "
+                "(the compressed-KV cache of this sequence's kv source of this ratio)"
             )
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self._check_values(x, role.layer, t.pos)
+        out = self._decode_kernels(w, st, x, rows_b)
+        if not capturing:
+            t.done = True
+            st.next_pos = t.pos + 1
+        return out
+
+    def _decode_kernels(
+        self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The kernels of a capturable decode step, reading position and selection from the
+        device buffers; no checks (callers validate)."""
+        c, ops, role = self.cfg, self.ops, w.role
         H, D, W = c.n_heads, c.head_dim, c.window
         pos = self.dec_pos
         cos, sin = (self.plain_cos, self.plain_sin) if role.ratio == 0 else (self.yarn_cos, self.yarn_sin)
@@ -495,14 +704,12 @@ class AttnV41:
         ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:1])
         ops.rms_norm(self.rows_tmp[:1], w["kv_norm.weight"], c.norm_eps, out=kv)
         ops.apply_rope(kv.view(1, 1, D), cos, sin, pos, out=kv.view(1, 1, D))
-        ops.fp8_qdq(kv, out=kv)
+        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
         ops.ring_write(st.ring, kv, pos)
         sel = self.dec_sel[role.ratio > 0]
         comp = rows_b if role.ratio > 0 else self._empty_rows
         o = ops.sparse_attn(q, st.ring, comp, sel, W, w["attn_sink"], D**-0.5, out=self.o[:1])
         self._output(w, o, pos, cos, sin, 1)
-        if not capturing and "pos" in self._uploaded:
-            st.next_pos = self._uploaded["pos"] + 1  # host bookkeeping; a graph driver does it after replay
         return self.out[:1]
 
     def _output(self, w, o, pos, cos, sin, m: int) -> torch.Tensor:
@@ -549,11 +756,11 @@ class AttnV41:
         rows = ops.apply_rope(
             latent.view(n, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:n].view(n, 1, D)
         )
-        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n])
+        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n], nonfinite=self.nonfinite)
         kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:n])
         kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:n])
         ops.apply_rope(kr.view(n, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(n, 1, -1))
-        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n])
+        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n], nonfinite=self.nonfinite)
         st.n_rows = j0 + n
         return n
 
@@ -569,3 +776,12 @@ class AttnV41:
         ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
         hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))
         return ops.index_scores(iq, hw, keys, vis)
+
+
+def _same_tensor(a, b: torch.Tensor | None) -> bool:
+    """`a` is `b` or a view of the same memory with the same shape, dtype and device."""
+    if b is None or not isinstance(a, torch.Tensor):
+        return False
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    )

@@ -80,12 +80,15 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ stepping
     def step(self, xs: Sequence[torch.Tensor] | torch.Tensor, start_pos: int) -> torch.Tensor:
-        """One decode token at `start_pos` through every layer; returns `y` ([n_layers, 1, dim])."""
+        """One decode token at `start_pos` through every layer; returns `y` ([n_layers, 1, dim]).
+
+        All or nothing: the inputs, every layer's weights and state, and the step's place
+        in the sequence are checked before the first layer runs, so a bad call changes no
+        state and a corrected retry works."""
+        self._check_step(xs, start_pos)
         if isinstance(xs, torch.Tensor):
             self.x_in.copy_(xs.view_as(self.x_in))
         else:
-            if len(xs) != self.cfg.n_layers:
-                raise ValueError(f"{len(xs)} layer inputs; allowed: exactly n_layers = {self.cfg.n_layers}")
             for i, x in enumerate(xs):
                 self.x_in[i].copy_(x.view(1, -1))
         st = self.stack
@@ -107,19 +110,39 @@ class DecodeGraphs:
                 self.events.append((seg, *ev))
         return self.y
 
+    def _check_step(self, xs, start_pos: int) -> None:
+        """Everything a step needs, checked before any layer runs."""
+        st, attn, cfg = self.stack, self.stack.attn, self.cfg
+        attn._check_live("DecodeGraphs.step")
+        n, shape = cfg.n_layers, (1, cfg.dim)
+        if isinstance(xs, torch.Tensor):
+            if xs.numel() != n * cfg.dim:
+                raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{n}, 1, {cfg.dim}] (one row per layer)")
+            rows = [xs.reshape(n, 1, cfg.dim)[i] for i in range(n)]
+        else:
+            if len(xs) != n:
+                raise ValueError(f"{len(xs)} layer inputs; allowed: exactly n_layers = {n}")
+            rows = list(xs)
+        for i, x in enumerate(rows):
+            if not isinstance(x, torch.Tensor) or x.numel() != cfg.dim:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"layer {i} input: {got}; allowed: {shape} bf16")
+            attn._check_x(x.reshape(shape), m_max=1)
+        attn._check_pos_decode(start_pos)
+        attn._check_shared(st.shared)
+        attn._check_order(0, st.shared, start_pos, 1)
+        for i in range(n):
+            attn._check_layer(st.weights[i], st.states[i])
+            attn._check_bound(st.states[i], st.shared)
+        if attn.check_finite:
+            for i, x in enumerate(rows):
+                attn._check_values(x, i, start_pos)
+
     def _prep(self, seg: list[int], start_pos: int) -> torch.Tensor | None:
         st, attn = self.stack, self.stack.attn
-        first = seg[0]
-        if first > 0 and (st.shared.last_layer != first - 1 or st.shared.step_pos != start_pos):
-            raise ValueError(
-                f"segment from layer {first} at start_pos {start_pos}; allowed: after layer {first - 1} of the same step"
-            )
+        attn._check_order(seg[0], st.shared, start_pos, 1)
         for i in seg:
             attn._check_sources(st.weights[i].role, None, st.shared, start_pos, 1)
-            if start_pos != st.states[i].next_pos:
-                raise ValueError(
-                    f"layer {i}: start_pos = {start_pos}; allowed: {st.states[i].next_pos} (its next token)"
-                )
         classes = sorted({st.weights[i].role.ratio > 0 for i in seg})
         for cls in classes:
             attn.decode_prep_role(cls, st.shared, start_pos)
@@ -129,7 +152,7 @@ class DecodeGraphs:
         st, attn = self.stack, self.stack.attn
         for i in seg:
             rb = rows_b if st.weights[i].role.ratio > 0 else None
-            out = attn.decode_body(st.weights[i], st.states[i], self.x_in[i], rb)
+            out = attn._decode_kernels(st.weights[i], st.states[i], self.x_in[i], rb)
             self.y[i].copy_(out)
 
     def _baked(self, seg: list[int], rows_b: torch.Tensor | None) -> tuple:
@@ -141,8 +164,10 @@ class DecodeGraphs:
             self.y.data_ptr(),
             attn.out.data_ptr(),
             attn.dec_pos.data_ptr(),
+            attn.nonfinite.data_ptr(),
             tuple(b.data_ptr() for b in attn.dec_sel.values()),
-            tuple(id(st.weights[i].tensors) for i in seg),
+            # every weight tensor's memory: a tensor replaced in the weights' dict recaptures
+            tuple(tuple(t.data_ptr() for t in st.weights[i].tensors.values()) for i in seg),
         )
 
     def _segment(self, k: int, seg: list[int], start_pos: int) -> None:
@@ -161,7 +186,7 @@ class DecodeGraphs:
             cap.graph.replay()
         for i in seg:
             st.states[i].next_pos = start_pos + 1
-        st.shared.last_layer, st.shared.step_pos = seg[-1], start_pos
+        st.attn._advance(st.shared, seg[-1], start_pos, 1)
         if saved is not None:
             self._oracle_compare(seg, start_pos, saved)
 
@@ -189,7 +214,8 @@ class DecodeGraphs:
         results, and put the state back as it was."""
         st = self.stack
         rings = [st.states[i].ring.clone() for i in seg]
-        book = (st.shared.last_layer, st.shared.step_pos, [st.states[i].next_pos for i in seg])
+        sh = st.shared
+        book = ((sh.last_layer, sh.step_pos, sh.step_end), [st.states[i].next_pos for i in seg], st.attn._ticket)
         outs = []
         for i in seg:
             run = st.attn.forward(st.weights[i], st.states[i], st.shared, self.x_in[i], start_pos)
@@ -197,9 +223,10 @@ class DecodeGraphs:
         after = [st.states[i].ring.clone() for i in seg]
         for i, r in zip(seg, rings):
             st.states[i].ring.copy_(r)
-        st.shared.last_layer, st.shared.step_pos = book[0], book[1]
-        for i, n in zip(seg, book[2]):
+        sh.last_layer, sh.step_pos, sh.step_end = book[0]
+        for i, n in zip(seg, book[1]):
             st.states[i].next_pos = n
+        st.attn._ticket = book[2]
         return outs, after
 
     def _oracle_compare(self, seg: list[int], start_pos: int, saved) -> None:
