@@ -209,3 +209,47 @@ def test_validation(op, args, match, device):
         kernel(**args)
     with pytest.raises(ValueError, match=match):
         fallback(**{k: v.cpu() for k, v in args.items()})
+
+
+@pytest.mark.parametrize("op", list(OPS), ids=list(OPS))
+@pytest.mark.parametrize("rows", [1, 7, 130], ids=["r1", "r7", "r130"])
+def test_nonfinite_count_matches_the_twin_and_adds_up(op, rows, device):
+    """`nonfinite=`: the kernel adds the number of NaN/±inf inputs, exactly the twin's
+    count, across programs (130 rows span several programs), on top of what was there;
+    the round trip itself is unchanged by counting."""
+    kernel, twin, _, block = OPS[op]
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 4 * block, generator=g).bfloat16()
+    flat = x.view(-1)
+    where = torch.randperm(flat.numel(), generator=g)[: 3 + rows // 2]
+    flat[where[0::3]] = float("nan")
+    flat[where[1::3]] = float("inf")
+    flat[where[2::3]] = float("-inf")
+    want = where.numel()
+    for fn, dev in ((kernel, device), (twin, "cpu")):
+        count = torch.full((1,), 5, dtype=torch.int64, device=dev)
+        out = fn(x.to(dev), nonfinite=count)
+        assert int(count.item()) == 5 + want, f"{fn.__name__}: counted {int(count.item()) - 5}, want {want}"
+        plain = fn(x.to(dev))
+        assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), (
+            f"{fn.__name__}: counting changed the output"
+        )
+    clean = torch.randn(rows, 4 * block, generator=g).bfloat16().to(device)
+    count = torch.zeros(1, dtype=torch.int64, device=device)
+    kernel(clean, nonfinite=count)
+    assert int(count.item()) == 0
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (torch.zeros(1, dtype=torch.int32), "int64 tensor of one element"),
+        (torch.zeros(2, dtype=torch.int64), "one element"),
+    ],
+    ids=["int32", "two_elements"],
+)
+def test_nonfinite_counter_is_validated(bad, msg):
+    x = torch.zeros(1, 32, dtype=torch.bfloat16)
+    for fn in (K.fp8_qdq, K.fp8_qdq_torch):
+        with pytest.raises(ValueError, match=msg):
+            fn(x, nonfinite=bad)

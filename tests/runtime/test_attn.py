@@ -132,7 +132,12 @@ BAD_CALLS = {
     "dtype": (0, lambda x: x[:1].float(), 14, "x.dtype = torch.float32; allowed: torch.bfloat16"),
     "shape": (0, lambda x: x[:1, :32], 14, "x.shape = (1, 32); allowed: [m, 64]"),
     "skipped_position": (0, lambda x: x[:1], 16, "allowed: 0 (a new sequence) or 14"),
-    "out_of_order_layer": (2, lambda x: x[:1], 14, "allowed: layer 0 at start_pos 0 (a new sequence) or layer 0 at start_pos 14"),
+    "out_of_order_layer": (
+        2,
+        lambda x: x[:1],
+        14,
+        "allowed: layer 0 at start_pos 0 (a new sequence) or layer 0 at start_pos 14",
+    ),
     "negative_pos": (0, lambda x: x[:1], -1, "start_pos = -1; allowed: >= 0"),
 }
 

@@ -220,12 +220,7 @@ class AttnV41:
         self._check_pos(start_pos, m)
         self._check_layer(w, st)
         self._check_shared(shared)
-        t = self._ticket
-        if t is not None and not t.done and t.shared is shared and t.layer == w.role.layer and t.pos == start_pos:
-            book = t.before  # a prepared step whose body has not run: forward may run it instead
-        else:
-            book = None
-        self._check_order(w.role.layer, shared, start_pos, m, book)
+        self._check_order(w.role.layer, shared, start_pos, m, self._book_for(shared, w.role.layer, start_pos))
         if start_pos > 0:
             self._check_bound(st, shared)
         self._check_sources(w.role, st, shared, start_pos, m)
@@ -362,6 +357,15 @@ class AttnV41:
     @staticmethod
     def _book(shared: SharedV41) -> tuple[int, int, int]:
         return shared.last_layer, shared.step_pos, shared.step_end
+
+    def _book_for(self, shared: SharedV41, layer: int, start_pos: int) -> tuple[int, int, int]:
+        """The order state a call of `layer` at `start_pos` is checked against: the shared
+        state's, or, when that very step was prepared and its body has not run, the state
+        before the prep (forward or a graph driver may run the prepared step instead)."""
+        t = self._ticket
+        if t is not None and not t.done and t.shared is shared and t.layer == layer and t.pos == start_pos:
+            return t.before
+        return self._book(shared)
 
     def _expected_next(self, book: tuple[int, int, int]) -> str:
         n = self.cfg.n_layers

@@ -130,7 +130,7 @@ class DecodeGraphs:
             attn._check_x(x.reshape(shape), m_max=1)
         attn._check_pos_decode(start_pos)
         attn._check_shared(st.shared)
-        attn._check_order(0, st.shared, start_pos, 1)
+        attn._check_order(0, st.shared, start_pos, 1, attn._book_for(st.shared, 0, start_pos))
         for i in range(n):
             attn._check_layer(st.weights[i], st.states[i])
             attn._check_bound(st.states[i], st.shared)
@@ -140,7 +140,8 @@ class DecodeGraphs:
 
     def _prep(self, seg: list[int], start_pos: int) -> torch.Tensor | None:
         st, attn = self.stack, self.stack.attn
-        attn._check_order(seg[0], st.shared, start_pos, 1)
+        attn._check_order(seg[0], st.shared, start_pos, 1, attn._book_for(st.shared, seg[0], start_pos))
+        attn._ticket = None  # this driver runs the step: a decode_prep before it can no longer run
         for i in seg:
             attn._check_sources(st.weights[i].role, None, st.shared, start_pos, 1)
         classes = sorted({st.weights[i].role.ratio > 0 for i in seg})

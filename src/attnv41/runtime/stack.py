@@ -25,11 +25,12 @@ class RuntimeStack:
         device: torch.device | str = "cpu",
         index_keys: str = "own",
         ops=None,
+        check_finite: bool = False,
     ):
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         self.cfg = cfg
-        self.attn = AttnV41(cfg, device, index_keys=index_keys, ops=ops)
+        self.attn = AttnV41(cfg, device, index_keys=index_keys, ops=ops, check_finite=check_finite)
         self.weights = [
             w
             if isinstance(w, AttnV41LayerWeights)
