@@ -313,9 +313,11 @@ def test_nonfinite_counter_counts_cache_writes_without_a_sync(setup):
     assert rt.attn.nonfinite_count() == 0
 
 
-def test_nonfinite_counter_in_the_graph_driver(setup):
+@pytest.mark.parametrize("oracle", [False, True], ids=["plain", "oracle"])
+def test_nonfinite_counter_in_the_graph_driver(setup, oracle):
+    """Counted once per step, also when the oracle runs the step twice."""
     rt = _stack(setup)
-    drv = DecodeGraphs(rt)
+    drv = DecodeGraphs(rt, oracle=oracle)
     drv.step([x[14:15] for x in _poisoned(setup[2], 0, 14)], 14)  # layer 0: captured class
     assert rt.attn.nonfinite_count() == rt.cfg.head_dim
 

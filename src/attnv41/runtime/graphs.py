@@ -11,6 +11,11 @@ On the CPU (or with `use_graphs=False`) the same split path runs eagerly.
 `oracle=True` runs every segment twice per step: eagerly through `forward` on saved
 state, then by graph replay, and raises `OracleMismatch` unless outputs and rings agree
 byte for byte.
+
+`step` is all or nothing: inputs, every layer's weights and state (config, role, bound to
+this sequence) and the step's position in the sequence are checked before the first layer
+runs. The driver keeps the host bookkeeping (each state's `next_pos`, the shared order
+state) that a replay cannot.
 """
 
 from __future__ import annotations
@@ -195,11 +200,15 @@ class DecodeGraphs:
         # Warm-up on a side stream compiles the Triton kernels and settles the allocator.
         # It runs this very step (same ring slot, same values as the replay writes), so it
         # leaves nothing the replay would not leave.
+        # The non-finite counter is the one thing the warm-up must not leave behind (the
+        # replay counts this step's values again): put it back, on the device.
+        count = self.stack.attn.nonfinite.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._body(seg, rows_b)
         torch.cuda.current_stream().wait_stream(side)
+        self.stack.attn.nonfinite.copy_(count)
         g = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(g, pool=self._pool):
@@ -215,6 +224,7 @@ class DecodeGraphs:
         results, and put the state back as it was."""
         st = self.stack
         rings = [st.states[i].ring.clone() for i in seg]
+        count = st.attn.nonfinite.clone()  # the replay counts this step's values
         sh = st.shared
         book = ((sh.last_layer, sh.step_pos, sh.step_end), [st.states[i].next_pos for i in seg], st.attn._ticket)
         outs = []
@@ -228,6 +238,7 @@ class DecodeGraphs:
         for i, n in zip(seg, book[1]):
             st.states[i].next_pos = n
         st.attn._ticket = book[2]
+        st.attn.nonfinite.copy_(count)
         return outs, after
 
     def _oracle_compare(self, seg: list[int], start_pos: int, saved) -> None:
