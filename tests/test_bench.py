@@ -193,6 +193,7 @@ def test_bench_command_on_cpu(tmp_path, capsys):
     assert (out / "decode_step.png").stat().st_size > 10_000
     md = (out / "bench.md").read_text()
     assert "### (a) decode step" in md and "| context |" in md
+    assert res["nonfinite_values"] == 0 and "non-finite values that entered a cache write: 0" in text
 
 
 def test_bench_command_rejects_bad_input(tmp_path, capsys):

@@ -162,12 +162,15 @@ def run_bench(
     def decode():
         from .stack import bench_decode
 
-        return bench_decode(stack(), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
+        rows = bench_decode(stack(), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
+        res["nonfinite_values"] = stack().attn.nonfinite_count()
+        return rows
 
     def prefill():
         from .stack import bench_prefill
 
         rows = bench_prefill(stack(), opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
+        res["nonfinite_values"] = stack().attn.nonfinite_count()  # since the stack was built (decode too)
         held.clear()  # the stack's weights and caches go before the peer's data arrive
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -256,6 +259,8 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
     md = [head, ""]
     for title, table in _tables(res, md=True):
         md += [f"### {title}", "", table, ""]
+    if "nonfinite_values" in res:
+        md.append(f"Non-finite values that entered a cache write (decode/prefill stack): {res['nonfinite_values']}")
     if "peer_status" in res:
         md.append(f"Peer: {res['peer_status']}")
     paths[1].write_text("\n".join(md) + "\n")
@@ -264,6 +269,8 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
     log(head)
     for title, table in _tables(res, md=False):
         log(f"\n{title}\n{table}")
+    if "nonfinite_values" in res:
+        log(f"\nnon-finite values that entered a cache write: {res['nonfinite_values']}")
     if "peer_status" in res:
         log(f"\npeer: {res['peer_status']}")
     return paths
