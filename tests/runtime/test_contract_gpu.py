@@ -1,0 +1,93 @@
+"""The decode-split contract on CUDA, where decode_body is captured: a user's own CUDA
+graph of decode_body replays after decode_prep with the order kept, the non-finite
+counter counts inside replays, and a bad graph-driver step changes nothing."""
+
+import pytest
+import torch
+
+from attnv41.runtime import RuntimeStack
+from attnv41.runtime.graphs import DecodeGraphs
+from helpers import random_inputs, random_weights, small_cfg
+
+pytestmark = pytest.mark.gpu
+
+PREFILL = 13
+
+
+def _pair(steps_total: int):
+    cfg = small_cfg(max_seq=64, max_tokens=64)
+    w = random_weights(cfg, 51)
+    xs = [x.cuda() for x in random_inputs(cfg, steps_total, 52)]
+    a, b = RuntimeStack(cfg, w, device="cuda"), RuntimeStack(cfg, w, device="cuda")
+    for s in (a, b):
+        s.step([x[:PREFILL] for x in xs], 0)
+    return cfg, xs, a, b
+
+
+def test_user_captured_decode_body_replays_in_order():
+    """Layer 0's and layer 2's decode_body captured once by hand (warm-up, then capture),
+    then replayed after each step's decode_prep: equals eager forward byte for byte, and
+    the order checks neither refuse the replayed steps nor let a bad call through."""
+    end = PREFILL + 12
+    cfg, xs, ref, rt = _pair(end)
+    attn = rt.attn
+    x_static = {i: torch.zeros(1, cfg.dim, dtype=torch.bfloat16, device="cuda") for i in (0, 2, 4)}
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    nan_step = PREFILL + 7
+    for p in range(PREFILL, end):
+        want = ref.step([x[p : p + 1] for x in xs], p, keep=True)
+        for i in range(cfg.n_layers):
+            x = xs[i][p : p + 1]
+            if i == 0 and p == nan_step:
+                x = x.clone()
+                x[0, 1] = float("nan")
+            if not attn.decode_capturable(rt.weights[i]):
+                got = rt.layer(i, x, p).out
+            else:
+                rows = attn.decode_prep(rt.weights[i], rt.shared, p)
+                x_static[i].copy_(x)
+                if i not in graphs:
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):  # warm-up: runs this very step once
+                        attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
+                    torch.cuda.current_stream().wait_stream(side)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
+                    graphs[i] = g
+                graphs[i].replay()
+                got = attn.out[:1]
+            if i == 0 and p >= nan_step:
+                continue  # layer 0's ring holds the NaN row from here on
+            assert torch.equal(got.view(torch.int16), want[i].view(torch.int16)), f"p{p} L{i}"
+        if p < nan_step:
+            for i in range(cfg.n_layers):
+                assert torch.equal(ref.states[i].ring, rt.states[i].ring), f"p{p} L{i} ring"
+    # The replay counted the NaN row once (the warm-up ran at another step, on finite values).
+    assert attn.nonfinite_count() == cfg.head_dim
+    # The sequence's order state followed the replays: layer 0 at `end` is next, `end - 1` is refused.
+    with pytest.raises(ValueError, match=rf"allowed: 0 \(a new sequence\) or {end}"):
+        attn.decode_prep(rt.weights[0], rt.shared, end - 1)
+
+
+def test_graph_driver_bad_step_changes_nothing_on_cuda():
+    cfg, xs, ref, rt = _pair(PREFILL + 3)
+    drv = DecodeGraphs(rt)
+    assert drv.use_graphs
+    p = PREFILL
+    drv.step([x[p : p + 1] for x in xs], p)
+    ref.step([x[p : p + 1] for x in xs], p)
+    p += 1
+    good = rt.states[4]
+    rt.states[4] = rt.attn.new_layer_state(4)
+    rings = [s.ring.clone() for s in rt.states]
+    with pytest.raises(ValueError, match="layer 4: its state belongs to no sequence"):
+        drv.step([x[p : p + 1] for x in xs], p)
+    rt.states[4] = good
+    for i, s in enumerate(rt.states):
+        assert torch.equal(s.ring, rings[i]), f"L{i} ring written by a refused step"
+    want = ref.step([x[p : p + 1] for x in xs], p, keep=True)
+    got = drv.step([x[p : p + 1] for x in xs], p)
+    for i in range(cfg.n_layers):
+        assert torch.equal(got[i], want[i]), f"L{i}"
