@@ -120,19 +120,20 @@ class DecodeGraphs:
         st, attn, cfg = self.stack, self.stack.attn, self.cfg
         attn._check_live("DecodeGraphs.step")
         n, shape = cfg.n_layers, (1, cfg.dim)
-        if isinstance(xs, torch.Tensor):
+        if isinstance(xs, torch.Tensor):  # one tensor: checked once
             if xs.numel() != n * cfg.dim:
                 raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{n}, 1, {cfg.dim}] (one row per layer)")
-            rows = [xs.reshape(n, 1, cfg.dim)[i] for i in range(n)]
+            attn._check_x(xs.reshape(n, cfg.dim), m_max=n)
+            rows = [xs]
         else:
             if len(xs) != n:
                 raise ValueError(f"{len(xs)} layer inputs; allowed: exactly n_layers = {n}")
             rows = list(xs)
-        for i, x in enumerate(rows):
-            if not isinstance(x, torch.Tensor) or x.numel() != cfg.dim:
-                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise ValueError(f"layer {i} input: {got}; allowed: {shape} bf16")
-            attn._check_x(x.reshape(shape), m_max=1)
+            for i, x in enumerate(rows):
+                if not isinstance(x, torch.Tensor) or x.numel() != cfg.dim:
+                    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    raise ValueError(f"layer {i} input: {got}; allowed: {shape} bf16")
+                attn._check_x(x.reshape(shape), m_max=1)
         attn._check_pos_decode(start_pos)
         attn._check_shared(st.shared)
         attn._check_order(0, st.shared, start_pos, 1, attn._book_for(st.shared, 0, start_pos))
@@ -141,7 +142,7 @@ class DecodeGraphs:
             attn._check_bound(st.states[i], st.shared)
         if attn.check_finite:
             for i, x in enumerate(rows):
-                attn._check_values(x, i, start_pos)
+                attn._check_values(x, i if len(rows) > 1 else "(all)", start_pos)
 
     def _prep(self, seg: list[int], start_pos: int) -> torch.Tensor | None:
         st, attn = self.stack, self.stack.attn
