@@ -138,7 +138,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, name: str = "weight") -
     if detail is not None:
         r, c = (~torch.isfinite(w)).nonzero()[0].tolist()
         raise CheckpointError(
-            f"{name}: {detail} after dequantization (scale byte 0x{int(s[r // BLOCK, c // BLOCK]):02X} "
+            f"{name}: {detail} (after dequantization with scale byte 0x{int(s[r // BLOCK, c // BLOCK]):02X} "
             f"at block [{r // BLOCK}, {c // BLOCK}] of {_scale_name(name)})"
         )
     return w
