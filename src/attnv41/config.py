@@ -290,7 +290,8 @@ class AttnV41Cfg:
             # caller never passed must not be what the validation refuses.
             max_tokens = overrides.get("max_tokens")
             max_seq = min(max(DEFAULT_MAX_SEQ, max_tokens if _is_int(max_tokens) else 0), mpe)
-        max_tokens = overrides.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_seq))
+        # (a max_seq that is no integer is refused by the validation, naming it)
+        max_tokens = overrides.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_seq) if _is_int(max_seq) else 1)
         kw = dict(
             dim=_need(d, "dim"),
             n_layers=n_layers,
