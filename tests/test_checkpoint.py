@@ -378,7 +378,29 @@ def _drop_family(e: _Editable, layer: int, family: str):
         e.drop(n)
 
 
+def _set_values(name: str, where: list[tuple[int, ...]], values: list[float]):
+    def mutate(e: _Editable):
+        t = e.get(name).clone()
+        for idx, v in zip(where, values):
+            t[idx] = v
+        e.put(name, t)
+
+    return mutate
+
+
+def _big_scale(e: _Editable):
+    """Scale byte 0xFE (2^127) on the block holding a weight >= 2 in magnitude: inf."""
+    q = e.get("layers.1.attn.wq_b.weight").view(torch.uint8).clone()
+    q[32:64, 0:32] = 0x38  # e4m3 1.0: 2^127 · 1 is finite
+    q[40, 3] = 0x40  # e4m3 2.0: 2^128 is not
+    e.put("layers.1.attn.wq_b.weight", q.view(torch.float8_e4m3fn))
+    s = e.get("layers.1.attn.wq_b.scale").view(torch.uint8).clone()
+    s[1, 0] = 0xFE
+    e.put("layers.1.attn.wq_b.scale", s.view(torch.float8_e8m0fnu))
+
+
 BF16 = torch.bfloat16
+NAN, INF = float("nan"), float("inf")
 BAD = {
     "missing_from_weight_map": (
         lambda e: (e.wm.pop("layers.1.attn.wkv.weight"), e.save_index()),
@@ -429,6 +451,27 @@ BAD = {
     "ratio1_layer_has_wgate": (
         lambda e: e.add("layers.3.attn.compressor.wgate.weight", torch.zeros(32, 64, dtype=BF16)),
         r"layers\.3\.attn\.compressor\.wgate\.weight: present.*role mismatch",
+    ),
+    "nan_inf_bf16_norm": (
+        _set_values("layers.3.attn.q_norm.weight", [(5,), (9,)], [NAN, INF]),
+        r"layers\.3\.attn\.q_norm\.weight: 2 non-finite values \(first at \[5\]\); allowed: finite",
+    ),
+    "inf_sink": (
+        _set_values("layers.4.attn.attn_sink", [(2,)], [-INF]),
+        r"layers\.4\.attn\.attn_sink: 1 non-finite value \(first at \[2\]\); allowed: finite",
+    ),
+    "nan_ratio2_compressor_bf16": (
+        _set_values("layers.1.attn.compressor.wgate.weight", [(7, 11)], [NAN]),
+        r"layers\.1\.attn\.compressor\.wgate\.weight: 1 non-finite value \(first at \[7, 11\]\)",
+    ),
+    "nan_indexer_key_proj": (
+        _set_values("layers.3.attn.indexer.wk.weight", [(0, 1)], [NAN]),
+        r"layers\.3\.attn\.indexer\.wk\.weight: 1 non-finite value \(first at \[0, 1\]\)",
+    ),
+    "scale_0xFE_overflows": (
+        _big_scale,
+        r"layers\.1\.attn\.wq_b\.weight: 1 non-finite value \(first at \[40, 3\]\); allowed: finite \(after "
+        r"dequantization with scale byte 0xFE at block \[1, 0\] of layers\.1\.attn\.wq_b\.scale\)",
     ),
     "unexpected_tensor": (
         lambda e: e.add("layers.0.attn.extra.weight", torch.zeros(2, dtype=BF16)),
@@ -487,3 +530,87 @@ def test_writer_rejects_bad_arguments(tmp_path):
         write_checkpoint(tmp_path, cfg, w[:5], shards=2)
     with pytest.raises(KeyError, match="wq_a"):
         write_checkpoint(tmp_path, cfg, [{k: v for k, v in x.items() if k != "wq_a.weight"} for x in w], shards=2)
+
+
+# ---------------------------------------------------------------------------- issue 10: files and defaults
+def _truncate(p):
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_header(p):
+    data = bytearray(p.read_bytes())
+    data[8:16] = b"\x00garbage"  # the header's JSON starts at byte 8
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _corrupt_header], ids=["truncated", "corrupted_header"])
+def test_unreadable_shard_names_the_file(written, tmp_path, damage):
+    cfg, _, root = written
+    e = _Editable(root, tmp_path / "ck")
+    shard = e.root / e.wm["layers.2.attn.wq_a.weight"]
+    damage(shard)
+    with pytest.raises(CheckpointError) as err:
+        load_model(e.root, cfg=cfg, progress=False)
+    msg = str(err.value)
+    assert str(shard) in msg and "safetensors" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "file, text",
+    [
+        (ckpt.INDEX_FILE, '{"weight_map": {'),
+        (ckpt.INDEX_FILE, '"weight_map"'),
+        (ckpt.INDEX_FILE, '{"weight_map": {"layers.0.attn.wq_a.weight": 3}}'),
+        ("config.json", "{'text_config': 1}"),
+    ],
+    ids=["index_truncated", "index_not_an_object", "index_file_not_a_name", "config_single_quotes"],
+)
+def test_malformed_json_names_the_file(written, tmp_path, file, text):
+    cfg, _, root = written
+    e = _Editable(root, tmp_path / "ck")
+    (e.root / file).write_text(text)
+    for call in (lambda: load_model(e.root, cfg=cfg, progress=False), lambda: load_layer(e.root, 0, cfg=cfg)):
+        with pytest.raises(CheckpointError) as err:
+            call()
+        assert str(e.root / file) in str(err.value), str(err.value)
+
+
+def test_malformed_config_json_with_default_cfg(written, tmp_path):
+    _, _, root = written
+    e = _Editable(root, tmp_path / "ck")
+    (e.root / "config.json").write_text('{"text_config": {"hidden_size": 64,')
+    with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        load_model(e.root, progress=False)
+
+
+def test_dequantize_rejects_overflow():
+    q = torch.full((32, 64), 1.5).to(torch.float8_e4m3fn)  # 1.5 · 2^127 is finite in bf16
+    q[0, 33] = 2.0
+    q[3, 40] = -448.0
+    s = torch.tensor([[127, 0xFE]], dtype=torch.uint8)
+    with pytest.raises(CheckpointError, match=r"w: 2 non-finite values \(first at \[0, 33\]\).*0xFE at block \[0, 1\]"):
+        dequantize_fp8(q, s, name="w")
+    s[0, 1] = 0xFD  # 2^126 · 1.5 is finite, 2^126 · 448 is not
+    with pytest.raises(CheckpointError, match=r"w: 1 non-finite value \(first at \[3, 40\]\).*0xFD at block \[0, 1\]"):
+        dequantize_fp8(q, s, name="w")
+    q[3, 40] = 1.0
+    assert torch.isfinite(dequantize_fp8(q, s, name="w").float()).all()
+
+
+def test_default_cfg_fits_a_small_checkpoint(tmp_path):
+    """max_position_embeddings < 8192: load_model/load_layer/from_checkpoint with default
+    arguments used to fail on max_seq = 8192, a value nobody passed."""
+    cfg = small_cfg(max_position_embeddings=512, max_seq=512, max_tokens=64)
+    w = random_weights(cfg, 9)
+    root = write_checkpoint(tmp_path / "ck", cfg, w, shards=2)
+    got = AttnV41Cfg.from_checkpoint(root)
+    assert (got.max_seq, got.max_tokens) == (512, 512)
+    assert got == cfg.replace(max_tokens=512)
+    layers = load_model(root, progress=False)
+    assert [lw.role for lw in layers] == list(cfg.roles)
+    lw = load_layer(root, 3)
+    assert all(torch.equal(v, layers[3][k]) for k, v in lw.state_dict().items())
+    assert AttnV41LayerWeights.from_checkpoint(root, 5).role == cfg.roles[5]
+    with pytest.raises(ValueError, match=r"AttnV41Cfg\.max_seq = 1024; allowed: .*max_position_embeddings \(512\)"):
+        AttnV41Cfg.from_checkpoint(root, max_seq=1024)

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from attnv41.config import AttnV41Cfg, v41_flash
-from helpers import small_cfg
+from helpers import golden_path, small_cfg
 
 
 def test_flash_preset_geometry_and_roles():
@@ -163,3 +163,127 @@ def test_golden_meta_reader(tmp_path):
 
     g = GoldenFile(bundled_golden_path())
     assert g.cfg == small_cfg()
+
+
+# ---------------------------------------------------------------------------- issue 10: schedule and capacities
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(kv_source_layers=(1, 2.7)), "kv_source_layers[1] = 2.7"),
+        (dict(kv_source_layers=(1.0, 3)), "kv_source_layers[0] = 1.0"),
+        (dict(kv_source_layers=(True, 3)), "kv_source_layers[0] = True"),
+        (dict(index_source_layers=(1, 3, "5")), "index_source_layers[2] = '5'"),
+        (dict(compress_ratios=(0, 2.0, 2, 1, 1, 1)), "compress_ratios[1] = 2.0"),
+        (dict(compress_ratios=(0, 2, 2, 1, 1, True)), "compress_ratios[5] = True"),
+        (dict(candidate_source_layer=3.0), "candidate_source_layer = 3.0"),
+        (dict(candidate_source_layer=True), "candidate_source_layer = True"),
+        (dict(kv_source_layers="13"), "kv_source_layers = '13'"),
+    ],
+    ids=["float_2.7", "float_1.0", "bool", "str", "ratio_float", "ratio_bool", "cand_float", "cand_bool", "str_list"],
+)
+def test_non_integer_layer_lists_rejected(change, field):
+    """int(v) used to turn 2.7 into 2, True into 1 and "5" into 5 without a word."""
+    with pytest.raises(ValueError) as e:
+        small_cfg(**change)
+    msg = str(e.value)
+    assert f"AttnV41Cfg.{field}; allowed: " in msg and "integer" in msg, msg
+
+
+def test_layer_lists_accept_lists_and_keep_tuples():
+    cfg = small_cfg(compress_ratios=[0, 2, 2, 1, 1, 1], kv_source_layers=[1, 3], index_source_layers=[1, 3, 5])
+    assert cfg == small_cfg() and cfg.kv_source_layers == (1, 3) and isinstance(cfg.compress_ratios, tuple)
+    hash(cfg)
+
+
+def test_candidate_source_ratio_must_match_reindex_layers():
+    """Layer 5 (reindex, ratio 2) would mask its scores with the ratio-1 candidate source's
+    mask: the forward crashed after the ring write. The config refuses it now."""
+    bad = dict(compress_ratios=(0, 1, 1, 2, 2, 2), kv_source_layers=(1, 3), index_source_layers=(1, 3, 5))
+    with pytest.raises(ValueError) as e:
+        small_cfg(candidate_source_layer=1, **bad)
+    msg = str(e.value)
+    assert "AttnV41Cfg.candidate_source_layer = 1; allowed: " in msg and "layer 5" in msg and "ratio 2" in msg, msg
+    # the same schedule with the ratio-2 kv source as candidate source, or without one, is fine
+    assert [r.layer for r in small_cfg(candidate_source_layer=3, **bad).roles if r.uses_candidates] == [5]
+    assert not any(r.uses_candidates for r in small_cfg(candidate_source_layer=None, **bad).roles)
+
+
+@pytest.mark.parametrize("window, topk, ok", [(2000, 48, True), (2000, 49, False), (8, 2041, False)])
+def test_decode_width_checked_by_the_config(window, topk, ok):
+    """window + index_topk <= 2048 was refused only by AttnV41()."""
+    if ok:
+        assert small_cfg(window=window, index_topk=topk).index_topk == topk
+        return
+    with pytest.raises(ValueError) as e:
+        small_cfg(window=window, index_topk=topk)
+    msg = str(e.value)
+    assert f"AttnV41Cfg.index_topk = {topk}; allowed: <= {2048 - window}" in msg and "2048" in msg, msg
+
+
+def test_presets_and_golden_configs_construct():
+    from attnv41.golden import GoldenFile
+
+    assert v41_flash().max_seq == 8192
+    assert small_cfg().max_seq == 64
+    for name in ("tiny", "fp8", "headdim"):
+        g = GoldenFile(golden_path(name))
+        assert g.cfg.n_layers >= 1, name
+
+
+def _hf_with_limit(mpe: int) -> dict:
+    d = _hf_config()
+    d["text_config"]["max_position_embeddings"] = mpe
+    return d
+
+
+@pytest.mark.parametrize(
+    "mpe, overrides, seq, tokens",
+    [
+        (1 << 20, {}, 8192, 4096),
+        (6000, {}, 6000, 4096),
+        (2048, {}, 2048, 2048),
+        (2048, dict(max_tokens=512), 2048, 512),
+        (1 << 20, dict(max_tokens=10000), 10000, 10000),
+        (2048, dict(max_seq=1024), 1024, 1024),
+    ],
+    ids=["released", "below_8192", "below_4096", "explicit_tokens", "tokens_above_8192", "explicit_seq"],
+)
+def test_default_capacities_fit_the_checkpoint(tmp_path, mpe, overrides, seq, tokens):
+    """A max_position_embeddings below 8192 used to fail with 'max_seq = 8192', a value
+    nobody passed."""
+    (tmp_path / "config.json").write_text(json.dumps(_hf_with_limit(mpe)))
+    cfg = AttnV41Cfg.from_checkpoint(tmp_path, **overrides)
+    assert (cfg.max_seq, cfg.max_tokens, cfg.max_position_embeddings) == (seq, tokens, mpe)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [(dict(max_seq=4096), "max_seq = 4096"), (dict(max_tokens=3000), "max_tokens = 3000")],
+    ids=["explicit_max_seq", "explicit_max_tokens"],
+)
+def test_explicit_capacity_above_the_limit_is_named(tmp_path, overrides, field):
+    (tmp_path / "config.json").write_text(json.dumps(_hf_with_limit(2048)))
+    with pytest.raises(ValueError) as e:
+        AttnV41Cfg.from_checkpoint(tmp_path, **overrides)
+    msg = str(e.value)
+    assert f"AttnV41Cfg.{field}; allowed: " in msg and "max_position_embeddings (2048)" in msg, msg
+
+
+def test_flat_config_max_seq_len_is_kept(tmp_path):
+    d = dict(_flat_config(), max_seq_len=3000, max_position_embeddings=4000)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    cfg = AttnV41Cfg.from_checkpoint(tmp_path)
+    assert (cfg.max_seq, cfg.max_tokens) == (3000, 3000)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"text_config": {', "[1, 2]", "\xff\xfe"], ids=["truncated_json", "json_list", "not_utf8"]
+)
+def test_malformed_config_json_names_the_file(tmp_path, text):
+    from attnv41.checkpoint import CheckpointError
+
+    p = tmp_path / "config.json"
+    p.write_bytes(text.encode("latin-1"))
+    with pytest.raises(CheckpointError) as e:
+        AttnV41Cfg.from_checkpoint(tmp_path)
+    assert str(p) in str(e.value), str(e.value)

@@ -17,12 +17,15 @@ already dequantized and used as is; bf16 with a `.scale`, or fp8 without one, is
 
 Dequantization: `W[n, k] = e4m3(q[n, k]) · 2^(S[n // 32, k // 32] − 127)` with S the raw
 scale byte, computed in fp32 (exact) and rounded to bf16 (exact for scales >= 2^−124).
-A scale byte 0xFF (NaN) is rejected. The result goes through
-`AttnV41LayerWeights.from_state_dict`, which upcasts the ratio>=2 compressor to fp32.
+A scale byte 0xFF (NaN), and a product that overflows to ±inf, are rejected. The result
+goes through `AttnV41LayerWeights.from_state_dict`, which upcasts the ratio>=2 compressor
+to fp32 and rejects NaN/±inf in every tensor (bf16 norms and projections, the fp32 sink).
 
 Every validation failure raises `CheckpointError` (a `ValueError`) naming the tensor:
 missing (from `weight_map` or from its shard), shape, dtype, scale missing or misshapen,
-NaN scale, and a role that does not match the config's layer lists.
+NaN scale, non-finite values, and a role that does not match the config's layer lists;
+a malformed JSON file (`config.json`, the index) or an unreadable shard (truncated,
+corrupted header) raises it naming the file.
 
 `write_checkpoint` writes a small checkpoint in exactly this layout, for tests.
 """
@@ -38,11 +41,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import AttnV41Cfg, LayerRole
-from .weights import AttnV41LayerWeights, expected_tensors
+from .config import AttnV41Cfg, LayerRole, _read_json
+from .weights import AttnV41LayerWeights, NonFiniteWeightError, describe_nonfinite, expected_tensors
 
 __all__ = [
     "BLOCK",
@@ -105,7 +108,8 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, name: str = "weight") -
     q: float8_e4m3fn [out, in]; scale: float8_e8m0fnu (or its raw uint8 bytes)
     [ceil(out/32), ceil(in/32)]. Exact in fp32; the bf16 rounding is exact for scales
     >= 2^−124. Raises `CheckpointError` naming `name` on a misshapen scale, a scale byte
-    0xFF (NaN, with its block index) or a NaN weight byte.
+    0xFF (NaN, with its block index), a NaN weight byte, or a result holding ±inf (a
+    large scale byte, e.g. 0xFE = 2^127, times a weight >= 2).
     """
     out, inp = q.shape
     grid = (math.ceil(out / BLOCK), math.ceil(inp / BLOCK))
@@ -128,7 +132,16 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, name: str = "weight") -
     bits = torch.where(s == 0, 0x00400000, s.to(torch.int32) << 23)
     pow2 = bits.view(torch.float32)
     pow2 = pow2.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:out, :inp]
-    return (q.float() * pow2).to(torch.bfloat16)
+    w = (q.float() * pow2).to(torch.bfloat16)
+    # Large scale bytes (0xFE = 2^127) overflow to ±inf: the weight is unusable.
+    detail = describe_nonfinite(w)
+    if detail is not None:
+        r, c = (~torch.isfinite(w)).nonzero()[0].tolist()
+        raise CheckpointError(
+            f"{name}: {detail} (after dequantization with scale byte 0x{int(s[r // BLOCK, c // BLOCK]):02X} "
+            f"at block [{r // BLOCK}, {c // BLOCK}] of {_scale_name(name)})"
+        )
+    return w
 
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,9 +174,12 @@ class _Checkpoint:
         self.index_path = self.root / INDEX_FILE
         if not self.index_path.is_file():
             raise FileNotFoundError(f"{self.root}: no {INDEX_FILE}")
-        wm = json.loads(self.index_path.read_text()).get("weight_map")
+        wm = _read_json(self.index_path).get("weight_map")
         if not isinstance(wm, dict):
             raise CheckpointError(f"{self.index_path}: no 'weight_map' object")
+        bad = next((k for k, f in wm.items() if not isinstance(f, str)), None)
+        if bad is not None:
+            raise CheckpointError(f"{self.index_path}: weight_map[{bad!r}] = {wm[bad]!r}; allowed: a shard file name")
         self.weight_map: dict[str, str] = wm
         _check_quantization_config(self.root / "config.json")
         plain = any(k.startswith("layers.") for k in wm)
@@ -192,7 +208,10 @@ class _Checkpoint:
             p = self.root / file
             if not p.is_file():
                 raise FileNotFoundError(f"{name}: weight_map names shard {file}, which does not exist in {self.root}")
-            f = self._stack.enter_context(safe_open(str(p), framework="pt", device="cpu"))
+            try:
+                f = self._stack.enter_context(safe_open(str(p), framework="pt", device="cpu"))
+            except SafetensorError as e:
+                raise CheckpointError(f"{p}: not a readable safetensors file ({e}); it holds {name}") from e
             self._open[file] = (f, set(f.keys()))
         f, keys = self._open[file]
         if name not in keys:
@@ -201,18 +220,26 @@ class _Checkpoint:
 
     def header(self, name: str) -> tuple[torch.dtype | str, tuple[int, ...]]:
         """(dtype, shape) from the shard's header, without reading the data."""
-        sl = self._shard(name).get_slice(name)
-        code = sl.get_dtype()
+        f = self._shard(name)
+        try:
+            sl = f.get_slice(name)
+            code = sl.get_dtype()
+        except SafetensorError as e:
+            raise CheckpointError(f"{name}: unreadable header in {self.root / self.weight_map[name]} ({e})") from e
         return _ST_DTYPES.get(code, code), tuple(sl.get_shape())
 
     def read(self, name: str) -> torch.Tensor:
-        return self._shard(name).get_tensor(name)
+        f = self._shard(name)
+        try:
+            return f.get_tensor(name)
+        except SafetensorError as e:
+            raise CheckpointError(f"{name}: unreadable data in {self.root / self.weight_map[name]} ({e})") from e
 
 
 def _check_quantization_config(path: Path) -> None:
     if not path.is_file():
         return
-    qc = json.loads(path.read_text()).get("quantization_config")
+    qc = _read_json(path).get("quantization_config")
     if not qc:
         return
     block = qc.get("weight_block_size", [BLOCK, BLOCK])
@@ -279,14 +306,19 @@ def _load_layer(ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device |
             raise CheckpointError(f"{sname}.shape = {sshape}; allowed: {grid} for {name} {list(shape)}")
         q = ck.read(name).to(device)
         tensors[rel] = dequantize_fp8(q, ck.read(sname), name=name)
-    return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device)
+    try:
+        return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device)
+    except NonFiniteWeightError as e:  # NaN or ±inf in a bf16/fp32 tensor as stored
+        raise CheckpointError(f"{ck.name(i, e.key)}: {e.detail}") from e
 
 
 def load_layer(
     path: str | Path, layer: int, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu"
 ) -> AttnV41LayerWeights:
     """Layer `layer`'s attention weights from a checkpoint directory, dequantized to the
-    runtime dtypes on `device`. `cfg` defaults to `AttnV41Cfg.from_checkpoint(path)`."""
+    runtime dtypes on `device`. `cfg` defaults to `AttnV41Cfg.from_checkpoint(path)`, whose
+    `max_seq` (min(8192, max_position_embeddings)) and `max_tokens` (min(4096, max_seq))
+    fit the checkpoint."""
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     with _Checkpoint(path) as ck:
         return _load_layer(ck, cfg, layer, device)
@@ -295,8 +327,8 @@ def load_layer(
 def load_model(
     path: str | Path, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu", progress: bool = True
 ) -> list[AttnV41LayerWeights]:
-    """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does, with a
-    progress bar (tqdm when importable, else one stderr line per layer)."""
+    """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does (same
+    default `cfg`), with a progress bar (tqdm when importable, else one stderr line per layer)."""
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     out = []
     bar = None

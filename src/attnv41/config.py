@@ -22,6 +22,14 @@ from typing import Any
 
 __all__ = ["AttnV41Cfg", "LayerRole", "v41_flash"]
 
+# Widest decode selection (window + index_topk) the runtime launches (runtime/attn.py checks it too).
+MAX_DECODE_WIDTH = 2048
+
+# Runtime capacities when neither the caller nor the config file gives them (both
+# clamped to the checkpoint's max_position_embeddings by the readers).
+DEFAULT_MAX_SEQ = 8192
+DEFAULT_MAX_TOKENS = 4096
+
 # Role names as the golden files spell them.
 ROLE_SWA = "swa"
 ROLE_FULL = "full"
@@ -51,6 +59,10 @@ class LayerRole:
         if self.is_index_source:
             return ROLE_REINDEX
         return ROLE_REUSE
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _range_error(name: str, value: Any, allowed: str) -> ValueError:
@@ -92,9 +104,20 @@ class AttnV41Cfg:
     roles: tuple[LayerRole, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Normalise list inputs to tuples so the dataclass stays hashable.
+        # Normalise list inputs to tuples so the dataclass stays hashable. No conversion of
+        # the entries: int(2.7) or int(True) would silently change the schedule.
         for name in ("compress_ratios", "kv_source_layers", "index_source_layers"):
-            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+                raise _range_error(name, v, "a list or tuple of integers")
+            v = tuple(v)
+            for i, x in enumerate(v):
+                if not _is_int(x):
+                    raise _range_error(f"{name}[{i}]", x, "an integer (not a bool or a float)")
+            object.__setattr__(self, name, v)
+        c = self.candidate_source_layer
+        if c is not None and not _is_int(c):
+            raise _range_error("candidate_source_layer", c, "None or an integer layer index (not a bool or a float)")
         self._validate()
         object.__setattr__(self, "roles", tuple(self._derive_role(i) for i in range(self.n_layers)))
 
@@ -122,7 +145,7 @@ class AttnV41Cfg:
         )
         for name in positive:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not _is_int(v) or v < 1:
                 raise _range_error(name, v, "an integer >= 1")
         for name in ("rope_theta", "compress_rope_theta", "rope_factor", "beta_fast", "beta_slow", "norm_eps"):
             v = getattr(self, name)
@@ -145,13 +168,23 @@ class AttnV41Cfg:
             )
         if self.n_heads % self.groups:
             raise _range_error("groups", self.groups, f"a divisor of n_heads ({self.n_heads})")
-        if not self.max_tokens <= self.max_seq <= self.max_position_embeddings:
+        if self.window + self.index_topk > MAX_DECODE_WIDTH:
             raise _range_error(
-                "max_seq",
-                self.max_seq,
-                f"max_tokens ({self.max_tokens}) <= max_seq <= max_position_embeddings "
-                f"({self.max_position_embeddings})",
+                "index_topk",
+                self.index_topk,
+                f"<= {MAX_DECODE_WIDTH - self.window} (window ({self.window}) + index_topk <= {MAX_DECODE_WIDTH}, "
+                f"the runtime's fixed decode launch width)",
             )
+        # Blame the field that breaks the limit: max_seq beyond the checkpoint first, then a
+        # max_tokens beyond it (whatever max_seq is), then the order between the two.
+        mpe = self.max_position_embeddings
+        seq_allowed = f"max_tokens ({self.max_tokens}) <= max_seq <= max_position_embeddings ({mpe})"
+        if self.max_seq > mpe:
+            raise _range_error("max_seq", self.max_seq, seq_allowed)
+        if self.max_tokens > mpe:
+            raise _range_error("max_tokens", self.max_tokens, f"<= max_position_embeddings ({mpe})")
+        if self.max_tokens > self.max_seq:
+            raise _range_error("max_seq", self.max_seq, seq_allowed)
         if len(self.compress_ratios) != self.n_layers:
             raise _range_error("compress_ratios", self.compress_ratios, f"exactly n_layers ({self.n_layers}) entries")
         for i, r in enumerate(self.compress_ratios):
@@ -196,6 +229,17 @@ class AttnV41Cfg:
                         f"the latest source before layer {i} (layer {before[-1]}, ratio "
                         f"{self.compress_ratios[before[-1]]}) to have layer {i}'s ratio {r}",
                     )
+        # A reindex layer masks its scores with the candidate source's mask, one entry per
+        # compressed row of the candidate source: both must count rows with the same ratio.
+        if c is not None:
+            for i in self.index_source_layers:
+                if i > c and i not in self.kv_source_layers and self.compress_ratios[i] != self.compress_ratios[c]:
+                    raise _range_error(
+                        "candidate_source_layer",
+                        c,
+                        f"a layer whose compress ratio ({self.compress_ratios[c]}) equals that of every later "
+                        f"reindex layer (layer {i}, which uses its candidates, has ratio {self.compress_ratios[i]})",
+                    )
 
     def _derive_role(self, i: int) -> LayerRole:
         kv = i in self.kv_source_layers
@@ -228,10 +272,26 @@ class AttnV41Cfg:
     # ------------------------------------------------------------------ readers
     @classmethod
     def from_inference_config(cls, d: dict[str, Any], **overrides: Any) -> AttnV41Cfg:
-        """From the flat `inference/config.json` (the released code's `ModelArgs` names)."""
+        """From the flat `inference/config.json` (the released code's `ModelArgs` names).
+
+        `overrides` replace fields. Runtime capacities not given fit the checkpoint:
+        `max_seq` defaults to the file's `max_seq_len`, else to
+        `min(max(8192, max_tokens), max_position_embeddings)`; `max_tokens` defaults to
+        `min(4096, max_seq)`. A `max_seq` given explicitly is validated as given.
+        """
         n_layers = int(_need(d, "n_layers"))
-        max_seq = int(overrides.pop("max_seq", d.get("max_seq_len", 8192)))
-        max_tokens = int(overrides.pop("max_tokens", min(4096, max_seq)))
+        mpe = int(d.get("max_position_embeddings", 1 << 20))
+        if "max_seq" in overrides:
+            max_seq = overrides.pop("max_seq")
+        elif "max_seq_len" in d:
+            max_seq = d["max_seq_len"]
+        else:
+            # The default must fit the checkpoint (and an explicit max_tokens): a value the
+            # caller never passed must not be what the validation refuses.
+            max_tokens = overrides.get("max_tokens")
+            max_seq = min(max(DEFAULT_MAX_SEQ, max_tokens if _is_int(max_tokens) else 0), mpe)
+        # (a max_seq that is no integer is refused by the validation, naming it)
+        max_tokens = overrides.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_seq) if _is_int(max_seq) else 1)
         kw = dict(
             dim=_need(d, "dim"),
             n_layers=n_layers,
@@ -254,7 +314,7 @@ class AttnV41Cfg:
             beta_fast=float(_need(d, "beta_fast")),
             beta_slow=float(_need(d, "beta_slow")),
             norm_eps=float(_need(d, "norm_eps")),
-            max_position_embeddings=int(d.get("max_position_embeddings", 1 << 20)),
+            max_position_embeddings=mpe,
             # The released list also covers the draft stages after the backbone.
             compress_ratios=tuple(_need(d, "compress_ratios"))[:n_layers],
             kv_source_layers=tuple(_need(d, "kv_source_layers")),
@@ -268,7 +328,11 @@ class AttnV41Cfg:
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any], **overrides: Any) -> AttnV41Cfg:
-        """From a checkpoint's nested `config.json` (model keys under `text_config`)."""
+        """From a checkpoint's nested `config.json` (model keys under `text_config`).
+
+        Defaults of `max_seq` and `max_tokens` as `from_inference_config`: at most the
+        checkpoint's `max_position_embeddings`.
+        """
         t = d.get("text_config", d)
         rs = t.get("rope_scaling") or {}
         if rs and rs.get("rope_type", rs.get("type")) not in ("yarn", None):
@@ -317,7 +381,14 @@ class AttnV41Cfg:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> AttnV41Cfg:
-        """From a checkpoint directory (`config.json`, else `inference/config.json`) or a config file."""
+        """From a checkpoint directory (`config.json`, else `inference/config.json`) or a config file.
+
+        `overrides` replace fields. Without them `max_seq = min(8192,
+        max_position_embeddings)` and `max_tokens = min(4096, max_seq)` (see
+        `from_inference_config`), so the defaults fit any checkpoint; an explicit `max_seq`
+        above `max_position_embeddings` raises naming `max_seq`. A file that is not valid
+        JSON raises `attnv41.checkpoint.CheckpointError` naming the file.
+        """
         p = Path(path)
         if p.is_dir():
             for cand in (p / "config.json", p / "inference" / "config.json"):
@@ -326,10 +397,23 @@ class AttnV41Cfg:
                     break
             else:
                 raise FileNotFoundError(f"{path}: no config.json or inference/config.json")
-        d = json.loads(p.read_text())
+        d = _read_json(p)
         if "text_config" in d or "hidden_size" in d:
             return cls.from_hf_config(d, **overrides)
         return cls.from_inference_config(d, **overrides)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint's file; `CheckpointError` naming the file otherwise."""
+    from .checkpoint import CheckpointError  # checkpoint imports this module
+
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: top-level JSON value is a {type(d).__name__}; allowed: an object")
+    return d
 
 
 def _need(d: dict[str, Any], key: str, prefix: str = "") -> Any:

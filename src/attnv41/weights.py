@@ -4,7 +4,8 @@ Names are relative to the layer (`attn.wq_a.weight`, `attn.compressor.wkv.weight
 `attn.indexer.wq_b.weight`, `attn.attn_sink`, ...), as in the released checkpoint
 without the `layers.{i}.` prefix. Runtime dtypes (attention-v41.md §1–§2): bf16
 projections, fp32 sink, the ratio>=2 compressor in fp32, norm weights as given (bf16
-or fp32; both hold the same values). No compute here beyond dtype checks.
+or fp32; both hold the same values). No compute here beyond the checks of names,
+shapes, dtypes and finite values, done once when the weights are built.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from .config import AttnV41Cfg, LayerRole, v41_flash
 
-__all__ = ["AttnV41LayerWeights", "expected_tensors"]
+__all__ = ["AttnV41LayerWeights", "NonFiniteWeightError", "describe_nonfinite", "expected_tensors"]
 
 PREFIX = "attn."
 _STANDIN = v41_flash()  # names and dtypes do not depend on the geometry
@@ -56,6 +57,25 @@ def expected_tensors(
     return e
 
 
+class NonFiniteWeightError(ValueError):
+    """A weight holding NaN or ±inf. `key`: its name relative to the layer; `detail`: the
+    count, the first index and what is allowed."""
+
+    def __init__(self, layer: int, key: str, detail: str):
+        super().__init__(f"layers.{layer}.{key}: {detail}")
+        self.layer, self.key, self.detail = layer, key, detail
+
+
+def describe_nonfinite(t: torch.Tensor) -> str | None:
+    """None when every value of `t` is finite, else "<n> non-finite values (first at [i, j]);
+    allowed: finite"."""
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return None
+    n = int(bad.sum())
+    return f"{n} non-finite value{'s' if n > 1 else ''} (first at {bad.nonzero()[0].tolist()}); allowed: finite"
+
+
 def _canonical(name: str) -> str:
     return name if name.startswith(PREFIX) else PREFIX + name
 
@@ -79,7 +99,9 @@ class AttnV41LayerWeights:
 
         Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16). With
         `cfg`, checks every name, shape and dtype against the role and raises naming the
-        tensor; without it, checks names only (the runtime checks shapes on use).
+        tensor; without it, checks names only (the runtime checks shapes on use). Either
+        way a tensor holding NaN or ±inf raises `NonFiniteWeightError` (a ValueError)
+        naming it, `layers.{i}.attn.<name>`.
         """
         got = {_canonical(k): v for k, v in tensors.items()}
         if role.is_kv_source and role.ratio >= 2:
@@ -102,6 +124,10 @@ class AttnV41LayerWeights:
                 raise TypeError(f"layer {role.layer}: {k}.dtype = {t.dtype}; allowed: {list(dtypes)}")
             if shape is not None and tuple(t.shape) != shape:
                 raise ValueError(f"layer {role.layer}: {k}.shape = {tuple(t.shape)}; allowed: {shape}")
+        for k in spec:  # every tensor is float (dtypes checked above); once per construction, never per forward
+            detail = describe_nonfinite(got[k])
+            if detail is not None:
+                raise NonFiniteWeightError(role.layer, k, detail)
         if device is not None:
             got = {k: v.to(device) for k, v in got.items()}
         return cls(role, got)

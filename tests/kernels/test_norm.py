@@ -17,6 +17,7 @@ import torch
 
 from attnv41.kernels import norm as K
 from attnv41.reference import norm as R
+from norm_cases import EPS_CASES, assert_hand_value, eps_case
 
 CASES = [
     pytest.param(w, r, wdt, id=f"w{w}-r{r}-{str(wdt).removeprefix('torch.')}")
@@ -137,3 +138,23 @@ def test_validation(args, match, device):
         K.rms_norm(**moved)
     with pytest.raises(ValueError, match=match):
         K.rms_norm_torch(**args)
+
+
+# ---------------------------------------------------------------------------- eps placement (issue 10)
+@pytest.mark.parametrize(
+    "width", [64, 301, K._MAX_BLOCK + 904], ids=["w64", "w301", "chunked"]
+)  # the last takes the kernel's two-pass loop over chunks
+@pytest.mark.parametrize("kind, eps, exact", EPS_CASES)
+def test_eps_inside_the_square_root(kind, eps, exact, width, device):
+    """Hand values where eps matters (golden files use eps = 1e-20, which hides it), for
+    the Triton kernel (both of its code paths) and the torch twin."""
+    x, w, y = eps_case(kind, eps, exact, rows=2, width=width, seed=zlib.crc32(f"{kind}-{eps}-{width}".encode()))
+    for wdt in (torch.float32, torch.bfloat16):
+        name = f"{kind} eps {eps:g} w {str(wdt).removeprefix('torch.')}"
+        out = torch.full_like(x, float("nan"), device=device)  # poisoned: every value must be written
+        assert_hand_value(f"rms_norm (Triton) {name}", K.rms_norm(x.to(device), w.to(wdt).to(device), eps, out=out), y)
+        twin = K.rms_norm_torch(x, w.to(wdt), eps)
+        assert_hand_value(f"rms_norm_torch {name}", twin, y)
+        assert torch.equal(twin, R.rms_norm(x, w.to(wdt), eps)), (
+            f"rms_norm_torch {name}: not bit-exact with the reference"
+        )
