@@ -287,3 +287,18 @@ def test_malformed_config_json_names_the_file(tmp_path, text):
     with pytest.raises(CheckpointError) as e:
         AttnV41Cfg.from_checkpoint(tmp_path)
     assert str(p) in str(e.value), str(e.value)
+
+
+def test_direct_construction_defaults_fit_a_small_position_limit():
+    """Leaving max_seq/max_tokens out never blames a value the caller did not pass."""
+    kw = small_cfg().to_dict()
+    del kw["max_seq"], kw["max_tokens"]
+    cfg = AttnV41Cfg(**{**kw, "max_position_embeddings": 512})
+    assert (cfg.max_seq, cfg.max_tokens) == (512, 512)
+    cfg = AttnV41Cfg(**{**kw, "max_position_embeddings": 1 << 20})
+    assert (cfg.max_seq, cfg.max_tokens) == (8192, 4096)
+    cfg = AttnV41Cfg(**{**kw, "max_tokens": 10000})
+    assert (cfg.max_seq, cfg.max_tokens) == (10000, 10000)
+    assert cfg.replace(window=16).max_seq == 10000  # replace keeps the resolved values
+    with pytest.raises(ValueError, match="AttnV41Cfg.max_seq = 1024; allowed: max_tokens"):
+        AttnV41Cfg(**{**kw, "max_position_embeddings": 512, "max_seq": 1024})

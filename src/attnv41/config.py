@@ -71,7 +71,11 @@ def _range_error(name: str, value: Any, allowed: str) -> ValueError:
 
 @dataclass(frozen=True)
 class AttnV41Cfg:
-    """Geometry of V4.1 attention (attention-v41.md §1) plus runtime capacities."""
+    """Geometry of V4.1 attention (attention-v41.md §1) plus runtime capacities.
+
+    `max_seq` and `max_tokens` left out (None) default to `min(max(8192, max_tokens),
+    max_position_embeddings)` and `min(4096, max_seq)`: values that fit the geometry.
+    """
 
     dim: int
     n_layers: int
@@ -99,11 +103,21 @@ class AttnV41Cfg:
     kv_source_layers: tuple[int, ...]
     index_source_layers: tuple[int, ...]
     candidate_source_layer: int | None
-    max_tokens: int = 4096
-    max_seq: int = 8192
+    max_tokens: int | None = None  # default: min(4096, max_seq)
+    max_seq: int | None = None  # default: min(max(8192, max_tokens), max_position_embeddings)
     roles: tuple[LayerRole, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Capacities left out get defaults that fit the geometry (never a value beyond
+        # max_position_embeddings that the caller did not pass).
+        mpe = self.max_position_embeddings
+        if self.max_seq is None:
+            mt = self.max_tokens if _is_int(self.max_tokens) else 0
+            seq = min(max(DEFAULT_MAX_SEQ, mt), mpe) if _is_int(mpe) else DEFAULT_MAX_SEQ
+            object.__setattr__(self, "max_seq", seq)
+        if self.max_tokens is None:
+            tok = min(DEFAULT_MAX_TOKENS, self.max_seq) if _is_int(self.max_seq) else DEFAULT_MAX_TOKENS
+            object.__setattr__(self, "max_tokens", tok)
         # Normalise list inputs to tuples so the dataclass stays hashable. No conversion of
         # the entries: int(2.7) or int(True) would silently change the schedule.
         for name in ("compress_ratios", "kv_source_layers", "index_source_layers"):
