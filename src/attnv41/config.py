@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["AttnV41Cfg", "LayerRole", "v41_flash"]
 
-# Widest decode selection (window + index_topk) the runtime launches (runtime/attn.py checks it too).
+# Widest decode selection (window + index_topk) the runtime launches.
 MAX_DECODE_WIDTH = 2048
 
 # Runtime capacities when neither the caller nor the config file gives them (both

@@ -115,10 +115,8 @@ class AttnV41:
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
-        if cfg.window + cfg.index_topk > 2048:
-            raise ValueError(
-                f"window + index_topk = {cfg.window + cfg.index_topk}; allowed: <= 2048 (the fixed decode launch width)"
-            )
+        if not isinstance(cfg, AttnV41Cfg):  # validated on construction (decode width included)
+            raise TypeError(f"cfg is a {type(cfg).__name__}; allowed: AttnV41Cfg")
         self.cfg = cfg
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
