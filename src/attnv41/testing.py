@@ -195,6 +195,22 @@ def _is_valid_topk(chosen: set[int], scores: torch.Tensor, visible: int, k: int,
     return all(s[j].item() >= kth - slack for j in chosen)
 
 
+def _swap_ok(gs: set[int], rs: set[int], ref_row, got_row, vis: int, k: int) -> bool:
+    """README: positions whose golden scores lie within the row's score error (at least one
+    bf16 ulp of the k-th value) of the golden k-th value may swap; ours must be a valid
+    top-k of our own scores."""
+    s = ref_row.double()
+    kth = torch.sort(s, descending=True).values[k - 1].item()
+    slack = bf16_ulp(torch.tensor(kth)).item() if math.isfinite(kth) else 0.0
+    if got_row is not None:
+        gsc = got_row.double()
+        fin = torch.isfinite(s) & torch.isfinite(gsc)
+        if fin.any():
+            slack = max(slack, (gsc[fin] - s[fin]).abs().max().item())
+    ok = len(gs) == len(rs) and all(abs(s[j].item() - kth) <= slack for j in gs ^ rs)
+    return ok and (got_row is None or _is_valid_topk(gs, got_row, vis, k, 0.0))
+
+
 def compare_selection(
     name: str,
     got: torch.Tensor,
@@ -251,32 +267,31 @@ def compare_selection(
         vis = int(visible[t])
         if t in own_score_rows and got_scores is not None:
             ok = _is_valid_topk(gs, got_scores[t], vis, k, 0.0) and len(gs) == len(rs)
-        elif tie is not None and bool(tie[t]):
-            mine = own_scores_on_ties or ref_scores is None
-            if mine and got_scores is None:
-                return Cmp(name, False, math.inf, f"compressed part of tie-flagged row {t} differs and no scores to judge")
-            if ref_scores is None:
-                own_ties.append(t)
-            ok = _is_valid_topk(gs, got_scores[t] if mine else ref_scores[t], vis, k, 0.0) and len(gs) == len(rs)
-        elif ref_scores is None:
-            return Cmp(
-                name, False, math.inf, f"compressed part of row {t} (no tie flag) differs and no index_score to judge"
-            )
         else:
-            # Positions may swap only where the scores themselves differ: each swapped
-            # position's golden score lies within the row's score error (at least one
-            # bf16 ulp) of the golden k-th value, and ours is a valid top-k of our scores.
-            s = ref_scores[t].double()
-            kth = torch.sort(s, descending=True).values[k - 1].item()
-            slack = bf16_ulp(torch.tensor(kth)).item() if math.isfinite(kth) else 0.0
-            if got_scores is not None:
-                gsc = got_scores[t].double()
-                fin = torch.isfinite(s) & torch.isfinite(gsc)
-                if fin.any():
-                    slack = max(slack, (gsc[fin] - s[fin]).abs().max().item())
-            ok = len(gs) == len(rs) and all(abs(s[j].item() - kth) <= slack for j in gs ^ rs)
-            if got_scores is not None:
-                ok = ok and _is_valid_topk(gs, got_scores[t], vis, k, 0.0)
+            ok = False
+            if tie is not None and bool(tie[t]):
+                mine = own_scores_on_ties or ref_scores is None
+                if mine and got_scores is None:
+                    return Cmp(
+                        name, False, math.inf, f"compressed part of tie-flagged row {t} differs and no scores to judge"
+                    )
+                ok = _is_valid_topk(gs, got_scores[t] if mine else ref_scores[t], vis, k, 0.0) and len(gs) == len(rs)
+                if ok and ref_scores is None:
+                    own_ties.append(t)
+            if not ok and ref_scores is None:
+                return Cmp(
+                    name,
+                    False,
+                    math.inf,
+                    f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}; "
+                    "no index_score in the file to judge a swap",
+                )
+            # Positions may swap where the scores themselves differ (a tie flag makes no
+            # row stricter): each swapped position's golden score lies within the row's
+            # score error (at least one bf16 ulp) of the golden k-th value, and ours is a
+            # valid top-k of our scores.
+            if not ok:
+                ok = _swap_ok(gs, rs, ref_scores[t], None if got_scores is None else got_scores[t], vis, k)
         if not ok:
             return Cmp(name, False, math.inf, f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}")
         excused.append(t)
