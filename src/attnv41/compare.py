@@ -127,14 +127,25 @@ def selection_source(cfg: AttnV41Cfg, layer: int) -> int:
 # all of that (and one rounding per stage of the score) can do to each score.
 SCORE_GEMM_ULPS = 1
 _FP32_EPS = 2.0**-24
+_TABLES: dict = {}  # the RoPE tables of the last (cfg, device) a bound was computed for
 
 
-def _bf16_step(v: torch.Tensor, n: int, toward: float) -> torch.Tensor:
-    """`v` (bf16) moved by `n` bf16 ulps toward ±inf."""
-    to = torch.full_like(v, toward)
+def _bf16_step(v: torch.Tensor, n: int, up: bool) -> torch.Tensor:
+    """`v` (bf16) moved by `n` bf16 ulps up or down, on its bit pattern (sign-magnitude:
+    the int16 view grows with the magnitude of positive values and shrinks toward −0x7FFF
+    with the magnitude of negative ones; ±0 steps to the smallest subnormal of that side)."""
+    b = v.contiguous().view(torch.int16).int()
+    special = (b & 0x7FFF) >= 0x7F80  # ±inf and NaN stay as they are
     for _ in range(n):
-        v = torch.nextafter(v, to)
-    return v
+        zero = (b & 0x7FFF) == 0
+        neg = b < 0
+        if up:
+            b = torch.where(zero, torch.ones_like(b), torch.where(neg, b - 1, b + 1))
+        else:
+            b = torch.where(zero, torch.full_like(b, -0x7FFF), torch.where(neg, b + 1, b - 1))
+        b = torch.where(b == -0x8000, torch.zeros_like(b), b)  # −1 ulp from −(smallest subnormal) is −0
+    b = torch.where(special, v.contiguous().view(torch.int16).int(), b)
+    return b.to(torch.int16).view(torch.bfloat16)
 
 
 def _bf16_enclosure(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,16 +256,19 @@ def index_score_bound(
     L = ref_keys.shape[0]
     if tuple(got_keys.shape) != (L, d) or tuple(ref_keys.shape) != (L, d):
         raise ValueError(f"keys {tuple(got_keys.shape)} and {tuple(ref_keys.shape)}; allowed: both [{L}, {d}]")
-    x = x.cpu()
-    w = {k: v.cpu() for k, v in w.items() if k in ("wq_a.weight", "q_norm.weight") or k.startswith("indexer.")}
-    tables = RefTables.build(cfg)
-    pos = torch.arange(start_pos, start_pos + m)
+    dev = x.device  # computed where the inputs are (weights on a GPU stay there)
+    key = (cfg, str(dev))
+    if key not in _TABLES:
+        _TABLES.clear()
+        _TABLES[key] = RefTables.build(cfg, dev)
+    tables = _TABLES[key]
+    pos = torch.arange(start_pos, start_pos + m, device=dev)
     # queries: the GEMM output, ±ulps, through RoPE and the fp4 round trip
     c = rms_norm(linear(x, w["wq_a.weight"]), w["q_norm.weight"], cfg.norm_eps)
     pre = linear(c, w["indexer.wq_b.weight"]).view(m, H, d)
     q_ref = fp4_e8m0_qdq(apply_rope(pre, tables.yarn_cos, tables.yarn_sin, pos))
     lo, hi = _rope_enclosure(
-        _bf16_step(pre, ulps, -math.inf), _bf16_step(pre, ulps, math.inf), tables.yarn_cos, tables.yarn_sin, pos
+        _bf16_step(pre, ulps, False), _bf16_step(pre, ulps, True), tables.yarn_cos, tables.yarn_sin, pos
     )
     qmin, qmax = _fp4_e8m0_range(lo, hi)
     qr = q_ref.double()
@@ -267,26 +281,28 @@ def index_score_bound(
     hp = linear(x, w["indexer.weights_proj.weight"])
     w_ref = (hp.float() * factor).to(torch.bfloat16)
     wlo, whi = _bf16_enclosure(
-        _bf16_step(hp, ulps, -math.inf).double() * factor, _bf16_step(hp, ulps, math.inf).double() * factor
+        _bf16_step(hp, ulps, False).double() * factor, _bf16_step(hp, ulps, True).double() * factor
     )
     wr = w_ref.double()
     dw = torch.maximum(whi.double() - wr, wr - wlo.double())
     wabs = torch.maximum(wlo.double().abs(), whi.double().abs())
     # keys: known exactly
-    k_ref, k_got = ref_keys.cpu().double(), got_keys.cpu().double()
+    k_ref, k_got = ref_keys.to(dev).double(), got_keys.to(dev).double()
     dk = (k_got - k_ref).abs()
     kabs = torch.maximum(k_ref.abs(), k_got.abs())
     dot = torch.einsum("mhd,ld->mhl", qr, k_ref)
     ddot = torch.einsum("mhd,ld->mhl", dq, k_ref.abs()) + torch.einsum("mhd,ld->mhl", qabs, dk)
-    ddot += _ulp(dot.abs() + ddot) + d * _FP32_EPS * torch.einsum("mhd,ld->mhl", qabs, kabs)
+    # one rounding each side: |RN(a) − RN(b)| ≤ |a − b| + 1 ulp; fp32 sums on both sides
+    ddot += _ulp(dot.abs() + ddot) + 2 * d * _FP32_EPS * torch.einsum("mhd,ld->mhl", qabs, kabs)
     relu = dot.to(torch.bfloat16).double().relu()
     prod = relu * wr[..., None]
     dprod = wabs[..., None] * ddot + dw[..., None] * relu
     dprod += _ulp(prod.abs() + dprod)
     score = prod.sum(1)
     bound = dprod.sum(1)
-    bound += _ulp(score.abs() + bound) + H * _FP32_EPS * (prod.abs() + dprod).sum(1)
-    return ScoreBound(bound, index_scores(q_ref, w_ref, ref_keys.cpu(), torch.full((m,), L)), int((dq > 0).sum()))
+    bound += _ulp(score.abs() + bound) + 2 * H * _FP32_EPS * (prod.abs() + dprod).sum(1)
+    scores = index_scores(q_ref, w_ref, ref_keys.to(dev), torch.full((m,), L, device=dev))
+    return ScoreBound(bound.cpu(), scores.cpu(), int((dq > 0).sum()))
 
 
 def _kv_source(cfg: AttnV41Cfg, layer: int) -> int:

@@ -2,9 +2,10 @@
 
 `GoldenFile` reads a file's metadata, config, weights and per-layer tensors.
 `replay` runs every regime in order, layer by layer, through an implementation and
-compares every tensor present in the file by the README's rules (see `testing.py`);
-a tensor the README lists for a layer but the file lacks is skipped and counted.
-`attnv41 check` and the tests call the same code.
+compares every tensor present in the file by the README's rules (see `testing.py`,
+`compare.py`); a tensor the README lists for a layer but the file lacks is skipped and
+counted, and a run that compared nothing, or skipped every tensor of a kind, fails
+(`ReplayReport.problems`). `attnv41 check` and the tests call the same code.
 
 An implementation is any callable `make(cfg, weights, index_keys, device)` returning
 an object with `layer(i, x, start_pos)`; the object the call returns carries the
