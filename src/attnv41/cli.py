@@ -95,7 +95,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for v in variants:
         rep = replay(golden, v, IMPLS[impl], device=args.device, impl_name=impl)
         _print_report(rep, sys.stdout)
-        failed += rep.n_failed
+        problems = rep.problems()  # a run that compared nothing of a kind proves nothing about it
+        failed += rep.n_failed + len(problems)
         total_cmp += rep.n_compared
         total_skip += rep.n_skipped
         worst = rep.worst()
@@ -104,6 +105,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{rep.n_skipped} skipped (absent from the file, or not observable in a captured step); worst ratio "
             + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst)
         )
+        for p in problems:
+            print(f"-- {golden.name}/{v}: FAIL: {p}")
     dt = time.perf_counter() - t0
     verdict = "PASS" if failed == 0 else "FAIL"
     print(

@@ -2,9 +2,10 @@
 
 `GoldenFile` reads a file's metadata, config, weights and per-layer tensors.
 `replay` runs every regime in order, layer by layer, through an implementation and
-compares every tensor present in the file by the README's rules (see `testing.py`);
-a tensor the README lists for a layer but the file lacks is skipped and counted.
-`attnv41 check` and the tests call the same code.
+compares every tensor present in the file by the README's rules (see `testing.py`,
+`compare.py`); a tensor the README lists for a layer but the file lacks is skipped and
+counted, and a run that compared nothing, or skipped every tensor of a kind, fails
+(`ReplayReport.problems`). `attnv41 check` and the tests call the same code.
 
 An implementation is any callable `make(cfg, weights, index_keys, device)` returning
 an object with `layer(i, x, start_pos)`; the object the call returns carries the
@@ -119,42 +120,98 @@ def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
 
 class _SplitDecode:
     """The runtime with decode steps through `decode_prep`/`decode_body` (CUDA graphs on
-    CUDA, the split path eagerly on the CPU): prefill through `forward`, decode per step."""
+    CUDA, the split path eagerly on the CPU): prefill through `forward`, decode per step.
+
+    A source layer's trace is its `forward` run, kept when it returns (`on_source`). A
+    captured layer leaves no run; what it left observable is read once its segment is
+    over (at the next source's callback, or after the step): its output and ring, the
+    selection it attended with (`attn.dec_sel` of its class, trimmed to the window and the
+    visible top-k, the rest checked to be −1), and on ratio>0 layers the rows its kv
+    source's caches hold and, once published this step, the candidate mask."""
 
     def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device):
         from .runtime.graphs import DecodeGraphs
         from .runtime.stack import RuntimeStack
 
+        self.cfg = cfg
         self.stack = RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
         self.graphs = DecodeGraphs(self.stack)
         self.graphs.on_source = self._keep
         self._sources: dict[int, _Frozen] = {}
+        self._seen: dict[int, _Captured] = {}
+        self._pos = -1
 
     def _keep(self, i: int, run) -> None:
+        self._observe(i)
         self._sources[i] = _Frozen(run)
+
+    def _observe(self, upto: int) -> None:
+        """Record the captured layers before `upto` whose segment is over."""
+        for j in range(upto):
+            if j not in self._sources and j not in self._seen:
+                self._seen[j] = _Captured.of(self.cfg, self.stack, j, self._pos, set(self._sources))
 
     def layer(self, i: int, x: torch.Tensor, start_pos: int):
         return self.stack.layer(i, x, start_pos)
 
     def decode_step(self, xs, start_pos: int) -> list:
-        self._sources = {}
+        self._sources, self._seen, self._pos = {}, {}, start_pos
         y = self.graphs.step(xs, start_pos)
+        self._observe(self.cfg.n_layers)
         out = []
-        for i, st in enumerate(self.stack.states):
+        for i in range(self.cfg.n_layers):
             if i in self._sources:
                 out.append(self._sources[i])
             else:
-                out.append(_Captured(y[i].clone(), st.ring.clone()))
+                cap = self._seen[i]
+                cap.out = y[i].clone()
+                out.append(cap)
         return out
 
 
 class _Captured:
-    """What a captured layer step leaves observable: its output and its ring."""
+    """What a captured layer step leaves observable (see `_SplitDecode`); q and o are
+    workspace values the next layer overwrites inside the graph."""
 
-    not_produced = ("q", "o", "sel")
+    not_produced = ("q", "o")
 
-    def __init__(self, out: torch.Tensor, ring: torch.Tensor):
-        self.out, self.kv_win = out, ring
+    def __init__(self):
+        self.out = self.kv_win = self.sel = None
+        self.compress_kv = self.index_k = self.candidates = None
+        self.observed_from: dict[str, int] = {}
+        self.errors: dict[str, str] = {}
+
+    @classmethod
+    def of(cls, cfg: AttnV41Cfg, stack, i: int, pos: int, sources_run: set[int]) -> _Captured:
+        from .compare import _kv_source
+
+        c = cls()
+        role = cfg.roles[i]
+        c.kv_win = stack.states[i].ring.detach().cpu().clone()
+        r = role.ratio
+        L = (pos + 1) // r if r else 0
+        k = min(cfg.index_topk, L)
+        width = cfg.window + k
+        buf = stack.attn.dec_sel[r > 0].detach().cpu().clone()
+        if buf.shape[0] != 1 or buf.shape[1] < width:
+            c.errors["sel"] = f"attn.dec_sel[{r > 0}] is {tuple(buf.shape)}; allowed: [1, >= {width}]"
+        elif (buf[:, width:] != -1).any():
+            c.errors["sel"] = f"attn.dec_sel[{r > 0}] past column {width} is {buf[0, width:].tolist()}; allowed: all −1"
+        else:
+            c.sel = buf[:, :width]
+        if r > 0:
+            src = _kv_source(cfg, i)
+            st = stack.states[src]
+            c.compress_kv = st.compress_kv[:L].detach().cpu().clone()
+            c.index_k = st.index_k[:L].detach().cpu().clone()
+            c.observed_from.update(compress_kv=src, index_k=src)
+            cand = cfg.candidate_source_layer
+            cand_ratio = cfg.roles[cand].ratio if cand is not None else 0
+            if cand is not None and cand in sources_run and cand_ratio == r and L > 0:
+                shared_c = stack.shared.candidates
+                c.candidates = None if shared_c is None else shared_c.detach().cpu().clone()
+                c.observed_from["candidates"] = cand
+        return c
 
 
 def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
@@ -176,20 +233,23 @@ def replay(
     if variant not in golden.variants:
         raise ValueError(f"variant = {variant!r}; allowed: {golden.variants}")
     cfg = golden.cfg
-    weights = [{k: v.to(device) for k, v in golden.weights(i).items()} for i in range(cfg.n_layers)]
+    golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
+    weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]
     impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
     report = ReplayReport(golden.name, variant, impl_name)
     rows_prefill = golden.prefill_rows
+    keys: dict[int, torch.Tensor] = {}  # per kv source: our index-key rows as last reported
     for reg in golden.regimes:
         rname, start = reg["name"], int(reg["start_pos"])
         traces: dict[int, Any] = {}
-        score_rows: dict[int, set[int]] = {}  # per index source: rows whose scores were excused
-        xs = []
+        score_rows: dict = {}  # per layer: rows whose scores were excused, selection verdicts
+        x_cpu = []
         for i in range(cfg.n_layers):
             x = golden.get(variant, rname, i, "x")
             if x is None:
                 raise ValueError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
-            xs.append(x.to(device))
+            x_cpu.append(x)
+        xs = [x.to(device) for x in x_cpu]
         # A split-decode implementation runs a whole decode step at once (CUDA graphs
         # span several layers); its traces are then compared layer by layer.
         step_traces = impl.decode_step(xs, start) if start > 0 and hasattr(impl, "decode_step") else None
@@ -211,6 +271,8 @@ def replay(
                 traces,
                 score_rows,
                 rows_prefill if start == 0 else None,
+                lambda layer, _x=x_cpu: (_x[layer], golden_w[layer]),
+                keys,
             )
             report.layers.append(lr)
             if on_layer:

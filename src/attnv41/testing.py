@@ -59,22 +59,26 @@ def _inf_mismatch(name: str, g: torch.Tensor, r: torch.Tensor) -> Cmp | None:
     return None
 
 
+def _rows(mask: torch.Tensor) -> list[int]:
+    """Indices along dim 0 holding a True (a 0-dim mask counts as row 0)."""
+    return mask.reshape(mask.shape[0] if mask.dim() else 1, -1).any(1).nonzero().flatten().tolist()
+
+
 def compare_bf16(
     name: str,
     got: torch.Tensor,
     ref: torch.Tensor,
     rel: float = BF16_REL,
     abs_: float = BF16_ABS,
-    excuse_rows: int = 0,
-    excuse_factor: float = 4.0,
+    allowance: torch.Tensor | None = None,
     finite_only_rows: torch.Tensor | None = None,
 ) -> Cmp:
     """`|got − ref| ≤ max|ref|·rel + abs_` elementwise over finite entries; ±inf must match exactly.
 
-    `excuse_rows` (for index scores): up to that many rows (dim 0) may exceed the
-    tolerance, each by at most `excuse_factor`× — what one fp4 step of a single
-    index-query element does to a row of scores when an input crossed a rounding
-    boundary one bf16 ulp away. Their indices land in `Cmp.rows`.
+    `allowance` (fp64, the shape of `ref`; for index scores): an entry over the tolerance
+    by at most its own allowance is accepted and counted in `Cmp.excused`; the rows
+    holding one land in `Cmp.rows`. The caller computes the allowance from a known cause
+    (`compare.index_score_bound`); where it is 0 the plain tolerance applies.
     `finite_only_rows` (bool `[m]`): on these rows only entries finite in both are
     compared (the row's ±inf pattern came from a tie-dependent candidate mask).
     """
@@ -91,18 +95,33 @@ def compare_bf16(
         return Cmp(name, True, 0.0)
     tol = r[fin].abs().max().item() * rel + abs_
     err = torch.where(fin, (g - r).abs(), torch.zeros_like(g))
-    row_err = err.reshape(err.shape[0], -1).amax(1) if err.dim() else err.reshape(1)
-    over = (row_err > tol).nonzero().flatten().tolist()
-    if not over:
-        return Cmp(name, True, row_err.max().item() / tol, f"max err {row_err.max().item():.3g}, tol {tol:.3g}")
-    within = len(over) <= excuse_rows and all(row_err[t].item() <= excuse_factor * tol for t in over)
-    rest = row_err.clone()
-    rest[over] = 0
-    ratio = (rest.max().item() if within else row_err.max().item()) / tol
-    detail = f"max err {row_err.max().item():.3g}, tol {tol:.3g}; rows {over[:6]} over tol"
-    if not within:
-        detail += f" (allowed {excuse_rows} rows up to {excuse_factor}x)"
-    return Cmp(name, within, ratio, detail, excused=len(over) if within else 0, rows=over if within else [])
+    over = err > tol
+    if not over.any():
+        return Cmp(name, True, err.max().item() / tol, f"max err {err.max().item():.3g}, tol {tol:.3g}")
+    detail = f"max err {err.max().item():.3g}, tol {tol:.3g}"
+    if allowance is None:
+        rows = _rows(over)
+        return Cmp(name, False, err.max().item() / tol, detail + f"; rows {rows[:6]} over tol")
+    allow = allowance.double().cpu()
+    if tuple(allow.shape) != tuple(r.shape):
+        raise ValueError(f"allowance.shape = {tuple(allow.shape)}; allowed: the reference's {tuple(r.shape)}")
+    beyond = over & (err > tol + allow)
+    excused = over & ~beyond
+    rest = torch.where(over, torch.zeros_like(err), err).max().item() / tol
+    worst = (err[over] / (tol + allow[over])).max().item()
+    if beyond.any():
+        rows = _rows(beyond)
+        detail += (
+            f"; {int(beyond.sum())} entries in rows {rows[:6]} beyond tol + their computed bound "
+            f"(worst err/(tol + bound) {worst:.3g})"
+        )
+        return Cmp(name, False, max(rest, worst), detail)
+    rows = _rows(excused)
+    detail += (
+        f"; {int(excused.sum())} of {int(fin.sum())} entries ({len(rows)} rows) over tol, within their computed "
+        f"bound (worst err/tol {(err[over] / tol).max().item():.3g}, err/(tol + bound) {worst:.3g})"
+    )
+    return Cmp(name, True, rest, detail, excused=int(excused.sum()), rows=rows)
 
 
 def compare_quantized(name: str, got: torch.Tensor, ref: torch.Tensor, fmt: str, max_frac: float = 0.01) -> Cmp:
@@ -176,6 +195,22 @@ def _is_valid_topk(chosen: set[int], scores: torch.Tensor, visible: int, k: int,
     return all(s[j].item() >= kth - slack for j in chosen)
 
 
+def _swap_ok(gs: set[int], rs: set[int], ref_row, got_row, vis: int, k: int) -> bool:
+    """README: positions whose golden scores lie within the row's score error (at least one
+    bf16 ulp of the k-th value) of the golden k-th value may swap; ours must be a valid
+    top-k of our own scores."""
+    s = ref_row.double()
+    kth = torch.sort(s, descending=True).values[k - 1].item()
+    slack = bf16_ulp(torch.tensor(kth)).item() if math.isfinite(kth) else 0.0
+    if got_row is not None:
+        gsc = got_row.double()
+        fin = torch.isfinite(s) & torch.isfinite(gsc)
+        if fin.any():
+            slack = max(slack, (gsc[fin] - s[fin]).abs().max().item())
+    ok = len(gs) == len(rs) and all(abs(s[j].item() - kth) <= slack for j in gs ^ rs)
+    return ok and (got_row is None or _is_valid_topk(gs, got_row, vis, k, 0.0))
+
+
 def compare_selection(
     name: str,
     got: torch.Tensor,
@@ -198,12 +233,18 @@ def compare_selection(
     on other rows, positions whose golden scores lie within the row's score error (at
     least one bf16 ulp) of the row's k-th value may be swapped, provided ours is a
     valid top-k of our own scores; on rows in `own_score_rows` (whose scores were excused
-    by `compare_bf16`), any valid top-k of our own scores. Returns which rows were accepted under those rules in
-    `excused`; `detail` lists the rows whose selection differs.
+    by `compare_bf16`), any valid top-k of our own scores. Without golden scores
+    (`ref_scores` None: a file that stores `sel_tie` but no `index_score`), flagged rows
+    are judged against our own scores and `detail` says so; other rows must match.
+    Returns which rows were accepted under those rules in `excused`; `detail` lists the
+    rows whose selection differs. A NaN in either score tensor fails.
     """
     bad = _prelude(name, got, ref)
     if bad:
         return bad
+    for who, sc in (("our", got_scores), ("the reference's", ref_scores)):
+        if sc is not None and torch.isnan(sc.float()).any():
+            return Cmp(name, False, math.inf, f"NaN present in {who} index scores")
     g, r = got.cpu().long(), ref.cpu().long()
     if not torch.equal(g[:, :window_cols], r[:, :window_cols]):
         n = int((g[:, :window_cols] != r[:, :window_cols]).any(1).sum())
@@ -211,11 +252,9 @@ def compare_selection(
     diff_rows = (g[:, window_cols:] != r[:, window_cols:]).any(1).nonzero().flatten().tolist()
     if not diff_rows:
         return Cmp(name, True, 0.0)
-    if ref_scores is None or visible is None:
-        return Cmp(
-            name, False, math.inf, f"compressed part differs on rows {diff_rows[:8]} and no scores to judge ties"
-        )
-    excused = []
+    if visible is None:
+        return Cmp(name, False, math.inf, f"compressed part differs on rows {diff_rows[:8]} and no visible counts")
+    excused, own_ties = [], []
     for t in diff_rows:
         comp = [int(v) for v in g[t, window_cols:]]
         present = [v for v in comp if v >= 0]
@@ -228,27 +267,35 @@ def compare_selection(
         vis = int(visible[t])
         if t in own_score_rows and got_scores is not None:
             ok = _is_valid_topk(gs, got_scores[t], vis, k, 0.0) and len(gs) == len(rs)
-        elif tie is not None and bool(tie[t]):
-            scores = got_scores[t] if (own_scores_on_ties and got_scores is not None) else ref_scores[t]
-            ok = _is_valid_topk(gs, scores, vis, k, 0.0) and len(gs) == len(rs)
         else:
-            # Positions may swap only where the scores themselves differ: each swapped
-            # position's golden score lies within the row's score error (at least one
-            # bf16 ulp) of the golden k-th value, and ours is a valid top-k of our scores.
-            s = ref_scores[t].double()
-            kth = torch.sort(s, descending=True).values[k - 1].item()
-            slack = bf16_ulp(torch.tensor(kth)).item() if math.isfinite(kth) else 0.0
-            if got_scores is not None:
-                gsc = got_scores[t].double()
-                fin = torch.isfinite(s) & torch.isfinite(gsc)
-                if fin.any():
-                    slack = max(slack, (gsc[fin] - s[fin]).abs().max().item())
-            ok = len(gs) == len(rs) and all(abs(s[j].item() - kth) <= slack for j in gs ^ rs)
-            if got_scores is not None:
-                ok = ok and _is_valid_topk(gs, got_scores[t], vis, k, 0.0)
+            ok = False
+            if tie is not None and bool(tie[t]):
+                mine = own_scores_on_ties or ref_scores is None
+                if mine and got_scores is None:
+                    return Cmp(
+                        name, False, math.inf, f"compressed part of tie-flagged row {t} differs and no scores to judge"
+                    )
+                ok = _is_valid_topk(gs, got_scores[t] if mine else ref_scores[t], vis, k, 0.0) and len(gs) == len(rs)
+                if ok and ref_scores is None:
+                    own_ties.append(t)
+            if not ok and ref_scores is None:
+                return Cmp(
+                    name,
+                    False,
+                    math.inf,
+                    f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}; "
+                    "no index_score in the file to judge a swap",
+                )
+            # Positions may swap where the scores themselves differ (a tie flag makes no
+            # row stricter): each swapped position's golden score lies within the row's
+            # score error (at least one bf16 ulp) of the golden k-th value, and ours is a
+            # valid top-k of our scores.
+            if not ok:
+                ok = _swap_ok(gs, rs, ref_scores[t], None if got_scores is None else got_scores[t], vis, k)
         if not ok:
             return Cmp(name, False, math.inf, f"compressed part of row {t}: got {sorted(gs)} vs {sorted(rs)}")
         excused.append(t)
-    return Cmp(
-        name, True, 0.0, f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties", excused=len(excused)
-    )
+    detail = f"rows {excused[:6]}{'…' if len(excused) > 6 else ''} differ within ties"
+    if own_ties:
+        detail += f"; tie rows {own_ties[:6]} judged against our own scores (the file holds no index_score)"
+    return Cmp(name, True, 0.0, detail, excused=len(excused))

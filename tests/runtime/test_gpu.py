@@ -52,15 +52,15 @@ def test_flash_stack_runtime_vs_reference():
     w = random_weights(cfg, 4101, device="cuda")
     ref = RefStack(cfg, w, device="cuda")
     rt = RuntimeStack(cfg, w, device="cuda")
-    rec = TraceRecorder(cfg)
+    rec = TraceRecorder(cfg, weights=w)  # with each call's x: index scores judged by the computed bound
     t0 = time.perf_counter()
     xs = random_inputs(cfg, n, 4102, device="cuda")
     for i in range(cfg.n_layers):
-        rec.add(i, 0, n, ref.layer(i, xs[i], 0), rt.layer(i, xs[i], 0))
+        rec.add(i, 0, n, ref.layer(i, xs[i], 0), rt.layer(i, xs[i], 0), x=xs[i])
     for p in range(n, n + steps):
         xs = random_inputs(cfg, 1, 5000 + p, device="cuda")
         for i in range(cfg.n_layers):
-            rec.add(i, p, 1, ref.layer(i, xs[i], p), rt.layer(i, xs[i], p))
+            rec.add(i, p, 1, ref.layer(i, xs[i], p), rt.layer(i, xs[i], p), x=xs[i])
     rep = rec.report
     excused = sum(c.excused for lr in rep.layers for c in lr.cmps)
     summary = {
