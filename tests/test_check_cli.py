@@ -217,3 +217,19 @@ def test_split_layers_report_observables():
             assert {"sel", "out", "kv_win", "compress_kv", "index_k"} <= names, (lr.regime, lr.layer, names)
             assert sorted(lr.skipped) == ["o", "q"]
     assert not rep.problems()
+
+
+# ---------------------------------------------------------------- item 11: the non-finite counter in the report
+
+
+def test_runtime_check_reports_the_nonfinite_counter(tmp_path, capsys):
+    assert main(["check", "--impl", "runtime", "--variant", "released"]) == 0
+    assert "tiny/released: 0 non-finite values entered a cache write" in capsys.readouterr().out
+
+    def poison(t):
+        t["released/decode15/L0/x"][0, 3] = float("nan")
+
+    p = _copy(tmp_path, "tiny", poison)
+    assert main(["check", "--golden", p, "--impl", "runtime", "--variant", "released"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: 32 non-finite values entered a cache write" in out, out[-1500:]

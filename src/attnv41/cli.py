@@ -105,6 +105,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{rep.n_skipped} skipped (absent from the file, or not observable in a captured step); worst ratio "
             + ", ".join(f"{SHORT[k]} {_fmt_ratio(worst[k])}" for k in COLS if k in worst)
         )
+        if rep.nonfinite is not None:
+            print(f"-- {golden.name}/{v}: {rep.nonfinite} non-finite values entered a cache write")
         for p in problems:
             print(f"-- {golden.name}/{v}: FAIL: {p}")
     dt = time.perf_counter() - t0

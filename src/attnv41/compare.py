@@ -59,6 +59,7 @@ class ReplayReport:
     variant: str
     impl: str
     layers: list[LayerReport] = field(default_factory=list)
+    nonfinite: int | None = None  # runtime: non-finite values that entered a cache write (None: not counted)
 
     @property
     def ok(self) -> bool:
@@ -79,6 +80,8 @@ class ReplayReport:
     def problems(self) -> list[str]:
         """Why the run as a whole proves nothing, though no comparison failed: it compared
         no tensor, or it skipped every tensor of a kind the README says the file holds."""
+        if self.nonfinite:
+            return [f"{self.nonfinite} non-finite values entered a cache write (the golden inputs are finite)"]
         if self.n_compared == 0:
             n = len(self.layers)
             return [f"no tensor was compared ({n} layer results; every tensor absent or not produced)"]

@@ -277,4 +277,7 @@ def replay(
             report.layers.append(lr)
             if on_layer:
                 on_layer(lr)
+    attn = getattr(impl, "attn", None) or getattr(getattr(impl, "stack", None), "attn", None)
+    if attn is not None:
+        report.nonfinite = attn.nonfinite_count()
     return report
