@@ -230,6 +230,7 @@ def test_failing_part_is_reported_and_fails_the_command(tmp_path, monkeypatch, c
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full  # a smoke run of every bench part: the full GPU tier
 def test_bench_command_on_cuda_small(tmp_path):
     """Every part through the Triton kernels at the small geometry (the peer needs 64 heads
     of width 512, so it reports itself as not run)."""
