@@ -65,11 +65,11 @@ def test_console_entry_runs_as_module():
     assert "PASS" in r.stdout
 
 
-def test_bad_golden_format_is_named(tmp_path):
+def test_bad_golden_format_is_named(tmp_path, capsys):
     p = tmp_path / "x.safetensors"
     save_file({"a": torch.zeros(1)}, str(p), metadata={"format": "other"})
-    with pytest.raises(ValueError, match="format"):
-        main(["check", "--golden", str(p)])
+    assert main(["check", "--golden", str(p)]) == 2  # a user mistake: one line, exit 2 (not 1, a failed check)
+    assert "metadata format = 'other'" in capsys.readouterr().err
 
 
 def test_check_runtime_forward_and_split(capsys):
@@ -82,3 +82,100 @@ def test_check_runtime_forward_and_split(capsys):
 
 def test_split_needs_runtime(capsys):
     assert main(["check", "--decode", "split"]) == 2
+
+
+# ------------------------------------------------- user mistakes: one line, exit 2
+
+
+def _junk(tmp_path):
+    p = tmp_path / "junk.safetensors"
+    p.write_bytes(b"not a safetensors file" * 8)
+    return p
+
+
+def _truncated(tmp_path):
+    p = tmp_path / "truncated.safetensors"
+    data = bundled_golden_path().read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def _ckpt_bad_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    return tmp_path
+
+
+def _ckpt_missing_key(tmp_path):
+    (tmp_path / "config.json").write_text('{"n_layers": 2}')
+    return tmp_path
+
+
+USER_MISTAKES = {
+    "golden-missing": (lambda t: ["check", "--golden", str(t / "nope.safetensors")], "does not exist"),
+    "golden-junk": (lambda t: ["check", "--golden", str(_junk(t))], "not a readable safetensors file"),
+    "golden-truncated": (lambda t: ["check", "--golden", str(_truncated(t))], "not a readable safetensors file"),
+    "check-bad-variant": (lambda t: ["check", "--variant", "both2"], "argument --variant: invalid choice"),
+    "demo-prompt-huge": (lambda t: ["demo", "--prompt", "100000000"], "--prompt = 100000000; allowed: 1.."),
+    "demo-steps-zero": (lambda t: ["demo", "--steps", "0"], "--steps = 0; allowed: 1.."),
+    "demo-prompt-not-int": (lambda t: ["demo", "--prompt", "many"], "argument --prompt: invalid int value"),
+    "demo-seed-negative": (lambda t: ["demo", "--seed", "-3"], "--seed = -3; allowed: 0.."),
+    "demo-ckpt-missing": (lambda t: ["demo", "--checkpoint", str(t / "none")], "No such file"),
+    "demo-ckpt-bad-json": (lambda t: ["demo", "--checkpoint", str(_ckpt_bad_json(t))], "Expecting property name"),
+    "demo-ckpt-missing-key": (lambda t: ["demo", "--checkpoint", str(_ckpt_missing_key(t))], "config key 'dim'"),
+    "bench-bad-contexts": (lambda t: ["bench", "--contexts", "x"], "argument --contexts"),
+    "no-command": (lambda t: [], "the following arguments are required"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_MISTAKES), ids=list(USER_MISTAKES))
+def test_user_mistake_is_one_line_and_exit_2(tmp_path, capsys, case):
+    make_argv, msg = USER_MISTAKES[case]
+    argv = make_argv(tmp_path)
+    assert main(argv) == 2, case
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    cmd = f"attnv41 {argv[0]}: " if argv else "attnv41: "
+    assert len(lines) == 1 and lines[0].startswith(cmd), cap.err
+    assert msg in lines[0], lines[0]
+    assert "Traceback" not in cap.err and cap.out == "", cap.out
+
+
+def test_demo_prompt_names_the_option_not_the_config(capsys):
+    assert main(["demo", "--prompt", "100000000", "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt = 100000000; allowed: 1..1048571 with --steps 4" in err, err
+    assert "max_seq" not in err and "AttnV41Cfg" not in err, err
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, AssertionError, ValueError], ids=lambda e: e.__name__)
+def test_internal_error_in_demo_keeps_its_traceback(monkeypatch, exc):
+    """Past the validated setup, any exception is a bug: it propagates (traceback, exit 1)
+    instead of being printed as a user mistake, even a ValueError."""
+    from attnv41 import demo
+
+    def boom(setup):
+        raise exc("internal failure")
+
+    monkeypatch.setattr(demo, "run_prepared", boom)
+    with pytest.raises(exc, match="internal failure"):
+        main(["demo", "--prompt", "8", "--steps", "2", "--no-progress"])
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, AssertionError], ids=lambda e: e.__name__)
+def test_internal_error_in_check_keeps_its_traceback(monkeypatch, exc):
+    from attnv41 import cli
+
+    def boom(*a, **k):
+        raise exc("replay broke")
+
+    monkeypatch.setattr(cli, "replay", boom)
+    with pytest.raises(exc, match="replay broke"):
+        main(["check"])
+
+
+def test_user_mistake_exit_code_as_a_process():
+    r = subprocess.run(
+        [sys.executable, "-m", "attnv41", "demo", "--prompt", "100000000"], capture_output=True, text=True
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--prompt = 100000000" in r.stderr, r.stderr

@@ -2,7 +2,7 @@ import pytest
 
 from attnv41.checkpoint import write_checkpoint
 from attnv41.cli import main
-from attnv41.demo import run_demo
+from attnv41.demo import prepare_demo, run_demo
 from attnv41.synthetic import random_weights, small_preset
 
 
@@ -32,3 +32,30 @@ def test_demo_rejects_bad_options():
         run_demo(prompt=0, steps=3, progress=False)
     with pytest.raises(ValueError, match="preset = 'huge'"):
         run_demo(preset="huge", prompt=4, steps=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    "prompt, steps, msg",
+    [
+        pytest.param(100_000_000, 4, "--prompt = 100000000; allowed: 1..1048571 with --steps 4", id="prompt-huge"),
+        pytest.param(10, 1 << 20, "--steps = 1048576; allowed: 1..1048574", id="steps-huge"),
+        pytest.param(10, 0, "--steps = 0; allowed: 1..", id="steps-zero"),
+        pytest.param(2.5, 3, "--prompt = 2.5; allowed: 1..", id="prompt-float"),
+    ],
+)
+def test_demo_lengths_checked_against_the_geometry(prompt, steps, msg):
+    """Up front, naming the option and its range (not AttnV41Cfg.max_seq); a retry works."""
+    with pytest.raises(ValueError) as e:
+        prepare_demo(prompt=prompt, steps=steps, progress=False, device="cpu")
+    assert msg in str(e.value) and "max_position_embeddings = 1048576 of preset small" in str(e.value), str(e.value)
+    assert "max_seq" not in str(e.value)
+    assert prepare_demo(prompt=5, steps=2, progress=False, device="cpu").cfg.max_seq == 8
+
+
+def test_demo_lengths_checked_against_a_checkpoint(tmp_path):
+    cfg = small_preset(max_tokens=64, max_seq=128).replace(max_position_embeddings=128)
+    write_checkpoint(tmp_path, cfg, random_weights(cfg, 7), shards=2)
+    with pytest.raises(ValueError, match=r"--prompt = 120; allowed: 1\.\.117 with --steps 10 .*= 128 of checkpoint"):
+        prepare_demo(prompt=120, steps=10, progress=False, device="cpu", checkpoint=str(tmp_path))
+    ok = prepare_demo(prompt=117, steps=10, progress=False, device="cpu", checkpoint=str(tmp_path))
+    assert ok.cfg.max_seq == 128 and ok.cfg.max_tokens == 117

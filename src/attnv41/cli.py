@@ -10,11 +10,14 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 import time
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from .compare import KINDS, LayerReport, ReplayReport
 from .golden import IMPLS, VARIANTS, GoldenFile, bundled_golden_path, replay
@@ -119,9 +122,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import prepare_demo, run_prepared
 
-    res = run_demo(
+    setup = prepare_demo(  # every user mistake raises here, before any compute
         preset=args.preset,
         prompt=args.prompt,
         steps=args.steps,
@@ -131,6 +134,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         progress=not args.no_progress,
     )
+    with _internal():
+        res = run_prepared(setup)
     for line in res.lines():
         print(line)
     print("PASS" if res.ok else "FAIL: graph and eager decode steps differ")
@@ -188,8 +193,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A bad command line: argparse's message as one line `attnv41 <cmd>: <message>`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line raises UsageError (one line, exit 2 from `main`)
+    instead of printing the usage and exiting; the subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+# What a user mistake raises while a command reads its arguments and input files: the
+# package's validation (ValueError, its CheckpointError subclass, TypeError, KeyError
+# for a missing config key or tensor), a missing or unreadable file (OSError), a file
+# that is not safetensors (SafetensorError), JSON that does not parse (a ValueError).
+USER_ERRORS = (ValueError, TypeError, KeyError, OSError, SafetensorError)
+_INTERNAL = "_attnv41_internal"
+
+
+@contextlib.contextmanager
+def _internal():
+    """Marks exceptions raised inside as bugs, whatever their type: `main` lets them
+    propagate with their traceback (exit 1) instead of printing them as a user mistake.
+    For the compute phase of a command whose inputs were validated before it."""
+    try:
+        yield
+    except BaseException as e:
+        setattr(e, _INTERNAL, True)
+        raise
+
+
+def _message(e: BaseException, args: argparse.Namespace) -> str:
+    """The exception's own message (KeyError's str() would quote it); safetensors' own
+    message names no file, so the command's input file is named beside it."""
+    if isinstance(e, KeyError) and len(e.args) == 1:
+        return str(e.args[0])
+    if isinstance(e, SafetensorError):
+        path = getattr(args, "golden", None) or getattr(args, "checkpoint", None) or "input file"
+        return f"{path}: not a readable safetensors file ({e})"
+    return str(e) or type(e).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnv41", description="DeepSeek-V4.1 attention runtime tools")
+    p = _Parser(prog="attnv41", description="DeepSeek-V4.1 attention runtime tools")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="replay a golden file and compare every tensor it holds")
     c.add_argument("--golden", help="golden .safetensors file (default: the tiny one bundled in the package)")
@@ -262,8 +310,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Exit codes: 0 success; 1 a failed check (or a bug: its exception propagates with
+    its traceback); 2 a user mistake (bad arguments, a missing or corrupt golden file or
+    checkpoint, an option out of range), printed as one line `attnv41 <cmd>: <message>`
+    on stderr."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except USER_ERRORS as e:
+        if getattr(e, _INTERNAL, False):
+            raise
+        print(f"attnv41 {args.cmd}: {_message(e, args)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import AttnV41Cfg
 from .synthetic import PRESETS, random_inputs, random_weights
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "DemoSetup", "prepare_demo", "run_demo", "run_prepared"]
 
 
 @dataclass
@@ -60,6 +61,83 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class DemoSetup:
+    """Everything the demo runs on, validated and loaded: `prepare_demo` raises every user
+    mistake (bad options, a missing or corrupt checkpoint) before any compute starts."""
+
+    device: torch.device
+    cfg: AttnV41Cfg
+    weights: list
+    geometry: str
+    prompt: int
+    steps: int
+    seed: int
+    index_keys: str
+    progress: bool
+
+
+def _check_int(flag: str, value, lo: int, hi: int, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{flag} = {value!r}; allowed: {lo}..{hi}{why}")
+
+
+def _check_lengths(prompt: int, steps: int, max_pos: int, source: str) -> None:
+    """--prompt and --steps against the geometry: the demo holds prompt + steps + 1
+    positions (max_seq), which max_position_embeddings bounds."""
+    why = f" (--prompt + --steps + 1 <= max_position_embeddings = {max_pos} of {source})"
+    _check_int("--steps", steps, 1, max_pos - 2, why)
+    _check_int("--prompt", prompt, 1, max_pos - steps - 1, f" with --steps {steps}" + why)
+
+
+def prepare_demo(
+    preset: str = "auto",
+    prompt: int | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    index_keys: str = "own",
+    device: str = "auto",
+    checkpoint: str | None = None,
+    progress: bool = True,
+) -> DemoSetup:
+    """Validate the options against the geometry's limits, then build the config and the
+    weights (random, or loaded from `checkpoint`). Raises ValueError (or the checkpoint
+    loader's FileNotFoundError / CheckpointError) naming the option and its allowed range."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device = {device!r}; allowed: 'auto', 'cpu', 'cuda'")
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device = 'cuda'; allowed: 'cpu' or 'auto' (torch.cuda.is_available() is False)")
+    if index_keys not in ("own", "released"):
+        raise ValueError(f"--index-keys = {index_keys!r}; allowed: 'own', 'released'")
+    _check_int("--seed", seed, 0, 2**62)
+    gpu = dev.type == "cuda"
+    prompt = prompt if prompt is not None else (4096 if gpu else 128)
+    steps = steps if steps is not None else (256 if gpu else 48)
+    if checkpoint is not None:
+        from .checkpoint import load_model
+
+        # The geometry first (at the smallest capacity), to check the lengths before loading.
+        cfg = AttnV41Cfg.from_checkpoint(checkpoint, max_tokens=1, max_seq=1)
+        _check_lengths(prompt, steps, cfg.max_position_embeddings, f"checkpoint {checkpoint}")
+        cfg = cfg.replace(max_tokens=prompt, max_seq=prompt + steps + 1)
+        weights = load_model(checkpoint, cfg, device=dev, progress=progress)
+        geometry = f"checkpoint {checkpoint} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers)"
+    else:
+        name = preset if preset != "auto" else ("flash" if gpu else "small")
+        if name not in PRESETS:
+            raise ValueError(f"preset = {preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
+        _check_lengths(prompt, steps, PRESETS[name](max_tokens=1, max_seq=1).max_position_embeddings, f"preset {name}")
+        cfg = PRESETS[name](max_tokens=prompt, max_seq=prompt + steps + 1)
+        weights = random_weights(cfg, seed, dev)
+        geometry = (
+            f"preset {name} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers), seed {seed}"
+        )
+    return DemoSetup(dev, cfg, weights, geometry, prompt, steps, seed, index_keys, progress)
+
+
 def run_demo(
     preset: str = "auto",
     prompt: int | None = None,
@@ -70,36 +148,19 @@ def run_demo(
     checkpoint: str | None = None,
     progress: bool = True,
 ) -> DemoResult:
+    """`prepare_demo` then `run_prepared`: the options are those of `attnv41 demo`."""
+    return run_prepared(prepare_demo(preset, prompt, steps, seed, index_keys, device, checkpoint, progress))
+
+
+def run_prepared(setup: DemoSetup) -> DemoResult:
+    """Prefill, then decode through the graph driver beside eager `forward`, timed and
+    compared byte for byte."""
     from .runtime.graphs import DecodeGraphs
     from .runtime.stack import RuntimeStack
 
-    dev = torch.device(
-        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    )
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device = 'cuda'; allowed: 'cpu' or 'auto' (torch.cuda.is_available() is False)")
+    dev, cfg, weights, geometry = setup.device, setup.cfg, setup.weights, setup.geometry
+    prompt, steps, seed, index_keys, progress = setup.prompt, setup.steps, setup.seed, setup.index_keys, setup.progress
     gpu = dev.type == "cuda"
-    prompt = prompt if prompt is not None else (4096 if gpu else 128)
-    steps = steps if steps is not None else (256 if gpu else 48)
-    if prompt < 1 or steps < 1:
-        raise ValueError(f"prompt = {prompt}, steps = {steps}; allowed: both >= 1")
-    max_seq = prompt + steps + 1
-    if checkpoint is not None:
-        from .checkpoint import load_model
-        from .config import AttnV41Cfg
-
-        cfg = AttnV41Cfg.from_checkpoint(checkpoint, max_tokens=prompt, max_seq=max_seq)
-        weights = load_model(checkpoint, cfg, device=dev, progress=progress)
-        geometry = f"checkpoint {checkpoint} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers)"
-    else:
-        name = preset if preset != "auto" else ("flash" if gpu else "small")
-        if name not in PRESETS:
-            raise ValueError(f"preset = {preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
-        cfg = PRESETS[name](max_tokens=prompt, max_seq=max_seq)
-        weights = random_weights(cfg, seed, dev)
-        geometry = (
-            f"preset {name} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers), seed {seed}"
-        )
     eager = RuntimeStack(cfg, weights, device=dev, index_keys=index_keys)
     graph = RuntimeStack(cfg, eager.weights, device=dev, index_keys=index_keys)
     drv = DecodeGraphs(graph)

@@ -2,6 +2,7 @@
 sets TRITON_INTERPRET=1 before anything imports triton). Skipped when Triton is absent."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,3 +20,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def device():
     return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    """On CUDA these tests run on the GPU: marked `gpu` there, so that the GPU tiers
+    (`-m "gpu and not gpu_full"`, `-m gpu`) include every kernel."""
+    if DEVICE != "cuda":
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.gpu)

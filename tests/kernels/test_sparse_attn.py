@@ -225,3 +225,24 @@ def test_validation(device, fn, arg, bad, match):
     args[arg] = bad(args)
     with pytest.raises(ValueError, match=match):
         fn(**args)
+
+
+@pytest.mark.parametrize("width", [16, 22, 64, 65, 129], ids=lambda w: f"14->{w}")
+def test_torch_twin_padding_keeps_bytes(width):
+    """The runtime's CPU op launches at a fixed width (window + index_topk) while the
+    reference runs the natural width: a 14-entry selection padded with −1 must give the
+    same bytes in both. These inputs (found by search) lost one bit at width 16 before
+    the twin padded its last block to 64 entries (issue 10 item 18)."""
+    gen = torch.Generator().manual_seed(117)
+    m, H, D, w, offset = 8, 4, 32, 14, 10
+    q = torch.randn(m, H, D, generator=gen).bfloat16()
+    rows = torch.randn(30, D, generator=gen).bfloat16()
+    sel = torch.randint(0, 30, (m, w), generator=gen).int()
+    sink = torch.randn(H, generator=gen)
+    win = torch.cat([rows[:offset], torch.full((6, D), float("nan"), dtype=torch.bfloat16)])  # past offset: unread
+    comp = rows[offset:]
+    natural = sparse_attn_ref(q, rows, sel, sink, D**-0.5)
+    padded = torch.cat([sel, torch.full((m, width - w), -1, dtype=torch.int32)], dim=1)
+    got = sparse_attn_torch(q, win, comp, padded, offset, sink, D**-0.5)
+    n_diff = int((_bits(got) != _bits(natural)).sum())
+    assert n_diff == 0, f"o: {n_diff} elements of the twin at width {width} differ from the reference at width {w}"

@@ -62,6 +62,43 @@ def test_minus_one_padding_does_not_change_a_bit():
     assert torch.equal(a, sparse_attn(q, R, padded, sink, 32**-0.5))
 
 
+@pytest.mark.parametrize("width", [15, 16, 22, 63, 64, 65, 130], ids=lambda w: f"14->{w}")
+def test_minus_one_padding_keeps_bytes_at_any_width(width):
+    """A 14-entry selection padded with −1 to a wider launch gives the same bytes. Before
+    the last block was padded to 64 entries, these inputs (found by search) lost one bit
+    at width 16: the CPU's fp32 row sum and row product change their order with length
+    (the stack-level case: issue 10 item 18)."""
+    gen = torch.Generator().manual_seed(117)
+    m, H, D, w = 8, 4, 32, 14
+    q = torch.randn(m, H, D, generator=gen).bfloat16()
+    R = torch.randn(30, D, generator=gen).bfloat16()
+    sel = torch.randint(0, 30, (m, w), generator=gen).int()
+    sink = torch.randn(H, generator=gen)
+    a = sparse_attn(q, R, sel, sink, D**-0.5)
+    padded = torch.cat([sel, torch.full((m, width - w), -1, dtype=sel.dtype)], dim=1)
+    b = sparse_attn(q, R, padded, sink, D**-0.5)
+    n_diff = int((a.view(torch.int16) != b.view(torch.int16)).sum())
+    assert n_diff == 0, f"o: {n_diff} elements changed from width {w} to {width}"
+
+
+@pytest.mark.parametrize("seed", range(4), ids=lambda s: f"seed{s}")
+def test_minus_one_padding_keeps_bytes_random_widths(seed):
+    """Fresh selections of random width (some entries −1), padded to several wider launches."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    m, H, D, n_rows = 13, 4, 32, 50
+    q = torch.randn(m, H, D, generator=gen).bfloat16()
+    R = torch.randn(n_rows, D, generator=gen).bfloat16()
+    sink = torch.randn(H, generator=gen)
+    for w in torch.randint(1, 80, (6,), generator=gen).tolist():
+        sel = torch.randint(-1, n_rows, (m, w), generator=gen).int()
+        a = sparse_attn(q, R, sel, sink, D**-0.5)
+        for extra in (1, 5, 8, 17, 64):
+            padded = torch.cat([sel, torch.full((m, extra), -1, dtype=sel.dtype)], dim=1)
+            b = sparse_attn(q, R, padded, sink, D**-0.5)
+            n_diff = int((a.view(torch.int16) != b.view(torch.int16)).sum())
+            assert n_diff == 0, f"o: {n_diff} elements changed from width {w} to {w + extra}"
+
+
 def test_sink_not_scaled_by_tau():
     """A sink far above every logit takes almost all the weight only if it is used unscaled."""
     q, R, sel, _ = _one_key(0.0, 0.0)

@@ -278,7 +278,9 @@ def sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=None) -> torch
     """The same op on the reference twin (any device, no Triton): the runtime's CPU path.
 
     Runs `reference.sparse_attn.sparse_attn` on `cat(win[:offset], comp)` and writes the
-    result into `out` (allocated when None)."""
+    result into `out` (allocated when None). The twin pads the selection with −1 to whole
+    64-entry blocks, so a launch at a fixed width (the runtime's window + index_topk) gives
+    the bytes the reference gives at the natural width."""
     _validate(q, win, comp, sel, offset, sink, scale, out)
     m, H, D = q.shape
     rows = win[:offset] if comp.shape[0] == 0 else torch.cat([win[:offset], comp])

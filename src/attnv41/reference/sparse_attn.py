@@ -9,12 +9,17 @@ __all__ = ["sparse_attn", "sparse_attn_exact"]
 BLOCK = 64  # selection entries per online-softmax step of the released kernel
 
 
-def _gather(q, rows, sel, t0, chunk, scale):
-    s_sel = sel[t0 : t0 + chunk].long()
-    present = s_sel >= 0  # [c, K]
-    R = rows[s_sel.clamp_min(0)]  # [c, K, D], rows' dtype
-    logits = scale * torch.einsum("chd,ckd->chk", q[t0 : t0 + chunk].float(), R.float())
-    return logits.masked_fill(~present[:, None, :], float("-inf")), R
+def _blocks(q, rows, sel, scale):
+    """Per block of BLOCK selection entries: (logits fp32 `[m, H, BLOCK]`, absent → −inf;
+    R `[m, BLOCK, D]` fp32). The selection is padded with −1 to a multiple of BLOCK, so
+    every block has the same shape whatever the width."""
+    s_all = torch.nn.functional.pad(sel.long(), (0, -sel.shape[1] % BLOCK), value=-1)
+    qf = q.float()
+    for b0 in range(0, s_all.shape[1], BLOCK):
+        s_sel = s_all[:, b0 : b0 + BLOCK].contiguous()
+        R = rows[s_sel.clamp_min(0)].float()  # [m, BLOCK, D]
+        logits = scale * torch.einsum("chd,ckd->chk", qf, R)
+        yield logits.masked_fill(~(s_sel >= 0)[:, None, :], float("-inf")), R
 
 
 def sparse_attn(
@@ -39,25 +44,30 @@ def sparse_attn(
     joins the sum at the end. Mathematically this is `M = max(sink, max s)` of §7 up to
     rounding. All entries absent gives exactly 0. Tokens are processed `chunk` at a time
     to bound memory.
+
+    Width independence: the last block is padded with −1 to 64 entries (as the kernel
+    masks it), so every block's dot products, row sum and weighted sum run over exactly
+    64 entries. CPU reductions pick their summation order by length: a 14-entry sum
+    taken at width 14 and at width 22 (8 trailing zeros) can differ in the last bit.
+    With whole blocks, appending −1 entries (a wider launch) changes no output bit: an
+    all-absent block rescales by exp(0) = 1 and adds exact zeros.
     """
     m, H, D = q.shape
-    K = sel.shape[1]
     out = torch.empty(m, H, D, dtype=torch.bfloat16, device=q.device)
     sink = sink.float()
     for t0 in range(0, m, chunk):
-        logits, R = _gather(q, rows, sel, t0, chunk, scale)
-        c = logits.shape[0]
+        qc = q[t0 : t0 + chunk]
+        c = qc.shape[0]
         mx = torch.full((c, H), float("-inf"), device=q.device)
         den = torch.zeros(c, H, device=q.device)
         acc = torch.zeros(c, H, D, device=q.device)
-        for b0 in range(0, K, BLOCK):
-            s = logits[..., b0 : b0 + BLOCK]
+        for s, R in _blocks(qc, rows, sel[t0 : t0 + chunk], scale):
             new = torch.maximum(mx, s.amax(-1))
             base = torch.where(new == float("-inf"), 0.0, new)  # nothing present yet: keep exps at 0
             alpha = torch.exp(mx - base)
             p = torch.exp(s - base[..., None])  # absent → 0
             den = den * alpha + p.sum(-1)
-            pv = torch.einsum("chk,ckd->chd", p.to(torch.bfloat16).float(), R[:, b0 : b0 + BLOCK].float())
+            pv = torch.einsum("chk,ckd->chd", p.to(torch.bfloat16).float(), R)
             acc = acc * alpha[..., None] + pv
             mx = new
         # The sink joins the denominator last, against the running max of the keys.
