@@ -161,7 +161,7 @@ def test_internal_error_in_demo_keeps_its_traceback(monkeypatch, exc):
         main(["demo", "--prompt", "8", "--steps", "2", "--no-progress"])
 
 
-@pytest.mark.parametrize("exc", [RuntimeError, AssertionError], ids=lambda e: e.__name__)
+@pytest.mark.parametrize("exc", [RuntimeError, AssertionError, ValueError, KeyError], ids=lambda e: e.__name__)
 def test_internal_error_in_check_keeps_its_traceback(monkeypatch, exc):
     from attnv41 import cli
 
@@ -179,3 +179,22 @@ def test_user_mistake_exit_code_as_a_process():
     )
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "--prompt = 100000000" in r.stderr, r.stderr
+
+
+def test_golden_file_content_errors_stay_user_mistakes(tmp_path, capsys):
+    """A golden file whose layer input is missing is a bad input file: one line, exit 2."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from attnv41.golden import bundled_golden_path
+
+    with safe_open(str(bundled_golden_path()), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != "released/decode14/L2/x"}
+    p = tmp_path / "no_x.safetensors"
+    save_file(tensors, str(p), metadata=meta)
+    assert main(["check", "--golden", str(p), "--variant", "released"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnv41 check: ") and "released/decode14/L2/x is missing" in err, err
+    assert main(["check", "--golden", str(tmp_path)]) == 2
+    assert "is a directory, not a file" in capsys.readouterr().err

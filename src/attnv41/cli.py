@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from .compare import KINDS, LayerReport, ReplayReport
-from .golden import IMPLS, VARIANTS, GoldenFile, bundled_golden_path, replay
+from .golden import IMPLS, VARIANTS, GoldenFile, GoldenFormatError, bundled_golden_path, replay
 
 COLS = tuple(k for k in KINDS)
 SHORT = {
@@ -96,7 +96,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     total_cmp = total_skip = 0
     t0 = time.perf_counter()
     for v in variants:
-        rep = replay(golden, v, IMPLS[impl], device=args.device, impl_name=impl)
+        with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):  # a bug in replay: traceback
+            rep = replay(golden, v, IMPLS[impl], device=args.device, impl_name=impl)
         _print_report(rep, sys.stdout)
         problems = rep.problems()  # a run that compared nothing of a kind proves nothing about it
         failed += rep.n_failed + len(problems)
@@ -214,14 +215,17 @@ _INTERNAL = "_attnv41_internal"
 
 
 @contextlib.contextmanager
-def _internal():
+def _internal(user_errors: tuple[type[BaseException], ...] = ()):
     """Marks exceptions raised inside as bugs, whatever their type: `main` lets them
     propagate with their traceback (exit 1) instead of printing them as a user mistake.
-    For the compute phase of a command whose inputs were validated before it."""
+    For the compute phase of a command whose inputs were validated before it; the
+    exceptions in `user_errors` (an input file's content read during that phase) stay
+    user mistakes."""
     try:
         yield
     except BaseException as e:
-        setattr(e, _INTERNAL, True)
+        if not isinstance(e, user_errors):
+            setattr(e, _INTERNAL, True)
         raise
 
 

@@ -29,6 +29,7 @@ from .config import AttnV41Cfg
 
 __all__ = [
     "GoldenFile",
+    "GoldenFormatError",
     "LayerReport",
     "ReplayReport",
     "replay",
@@ -46,6 +47,10 @@ VARIANTS = ("released", "intended")
 INDEX_KEYS_FOR_VARIANT = {"released": "released", "intended": "own"}
 
 
+class GoldenFormatError(ValueError):
+    """A golden file whose content does not fit the format or the request (names the file)."""
+
+
 def bundled_golden_path() -> Path:
     """The tiny golden file shipped inside the package (a copy of `v41_tiny.safetensors`)."""
     return Path(str(resources.files("attnv41") / "data" / "v41_tiny.safetensors"))
@@ -57,11 +62,12 @@ class GoldenFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"golden file {self.path} does not exist")
+            what = "is a directory, not a file" if self.path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"golden file {self.path} {what}")
         self._f = safe_open(str(self.path), framework="pt")
         meta = self._f.metadata() or {}
         if meta.get("format") != FORMAT:
-            raise ValueError(f"{self.path}: metadata format = {meta.get('format')!r}; allowed: {FORMAT!r}")
+            raise GoldenFormatError(f"{self.path}: metadata format = {meta.get('format')!r}; allowed: {FORMAT!r}")
         dec = {k: _maybe_json(v) for k, v in meta.items()}
         self.meta = dec
         self.name: str = dec["name"]
@@ -74,7 +80,9 @@ class GoldenFile:
         self.keys = set(self._f.keys())
         derived = [r.name for r in self.cfg.roles]
         if derived != self.roles:
-            raise ValueError(f"{self.path}: roles {self.roles} differ from those derived from its config {derived}")
+            raise GoldenFormatError(
+                f"{self.path}: roles {self.roles} differ from those derived from its config {derived}"
+            )
 
     def tensor(self, key: str) -> torch.Tensor:
         return self._f.get_tensor(key)
@@ -231,7 +239,7 @@ def replay(
 ) -> ReplayReport:
     """Run every regime of `golden` in order through a fresh implementation and compare."""
     if variant not in golden.variants:
-        raise ValueError(f"variant = {variant!r}; allowed: {golden.variants}")
+        raise GoldenFormatError(f"variant = {variant!r}; allowed: {golden.variants}")
     cfg = golden.cfg
     golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
     weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]
@@ -247,7 +255,7 @@ def replay(
         for i in range(cfg.n_layers):
             x = golden.get(variant, rname, i, "x")
             if x is None:
-                raise ValueError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
+                raise GoldenFormatError(f"{golden.path}: {variant}/{rname}/L{i}/x is missing")
             x_cpu.append(x)
         xs = [x.to(device) for x in x_cpu]
         # A split-decode implementation runs a whole decode step at once (CUDA graphs
