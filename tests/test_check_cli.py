@@ -150,18 +150,18 @@ def _corrupting_split(last: int, layer: int, what: str):
     def make(cfg, w, ik, dev):
         impl = runtime_split_impl(cfg, w, ik, dev)
         stack = impl.stack
-        body = stack.attn.decode_body
+        body = stack.attn._decode_kernels  # what the graph driver runs for a captured layer
 
         def corrupting_body(wl, st, x, rows_b):
             out = body(wl, st, x, rows_b)
-            if wl.role.layer == layer and st.next_pos == last + 1:
+            if wl.role.layer == layer and st.next_pos == last:  # the driver advances next_pos after the step
                 if what == "candidates":
                     stack.shared.candidates[0] = ~stack.shared.candidates[0]
                 else:
                     getattr(stack.states[layer - 1], what)[0].mul_(-1)
             return out
 
-        stack.attn.decode_body = corrupting_body
+        stack.attn._decode_kernels = corrupting_body
         return impl
 
     return make
