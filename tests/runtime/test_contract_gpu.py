@@ -79,9 +79,9 @@ def test_graph_driver_bad_step_changes_nothing_on_cuda():
     drv.step([x[p : p + 1] for x in xs], p)
     ref.step([x[p : p + 1] for x in xs], p)
     p += 1
+    rings = [s.ring.clone() for s in rt.states]
     good = rt.states[4]
     rt.states[4] = rt.attn.new_layer_state(4)
-    rings = [s.ring.clone() for s in rt.states]
     with pytest.raises(ValueError, match="layer 4: its state belongs to no sequence"):
         drv.step([x[p : p + 1] for x in xs], p)
     rt.states[4] = good

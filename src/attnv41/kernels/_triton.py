@@ -16,7 +16,26 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     tl = None
     HAVE_TRITON = False
 
-__all__ = ["HAVE_TRITON", "triton", "tl", "interpreting", "require_triton", "bf16_out_like"]
+__all__ = ["HAVE_TRITON", "triton", "tl", "interpreting", "require_triton", "bf16_out_like", "round_bf16"]
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def round_bf16(x):
+        """fp32 → bf16, round to nearest even, every NaN → the canonical NaN 0x7FC0 (as
+        torch's cast), ±inf and overflow as the cast gives them.
+
+        Explicit bit arithmetic instead of `x.to(tl.bfloat16)`: on CUDA both give the
+        same bits, but Triton 3.6's interpreter truncates in that cast, and the kernels'
+        tests must see the rounding that runs on the GPU. The NaN case must not go through
+        the carry: the GPU's NaN 0x7FFFFFFF plus the rounding increment wraps into the sign
+        bit and would come out as −0, turning a NaN into a finite zero.
+        """
+        # [same shape as x] fp32 bits
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        bits = tl.where(x != x, 0x7FC00000, bits)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def interpreting() -> bool:

@@ -12,7 +12,7 @@ from ..reference import indexer as _ref
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
-    from .rope import round_bf16
+    from ._triton import round_bf16
 
 __all__ = ["index_scores", "index_scores_torch"]
 

@@ -32,6 +32,9 @@ import torch
 from ..reference import qdq as _ref
 from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
 
+if HAVE_TRITON:
+    from ._triton import round_bf16
+
 __all__ = [
     "fp8_qdq",
     "fp4_e8m0_qdq",
@@ -72,13 +75,7 @@ if HAVE_TRITON:
         interpreter's float conversion mishandles)."""
         return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
-    @triton.jit
-    def _f32_to_bf16_rne(y):
-        """Round fp32 to bf16, nearest, ties to even, through the bits (the interpreter's
-        `.to(tl.bfloat16)` truncates; the GPU's rounds). Exact values pass unchanged."""
-        bits = y.to(tl.int32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    _f32_to_bf16_rne = round_bf16  # fp32 → bf16, nearest even, NaN kept (kernels/_triton.py)
 
     @triton.jit
     def _pow2_ceil_exp(t):

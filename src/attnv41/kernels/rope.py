@@ -11,6 +11,9 @@ import torch
 from ..reference import rope as _ref
 from ._triton import HAVE_TRITON, require_triton, tl, triton
 
+if HAVE_TRITON:
+    from ._triton import round_bf16
+
 __all__ = ["apply_rope", "apply_rope_torch"]
 
 _INT = (torch.int32, torch.int64)
@@ -122,20 +125,6 @@ def apply_rope(x, cos, sin, pos, inverse: bool = False, out: torch.Tensor | None
 
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def round_bf16(x):
-        """fp32 → bf16, round to nearest even, NaN → the canonical NaN.
-
-        Explicit bit arithmetic instead of `x.to(tl.bfloat16)`: on CUDA both give the
-        same bits, but Triton 3.6's interpreter truncates in that cast, and the kernels'
-        tests must see the rounding that runs on the GPU.
-        """
-        # [same shape as x] fp32 bits
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        bits = tl.where(x != x, 0x7FC00000, bits)
-        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
     @triton.jit
     def _rope_kernel(

@@ -46,6 +46,9 @@ import torch
 from ..reference.sparse_attn import sparse_attn as _sparse_attn_reference
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 
+if HAVE_TRITON:
+    from ._triton import round_bf16
+
 __all__ = ["sparse_attn", "sparse_attn_torch", "BLOCK_K", "MAX_HEAD_DIM"]
 
 BLOCK_K = 64  # selection entries per online-softmax step: part of the numerics contract
@@ -53,17 +56,6 @@ MAX_HEAD_DIM = 512
 
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def _round_bf16(x):
-        """bf16(x) of fp32 x, round to nearest even, done on the bits: Triton's interpreter
-        truncates every fp32 → bf16 cast (even with fp_downcast_rounding="rtne"); the GPU
-        gets the same bits either way, and the final cast is then exact."""
-        # b: x's shape, int32 bit pattern; +0x7FFF plus the kept lsb rounds half to even
-        b = x.to(tl.int32, bitcast=True)
-        b = b + 0x7FFF + ((b >> 16) & 1)
-        b = b & -65536
-        return b.to(tl.float32, bitcast=True).to(tl.bfloat16)
 
     @triton.jit
     def _sparse_attn_kernel(
@@ -150,7 +142,7 @@ if HAVE_TRITON:
             # p: [BLOCK_H, BLOCK_K] fp32; the sum keeps fp32 p, the rows are weighted by bf16(p)
             p = tl.exp(s - base[:, None])
             den = den * alpha + tl.sum(p, axis=1)
-            p_bf16 = _round_bf16(p)
+            p_bf16 = round_bf16(p)
             if DOT_FP32:
                 pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
             else:
@@ -164,7 +156,7 @@ if HAVE_TRITON:
         den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
 
         # o: [BLOCK_H, BLOCK_D] bf16
-        o = _round_bf16(tl.math.div_rn(acc, den[:, None]))
+        o = round_bf16(tl.math.div_rn(acc, den[:, None]))
         o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_d64[None, :] * stride_od
         tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_d[None, :])
 
