@@ -11,6 +11,7 @@ CPU. Projections go through torch (cuBLAS on CUDA).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -166,7 +167,6 @@ class AttnV41:
         self.comp_g = torch.empty(M, D, dtype=torch.float32, device=dev)
         self.pooled = torch.empty(max(M // 2, 1), D, dtype=torch.float32, device=dev)
         self._empty_rows = torch.zeros(0, D, **bf)
-        self._checked: dict[int, tuple] = {}  # id(weights) → (tensor dict, its tensors), once validated
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
         self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -285,16 +285,20 @@ class AttnV41:
             raise ValueError(f"{what} was built for another config ({', '.join(diff[:4])}); allowed: this runtime's")
 
     def _check_role(self, w: AttnV41LayerWeights) -> None:
-        c, role = self.cfg, w.role
         if not isinstance(w, AttnV41LayerWeights):
             raise TypeError(f"weights are a {type(w).__name__}; allowed: AttnV41LayerWeights")
-        if not 0 <= role.layer < c.n_layers or c.roles[role.layer] != role:
+        c, role = self.cfg, w.role
+        if not 0 <= role.layer < c.n_layers or (c.roles[role.layer] is not role and c.roles[role.layer] != role):
             raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
 
     def _check_state(self, st: AttnV41LayerState, role) -> None:
         c = self.cfg
         if not isinstance(st, AttnV41LayerState):
             raise TypeError(f"state is a {type(st).__name__}; allowed: AttnV41LayerState (attn.new_layer_state)")
+        # checked before by this runtime, with the same ring, config and role: nothing to redo
+        seen = st.__dict__.get("_checked_by")
+        if seen is not None and seen[0] is self and seen[1] is st.ring and seen[2] is st.cfg and seen[3] is role:
+            return
         if st.role != role:
             raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
         self._check_cfg(f"layer {role.layer}'s state", st.cfg)
@@ -304,6 +308,7 @@ class AttnV41:
                 f"layer {role.layer}: state ring {tuple(ring.shape)} {ring.dtype} on {ring.device}; "
                 f"allowed: ({c.window}, {c.head_dim}) torch.bfloat16 on {self.device}"
             )
+        st._checked_by = (self, ring, st.cfg, role)
 
     def _check_shared(self, shared: SharedV41) -> None:
         c = self.cfg
@@ -324,12 +329,12 @@ class AttnV41:
         self._check_role(w)
         role = w.role
         self._check_state(st, role)
-        spec = expected_tensors(c, role) if (seen := self._checked.get(id(w))) is None else None
-        if seen is not None:
-            tensors, names, held = seen
-            if tensors is w.tensors and all(w.tensors.get(n) is t for n, t in zip(names, held)):
+        # Kept on the weights object (not here: the runtime must not keep dropped weights alive)
+        seen = w.__dict__.get("_checked_by")
+        if seen is not None and seen[0] is self and seen[1] is w.tensors:
+            if all(map(operator.is_, map(w.tensors.get, seen[2]), seen[3])):
                 return  # checked before: the same dict holding the same tensors
-            spec = expected_tensors(c, role)
+        spec = expected_tensors(c, role)
         for name, (shape, dtypes) in spec.items():
             t = w.get(name)
             if t is None:
@@ -341,7 +346,7 @@ class AttnV41:
             if t.device != self.device:
                 raise ValueError(f"layer {role.layer}: {name}.device = {t.device}; allowed: {self.device}")
         names = tuple(spec)
-        self._checked[id(w)] = (w.tensors, names, tuple(w.tensors[n] for n in names))
+        w._checked_by = (self, w.tensors, names, tuple(w.tensors[n] for n in names))
 
     def _check_bound(self, st: AttnV41LayerState, shared: SharedV41) -> None:
         """A decode call's state must have been prefilled in this very sequence."""

@@ -129,11 +129,13 @@ class DecodeGraphs:
             if len(xs) != n:
                 raise ValueError(f"{len(xs)} layer inputs; allowed: exactly n_layers = {n}")
             rows = list(xs)
+            dev, bf16 = attn.device, torch.bfloat16
             for i, x in enumerate(rows):
                 if not isinstance(x, torch.Tensor) or x.numel() != cfg.dim:
                     got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                     raise ValueError(f"layer {i} input: {got}; allowed: {shape} bf16")
-                attn._check_x(x.reshape(shape), m_max=1)
+                if x.dtype is not bf16 or x.device != dev:
+                    attn._check_x(x.reshape(shape), m_max=1)  # raises, naming what is wrong
         attn._check_pos_decode(start_pos)
         attn._check_shared(st.shared)
         attn._check_order(0, st.shared, start_pos, 1, attn._book_for(st.shared, 0, start_pos))
