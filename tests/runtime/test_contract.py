@@ -357,3 +357,22 @@ def test_every_call_after_free_names_free(setup):
     ):
         with pytest.raises(RuntimeError, match=r"after free\(\)"):
             call()
+
+
+def test_the_runtime_keeps_no_dropped_weights_alive(setup):
+    """Validation marks live on the weights object: a runtime that checked weights once
+    does not hold them (GPU memory) after the caller dropped them."""
+    import gc
+    import weakref
+
+    from attnv41.weights import AttnV41LayerWeights
+
+    cfg, w, xs = setup
+    rt = _stack(setup)
+    w0 = AttnV41LayerWeights.from_state_dict(cfg.roles[0], {k: v.clone() for k, v in w[0].items()}, cfg=cfg)
+    rb = rt.attn.decode_prep(w0, rt.shared, 14)
+    rt.attn.decode_body(w0, rt.states[0], xs[0][14:15], rb)
+    ref = weakref.ref(w0.tensors["attn.wq_a.weight"])
+    del w0
+    gc.collect()
+    assert ref() is None
