@@ -11,6 +11,27 @@ def test_demo_cpu_small():
     assert res.ok and res.device == "cpu" and "preset small" in res.geometry
     assert res.graph_step_ms > 0 and res.eager_step_ms > 0
     assert any("byte for byte: all equal" in line for line in res.lines())
+    assert res.nonfinite == 0 and any("0 non-finite values entered a cache write" in line for line in res.lines())
+
+
+def test_demo_reports_nonfinite_values(monkeypatch, capsys):
+    """A NaN in one decode input: counted (once per stack), reported, and the demo fails."""
+    from attnv41 import demo
+
+    orig = demo.random_inputs
+
+    def poisoned(cfg, n, seed, dev="cpu"):
+        xs = orig(cfg, n, seed, dev)
+        if n == 4:  # the decode inputs
+            xs[0][1, 0] = float("nan")
+        return xs
+
+    monkeypatch.setattr(demo, "random_inputs", poisoned)
+    assert main(["demo", "--prompt", "20", "--steps", "4", "--no-progress", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    counted = [line for line in out.splitlines() if "non-finite values entered a cache write" in line]
+    assert counted and not counted[0].strip().startswith("finite    0"), out
+    assert out.rstrip().splitlines()[-1].startswith("FAIL: ") and "non-finite values entered a cache write" in out
 
 
 def test_demo_cli(capsys):

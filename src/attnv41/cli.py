@@ -139,7 +139,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         res = run_prepared(setup)
     for line in res.lines():
         print(line)
-    print("PASS" if res.ok else "FAIL: graph and eager decode steps differ")
+    if res.ok:
+        print("PASS")
+    else:
+        why = [f"{res.mismatched_steps} graph and eager decode steps differ"] if res.mismatched_steps else []
+        why += [f"{res.nonfinite} non-finite values entered a cache write"] if res.nonfinite else []
+        print("FAIL: " + "; ".join(why))
     return 0 if res.ok else 1
 
 
