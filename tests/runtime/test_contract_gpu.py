@@ -91,3 +91,57 @@ def test_graph_driver_bad_step_changes_nothing_on_cuda():
     got = drv.step([x[p : p + 1] for x in xs], p)
     for i in range(cfg.n_layers):
         assert torch.equal(got[i], want[i]), f"L{i}"
+
+
+def test_user_multi_layer_capture_replays_in_order():
+    """A run of two capturable layers (3 and 4, between sources 2 and 5) captured by hand
+    into ONE graph: the first step runs each layer eagerly after its decode_prep (the
+    warm-up), then both bodies are captured together (capture needs no prepared step);
+    every later step calls decode_prep for 3 and 4 in order and replays once. Outputs and
+    rings equal eager forward byte for byte, and the order checks keep up."""
+    cfg = small_cfg(
+        compress_ratios=(0, 0, 2, 2, 2, 1),
+        kv_source_layers=(2, 5),
+        index_source_layers=(2, 5),
+        candidate_source_layer=None,
+        max_seq=64,
+        max_tokens=64,
+    )
+    w = random_weights(cfg, 61)
+    xs = [x.cuda() for x in random_inputs(cfg, PREFILL + 8, 62)]
+    ref, rt = RuntimeStack(cfg, w, device="cuda"), RuntimeStack(cfg, w, device="cuda")
+    for s in (ref, rt):
+        s.step([x[:PREFILL] for x in xs], 0)
+    attn, run = rt.attn, (3, 4)
+    x_static = {i: torch.zeros(1, cfg.dim, dtype=torch.bfloat16, device="cuda") for i in run}
+    outs = {i: torch.zeros(1, cfg.dim, dtype=torch.bfloat16, device="cuda") for i in run}
+    graph = None
+    for p in range(PREFILL, PREFILL + 8):
+        want = ref.step([x[p : p + 1] for x in xs], p, keep=True)
+        for i in (0, 1, 2):
+            x = xs[i][p : p + 1]
+            if attn.decode_capturable(rt.weights[i]):
+                got = attn.decode_body(rt.weights[i], rt.states[i], x, attn.decode_prep(rt.weights[i], rt.shared, p))
+            else:
+                got = rt.layer(i, x, p).out
+            assert torch.equal(got, want[i]), f"p{p} L{i}"
+        for i in run:
+            x_static[i].copy_(xs[i][p : p + 1])
+        if graph is None:
+            rows = {}
+            for i in run:  # warm-up: this step, eagerly
+                rows[i] = attn.decode_prep(rt.weights[i], rt.shared, p)
+                outs[i].copy_(attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows[i]))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in run:
+                    outs[i].copy_(attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows[i]))
+        else:
+            for i in run:
+                attn.decode_prep(rt.weights[i], rt.shared, p)
+            graph.replay()
+        for i in run:
+            assert torch.equal(outs[i], want[i]), f"p{p} L{i}"
+        assert torch.equal(rt.layer(5, xs[5][p : p + 1], p).out, want[5]), f"p{p} L5"
+        for i in range(cfg.n_layers):
+            assert torch.equal(ref.states[i].ring, rt.states[i].ring), f"p{p} L{i} ring"

@@ -649,18 +649,44 @@ class AttnV41:
         synchronisation, no per-token scalar: a captured graph replays for any position
         once `decode_prep` has updated the device buffers.
 
-        Must follow this layer's `decode_prep` (the last one on this runtime), with the
-        rows it returned and the layer's state of that sequence; everything is checked
-        before the first kernel. An eager body runs a prepared step once; during CUDA
-        graph capture (and a warm-up run before it) the same prepared step may be
-        recorded again."""
+        Eagerly it must follow this layer's `decode_prep` (the last one on this runtime),
+        with the rows it returned and the layer's state of that sequence, and runs that
+        step once; everything is checked before the first kernel. During CUDA graph
+        capture (which runs and writes nothing) no prepared step is needed, so several
+        layers can be captured into one graph; call `decode_prep` for each of them, in
+        order, before every replay (unchanged uploads are skipped)."""
         c, role = self.cfg, w.role
         self._check_freed("decode_body")
         self._check_x(x, m_max=1)
         self._check_layer(w, st)
         if not self.decode_capturable(w):
             raise ValueError(f"layer {role.layer} is a source layer; allowed: decode_capturable(w) true")
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if role.ratio == 0 and rows_b is not None:
+            raise ValueError(
+                f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
+            )
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Capture runs nothing and writes no state; the graph's replays are ordered by the
+            # decode_prep calls before them. So layers prepared earlier can be captured
+            # together (one graph over several layers); only what the graph bakes is checked.
+            ok = role.ratio == 0 or (
+                isinstance(rows_b, torch.Tensor)
+                and rows_b.dim() == 2
+                and rows_b.shape[1] == c.head_dim
+                and rows_b.dtype == torch.bfloat16
+                and rows_b.device == self.device
+            )
+            if not ok:
+                got = None if not isinstance(rows_b, torch.Tensor) else tuple(rows_b.shape)
+                raise ValueError(
+                    f"layer {role.layer} has ratio {role.ratio}: rows_b = {got}; allowed: the [n, {c.head_dim}] "
+                    "bf16 rows decode_prep returned"
+                )
+            if st.seq_id is None:
+                raise ValueError(
+                    f"layer {role.layer}: its state was never prefilled; allowed: the state of the sequence decoded"
+                )
+            return self._decode_kernels(w, st, x, rows_b)
         t = self._ticket
         if t is None or t.layer != role.layer:
             last = "none" if t is None else f"layer {t.layer} at start_pos {t.pos}"
@@ -668,16 +694,12 @@ class AttnV41:
                 f"decode_body of layer {role.layer} without its decode_prep (last prepared: {last}); "
                 f"allowed: right after decode_prep(w, shared, start_pos) of layer {role.layer}"
             )
-        if t.done and not capturing:
+        if t.done:
             raise ValueError(
                 f"decode_body of layer {role.layer} at start_pos {t.pos} already ran (it would write the ring "
                 f"twice); allowed: once per decode_prep (next: {self._expected_next(self._book(t.shared))})"
             )
         self._check_bound(st, t.shared)
-        if role.ratio == 0 and rows_b is not None:
-            raise ValueError(
-                f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
-            )
         if role.ratio > 0 and not _same_tensor(rows_b, t.rows):
             got = None if not isinstance(rows_b, torch.Tensor) else tuple(rows_b.shape)
             raise ValueError(
@@ -685,12 +707,10 @@ class AttnV41:
                 f"{tuple(t.rows.shape)} [n, {c.head_dim}] rows decode_prep returned for this step "
                 "(the compressed-KV cache of this sequence's kv source of this ratio)"
             )
-        if not capturing:
-            self._check_values(x, role.layer, t.pos)
+        self._check_values(x, role.layer, t.pos)
         out = self._decode_kernels(w, st, x, rows_b)
-        if not capturing:
-            t.done = True
-            st.next_pos = t.pos + 1
+        t.done = True
+        st.next_pos = t.pos + 1
         return out
 
     def _decode_kernels(
