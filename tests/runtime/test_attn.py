@@ -74,6 +74,15 @@ def test_hostile_positions(n, steps):
     _run_both(cfg, n, steps, 5, "own")
 
 
+def test_fixed_launch_width_keeps_bits():
+    """Pinned hypothesis example (seed 4): the runtime launches sparse attention at the
+    fixed width window + index_topk (22 here), the reference at the natural width (14 at
+    prefill layer 4); before the reference padded its last 64-entry block, prefill L4 `o`
+    was one bf16 ulp off (issue 10 item 18)."""
+    cfg = small_cfg(window=16, index_topk=6, compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=48, max_tokens=48)
+    _run_both(cfg, 8, 7, 105, "own")
+
+
 def test_candidate_mask_bites():
     """More visible rows than cand_blocks·cand_block: the reindex layer's scores are
     masked and its selection differs from an unmasked top-k."""
