@@ -127,15 +127,15 @@ def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
 
 
 class _SplitDecode:
-    """The runtime with decode steps through `decode_prep`/`decode_body` (CUDA graphs on
-    CUDA, the split path eagerly on the CPU): prefill through `forward`, decode per step.
+    """The runtime with decode steps through `DecodeGraphs` (one CUDA graph per step on
+    CUDA, the same device-driven step eagerly on the CPU): prefill through `forward`.
 
-    A source layer's trace is its `forward` run, kept when it returns (`on_source`). A
-    captured layer leaves no run; what it left observable is read once its segment is
-    over (at the next source's callback, or after the step): its output and ring, the
-    selection it attended with (`attn.dec_sel` of its class, trimmed to the window and the
-    visible top-k, the rest checked to be −1), and on ratio>0 layers the rows its kv
-    source's caches hold and, once published this step, the candidate mask."""
+    A whole step is one graph, so no layer leaves a run; what each left observable is
+    read after the step: its output and ring, the selection it attended with (its index
+    source's row of `attn.plan.sel`, trimmed to the window and the visible top-k, the
+    rest checked to be −1), on index sources the scores (their row of `plan.scores`)
+    and the index-key owner, and on ratio>0 layers the rows its kv source's caches hold
+    and the candidate mask."""
 
     def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device):
         from .runtime.graphs import DecodeGraphs
@@ -144,36 +144,17 @@ class _SplitDecode:
         self.cfg = cfg
         self.stack = RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
         self.graphs = DecodeGraphs(self.stack)
-        self.graphs.on_source = self._keep
-        self._sources: dict[int, _Frozen] = {}
-        self._seen: dict[int, _Captured] = {}
-        self._pos = -1
-
-    def _keep(self, i: int, run) -> None:
-        self._observe(i)
-        self._sources[i] = _Frozen(run)
-
-    def _observe(self, upto: int) -> None:
-        """Record the captured layers before `upto` whose segment is over."""
-        for j in range(upto):
-            if j not in self._sources and j not in self._seen:
-                self._seen[j] = _Captured.of(self.cfg, self.stack, j, self._pos, set(self._sources))
 
     def layer(self, i: int, x: torch.Tensor, start_pos: int):
         return self.stack.layer(i, x, start_pos)
 
     def decode_step(self, xs, start_pos: int) -> list:
-        self._sources, self._seen, self._pos = {}, {}, start_pos
         y = self.graphs.step(xs, start_pos)
-        self._observe(self.cfg.n_layers)
         out = []
         for i in range(self.cfg.n_layers):
-            if i in self._sources:
-                out.append(self._sources[i])
-            else:
-                cap = self._seen[i]
-                cap.out = y[i].clone()
-                out.append(cap)
+            cap = _Captured.of(self.cfg, self.stack, i, start_pos, self.graphs.key_owner[i])
+            cap.out = y[i].clone()
+            out.append(cap)
         return out
 
 
@@ -186,25 +167,27 @@ class _Captured:
     def __init__(self):
         self.out = self.kv_win = self.sel = None
         self.compress_kv = self.index_k = self.candidates = None
+        self.index_score = self.index_k_owner = None
         self.observed_from: dict[str, int] = {}
         self.errors: dict[str, str] = {}
 
     @classmethod
-    def of(cls, cfg: AttnV41Cfg, stack, i: int, pos: int, sources_run: set[int]) -> _Captured:
+    def of(cls, cfg: AttnV41Cfg, stack, i: int, pos: int, key_owner: int) -> _Captured:
         from .compare import _kv_source
 
         c = cls()
         role = cfg.roles[i]
+        plan = stack.attn.plan
         c.kv_win = stack.states[i].ring.detach().cpu().clone()
         r = role.ratio
         L = (pos + 1) // r if r else 0
         k = min(cfg.index_topk, L)
         width = cfg.window + k
-        buf = stack.attn.dec_sel[r > 0].detach().cpu().clone()
+        buf = plan.sel_for(i).detach().cpu().clone()
         if buf.shape[0] != 1 or buf.shape[1] < width:
-            c.errors["sel"] = f"attn.dec_sel[{r > 0}] is {tuple(buf.shape)}; allowed: [1, >= {width}]"
+            c.errors["sel"] = f"plan.sel_for({i}) is {tuple(buf.shape)}; allowed: [1, >= {width}]"
         elif (buf[:, width:] != -1).any():
-            c.errors["sel"] = f"attn.dec_sel[{r > 0}] past column {width} is {buf[0, width:].tolist()}; allowed: all −1"
+            c.errors["sel"] = f"plan.sel_for({i}) past column {width} is {buf[0, width:].tolist()}; allowed: all −1"
         else:
             c.sel = buf[:, :width]
         if r > 0:
@@ -213,11 +196,13 @@ class _Captured:
             c.compress_kv = st.compress_kv[:L].detach().cpu().clone()
             c.index_k = st.index_k[:L].detach().cpu().clone()
             c.observed_from.update(compress_kv=src, index_k=src)
+            if role.is_index_source and L > 0:
+                c.index_score = plan.scores[plan.sel_slot(i), :, :L].detach().cpu().clone()
+                c.index_k_owner = key_owner
             cand = cfg.candidate_source_layer
             cand_ratio = cfg.roles[cand].ratio if cand is not None else 0
-            if cand is not None and cand in sources_run and cand_ratio == r and L > 0:
-                shared_c = stack.shared.candidates
-                c.candidates = None if shared_c is None else shared_c.detach().cpu().clone()
+            if cand is not None and cand <= i and cand_ratio == r and L > 0:
+                c.candidates = plan.cand[:, :L].detach().cpu().clone()
                 c.observed_from["candidates"] = cand
         return c
 

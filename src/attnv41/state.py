@@ -27,8 +27,10 @@ class AttnV41LayerState:
 
     ring:        bf16 [window, head_dim]; position p in slot p % window; never written = 0.
     comp_a/g:    fp32 [r, head_dim] (kv sources, r >= 2): token p in slot p % r; g = −∞ where empty.
-    compress_kv: bf16 [max_seq // r, head_dim] (kv sources): rows 0..n_rows−1 valid.
-    index_k:     bf16 [max_seq // r, index_head_dim] (kv sources).
+    compress_kv: bf16 [⌈max_seq / r⌉, head_dim] (kv sources): rows 0..n_rows−1 valid; at
+                 decode, row n_rows holds the group in progress (rewritten every step until
+                 the group completes; never read before).
+    index_k:     bf16 [⌈max_seq / r⌉, index_head_dim] (kv sources), likewise.
     next_pos:    the position after this layer's last call (eager calls and `DecodeGraphs`
                  keep it; a decode step you replay from your own CUDA graph does not).
     seq_id:      the sequence (`SharedV41.seq_id`) this state was prefilled in; None before.
@@ -44,8 +46,9 @@ class AttnV41LayerState:
         self.comp_a = self.comp_g = self.compress_kv = self.index_k = None
         if role.is_kv_source:
             r = role.ratio
-            self.compress_kv = torch.zeros(cfg.max_seq // r, cfg.head_dim, dtype=torch.bfloat16, device=dev)
-            self.index_k = torch.zeros(cfg.max_seq // r, cfg.index_head_dim, dtype=torch.bfloat16, device=dev)
+            rows = -(-cfg.max_seq // r)  # the last group may be in progress at max_seq − 1
+            self.compress_kv = torch.zeros(rows, cfg.head_dim, dtype=torch.bfloat16, device=dev)
+            self.index_k = torch.zeros(rows, cfg.index_head_dim, dtype=torch.bfloat16, device=dev)
             if r >= 2:
                 self.comp_a = torch.zeros(r, cfg.head_dim, dtype=torch.float32, device=dev)
                 self.comp_g = torch.full((r, cfg.head_dim), float("-inf"), dtype=torch.float32, device=dev)
@@ -81,6 +84,12 @@ class SharedV41:
         latest index source's selection (already offset, −1 padded) for the call at
         `topk_pos`.
     candidates: bool [m, L] mask of the candidate source for the call at `candidates_pos`.
+    sources: the kv sources' states of this sequence by layer (bound at their prefill), so
+        a decode step prepared without the state (`decode_prep`) publishes their caches.
+
+    At decode the selections live on the device (`AttnV41.plan.sel`, one row per index
+    source); `topk_idxs` holds the prefill's, and the host fields (`topk_k`, `topk_pos`, …)
+    describe every published selection.
 
     Order bookkeeping (host ints; layers run strictly in order, one step after another):
     `step_pos`/`step_end` are the positions of the step in progress (or the last one),
@@ -107,6 +116,7 @@ class SharedV41:
         self.topk_pos = -1
         self.candidates: torch.Tensor | None = None
         self.candidates_pos = -1
+        self.sources: dict[int, AttnV41LayerState] = {}
         self.last_layer = -1  # the layer that ran last, and the positions of its call:
         self.step_pos = -1  # layers run strictly in order, layer i right after layer i−1
         self.step_end = -1  # start_pos + m of the step in progress (the next step starts there)
@@ -118,11 +128,14 @@ class SharedV41:
         the next decode step starts there."""
         for st in states:
             st.seq_id, st.next_pos = self.seq_id, next_pos
+            if st.role.is_kv_source:
+                self.sources[st.role.layer] = st
         self.last_layer, self.step_pos, self.step_end = len(states) - 1, next_pos - 1, next_pos
 
     def snapshot(self) -> dict:
         """Host fields and cloned tensors, for tests that check a failed call changed nothing."""
-        d = {k: v for k, v in vars(self).items() if not isinstance(v, torch.Tensor)}
+        d = {k: v for k, v in vars(self).items() if not isinstance(v, torch.Tensor) and k != "sources"}
+        d["sources"] = dict(self.sources)
         d["topk_idxs"] = self.topk_idxs.clone()
         d["compress_kv_id"] = None if self.compress_kv is None else self.compress_kv.data_ptr()
         d["index_k_id"] = None if self.index_k is None else self.index_k.data_ptr()

@@ -74,8 +74,9 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
     The reference's roundings: each dot over d accumulates in fp32 (in any order) and is
     rounded to bf16; ReLU; times `w[t, h]`, the product rounded to bf16; the sum over
     heads accumulates in fp32 (any order) and is rounded to bf16. Entries `j ≥ L_t` are
-    −∞. Results may differ from the reference only where a differently ordered fp32
-    sum rounds to the other bf16 neighbour.
+    −∞, and their keys are not read (a key row past every token's `L_t` may hold
+    anything). Results may differ from the reference only where a differently ordered
+    fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
     out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation.
     """
@@ -153,8 +154,10 @@ if HAVE_TRITON:
         q = tl.load(
             iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0
         )
-        # [BLOCK_L, D_P] index keys
-        k = tl.load(k_ptr + j64[:, None] * s_k + c[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0)
+        # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
+        # scores are −∞ whatever they hold), so a wide L costs no key traffic
+        k_ok = j_ok & (j64 < vis)
+        k = tl.load(k_ptr + j64[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         # [H_P] head weights (padded heads are 0, so they add 0)
         w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
         # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU

@@ -16,7 +16,7 @@ from ..reference import indexer as ref
 
 candidate_mask = ref.candidate_mask  # sync-free as written: boolean indexing avoided on purpose
 
-__all__ = ["window_selection", "candidate_mask", "topk_select"]
+__all__ = ["window_selection", "candidate_mask", "topk_select", "topk_fixed", "candidate_mask_fixed"]
 
 
 def window_selection(out: torch.Tensor, m: int, start_pos: int, window: int) -> torch.Tensor:
@@ -47,3 +47,15 @@ def topk_select(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int
     view = out[: idx.shape[0], :k]
     view.copy_(idx)
     return view
+
+
+def topk_fixed(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int, out: torch.Tensor) -> torch.Tensor:
+    """Top-k at a fixed width over `[m, Lb]` (placeholder: the reference's stable sort)."""
+    out.copy_(ref.topk_select(scores, visible, k, offset))
+    return out
+
+
+def candidate_mask_fixed(scores, visible, cand_blocks: int, cand_block: int, out: torch.Tensor) -> torch.Tensor:
+    """The candidate mask over `[m, Lb]` into `out` (placeholder: the reference)."""
+    out.copy_(ref.candidate_mask(scores, visible, cand_blocks, cand_block))
+    return out

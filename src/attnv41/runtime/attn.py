@@ -21,6 +21,7 @@ from ..reference.rope import rope_freqs, rope_table
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights, expected_tensors
 from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
+from .plan import DEFAULT_BUCKET_MIN, ROW, ROW_POS, SLOT, VIS, DecodePlan
 
 __all__ = ["AttnV41", "AttnV41Run", "INDEX_KEY_MODES"]
 
@@ -81,6 +82,7 @@ class _Ticket:
     layer: int
     pos: int
     rows: torch.Tensor | None
+    keys: torch.Tensor | None  # the index keys an index source scores against
     before: tuple[int, int, int]  # the sequence's order state before the prep
     done: bool = False
 
@@ -113,6 +115,7 @@ class AttnV41:
         index_keys: str = "own",
         ops: str | Ops | None = None,
         check_finite: bool = False,
+        bucket_min: int = DEFAULT_BUCKET_MIN,
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
@@ -170,15 +173,14 @@ class AttnV41:
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
         self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
-        # Decode split (capturable steps): the device position and one selection buffer
-        # per class, [1, decode width]: window slots, then the shared selection, then −1.
-        self.dec_pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.dec_sel = {
-            False: torch.full((1, c.window), -1, dtype=torch.int32, device=dev),
-            True: torch.full((1, c.window + c.index_topk), -1, dtype=torch.int32, device=dev),
-        }
-        self._uploaded: dict = {}  # what dec_pos / dec_sel hold, to skip unchanged uploads
+        self.stage_kv = torch.empty(1, D, **bf)  # a kv source's new compressed row, before its cache write
+        self.stage_k = torch.empty(1, c.index_head_dim, **bf)  # and its index key
+        # Decode steps run from device metadata: the position and everything derived from
+        # it (window slots, visible rows, compressor slot and completion, the selections).
+        self.plan = DecodePlan(cfg, dev, bucket_min)
+        self.dec_pos = self.plan.pos
         self._ticket: _Ticket | None = None  # the last decode_prep, which decode_body must match
+        self._prepared: dict[int, torch.Tensor | None] = {}  # per layer: the keys its last prep chose
         self._freed = False
 
     # ------------------------------------------------------------------ lifetime
@@ -189,8 +191,9 @@ class AttnV41:
         for k, v in list(vars(self).items()):
             if isinstance(v, torch.Tensor):
                 setattr(self, k, None)
-        self.dec_sel = {}
-        self._uploaded = {}
+        self.plan = None
+        self._prepared = {}
+        self._ticket = None
         self._freed = True
 
     def nonfinite_count(self) -> int:
@@ -444,54 +447,45 @@ class AttnV41:
         """One layer's attention for the m tokens of `x` (bf16 `[m, dim]`, the normed input)
         at positions `start_pos …`: a prefill from 0 (`m <= max_tokens`) or one decode token.
 
-        Host synchronisation points: none. Every value the host decides on (the window
-        layout, compressor groups, visible row counts, top-k width) follows from
-        `start_pos` and `m`, which the host knows; scores, the candidate mask and the
-        top-k stay on the device. Launches take host scalars (positions, widths), so
-        this path is not capturable as is; `decode_prep`/`decode_body` (later) are.
+        Host synchronisation points: none. A prefill's widths and slices follow from `m`,
+        which the host knows. A decode token runs the device-driven step that
+        `decode_prep`/`decode_body` and `DecodeGraphs` run (the same kernels, reading
+        the position and everything derived from it from `plan`); the host keeps only
+        its bookkeeping (counts, the order of layers and steps) and slices the returned
+        views to the visible lengths.
         """
         self._check(w, st, shared, x, start_pos)
+        if start_pos > 0:
+            return self._forward_decode(w, st, shared, x, start_pos)
         c, ops = self.cfg, self.ops
         role = w.role
         i, r, m = role.layer, role.ratio, x.shape[0]
-        H, D, W = c.n_heads, c.head_dim, c.window
-        if start_pos == 0:
-            if i == 0:
-                shared.reset()
-            st.reset()
-            st.seq_id = shared.seq_id
-        pos = self.iota[start_pos : start_pos + m]
-        cos, sin = (self.plain_cos, self.plain_sin) if r == 0 else (self.yarn_cos, self.yarn_sin)
+        W = c.window
+        if i == 0:
+            shared.reset()
+        st.reset()
+        st.seq_id = shared.seq_id
+        if role.is_kv_source:
+            shared.sources[i] = st
+        pos = self.iota[:m]
+        cos, sin = self._tables(r)
 
         # §4: q, kv and the window
-        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:m])
-        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
-        q = self.q[:m]
-        ops.mm(cq, w["wq_b.weight"], out=q.view(m, H * D))
-        ops.apply_rope(q, cos, sin, pos, out=q)
-        kv = self.kv[:m]
-        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:m])
-        ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
-        ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
-        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
+        cq, q, kv = self._qkv(w, x, pos, cos, sin, m)
         ops.ring_write(st.ring, kv, pos)
-        if start_pos == 0:
-            win, offset = kv, m
-        else:
-            win, offset = st.ring, W
-        wsel = ops.window_selection(self.sel, m, start_pos, W)
+        win, offset = kv, m
+        wsel = ops.window_selection(self.sel, m, 0, W)
         n_wc = wsel.shape[1]
 
         run_extra: dict = {}
         comp = self._empty_rows
         k = 0
         if r > 0:
-            end = start_pos + m
-            L = end // r
+            L = m // r
             vis = torch.div(pos + 1, r, rounding_mode="floor")
             new_rows = 0
             if role.is_kv_source:
-                new_rows = self._compress(w, st, x, start_pos)
+                new_rows = self._compress(w, st, x)
                 shared.compress_kv, shared.compress_ratio, shared.n_compressed = st.compress_kv, r, st.n_rows
                 run_extra["compress_kv"] = st.compress_kv[:L]
                 run_extra["index_k"] = st.index_k[:L]
@@ -502,13 +496,13 @@ class AttnV41:
                     scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin)
                     if role.is_candidate_source:
                         shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
-                        shared.candidates_pos = start_pos
+                        shared.candidates_pos = 0
                         run_extra["candidates"] = shared.candidates
                     if role.uses_candidates:
                         scores = scores.masked_fill(~shared.candidates, float("-inf"))
                     kk = min(c.index_topk, L)
                     ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
-                    shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, start_pos
+                    shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, 0
                     shared.topk_version += 1
                     run_extra["index_score"] = scores
                     run_extra["index_k_owner"] = shared.index_k_owner
@@ -519,17 +513,17 @@ class AttnV41:
         sel = self.sel[:m, : n_wc + k]
         # Launch at the class's fixed width (−1 padding changes no output bit), so the
         # kernel sees one selection width per class instead of one per context length.
-        width = self.dec_sel[r > 0].shape[1]
+        width = self._width(r)
         self.sel[:m, n_wc + k : width].fill_(-1)
 
         # §7: sparse attention with the sink
-        o = ops.sparse_attn(q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], D**-0.5, out=self.o[:m])
+        o = ops.sparse_attn(q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], c.head_dim**-0.5, out=self.o[:m])
 
         # §8: inverse RoPE, grouped low-rank output
         out = self._output(w, o, pos, cos, sin, m)
 
-        st.next_pos = start_pos + m
-        self._advance(shared, i, start_pos, m)
+        st.next_pos = m
+        self._advance(shared, i, 0, m)
         self._ticket = None  # a decode_prep before this call can no longer be run
         return AttnV41Run(
             q=q,
@@ -545,45 +539,113 @@ class AttnV41:
             **run_extra,
         )
 
+    def _forward_decode(
+        self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, p: int
+    ) -> AttnV41Run:
+        """`forward` of one decode token (checked): the device-driven step, eagerly."""
+        c, role = self.cfg, w.role
+        r, W = role.ratio, c.window
+        keys = self._decode_publish(role, st, shared, p)
+        self.plan.set_pos(p)
+        rows = shared.compress_kv if r > 0 else None
+        out = self._decode_kernels(w, st, x, rows, keys, self.plan.bucket(p))
+        st.next_pos = p + 1
+        self._advance(shared, role.layer, p, 1)
+        self._ticket = None  # a decode_prep before this call can no longer be run
+        plan, run_extra = self.plan, {}
+        L = (p + 1) // r if r else 0
+        k = min(c.index_topk, L)
+        if role.is_kv_source:
+            run_extra["compress_kv"] = st.compress_kv[:L]
+            run_extra["index_k"] = st.index_k[:L]
+        if role.is_index_source and L > 0:
+            run_extra["index_score"] = plan.scores[plan.sel_slot(role.layer), :, :L]
+            run_extra["index_k_owner"] = shared.index_k_owner
+            if role.is_candidate_source:
+                run_extra["candidates"] = plan.cand[:1, :L]
+        comp = rows[:L] if r else self._empty_rows
+        return AttnV41Run(
+            q=self.q[:1],
+            rows_win=st.ring,
+            rows_comp=comp,
+            n_win=W,
+            n_comp=comp.shape[0],
+            offset=W,
+            idx=plan.sel_for(role.layer)[:, : W + k],
+            topk=k,
+            o=self.o[:1],
+            out=out,
+            **run_extra,
+        )
+
+    def _tables(self, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.plain_cos, self.plain_sin) if ratio == 0 else (self.yarn_cos, self.yarn_sin)
+
+    def _width(self, ratio: int) -> int:
+        """The class's fixed selection width (`decode_fixed_topk`)."""
+        return self.cfg.window + (self.cfg.index_topk if ratio > 0 else 0)
+
+    def _qkv(self, w, x, pos, cos, sin, m: int):
+        """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
+        window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
+        counter as it enters the ring). The one copy of this path: prefill and decode."""
+        c, ops = self.cfg, self.ops
+        H, D = c.n_heads, c.head_dim
+        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:m])
+        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
+        q = self.q[:m]
+        ops.mm(cq, w["wq_b.weight"], out=q.view(m, H * D))
+        ops.apply_rope(q, cos, sin, pos, out=q)
+        kv = self.kv[:m]
+        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:m])
+        ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
+        ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
+        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
+        return cq, q, kv
+
     # ------------------------------------------------------------------ decode split
     def decode_capturable(self, w: AttnV41LayerWeights) -> bool:
-        """Whether this layer's single-token step can be captured into a CUDA graph: false
-        on kv and index sources (their forward decides compressor groups and the top-k
-        width on the host)."""
-        return not (w.role.is_kv_source or w.role.is_index_source)
+        """Whether this layer's single-token step can be captured into a CUDA graph: true
+        for every role. Sources too run from device metadata (compressor slot and group
+        completion, visible rows, the bucket's masked scores, a fixed-width top-k)."""
+        self._check_role(w)
+        return True
 
     def decode_fixed_topk(self, w: AttnV41LayerWeights) -> int:
         """The selection width a captured step launches sparse attention with: the widest
         selection of the layer's class, so the launch argument is constant. −1 padding
         adds an exact zero, so results equal the eager step's bit for bit."""
         self._check_freed("decode_fixed_topk")
-        return self.dec_sel[w.role.ratio > 0].shape[1]
+        return self._width(w.role.ratio)
+
+    def bucket(self, start_pos: int) -> int:
+        """The context bucket of a decode step at `start_pos` (see `DecodePlan`): index
+        sources score `bucket // ratio` keys, masked past the visible ones."""
+        self._check_freed("bucket")
+        self._check_pos_decode(start_pos)
+        return self.plan.bucket(start_pos)
 
     def invalidate_decode_uploads(self) -> None:
         """Forget what the decode buffers hold; the next `decode_prep` writes them again."""
-        self._uploaded = {}
+        self._check_freed("invalidate_decode_uploads")
+        self.plan.invalidate()
 
     def decode_prep(self, w: AttnV41LayerWeights, shared: SharedV41, start_pos: int) -> torch.Tensor | None:
-        """Host half of a capturable layer's decode step at `start_pos`: the position and
-        the class's padded selection into the device buffers (only what changed). Returns
-        the compressed rows the captured attention reads (the shared cache buffer, whose
-        address a graph bakes), or None on ratio-0 layers.
+        """Host half of a layer's decode step at `start_pos`: the position into the device
+        plan (with the metadata derived from it, only when it changed) and the host
+        bookkeeping the step implies (what the layer publishes, the visible counts).
+        Returns the compressed rows the layer's attention reads (the kv source's cache, a
+        tensor whose address a graph bakes), or None on ratio-0 layers.
 
         Checks the layer's turn in the sequence (layer 0 opens the step after the last
         complete one, layer i follows layer i−1 of the same step) and records the prepared
-        step: the next `decode_body` must be this layer's, with these rows. The sequence's
-        order state advances here, so a graph replay of the body (which runs no host code)
-        keeps it; preparing the same layer and position again is allowed until its body
-        ran eagerly."""
+        step: the next eager `decode_body` must be this layer's, with these rows. The
+        sequence's order state advances here, so a graph replay of the body (which runs
+        no host code) keeps it; preparing the same layer and position again is allowed
+        until its body ran eagerly."""
         self._check_live("decode_prep")
         self._check_role(w)
         role = w.role
-        if not self.decode_capturable(w):
-            kind = "kv source" if role.is_kv_source else "index source"
-            raise ValueError(
-                f"layer {role.layer} is a {kind}: its decode step is not capturable; allowed: "
-                "layers with decode_capturable(w) true (run sources through forward)"
-            )
         self._check_pos_decode(start_pos)
         self._check_shared(shared)
         i = role.layer
@@ -591,13 +653,50 @@ class AttnV41:
         again = t is not None and not t.done and t.shared is shared and t.layer == i and t.pos == start_pos
         if not again:
             self._check_order(i, shared, start_pos, 1)
-        self._check_sources(role, None, shared, start_pos, 1)
-        self.decode_prep_role(role.ratio > 0, shared, start_pos)
+        st = self._source_state(role, shared)
+        self._check_sources(role, st, shared, start_pos, 1)
+        keys = self._decode_publish(role, st, shared, start_pos)
+        self.plan.set_pos(start_pos)
         rows = shared.compress_kv if role.ratio > 0 else None
         before = t.before if again else self._book(shared)
         self._advance(shared, i, start_pos, 1)
-        self._ticket = _Ticket(shared, i, start_pos, rows, before)
+        self._ticket = _Ticket(shared, i, start_pos, rows, keys, before)
+        self._prepared[i] = keys
         return rows
+
+    def _source_state(self, role, shared: SharedV41) -> AttnV41LayerState | None:
+        """A kv source's state in this sequence (bound at its prefill), for decode_prep."""
+        if not role.is_kv_source:
+            return None
+        st = shared.sources.get(role.layer)
+        if st is None or st.seq_id != shared.seq_id:
+            raise ValueError(
+                f"layer {role.layer} is a kv source whose state was not prefilled in this sequence; "
+                "allowed: decode after its prefill (forward at start_pos 0)"
+            )
+        return st
+
+    def _decode_publish(self, role, st: AttnV41LayerState | None, shared: SharedV41, p: int) -> torch.Tensor | None:
+        """The host bookkeeping of a (checked) decode step of layer `role.layer` at p: what
+        it publishes (attention-v41.md §2), all of it known from p. Returns the index
+        keys an index source scores against (None for other layers)."""
+        c, r = self.cfg, role.ratio
+        if r == 0:
+            return None
+        L = (p + 1) // r
+        if role.is_kv_source:
+            st.n_rows = L
+            shared.compress_kv, shared.compress_ratio, shared.n_compressed = st.compress_kv, r, L
+        if not role.is_index_source:
+            return None
+        if role.is_kv_source and (self.index_keys == "own" or (p + 1) % r == 0):
+            shared.index_k, shared.index_k_owner = st.index_k, role.layer
+        if L > 0:
+            if role.is_candidate_source:
+                shared.candidates, shared.candidates_pos = self.plan.cand[:1, :L], p
+            shared.topk_m, shared.topk_k, shared.topk_pos = 1, min(c.index_topk, L), p
+            shared.topk_version += 1
+        return shared.index_k
 
     def _check_pos_decode(self, start_pos: int) -> None:
         hi = self.cfg.max_seq - 1
@@ -605,14 +704,14 @@ class AttnV41:
             raise ValueError(f"start_pos = {start_pos!r}; allowed: 1..{hi} (a decode position below max_seq)")
 
     def decode_prep_role(self, ratio_positive: bool, shared: SharedV41, start_pos: int) -> None:
-        """`decode_prep` by selection class (ratio>0: window + shared selection; ratio 0:
-        window only), so both classes can be prepared for one multi-layer capture. Uploads
-        only: the caller (e.g. `DecodeGraphs`) keeps the order of layers and steps."""
+        """The position half of `decode_prep` for a class of layers (ratio>0 or ratio 0):
+        writes the device position and its metadata (only when it changed). The selections
+        themselves are made on the device by the index sources, so nothing else is
+        uploaded. Checks that a ratio>0 layer at `start_pos` has a selection published.
+        The caller keeps the order of layers and steps."""
         self._check_live("decode_prep_role")
         self._check_pos_decode(start_pos)
         self._check_shared(shared)
-        c = self.cfg
-        W = c.window
         r = shared.compress_ratio
         L = (start_pos + 1) // r if r else 0
         published = shared.topk_pos == start_pos and shared.topk_m == 1
@@ -620,47 +719,31 @@ class AttnV41:
             raise ValueError(
                 f"start_pos {start_pos}: no selection was published for this step (run the index source first)"
             )
-        if self._uploaded.get("pos") != start_pos:
-            self.dec_pos.fill_(start_pos)
-            self._uploaded["pos"] = start_pos
-        buf = self.dec_sel[bool(ratio_positive)]
-        done = self._uploaded.get(bool(ratio_positive))
-        win_key = start_pos if start_pos < W else start_pos % W + W  # layout repeats once the ring is full
-        if not ratio_positive:
-            if done != win_key:
-                self.ops.window_selection(buf, 1, start_pos, W)
-                self._uploaded[False] = win_key
-            return
-        k = shared.topk_k if L > 0 else 0
-        key = (win_key, id(shared), shared.topk_version if L > 0 else None)
-        if done != key:
-            self.ops.window_selection(buf, 1, start_pos, W)
-            if k:
-                buf[0, W : W + k].copy_(shared.topk_idxs[0, :k])
-            buf[0, W + k :].fill_(-1)
-            self._uploaded[True] = key
+        self.plan.set_pos(start_pos)
 
     def decode_body(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None
     ) -> torch.Tensor:
-        """Device half of a capturable layer's decode step: projections, the ring write at
-        `pos % window` (slot read on the device), sparse attention over the class's padded
+        """Device half of a layer's decode step: projections, the ring write at
+        `pos % window`, on kv sources the compressor (slot, pooled row and its cache
+        writes from the device metadata), on index sources the scores over the bucket and
+        the fixed-width top-k into the plan, sparse attention over the class's padded
         selection, output projection into `out[:1]`, which it returns. No host
         synchronisation, no per-token scalar: a captured graph replays for any position
-        once `decode_prep` has updated the device buffers.
+        once `decode_prep` has updated the device position.
 
         Eagerly it must follow this layer's `decode_prep` (the last one on this runtime),
         with the rows it returned and the layer's state of that sequence, and runs that
         step once; everything is checked before the first kernel. During CUDA graph
         capture (which runs and writes nothing) no prepared step is needed, so several
         layers can be captured into one graph; call `decode_prep` for each of them, in
-        order, before every replay (unchanged uploads are skipped)."""
+        order, before every replay. A captured index source scores the whole cache
+        (`max_seq // ratio` keys, masked past the visible ones), so its graph is valid at
+        every position; `DecodeGraphs` captures one graph per bucket instead."""
         c, role = self.cfg, w.role
         self._check_freed("decode_body")
         self._check_x(x, m_max=1)
         self._check_layer(w, st)
-        if not self.decode_capturable(w):
-            raise ValueError(f"layer {role.layer} is a source layer; allowed: decode_capturable(w) true")
         if role.ratio == 0 and rows_b is not None:
             raise ValueError(
                 f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
@@ -675,6 +758,7 @@ class AttnV41:
                 and rows_b.shape[1] == c.head_dim
                 and rows_b.dtype == torch.bfloat16
                 and rows_b.device == self.device
+                and (not role.is_kv_source or _same_tensor(rows_b, st.compress_kv))
             )
             if not ok:
                 got = None if not isinstance(rows_b, torch.Tensor) else tuple(rows_b.shape)
@@ -686,7 +770,13 @@ class AttnV41:
                 raise ValueError(
                     f"layer {role.layer}: its state was never prefilled; allowed: the state of the sequence decoded"
                 )
-            return self._decode_kernels(w, st, x, rows_b)
+            keys = self._prepared.get(role.layer)
+            if role.is_index_source and keys is None:
+                raise ValueError(
+                    f"layer {role.layer} is an index source: capture its decode_body after its decode_prep "
+                    "(which chooses the index keys it scores)"
+                )
+            return self._decode_kernels(w, st, x, rows_b, keys, c.max_seq)
         t = self._ticket
         if t is None or t.layer != role.layer:
             last = "none" if t is None else f"layer {t.layer} at start_pos {t.pos}"
@@ -708,49 +798,105 @@ class AttnV41:
                 "(the compressed-KV cache of this sequence's kv source of this ratio)"
             )
         self._check_values(x, role.layer, t.pos)
-        out = self._decode_kernels(w, st, x, rows_b)
+        self.plan.set_pos(t.pos)  # an eager forward between prep and body may have moved it
+        out = self._decode_kernels(w, st, x, rows_b, t.keys, self.plan.bucket(t.pos))
         t.done = True
         st.next_pos = t.pos + 1
         return out
 
     def _decode_kernels(
-        self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None
+        self,
+        w: AttnV41LayerWeights,
+        st: AttnV41LayerState,
+        x: torch.Tensor,
+        rows_b: torch.Tensor | None,
+        keys: torch.Tensor | None,
+        bucket: int,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The kernels of a capturable decode step, reading position and selection from the
-        device buffers; no checks (callers validate)."""
-        c, ops, role = self.cfg, self.ops, w.role
-        H, D, W = c.n_heads, c.head_dim, c.window
-        pos = self.dec_pos
-        cos, sin = (self.plain_cos, self.plain_sin) if role.ratio == 0 else (self.yarn_cos, self.yarn_sin)
-        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:1])
-        cq = ops.rms_norm(self.c_pre[:1], w["q_norm.weight"], c.norm_eps, out=self.c[:1])
-        q = self.q[:1]
-        ops.mm(cq, w["wq_b.weight"], out=q.view(1, H * D))
-        ops.apply_rope(q, cos, sin, pos, out=q)
-        kv = self.kv[:1]
-        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:1])
-        ops.rms_norm(self.rows_tmp[:1], w["kv_norm.weight"], c.norm_eps, out=kv)
-        ops.apply_rope(kv.view(1, 1, D), cos, sin, pos, out=kv.view(1, 1, D))
-        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
+        """The kernels of one decode token, reading the position and everything derived
+        from it from `plan` (derived before: `plan.set_pos` or a captured `plan.derive`);
+        index sources score `bucket // ratio` keys. No checks (callers validate). Writes
+        the layer output into `out` (default `self.out[:1]`) and returns it."""
+        c, ops, role, plan = self.cfg, self.ops, w.role, self.plan
+        r, W = role.ratio, c.window
+        pos = plan.pos
+        cos, sin = self._tables(r)
+        cq, q, kv = self._qkv(w, x, pos, cos, sin, 1)
         ops.ring_write(st.ring, kv, pos)
-        sel = self.dec_sel[role.ratio > 0]
-        comp = rows_b if role.ratio > 0 else self._empty_rows
-        o = ops.sparse_attn(q, st.ring, comp, sel, W, w["attn_sink"], D**-0.5, out=self.o[:1])
-        self._output(w, o, pos, cos, sin, 1)
-        return self.out[:1]
+        if r == 0:
+            sel, comp = plan.sel0, self._empty_rows
+        else:
+            meta = plan.meta[r]
+            if role.is_kv_source:
+                self._compress_step(w, st, x, r)
+                rows_b = st.compress_kv
+            comp = rows_b
+            sel = plan.sel_for(role.layer)
+            if role.is_index_source:
+                Lb = min(bucket // r, keys.shape[0])
+                vis = meta[VIS]
+                slot = plan.sel_slot(role.layer)
+                scores = self._index_scores(w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb])
+                if role.is_candidate_source:
+                    ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb])
+                if role.uses_candidates:
+                    scores.masked_fill_(~plan.cand[:1, :Lb], float("-inf"))
+                k = min(c.index_topk, Lb)
+                ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
+                if k < c.index_topk:
+                    sel[:, W + k :].fill_(-1)
+        o = ops.sparse_attn(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1])
+        return self._output(w, o, pos, cos, sin, 1, out=out)
 
-    def _output(self, w, o, pos, cos, sin, m: int) -> torch.Tensor:
+    def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
+        """§5/§6.1 for one decode token from the device metadata: the token into compressor
+        slot p mod r, the group's pooled row (complete or not) through norm, RoPE at
+        row·r and the fp4 round trips, written at cache row ⌊p/r⌋ of both caches. A
+        group completes at p when p+1 is a multiple of r; before that its row is
+        in progress: past the visible rows (⌊(p+1)/r⌋), never read, rewritten each step
+        until it completes. On completion the gate scores are reset to −∞."""
+        c, ops, plan = self.cfg, self.ops, self.plan
+        D = c.head_dim
+        meta = plan.meta[r]
+        if r == 1:
+            ops.mm(x, w["compressor.wkv.weight"], out=self.lat_pre[:1])
+        else:
+            a, g = self.comp_a[:1], self.comp_g[:1]
+            ops.mm(x, w["compressor.wkv.weight"], out=a)  # fp32 weights: fp32 math
+            ops.mm(x, w["compressor.wgate.weight"], out=g)
+            slot = meta[SLOT]
+            st.comp_a.index_copy_(0, slot, a)
+            st.comp_g.index_copy_(0, slot, g)
+            pooled = ops.compress_pool(st.comp_a[None], st.comp_g[None], out=self.pooled[:1])
+            st.comp_g.masked_fill_(plan.done[r][0], float("-inf"))
+            self.lat_pre[:1].copy_(pooled)
+        latent = ops.rms_norm(self.lat_pre[:1], w["compressor.norm.weight"], c.norm_eps, out=self.latent[:1])
+        row, row_pos = meta[ROW], meta[ROW_POS]
+        rows = ops.apply_rope(
+            latent.view(1, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:1].view(1, 1, D)
+        )
+        ops.fp4_e4m3_qdq(rows.view(1, D), out=self.stage_kv, nonfinite=self.nonfinite)
+        ops.ring_write(st.compress_kv, self.stage_kv, row)  # row < the cache's rows: slot = row
+        kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:1])
+        kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:1])
+        ops.apply_rope(kr.view(1, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(1, 1, -1))
+        ops.fp4_e8m0_qdq(kr, out=self.stage_k, nonfinite=self.nonfinite)
+        ops.ring_write(st.index_k, self.stage_k, row)
+
+    def _output(self, w, o, pos, cos, sin, m: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """§8: inverse RoPE of o, the grouped low-rank projection, the output projection."""
         c, ops = self.cfg, self.ops
         o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
-        return ops.mm(u, w["wo_b.weight"], out=self.out[:m])
+        return ops.mm(u, w["wo_b.weight"], out=self.out[:m] if out is None else out)
 
-    def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, start_pos: int) -> int:
-        """Feed the tokens to the compressor and append completed rows to the layer's
-        caches (§5, §6.1). Returns the number of rows added."""
+    def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
+        """A prefill's tokens into the compressor: complete groups become rows of the
+        layer's caches (§5, §6.1), the remainder stays in its state. Returns the number
+        of rows added."""
         c, ops = self.cfg, self.ops
         r, m, D = st.role.ratio, x.shape[0], c.head_dim
         if r == 1:
@@ -760,38 +906,28 @@ class AttnV41:
             a, g = self.comp_a[:m], self.comp_g[:m]
             ops.mm(x, w["compressor.wkv.weight"], out=a)  # fp32 weights: fp32 math
             ops.mm(x, w["compressor.wgate.weight"], out=g)
-            if start_pos == 0:
-                n = m // r
-                pooled = ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D), out=self.pooled[:n])
-                rem = m - n * r
-                st.comp_a[:rem].copy_(a[n * r :])
-                st.comp_g[:rem].copy_(g[n * r :])
-            else:
-                slot = start_pos % r
-                st.comp_a[slot].copy_(a[0])
-                st.comp_g[slot].copy_(g[0])
-                n = 1 if slot == r - 1 else 0
-                if n:
-                    pooled = ops.compress_pool(st.comp_a[None], st.comp_g[None], out=self.pooled[:1])
-                    st.comp_g.fill_(float("-inf"))
+            n = m // r
+            pooled = ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D), out=self.pooled[:n])
+            rem = m - n * r
+            st.comp_a[:rem].copy_(a[n * r :])
+            st.comp_g[:rem].copy_(g[n * r :])
             if n == 0:
                 return 0
             self.lat_pre[:n].copy_(pooled)
         latent = ops.rms_norm(self.lat_pre[:n], w["compressor.norm.weight"], c.norm_eps, out=self.latent[:n])
-        j0 = st.n_rows
-        row_pos = torch.mul(self.iota[j0 : j0 + n], r, out=self.row_pos[:n])
+        row_pos = torch.mul(self.iota[:n], r, out=self.row_pos[:n])
         rows = ops.apply_rope(
             latent.view(n, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:n].view(n, 1, D)
         )
-        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n], nonfinite=self.nonfinite)
+        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[:n], nonfinite=self.nonfinite)
         kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:n])
         kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:n])
         ops.apply_rope(kr.view(n, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(n, 1, -1))
-        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n], nonfinite=self.nonfinite)
-        st.n_rows = j0 + n
+        ops.fp4_e8m0_qdq(kr, out=st.index_k[:n], nonfinite=self.nonfinite)
+        st.n_rows = n
         return n
 
-    def _index_scores(self, w, cq, x, pos, vis, keys, cos, sin) -> torch.Tensor:
+    def _index_scores(self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None) -> torch.Tensor:
         """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
         c, ops = self.cfg, self.ops
         m = x.shape[0]
@@ -802,7 +938,7 @@ class AttnV41:
         hw = self.hw[:m]
         ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
         hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))
-        return ops.index_scores(iq, hw, keys, vis)
+        return ops.index_scores(iq, hw, keys, vis, out=out)
 
 
 def _same_tensor(a, b: torch.Tensor | None) -> bool:

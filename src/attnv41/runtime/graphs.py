@@ -1,25 +1,38 @@
-"""Decode steps of a layer stack through `decode_prep` / `decode_body`, with CUDA graphs.
+"""Whole decode steps of a layer stack, one CUDA graph per context bucket.
 
-Source layers (kv or index sources) run eagerly through `forward`; each run of
-capturable layers between two sources (and from layer 0) is one segment, captured into
-one CUDA graph prepared for every selection class present in it. Before each replay
-the driver compares the tensors the graph baked (rings, compressed rows, inputs,
-outputs, decode buffers, weights) with the current ones and recaptures when one
-changed (a new sequence, another kv source); `captures` and `recaptures` count them.
-On the CPU (or with `use_graphs=False`) the same split path runs eagerly.
+Every layer's single-token step runs from device metadata (`DecodePlan`), so a whole
+step, all `n_layers` layers, sources included, is one graph: `plan.derive()`, then each
+layer's kernels reading its input from `x_in[i]` and writing its output to `y[i]`, then
+`pos += 1` on the device. The host only checks the call, keeps its bookkeeping (counts,
+the order state, what each source publishes) and replays.
 
-`oracle=True` runs every segment twice per step: eagerly through `forward` on saved
-state, then by graph replay, and raises `OracleMismatch` unless outputs and rings agree
-byte for byte.
+Buckets: index sources score `bucket(p) // ratio` keys (`DecodePlan.bucket`: the next
+power of two ≥ max(p + 1, bucket_min), capped at max_seq), so there is one graph per
+bucket, captured on first entry: that step runs eagerly (the warm-up: it compiles the
+kernels for the bucket's shapes and is the step itself, so nothing has to be undone),
+then the graph is captured (capture runs nothing) and replayed from the next step on.
+All graphs share one memory pool (they never run concurrently). In `released`
+index-key mode a Full layer of ratio ≥ 2 scores another layer's keys on steps that
+complete no group (attention-v41.md §9), a choice that follows the position; the
+graphs are then keyed by bucket and that choice (two per bucket for V4.1-Flash).
+Before each replay the tensors a graph baked (rings, caches, inputs, outputs, plan
+buffers, every weight tensor) are compared with the current ones; a change recaptures
+(`recaptures` counts those; `captures` counts all).
+
+On the CPU (or `use_graphs=False`) the same step runs eagerly.
+
+`oracle=True` runs every step twice: eagerly through `forward` on saved state, then by
+graph replay, and raises `OracleMismatch` unless, for every layer, the output, the ring,
+the compressor state, the cache rows written, the index scores, the selection and the
+candidate mask agree byte for byte.
 
 `step` is all or nothing: inputs, every layer's weights and state (config, role, bound to
-this sequence) and the step's position in the sequence are checked before the first layer
-runs. The driver keeps the host bookkeeping (each state's `next_pos`, the shared order
-state) that a replay cannot.
+this sequence) and the step's position in the sequence are checked before anything runs.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,22 +40,11 @@ import torch
 
 from .stack import RuntimeStack
 
-__all__ = ["DecodeGraphs", "OracleMismatch", "segments_of"]
+__all__ = ["DecodeGraphs", "OracleMismatch"]
 
 
 class OracleMismatch(AssertionError):
     """Graph replay and eager forward disagreed on a byte."""
-
-
-def segments_of(capturable: Sequence[bool]) -> list[list[int]]:
-    """Layers grouped in order: each source layer alone, each run of capturable layers together."""
-    segs: list[list[int]] = []
-    for i, cap in enumerate(capturable):
-        if cap and segs and segs[-1] and capturable[segs[-1][-1]]:
-            segs[-1].append(i)
-        else:
-            segs.append([i])
-    return segs
 
 
 @dataclass
@@ -55,7 +57,12 @@ class DecodeGraphs:
     """Drives single-token decode steps of a `RuntimeStack`.
 
     Inputs go to `x_in[i]` (`[n_layers, 1, dim]` bf16, the graphs read them), outputs come
-    out of `y[i]`; `step(xs, p)` copies `xs` in and returns `y`.
+    out of `y[i]`; `step(xs, p)` copies `xs` in (nothing when `xs` is `x_in`) and returns `y`.
+
+    After each step: `key_owner[i]` is the layer whose index keys index source i scored
+    (−1 for other layers); `capture_s[key]` the host seconds each capture took (the
+    eager warm-up step included); `last_host_s` the host time of the last `step` call
+    (checks, bookkeeping, launch or replay; no device sync).
     """
 
     def __init__(self, stack: RuntimeStack, use_graphs: bool | None = None, oracle: bool = False):
@@ -67,21 +74,19 @@ class DecodeGraphs:
         if self.use_graphs and not cuda:
             raise ValueError(f"use_graphs = True on {attn.device}; allowed: a CUDA device")
         self.oracle = oracle
-        self.capturable = [attn.decode_capturable(w) for w in stack.weights]
-        self.segments = segments_of(self.capturable)
         dev = attn.device
         self.x_in = torch.zeros(cfg.n_layers, 1, cfg.dim, dtype=torch.bfloat16, device=dev)
         self.y = torch.zeros(cfg.n_layers, 1, cfg.dim, dtype=torch.bfloat16, device=dev)
-        self._graphs: dict[int, _Captured] = {}
+        self._graphs: dict[tuple, _Captured] = {}
         self.captures = 0
         self.recaptures = 0
         self.oracle_checks = 0
-        self.on_source = None  # optional callback(layer, run) right after each source layer's forward
-        # With `profile` (CUDA), step() records a pair of CUDA events around each segment into
-        # `events` as (segment, start, end); the caller reads them after a synchronise.
-        self.profile = False
-        self.events: list = []
+        self.capture_s: dict[tuple, float] = {}
+        self.last_host_s = 0.0
+        self.key_owner = [-1] * cfg.n_layers
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._rows: list = [None] * cfg.n_layers
+        self._keys: list = [None] * cfg.n_layers
 
     # ------------------------------------------------------------------ stepping
     def step(self, xs: Sequence[torch.Tensor] | torch.Tensor, start_pos: int) -> torch.Tensor:
@@ -90,29 +95,43 @@ class DecodeGraphs:
         All or nothing: the inputs, every layer's weights and state, and the step's place
         in the sequence are checked before the first layer runs, so a bad call changes no
         state and a corrected retry works."""
+        t0 = time.perf_counter()
         self._check_step(xs, start_pos)
-        if isinstance(xs, torch.Tensor):
-            self.x_in.copy_(xs.view_as(self.x_in))
-        else:
-            for i, x in enumerate(xs):
-                self.x_in[i].copy_(x.view(1, -1))
-        st = self.stack
-        prof = self.profile and st.attn.device.type == "cuda"
-        for k, seg in enumerate(self.segments):
-            if prof:
-                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                ev[0].record()
-            if not self.capturable[seg[0]]:
-                i = seg[0]
-                run = st.attn.forward(st.weights[i], st.states[i], st.shared, self.x_in[i], start_pos)
-                self.y[i].copy_(run.out)
-                if self.on_source is not None:
-                    self.on_source(i, run)
+        if xs is not self.x_in:
+            if isinstance(xs, torch.Tensor):
+                self.x_in.copy_(xs.view_as(self.x_in))
             else:
-                self._segment(k, seg, start_pos)
-            if prof:
-                ev[1].record()
-                self.events.append((seg, *ev))
+                for i, x in enumerate(xs):
+                    self.x_in[i].copy_(x.view(1, -1))
+        st, attn = self.stack, self.stack.attn
+        plan = attn.plan
+        saved = self._oracle_eager(start_pos) if self.oracle else None
+        self._publish(start_pos)
+        bucket = plan.bucket(start_pos)
+        plan.set_pos(start_pos, derive=False)  # the step derives; after a replay pos is there already
+        if not self.use_graphs:
+            self._body(bucket)
+        else:
+            key = (bucket, tuple(None if k is None else k.data_ptr() for k in self._keys))
+            baked = self._baked()
+            cap = self._graphs.get(key)
+            if cap is None or cap.baked != baked:
+                if cap is not None:
+                    self.recaptures += 1
+                t1 = time.perf_counter()
+                self._warm_up(bucket)
+                self._graphs[key] = cap = self._capture(bucket, baked)
+                self.capture_s[key] = time.perf_counter() - t1
+            else:
+                cap.graph.replay()
+        plan.pos_at, plan.derived_at = start_pos + 1, start_pos  # the step ends with pos += 1
+        for s in st.states:
+            s.next_pos = start_pos + 1
+        attn._advance(st.shared, self.cfg.n_layers - 1, start_pos, 1)
+        attn._ticket = None  # this driver ran the step: a decode_prep before it can no longer run
+        if saved is not None:
+            self._oracle_compare(start_pos, saved)
+        self.last_host_s = time.perf_counter() - t0
         return self.y
 
     def _check_step(self, xs, start_pos: int) -> None:
@@ -142,124 +161,136 @@ class DecodeGraphs:
         for i in range(n):
             attn._check_layer(st.weights[i], st.states[i])
             attn._check_bound(st.states[i], st.shared)
+        for i in cfg.kv_source_layers:
+            if st.shared.sources.get(i) is not st.states[i]:
+                raise ValueError(
+                    f"layer {i} (a kv source): the sequence's published state is not the stack's; "
+                    "allowed: decode after prefilling this stack"
+                )
         if attn.check_finite:
             for i, x in enumerate(rows):
                 attn._check_values(x, i if len(rows) > 1 else "(all)", start_pos)
 
-    def _prep(self, seg: list[int], start_pos: int) -> torch.Tensor | None:
+    def _publish(self, p: int) -> None:
+        """The host bookkeeping of every layer's step (checked: it cannot fail)."""
         st, attn = self.stack, self.stack.attn
-        attn._check_order(seg[0], st.shared, start_pos, 1, attn._book_for(st.shared, seg[0], start_pos))
-        attn._ticket = None  # this driver runs the step: a decode_prep before it can no longer run
-        for i in seg:
-            attn._check_sources(st.weights[i].role, None, st.shared, start_pos, 1)
-        classes = sorted({st.weights[i].role.ratio > 0 for i in seg})
-        for cls in classes:
-            attn.decode_prep_role(cls, st.shared, start_pos)
-        return st.shared.compress_kv if True in classes else None
+        sh = st.shared
+        for i, w in enumerate(st.weights):
+            role = w.role
+            self._keys[i] = attn._decode_publish(role, st.states[i], sh, p)
+            self._rows[i] = sh.compress_kv if role.ratio > 0 else None
+            self.key_owner[i] = sh.index_k_owner if role.is_index_source else -1
 
-    def _body(self, seg: list[int], rows_b: torch.Tensor | None) -> None:
+    def _body(self, bucket: int) -> None:
+        """The whole step's device work, from `plan.pos` (capturable)."""
         st, attn = self.stack, self.stack.attn
-        for i in seg:
-            rb = rows_b if st.weights[i].role.ratio > 0 else None
-            out = attn._decode_kernels(st.weights[i], st.states[i], self.x_in[i], rb)
-            self.y[i].copy_(out)
+        attn.plan.derive()
+        for i, w in enumerate(st.weights):
+            attn._decode_kernels(w, st.states[i], self.x_in[i], self._rows[i], self._keys[i], bucket, out=self.y[i])
+        attn.plan.pos.add_(1)
 
-    def _baked(self, seg: list[int], rows_b: torch.Tensor | None) -> tuple:
+    def _baked(self) -> tuple:
         st, attn = self.stack, self.stack.attn
         return (
-            tuple(st.states[i].ring.data_ptr() for i in seg),
-            None if rows_b is None else (rows_b.data_ptr(), tuple(rows_b.shape)),
+            tuple(s.ring.data_ptr() for s in st.states),
+            tuple(None if r is None else (r.data_ptr(), tuple(r.shape)) for r in self._rows),
+            tuple(None if s.comp_a is None else (s.comp_a.data_ptr(), s.comp_g.data_ptr()) for s in st.states),
+            tuple(None if s.compress_kv is None else (s.compress_kv.data_ptr(), s.index_k.data_ptr()) for s in st.states),
             self.x_in.data_ptr(),
             self.y.data_ptr(),
-            attn.out.data_ptr(),
-            attn.dec_pos.data_ptr(),
             attn.nonfinite.data_ptr(),
-            tuple(b.data_ptr() for b in attn.dec_sel.values()),
+            tuple(t.data_ptr() for t in attn.plan.tensors().values()),
             # every weight tensor's memory: a tensor replaced in the weights' dict recaptures
-            tuple(tuple(t.data_ptr() for t in st.weights[i].tensors.values()) for i in seg),
+            tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in st.weights),
         )
 
-    def _segment(self, k: int, seg: list[int], start_pos: int) -> None:
-        st = self.stack
-        rows_b = self._prep(seg, start_pos)
-        saved = self._oracle_eager(seg, start_pos) if self.oracle else None
-        if not self.use_graphs:
-            self._body(seg, rows_b)
-        else:
-            baked = self._baked(seg, rows_b)
-            cap = self._graphs.get(k)
-            if cap is None or cap.baked != baked:
-                if cap is not None:
-                    self.recaptures += 1
-                self._graphs[k] = cap = self._capture(seg, rows_b, baked)
-            cap.graph.replay()
-        for i in seg:
-            st.states[i].next_pos = start_pos + 1
-        st.attn._advance(st.shared, seg[-1], start_pos, 1)
-        if saved is not None:
-            self._oracle_compare(seg, start_pos, saved)
-
-    def _capture(self, seg: list[int], rows_b: torch.Tensor | None, baked: tuple) -> _Captured:
-        # Warm-up on a side stream compiles the Triton kernels and settles the allocator.
-        # It runs this very step (same ring slot, same values as the replay writes), so it
-        # leaves nothing the replay would not leave.
-        # The non-finite counter is the one thing the warm-up must not leave behind (the
-        # replay counts this step's values again): put it back, on the device.
-        count = self.stack.attn.nonfinite.clone()
+    def _warm_up(self, bucket: int) -> None:
+        """The step itself, eagerly on a side stream: compiles the bucket's kernels and
+        settles the allocator before capture. It is this step's real run (no replay
+        follows it), so there is nothing to undo."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._body(seg, rows_b)
+            self._body(bucket)
         torch.cuda.current_stream().wait_stream(side)
-        self.stack.attn.nonfinite.copy_(count)
+
+    def _capture(self, bucket: int, baked: tuple) -> _Captured:
         g = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(g, pool=self._pool):
-                self._body(seg, rows_b)
+                self._body(bucket)
         except Exception as e:  # surface as an error, never fall back to eager silently
-            raise RuntimeError(f"CUDA graph capture of layers {seg} failed: {e}") from e
-        self.captures += 1
+            raise RuntimeError(f"CUDA graph capture of the decode step (bucket {bucket}) failed: {e}") from e
+        self.captures += 1  # capture ran nothing: the warm-up left pos at p + 1, the metadata of p
         return _Captured(g, baked)
 
     # ------------------------------------------------------------------ oracle
-    def _oracle_eager(self, seg: list[int], start_pos: int):
-        """Run the segment eagerly through `forward` on the current state, keep the
-        results, and put the state back as it was."""
-        st = self.stack
-        rings = [st.states[i].ring.clone() for i in seg]
-        count = st.attn.nonfinite.clone()  # the replay counts this step's values
-        sh = st.shared
-        book = ((sh.last_layer, sh.step_pos, sh.step_end), [st.states[i].next_pos for i in seg], st.attn._ticket)
-        outs = []
-        for i in seg:
-            run = st.attn.forward(st.weights[i], st.states[i], st.shared, self.x_in[i], start_pos)
-            outs.append(run.out.clone())
-        after = [st.states[i].ring.clone() for i in seg]
-        for i, r in zip(seg, rings):
-            st.states[i].ring.copy_(r)
-        sh.last_layer, sh.step_pos, sh.step_end = book[0]
-        for i, n in zip(seg, book[1]):
-            st.states[i].next_pos = n
-        st.attn._ticket = book[2]
-        st.attn.nonfinite.copy_(count)
-        return outs, after
+    def _written(self, p: int) -> dict:
+        """Every tensor a step at p may write, by name (views: clone to keep)."""
+        st, attn = self.stack, self.stack.attn
+        d: dict = {"nonfinite": attn.nonfinite}
+        for k, v in attn.plan.tensors().items():
+            d[f"plan.{k}"] = v
+        for i, s in enumerate(st.states):
+            d[f"{i}.ring"] = s.ring
+            if s.comp_a is not None:
+                d[f"{i}.comp_a"], d[f"{i}.comp_g"] = s.comp_a, s.comp_g
+            if s.compress_kv is not None:
+                j = p // s.role.ratio
+                d[f"{i}.compress_kv.row"] = s.compress_kv[j]
+                d[f"{i}.index_k.row"] = s.index_k[j]
+        return d
 
-    def _oracle_compare(self, seg: list[int], start_pos: int, saved) -> None:
-        outs, rings = saved
-        st = self.stack
-        for j, i in enumerate(seg):
-            if not _same_bytes(outs[j], self.y[i]):
-                n = int((_bits(outs[j]) != _bits(self.y[i])).sum())
-                raise OracleMismatch(f"start_pos {start_pos} layer {i}: graph output differs from eager in {n} values")
-            if not _same_bytes(rings[j], st.states[i].ring):
-                raise OracleMismatch(f"start_pos {start_pos} layer {i}: ring after replay differs from eager")
+    def _observed(self, p: int) -> dict:
+        """What a step leaves observable once it ran: every layer's output, ring,
+        compressor state and cache rows, and the plan (each index source's scores and
+        selection, the candidate mask, the position)."""
+        d = {k: v.clone() for k, v in self._written(p).items()}
+        for i in range(self.cfg.n_layers):
+            d[f"{i}.out"] = self.y[i].clone()
+        return d
+
+    def _oracle_eager(self, p: int) -> dict:
+        """Run the step eagerly through `forward` on the current state, keep what it
+        leaves observable, and put the state back as it was."""
+        st, attn = self.stack, self.stack.attn
+        plan, sh = attn.plan, st.shared
+        written = self._written(p)
+        before = {k: v.clone() for k, v in written.items()}
+        host = (dict(vars(sh)), dict(sh.sources), [(s.next_pos, s.n_rows) for s in st.states], attn._ticket)
+        host_plan = (plan.pos_at, plan.derived_at)
+        for i, w in enumerate(st.weights):
+            run = attn.forward(w, st.states[i], sh, self.x_in[i], p)
+            self.y[i].copy_(run.out)  # y is an output buffer: the replay overwrites it
+        plan.pos.add_(1)  # a step ends there
+        got = self._observed(p)
+        for k, v in written.items():
+            v.copy_(before[k])
+        sh.__dict__.update(host[0])
+        sh.sources = host[1]
+        for s, (n, r) in zip(st.states, host[2]):
+            s.next_pos, s.n_rows = n, r
+        attn._ticket = host[3]
+        plan.pos_at, plan.derived_at = host_plan
+        return got
+
+    def _oracle_compare(self, p: int, eager: dict) -> None:
+        got = self._observed(p)
+        for k, v in eager.items():
+            if not _same_bytes(v, got[k]):
+                n = int((_bits(v) != _bits(got[k])).sum())
+                raise OracleMismatch(f"start_pos {p}: {k} after replay differs from eager forward in {n} values")
         self.oracle_checks += 1
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16)
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16)
+    if t.dtype == torch.float32:
+        return t.view(torch.int32)
+    return t
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Byte for byte (bf16): NaN equals the same NaN, −0 differs from +0."""
-    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    """Byte for byte: NaN equals the same NaN, −0 differs from +0."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))

@@ -30,6 +30,8 @@ class Ops:
     sparse_attn: Callable
     candidate_mask: Callable
     topk_select: Callable
+    candidate_mask_fixed: Callable
+    topk_fixed: Callable
     window_selection: Callable
 
 
@@ -48,6 +50,8 @@ TORCH_OPS = Ops(
     sparse_attn=sparse.sparse_attn_torch,
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
+    candidate_mask_fixed=select.candidate_mask_fixed,
+    topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
 )
 
@@ -66,6 +70,8 @@ TRITON_OPS = Ops(
     sparse_attn=sparse.sparse_attn,
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
+    candidate_mask_fixed=select.candidate_mask_fixed,
+    topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
 )
 
