@@ -243,7 +243,7 @@ def test_bench_command_on_cuda_small(tmp_path):
     assert {r["mode"] for r in res["decode"]} == {"graphs", "eager"}
     for r in res["decode"]:
         if r["mode"] == "graphs":
-            assert r["sources_ms"] > 0 and r["captured_ms"] > 0 and r["n_sources"] == 8
+            assert r["n_sources"] == 0 and 0 < r["host_ms"] < r["ms"] and r["capture_s"] > 0 and r["recaptures"] == 0
     assert all(r["impl"] == "triton" and r["timing"] == "graph" for r in res["kernels"]), [
         (r["name"], r.get("graph_error")) for r in res["kernels"] if r["timing"] != "graph"
     ]

@@ -34,11 +34,9 @@ def test_split_equals_forward_bytes(n, steps, ratios, index_keys):
         for i in range(cfg.n_layers):
             x = xs[i][p : p + 1]
             ref = a.layer(i, x, p).out.clone()
-            if attn.decode_capturable(b.weights[i]):
-                rows_b = attn.decode_prep(b.weights[i], b.shared, p)
-                got = attn.decode_body(b.weights[i], b.states[i], x, rows_b)
-            else:
-                got = b.layer(i, x, p).out
+            assert attn.decode_capturable(b.weights[i])
+            rows_b = attn.decode_prep(b.weights[i], b.shared, p)
+            got = attn.decode_body(b.weights[i], b.states[i], x, rows_b)
             assert torch.equal(ref, got), f"p{p} L{i}"
             assert torch.equal(a.states[i].ring, b.states[i].ring), f"p{p} L{i} ring"
 
@@ -48,8 +46,10 @@ def test_fixed_width_and_class_buffers():
     rt, _ = _pair(cfg, 1)
     widths = [rt.attn.decode_fixed_topk(w) for w in rt.weights]
     assert widths == [8, 14, 14, 14, 14, 14]
-    assert [rt.attn.decode_capturable(w) for w in rt.weights] == [True, False, True, False, True, False]
-    assert rt.attn.dec_sel[True].shape == (1, 14) and rt.attn.dec_sel[False].shape == (1, 8)
+    assert all(rt.attn.decode_capturable(w) for w in rt.weights)  # every role, sources included
+    plan = rt.attn.plan
+    assert plan.sel.shape == (3, 1, 14) and plan.sel0.shape == (1, 8)  # one row per index source: 1, 3, 5
+    assert [plan.sel_slot(i) for i in range(1, 6)] == [0, 0, 1, 1, 2]
 
 
 def test_prep_uploads_only_what_changed():
@@ -59,13 +59,14 @@ def test_prep_uploads_only_what_changed():
     rt.step([x[:13] for x in xs], 0)
     attn = rt.attn
     attn.decode_prep_role(False, rt.shared, 13)
-    before = attn.dec_sel[False].clone()
-    attn.dec_sel[False].fill_(7)  # poison: an unchanged prep must not rewrite it
+    before = attn.plan.sel0.clone()
+    assert before.tolist() == [[6, 7, 0, 1, 2, 3, 4, 5]]  # window 8 at p = 13: oldest first
+    attn.plan.sel0.fill_(7)  # poison: an unchanged prep must not rewrite it
     attn.decode_prep_role(False, rt.shared, 13)
-    assert (attn.dec_sel[False] == 7).all()
+    assert (attn.plan.sel0 == 7).all()
     attn.invalidate_decode_uploads()
     attn.decode_prep_role(False, rt.shared, 13)
-    assert torch.equal(attn.dec_sel[False], before)
+    assert torch.equal(attn.plan.sel0, before)
     assert attn.dec_pos.item() == 13
 
 
@@ -75,10 +76,6 @@ def test_split_errors():
     xs = random_inputs(cfg, 14, 2)
     rt.step([x[:13] for x in xs], 0)
     attn, w, sh = rt.attn, rt.weights, rt.shared
-    with pytest.raises(ValueError, match="kv source: its decode step is not capturable"):
-        attn.decode_prep(w[1], sh, 13)
-    with pytest.raises(ValueError, match="index source"):
-        attn.decode_prep(w[5], sh, 13)
     for bad in (0, 64, -3):
         with pytest.raises(ValueError, match=r"start_pos = .*; allowed: 1\.\.63"):
             attn.decode_prep_role(False, sh, bad)
@@ -87,9 +84,18 @@ def test_split_errors():
         attn.decode_body(w[0], rt.states[0], xs[0][13:14], sh.compress_kv)
     with pytest.raises(ValueError, match="allowed: 1..1"):
         attn.decode_body(w[0], rt.states[0], xs[0][:2], None)
-    with pytest.raises(ValueError, match="source layer"):
-        attn.decode_body(w[1], rt.states[1], xs[1][13:14], sh.compress_kv)
-    # a reuse layer before its index source ran this step: no selection published
-    rt.layer(0, xs[0][13:14], 13)
-    with pytest.raises(ValueError, match="allowed: layer 1 at start_pos 13"):
-        attn.decode_prep(w[2], sh, 13)
+    attn.decode_body(w[0], rt.states[0], xs[0][13:14], None)
+    rows = attn.decode_prep(w[1], sh, 13)  # a kv source: its own cache
+    assert rows is rt.states[1].compress_kv
+    with pytest.raises(ValueError, match="layer 1 has ratio 2: rows_b = .*; allowed: the .* rows decode_prep returned"):
+        attn.decode_body(w[1], rt.states[1], xs[1][13:14], rt.states[3].compress_kv)
+    attn.decode_body(w[1], rt.states[1], xs[1][13:14], rows)
+    with pytest.raises(ValueError, match="allowed: layer 2 at start_pos 13"):
+        attn.decode_prep(w[3], sh, 13)
+    # a kv source's state must be registered by this sequence's prefill
+    other = RuntimeStack(cfg, rt.weights)
+    other.step([x[:13] for x in xs], 0)
+    other.shared.sources.clear()
+    other.attn.decode_body(w[0], other.states[0], xs[0][13:14], other.attn.decode_prep(w[0], other.shared, 13))
+    with pytest.raises(ValueError, match="layer 1 is a kv source whose state was not prefilled in this sequence"):
+        other.attn.decode_prep(w[1], other.shared, 13)

@@ -7,8 +7,11 @@ with random rows on the formats' grids (fp8 ring rows, fp4 cache rows) and the
 positions set to P. A decode step then reads exactly what it would read after a real
 prompt of P tokens: the same row counts, the same selection width, the same scores
 over every visible key; only the values are random. Before timing, two steps at each
-context run under the graph oracle (every captured layer's output and ring compared
-byte for byte with eager `forward`).
+context run under the graph oracle (every layer's output, ring, compressor state, cache
+rows, scores, selection and candidate mask compared byte for byte with eager `forward`).
+Graph mode is the whole step as one CUDA graph per context bucket (no layer outside a
+graph); its host time per replayed step (checks, bookkeeping, the replay launch) and the
+capture time of each bucket (its eager warm-up step included) are reported.
 
 Floors. Decode: the bytes one step must read or write (`decode_step_bytes`: every weight
 once as stored, the window ring, the selected compressed rows, every visible index key
@@ -148,8 +151,9 @@ DECODE_COLS = [
     ("gbps", "GB/s"),
     ("floor_ms", "floor ms"),
     ("x_floor", "x floor"),
-    ("sources_ms", "sources ms"),
-    ("captured_ms", "graphs ms"),
+    ("host_ms", "host ms"),
+    ("n_sources", "eager layers"),
+    ("capture_s", "capture s"),
     ("peer_est_ms", "peer-attn est ms"),
 ]
 
@@ -184,7 +188,7 @@ def bench_decode(
     cfg, dev = stack.cfg, stack.attn.device
     rounds = max(1, min(rounds, reps))
     per = {m: max(1, (reps if m == "graphs" else max(3, reps // 2)) // rounds) for m in modes}
-    need = max(contexts) + oracle_steps + 3 * len(modes) + sum(per.values()) + 21  # steps advance the position
+    need = max(contexts) + oracle_steps + 3 * len(modes) + sum(per.values()) + per.get("graphs", 0) + 1
     if need > cfg.max_seq:
         raise ValueError(f"contexts up to {max(contexts)} need max_seq >= {need}; the stack has {cfg.max_seq}")
     timer = Timer(dev)
@@ -206,7 +210,7 @@ def bench_decode(
 
     steps = {"graphs": graph_step, "eager": eager_step}
     samples: dict = {(c, m): [] for c in contexts for m in modes}
-    split: dict = {}
+    host: dict = {c: [] for c in contexts}
     for rnd in range(rounds):
         for ctx in contexts:
             fill_context(stack, ctx, seed)
@@ -222,19 +226,31 @@ def bench_decode(
                 gc.disable()
                 try:
                     samples[ctx, mode] += timer.times(steps[mode], warmup=3, reps=per[mode])
+                    if mode == "graphs":  # host time of steps that replayed (not the capturing one)
+                        for _ in range(per[mode]):
+                            graph_step()
+                            host[ctx].append(driver.last_host_s * 1e3)
                 finally:
                     gc.enable()
-            if rnd == rounds - 1 and "graphs" in modes and driver.use_graphs:
-                split[ctx] = _segment_split(driver, graph_step, cfg)
     rows = []
     for ctx in contexts:
         nb = decode_step_bytes(cfg, stack.weights, ctx)
         fl = floor_ms(nb["total"], 0.0, ceil)
+        bucket = stack.attn.bucket(ctx)
+        cap_s = [v for k, v in driver.capture_s.items() if k[0] == bucket]
         for mode in modes:
             ms = statistics.median(samples[ctx, mode])
+            extra = {}
+            if mode == "graphs":
+                extra = {
+                    "host_ms": statistics.median(host[ctx]),
+                    "n_sources": 0 if driver.use_graphs else cfg.n_layers,  # layers run outside a graph
+                    "bucket": bucket,
+                    "capture_s": max(cap_s) if cap_s else None,
+                }
             rows.append(
                 {
-                    **(split.get(ctx, {}) if mode == "graphs" else {}),
+                    **extra,
                     "context": ctx,
                     "mode": mode if (mode != "graphs" or driver.use_graphs) else "split",
                     "ms": ms,
@@ -246,48 +262,12 @@ def bench_decode(
                     "floor_ms": fl,
                     "x_floor": ms / fl,
                     "graphs": len(driver._graphs),
+                    "captures": driver.captures,
                     "recaptures": driver.recaptures,
                     "oracle_steps": oracle_steps,
                 }
             )
     return rows
-
-
-def _segment_split(driver: DecodeGraphs, step, cfg: AttnV41Cfg, steps: int = 20) -> dict:
-    """Where a graph-mode step's time goes, from CUDA events around each segment over a few
-    extra steps: the source layers (eager `forward`), the captured segments (graph
-    replays plus their host-side prep), and the rest of the step (between segments)."""
-    driver.events.clear()
-    driver.profile = True
-    t = Timer(driver.stack.attn.device)
-    starts, ends = [], []
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        starts.append(a)
-        ends.append(b)
-    t.sync()
-    driver.profile = False
-    n_seg = len(driver.segments)
-    src, cap, tot = [], [], []
-    for k in range(steps):
-        evs = driver.events[k * n_seg : (k + 1) * n_seg]
-        src.append(sum(e0.elapsed_time(e1) for seg, e0, e1 in evs if not driver.capturable[seg[0]]))
-        cap.append(sum(e0.elapsed_time(e1) for seg, e0, e1 in evs if driver.capturable[seg[0]]))
-        tot.append(starts[k].elapsed_time(ends[k]))
-    driver.events.clear()
-    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    n_src = sum(1 for c in driver.capturable if not c)
-    return {
-        "sources_ms": med(src),
-        "captured_ms": med(cap),
-        "profiled_step_ms": med(tot),
-        "other_ms": med(tot) - med(src) - med(cap),
-        "n_sources": n_src,
-        "n_graphs": n_seg - n_src,
-    }
 
 
 def bench_prefill(stack: RuntimeStack, tokens: Sequence[int], ceil: Ceilings, reps: int = 3, seed: int = 0) -> list:

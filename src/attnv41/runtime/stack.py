@@ -26,11 +26,13 @@ class RuntimeStack:
         index_keys: str = "own",
         ops=None,
         check_finite: bool = False,
+        bucket_min: int | None = None,
     ):
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         self.cfg = cfg
-        self.attn = AttnV41(cfg, device, index_keys=index_keys, ops=ops, check_finite=check_finite)
+        extra = {} if bucket_min is None else {"bucket_min": bucket_min}
+        self.attn = AttnV41(cfg, device, index_keys=index_keys, ops=ops, check_finite=check_finite, **extra)
         self.weights = [
             w
             if isinstance(w, AttnV41LayerWeights)
