@@ -376,3 +376,47 @@ def test_fixed_selections_capture_in_a_cuda_graph():
         torch.cuda.synchronize()
         _equal(f"graph topk {mode}", top.cpu(), ref.topk_select(s, v, k, 7))
         _equal(f"graph mask {mode}", mask.cpu(), ref.candidate_mask(s, v, 16, 64))
+
+
+# ---------------------------------------------------------------- the Triton top-k (kernels/topk.py)
+
+
+TRITON_CASES = [  # (m, Lb, k, tile): small tiles put ties, −∞ runs and the k-th key across tile edges
+    pytest.param(1, 1, 1, 1024, id="m1-Lb1-k1"),
+    pytest.param(2, 7, 3, 1024, id="m2-Lb7-k3"),
+    pytest.param(3, 13, 13, 1024, id="m3-Lb13-k=Lb"),
+    pytest.param(4, 40, 17, 16, id="m4-Lb40-k17-tile16"),
+    pytest.param(2, 301, 100, 32, id="m2-Lb301-k100-tile32"),
+    pytest.param(2, 1100, 700, 1024, id="m2-Lb1100-k700-2tiles"),
+]
+
+
+@pytest.mark.parametrize("m,Lb,k,tile", TRITON_CASES)
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_topk_fixed_matches_torch(device, monkeypatch, m, Lb, k, tile, mode):
+    topk = pytest.importorskip("attnv41.kernels.topk")
+    monkeypatch.setattr(topk, "_BLOCK", tile)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"triton,{m},{Lb},{k},{mode}".encode()))
+    scores = _scores(gen, m, Lb, mode)
+    vis = _visible(gen, m, Lb, torch.int32 if Lb % 2 else torch.int64)
+    if Lb % 3 == 0:
+        scores = _mask_past_visible(scores, vis)
+    buf = torch.full((m + 1, k + 2), -9, dtype=torch.int32, device=device)
+    out = buf[1:, 1 : k + 1]  # a view strided in dim 0: the rest of buf must stay untouched
+    assert topk.topk_fixed(scores.to(device), vis.to(device), k, 13, out) is out
+    want = torch.full((m, k), -9, dtype=torch.int32, device=device)
+    topk_fixed(scores.to(device), vis.to(device), k, 13, want)
+    _equal("triton topk vs torch", out.cpu(), want.cpu())
+    _equal("triton topk vs reference", out.cpu(), ref.topk_select(scores, vis, k, 13))
+    assert bool((buf[0] == -9).all() and (buf[:, 0] == -9).all() and (buf[:, k + 1] == -9).all()), (
+        "triton topk: wrote outside out"
+    )
+
+
+def test_triton_topk_fixed_rejects_bad_arguments():
+    topk = pytest.importorskip("attnv41.kernels.topk")
+    a = _args(k=11)
+    before = a["out"].clone()
+    with pytest.raises(ValueError, match=r"k = 11; allowed: 1\.\.10"):
+        topk.topk_fixed(**a)
+    assert torch.equal(a["out"], before), "triton topk: out written before the argument check"
