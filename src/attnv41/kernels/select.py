@@ -4,8 +4,11 @@ candidate mask and the position top-k (attention-v41.md §4.5, §6.5, §6.6).
 Torch operations that run on any device and never read a value back to the host (no
 boolean indexing, no `.item()`), so a CUDA caller is not stalled. The candidate mask
 and the top-k are the reference's own functions, which are written sync-free; the
-window selection is built here into a caller-owned buffer. A Triton top-k for long
-contexts is later work.
+window selection is built here into a caller-owned buffer.
+
+`topk_fixed` and `candidate_mask_fixed` are the fixed-width forms for a decode step
+captured into a CUDA graph per context bucket: shapes set by the bucket width Lb, never
+by the visible row count, and equal to the reference bit for bit (see the section below).
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from ..reference import indexer as ref
 
 candidate_mask = ref.candidate_mask  # sync-free as written: boolean indexing avoided on purpose
 
-__all__ = ["window_selection", "candidate_mask", "topk_select", "topk_fixed", "candidate_mask_fixed"]
+__all__ = [
+    "window_selection",
+    "candidate_mask",
+    "topk_select",
+    "topk_fixed",
+    "candidate_mask_fixed",
+    "score_order_key",
+]
 
 
 def window_selection(out: torch.Tensor, m: int, start_pos: int, window: int) -> torch.Tensor:
@@ -49,13 +59,138 @@ def topk_select(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int
     return view
 
 
+# ---------------------------------------------------------------------------------------
+# Fixed-width selections for captured decode steps. The scores are laid out over a bucket
+# length Lb ≥ L (entries past a token's visible rows are −∞), so neither the shapes nor any
+# host value may depend on L: every op below has shapes fixed by (m, Lb, k, blocks), reads
+# nothing back to the host and is deterministic. They equal the reference run on the same
+# [m, Lb] scores bit for bit, and (for scores −∞ at j ≥ L ≥ visible) the reference run on
+# scores[:, :L], padded (tests/kernels/test_select.py).
+#
+# The stable descending sort of the reference is replaced by a top-k over unique int64 keys:
+# (order key of the bf16 score) · 2³² + (2³² − 1 − position). Unique keys make the top-k
+# set unique whatever algorithm torch.topk uses, and a lower position wins among equal
+# scores, as the stable sort's tie rule.
+# ---------------------------------------------------------------------------------------
+
+_POS_BITS = 32
+_POS_MASK = (1 << _POS_BITS) - 1
+_MAX_LB = 2**31 - 1  # positions must fit the int32 output (and the 32 position bits)
+# Order keys (unsigned, 0 … 2¹⁶−1) of the values the rules below name.
+_KEY_NEG_INF = 0x7F  # bf16 −∞ = 0xFF80, all bits flipped
+_KEY_POS_INF = 0x7F80 | 0x8000  # bf16 +∞ = 0x7F80, sign bit set
+_KEY_NAN = 0x7FC0 | 0x8000  # the one canonical NaN; above +∞, as torch.sort orders NaN
+
+
+def score_order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int32 order keys in 0 … 2¹⁶−1 of bf16 scores, same shape: a ≤ b as keys exactly when
+    torch.sort orders a ≤ b, so −0 and +0 get one key and every NaN (either sign, any
+    payload) gets one key above +∞.
+
+    Works on the bits: −0 → +0 (what `s + 0.0` does, but immune to a compiler folding the
+    addition away), NaN → 0x7FC0, then the usual float → unsigned map: negative values
+    flip all bits (larger magnitude, smaller key), non-negative ones set the sign bit.
+    """
+    bits = scores.view(torch.int16).to(torch.int32) & 0xFFFF  # raw bits as 0 … 2¹⁶−1
+    bits = torch.where(bits == 0x8000, torch.zeros_like(bits), bits)  # −0 → +0
+    bits = torch.where((bits & 0x7FFF) > 0x7F80, torch.full_like(bits, 0x7FC0), bits)  # NaN → canonical
+    return torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits | 0x8000)
+
+
+def _packed_topk_positions(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of int order keys `[m, n]` under the tie rule (lower column first): returns
+    (columns int64 `[m, k]`, their keys int64 `[m, k]`), in no particular order."""
+    n = keys.shape[-1]
+    col = torch.arange(n, device=keys.device, dtype=torch.int64)
+    packed = (keys.to(torch.int64) << _POS_BITS) | (_POS_MASK - col)
+    top = torch.topk(packed, k, dim=-1, largest=True, sorted=False).values
+    return _POS_MASK - (top & _POS_MASK), top >> _POS_BITS
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} = {value}; allowed: {lo}..{hi}")
+
+
+def _check_scores_visible(fn: str, scores: torch.Tensor, visible: torch.Tensor) -> tuple[int, int]:
+    """Host-only metadata checks shared by the fixed-width selections; returns (m, Lb)."""
+    if scores.dtype != torch.bfloat16 or scores.dim() != 2:
+        raise ValueError(f"{fn}: scores must be bf16 [m, Lb]; got {scores.dtype} of shape {tuple(scores.shape)}")
+    m, Lb = scores.shape
+    _check_int(f"{fn}: Lb (scores.shape[1])", Lb, 1, _MAX_LB)
+    if visible.dtype not in (torch.int32, torch.int64) or tuple(visible.shape) != (m,):
+        raise ValueError(
+            f"{fn}: visible must be int32/int64 [m] = [{m}]; got {visible.dtype} of shape {tuple(visible.shape)}"
+        )
+    if visible.device != scores.device:
+        raise ValueError(f"{fn}: visible is on {visible.device}, scores on {scores.device}; allowed: the same device")
+    return m, Lb
+
+
+def _check_out(fn: str, out: torch.Tensor, dtype: torch.dtype, shape: tuple[int, int], device: torch.device) -> None:
+    if out.dtype != dtype or tuple(out.shape) != shape:
+        raise ValueError(
+            f"{fn}: out must be {dtype} of shape {list(shape)}; got {out.dtype} of shape {tuple(out.shape)}"
+        )
+    if out.device != device:
+        raise ValueError(f"{fn}: out is on {out.device}, scores on {device}; allowed: the same device")
+
+
 def topk_fixed(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int, out: torch.Tensor) -> torch.Tensor:
-    """Top-k at a fixed width over `[m, Lb]` (placeholder: the reference's stable sort)."""
-    out.copy_(ref.topk_select(scores, visible, k, offset))
+    """The compressed part of the selection at a fixed width: writes `out` and returns it.
+
+    scores: bf16 `[m, Lb]`; visible: int32/int64 `[m]` (the `L_t`, any values: a row's
+    positions `≥ visible[t]` become −1 whatever they score); 1 ≤ k ≤ Lb; out: int32
+    `[m, k]`, any strides. Contract: `out` equals `reference.indexer.topk_select(scores,
+    visible, k, offset)` exactly — the k best positions under (score descending, −0 = +0,
+    NaN above +∞, lower position first among equals), ascending; positions `≥ visible[t]`
+    → −1, the others + offset. For `visible[t] < k` the tail is −1 (the lowest-position
+    −∞ entries fill it). Sync-free and CUDA-graph capturable; arguments are checked on
+    host metadata only, before anything is written.
+    """
+    m, Lb = _check_scores_visible("topk_fixed", scores, visible)
+    _check_int("topk_fixed: k", k, 1, Lb)
+    _check_int("topk_fixed: offset", offset, 0, _MAX_LB - (Lb - 1))
+    _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
+    pos, _ = _packed_topk_positions(score_order_key(scores), k)
+    pos = torch.sort(pos, dim=-1).values
+    res = torch.where(pos >= visible[:, None], torch.full_like(pos, -1), pos + offset)
+    out.copy_(res)
     return out
 
 
-def candidate_mask_fixed(scores, visible, cand_blocks: int, cand_block: int, out: torch.Tensor) -> torch.Tensor:
-    """The candidate mask over `[m, Lb]` into `out` (placeholder: the reference)."""
-    out.copy_(ref.candidate_mask(scores, visible, cand_blocks, cand_block))
+def candidate_mask_fixed(
+    scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int, cand_block: int, out: torch.Tensor
+) -> torch.Tensor:
+    """The candidate source's position mask at a fixed width: writes `out` and returns it.
+
+    scores: bf16 `[m, Lb]`; visible: int32/int64 `[m]`; cand_blocks, cand_block ≥ 1; out:
+    bool `[m, Lb]`. Contract: `out` equals `reference.indexer.candidate_mask(scores,
+    visible, cand_blocks, cand_block)` exactly — blocks of `cand_block` columns cut over Lb
+    (−∞ padding), a block scores its max (NaN if it holds one), the block holding
+    `visible[t] − 1` is forced to +∞ when `visible[t] ≥ 1`; the top `min(cand_blocks,
+    n_blocks)` blocks (NaN above +∞, lower block first among equals) are kept whole when
+    their score is above −∞ (a NaN block takes a place and is not kept, as in the
+    reference). Sync-free and CUDA-graph capturable.
+    """
+    m, Lb = _check_scores_visible("candidate_mask_fixed", scores, visible)
+    _check_int("candidate_mask_fixed: cand_blocks", cand_blocks, 1, _MAX_LB)
+    _check_int("candidate_mask_fixed: cand_block", cand_block, 1, _MAX_LB)
+    _check_out("candidate_mask_fixed", out, torch.bool, (m, Lb), scores.device)
+    dev = scores.device
+    n_blocks = -(-Lb // cand_block)
+    keys = score_order_key(scores)
+    keys = torch.nn.functional.pad(keys, (0, n_blocks * cand_block - Lb), value=_KEY_NEG_INF)
+    block = keys.view(m, n_blocks, cand_block).amax(-1)  # the key max is the key of the float max
+    newest = ((visible.to(torch.int64) - 1).clamp_min(0) // cand_block)[:, None]
+    pin = (torch.arange(n_blocks, device=dev)[None, :] == newest) & (visible >= 1)[:, None]
+    block = torch.where(pin, torch.full_like(block, _KEY_POS_INF), block)
+    idx, key = _packed_topk_positions(block, min(cand_blocks, n_blocks))
+    kept = torch.zeros(m, n_blocks, dtype=torch.bool, device=dev)
+    kept.scatter_(1, idx, (key > _KEY_NEG_INF) & (key != _KEY_NAN))  # the reference's `> −∞`: False for NaN
+    # Column j belongs to block j // cand_block; expand + reshape (no repeat_interleave, whose
+    # output size may be computed on the host).
+    out.copy_(kept[:, :, None].expand(m, n_blocks, cand_block).reshape(m, n_blocks * cand_block)[:, :Lb])
     return out
