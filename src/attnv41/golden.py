@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .compare import LayerReport, ReplayReport, _compare_layer, _Frozen
+from .compare import LayerReport, ReplayReport, _compare_layer
 from .config import AttnV41Cfg
 
 __all__ = [

@@ -25,13 +25,14 @@ def _pair(steps_total: int):
 
 
 def test_user_captured_decode_body_replays_in_order():
-    """Layer 0's and layer 2's decode_body captured once by hand (warm-up, then capture),
-    then replayed after each step's decode_prep: equals eager forward byte for byte, and
-    the order checks neither refuse the replayed steps nor let a bad call through."""
+    """Every layer's decode_body (sources included) captured once by hand (warm-up, then
+    capture), then replayed after each step's decode_prep: equals eager forward byte for
+    byte (outputs and rings; caches through the later layers that read them), and the
+    order checks neither refuse the replayed steps nor let a bad call through."""
     end = PREFILL + 12
     cfg, xs, ref, rt = _pair(end)
     attn = rt.attn
-    x_static = {i: torch.zeros(1, cfg.dim, dtype=torch.bfloat16, device="cuda") for i in (0, 2, 4)}
+    x_static = {i: torch.zeros(1, cfg.dim, dtype=torch.bfloat16, device="cuda") for i in range(cfg.n_layers)}
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     nan_step = PREFILL + 7
     for p in range(PREFILL, end):
@@ -41,29 +42,35 @@ def test_user_captured_decode_body_replays_in_order():
             if i == 0 and p == nan_step:
                 x = x.clone()
                 x[0, 1] = float("nan")
-            if not attn.decode_capturable(rt.weights[i]):
-                got = rt.layer(i, x, p).out
+            assert attn.decode_capturable(rt.weights[i])
+            rows = attn.decode_prep(rt.weights[i], rt.shared, p)
+            x_static[i].copy_(x)
+            if i not in graphs:
+                # warm-up: this very step, once (a source's step is not idempotent: a
+                # completing compressor group resets its gate scores), then capture
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
+                graphs[i] = g
             else:
-                rows = attn.decode_prep(rt.weights[i], rt.shared, p)
-                x_static[i].copy_(x)
-                if i not in graphs:
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):  # warm-up: runs this very step once
-                        attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
-                    torch.cuda.current_stream().wait_stream(side)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        attn.decode_body(rt.weights[i], rt.states[i], x_static[i], rows)
-                    graphs[i] = g
                 graphs[i].replay()
-                got = attn.out[:1]
+            got = attn.out[:1]
             if i == 0 and p >= nan_step:
                 continue  # layer 0's ring holds the NaN row from here on
             assert torch.equal(got.view(torch.int16), want[i].view(torch.int16)), f"p{p} L{i}"
         if p < nan_step:
             for i in range(cfg.n_layers):
                 assert torch.equal(ref.states[i].ring, rt.states[i].ring), f"p{p} L{i} ring"
+                if ref.states[i].compress_kv is not None:
+                    L = (p + 1) // cfg.compress_ratios[i]
+                    assert torch.equal(ref.states[i].compress_kv[:L], rt.states[i].compress_kv[:L]), f"p{p} L{i}"
+                if ref.states[i].comp_g is not None:
+                    assert torch.equal(ref.states[i].comp_g, rt.states[i].comp_g), f"p{p} L{i} comp_g"
     # The replay counted the NaN row once (the warm-up ran at another step, on finite values).
     assert attn.nonfinite_count() == cfg.head_dim
     # The sequence's order state followed the replays: layer 0 at `end` is next, `end - 1` is refused.

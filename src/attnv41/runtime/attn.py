@@ -517,7 +517,9 @@ class AttnV41:
         self.sel[:m, n_wc + k : width].fill_(-1)
 
         # §7: sparse attention with the sink
-        o = ops.sparse_attn(q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], c.head_dim**-0.5, out=self.o[:m])
+        o = ops.sparse_attn(
+            q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], c.head_dim**-0.5, out=self.o[:m]
+        )
 
         # §8: inverse RoPE, grouped low-rank output
         out = self._output(w, o, pos, cos, sin, m)

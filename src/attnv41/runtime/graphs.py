@@ -112,7 +112,7 @@ class DecodeGraphs:
         if not self.use_graphs:
             self._body(bucket)
         else:
-            key = (bucket, tuple(None if k is None else k.data_ptr() for k in self._keys))
+            key = (bucket, tuple(self.key_owner))
             baked = self._baked()
             cap = self._graphs.get(key)
             if cap is None or cap.baked != baked:
@@ -194,8 +194,11 @@ class DecodeGraphs:
         return (
             tuple(s.ring.data_ptr() for s in st.states),
             tuple(None if r is None else (r.data_ptr(), tuple(r.shape)) for r in self._rows),
+            tuple(None if k is None else (k.data_ptr(), tuple(k.shape)) for k in self._keys),
             tuple(None if s.comp_a is None else (s.comp_a.data_ptr(), s.comp_g.data_ptr()) for s in st.states),
-            tuple(None if s.compress_kv is None else (s.compress_kv.data_ptr(), s.index_k.data_ptr()) for s in st.states),
+            tuple(
+                None if s.compress_kv is None else (s.compress_kv.data_ptr(), s.index_k.data_ptr()) for s in st.states
+            ),
             self.x_in.data_ptr(),
             self.y.data_ptr(),
             attn.nonfinite.data_ptr(),
