@@ -52,3 +52,48 @@ def test_driver_rejects_skipped_positions_and_graphs_on_cpu():
         drv.step([x[7:8] for x in xs], 7)
     with pytest.raises(ValueError, match="use_graphs = True on cpu"):
         DecodeGraphs(st, use_graphs=True)
+
+
+@pytest.mark.parametrize(
+    "what, name",
+    [
+        ("out", "2.out"),
+        ("ring", "4.ring"),
+        ("comp_g", "1.comp_g"),
+        ("ckv_row", "3.compress_kv.row"),
+        ("sel", "plan.sel"),
+        ("cand", "plan.cand"),
+        ("scores", "plan.scores"),
+        ("pos", "plan.pos"),
+    ],
+)
+def test_oracle_names_what_the_driver_got_wrong(what, name):
+    """The oracle is not vacuous: a driver step that leaves one observable byte different
+    from eager forward raises OracleMismatch naming that tensor."""
+    from attnv41.runtime.graphs import OracleMismatch
+
+    cfg = small_cfg(max_seq=48, max_tokens=48)
+    rt = RuntimeStack(cfg, random_weights(cfg, 71))
+    xs = random_inputs(cfg, 20, 72)
+    rt.step([x[:13] for x in xs], 0)
+    drv = DecodeGraphs(rt, oracle=True)
+    drv.step([x[13:14] for x in xs], 13)  # a good step first
+    body = drv._body
+    plan = rt.attn.plan
+
+    def wrong(bucket):
+        body(bucket)
+        {
+            "out": lambda: drv.y[2].view(torch.int16).add_(1),
+            "ring": lambda: rt.states[4].ring[0].view(torch.int16).add_(1),
+            "comp_g": lambda: rt.states[1].comp_g[0].add_(1.0),
+            "ckv_row": lambda: rt.states[3].compress_kv[14].view(torch.int16).add_(1),
+            "sel": lambda: plan.sel[0, 0, -1].add_(1),
+            "cand": lambda: plan.cand[0, 0].logical_not_(),
+            "scores": lambda: plan.scores[1, 0, 0].view(torch.int16).add_(1),
+            "pos": lambda: plan.pos.add_(1),
+        }[what]()
+
+    drv._body = wrong
+    with pytest.raises(OracleMismatch, match=rf"start_pos 14: after replay, differs from eager forward: {name} \("):
+        drv.step([x[14:15] for x in xs], 14)

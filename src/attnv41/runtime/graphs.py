@@ -244,31 +244,31 @@ class DecodeGraphs:
                 d[f"{i}.index_k.row"] = s.index_k[j]
         return d
 
-    def _observed(self, p: int) -> dict:
+    def _observed(self, p: int) -> tuple[list[str], list[torch.Tensor]]:
         """What a step leaves observable once it ran: every layer's output, ring,
         compressor state and cache rows, and the plan (each index source's scores and
-        selection, the candidate mask, the position)."""
-        d = {k: v.clone() for k, v in self._written(p).items()}
+        selection, the candidate mask, the position), by name."""
+        d = self._written(p)
         for i in range(self.cfg.n_layers):
-            d[f"{i}.out"] = self.y[i].clone()
-        return d
+            d[f"{i}.out"] = self.y[i]
+        return list(d), list(d.values())
 
-    def _oracle_eager(self, p: int) -> dict:
+    def _oracle_eager(self, p: int):
         """Run the step eagerly through `forward` on the current state, keep what it
-        leaves observable, and put the state back as it was."""
+        leaves observable (one flat byte copy), and put the state back as it was."""
         st, attn = self.stack, self.stack.attn
         plan, sh = attn.plan, st.shared
-        written = self._written(p)
-        before = {k: v.clone() for k, v in written.items()}
+        written = list(self._written(p).values())
+        before = [t.clone() for t in written]
         host = (dict(vars(sh)), dict(sh.sources), [(s.next_pos, s.n_rows) for s in st.states], attn._ticket)
         host_plan = (plan.pos_at, plan.derived_at)
         for i, w in enumerate(st.weights):
             run = attn.forward(w, st.states[i], sh, self.x_in[i], p)
             self.y[i].copy_(run.out)  # y is an output buffer: the replay overwrites it
         plan.pos.add_(1)  # a step ends there
-        got = self._observed(p)
-        for k, v in written.items():
-            v.copy_(before[k])
+        names, tensors = self._observed(p)
+        got = (names, tensors, _flat(tensors))
+        torch._foreach_copy_(written, before)
         sh.__dict__.update(host[0])
         sh.sources = host[1]
         for s, (n, r) in zip(st.states, host[2]):
@@ -277,23 +277,23 @@ class DecodeGraphs:
         plan.pos_at, plan.derived_at = host_plan
         return got
 
-    def _oracle_compare(self, p: int, eager: dict) -> None:
-        got = self._observed(p)
-        for k, v in eager.items():
-            if not _same_bytes(v, got[k]):
-                n = int((_bits(v) != _bits(got[k])).sum())
-                raise OracleMismatch(f"start_pos {p}: {k} after replay differs from eager forward in {n} values")
+    def _oracle_compare(self, p: int, eager) -> None:
+        """One comparison of all bytes (one host sync); on a mismatch, name the tensors."""
+        names, _, flat = eager
+        names2, tensors = self._observed(p)
+        mine = _flat(tensors)
+        if names2 != names or not torch.equal(mine, flat):
+            bad, off = [], 0
+            for name, t in zip(names, tensors):
+                n = t.numel() * t.element_size()
+                a, b = flat[off : off + n], mine[off : off + n]
+                if not torch.equal(a, b):
+                    bad.append(f"{name} ({int((a != b).sum())} bytes)")
+                off += n
+            raise OracleMismatch(f"start_pos {p}: after replay, differs from eager forward: {', '.join(bad)}")
         self.oracle_checks += 1
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in (torch.bfloat16, torch.float16):
-        return t.view(torch.int16)
-    if t.dtype == torch.float32:
-        return t.view(torch.int32)
-    return t
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Byte for byte: NaN equals the same NaN, −0 differs from +0."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's bytes, in order, in one uint8 tensor (a copy)."""
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
