@@ -177,6 +177,7 @@ def _replay_run(index_keys: str, prompt: int, steps: int, seed: int, name: str) 
     by graph replay, and every layer's output, ring, compressor state, cache rows,
     scores, selection and candidate mask must agree byte for byte."""
     cfg, w, stack, drv = _flash_decode_run(index_keys, prompt, steps, seed)
+    drv.oracle_defer = 64 if steps > 100 else 0  # long runs: no host sync per step
     xs = random_inputs(cfg, prompt, seed + 1, device="cuda")
     stack.step([x[:prompt] for x in xs], 0)
     gen = torch.Generator(device="cuda").manual_seed(seed + 2)
@@ -187,6 +188,12 @@ def _replay_run(index_keys: str, prompt: int, steps: int, seed: int, name: str) 
         buf.normal_(generator=gen)
         drv.step(buf, p)
         buckets.add(stack.attn.bucket(p))
+        if (p - prompt) % 1000 == 999:
+            print(
+                f"{name}: {p - prompt + 1} steps, {drv.oracle_checks} checked, {time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
+    drv.oracle_flush()
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     res = {

@@ -67,7 +67,8 @@ def test_driver_rejects_skipped_positions_and_graphs_on_cpu():
         ("pos", "plan.pos"),
     ],
 )
-def test_oracle_names_what_the_driver_got_wrong(what, name):
+@pytest.mark.parametrize("defer", [0, 3], ids=["each_step", "deferred"])
+def test_oracle_names_what_the_driver_got_wrong(what, name, defer):
     """The oracle is not vacuous: a driver step that leaves one observable byte different
     from eager forward raises OracleMismatch naming that tensor."""
     from attnv41.runtime.graphs import OracleMismatch
@@ -76,7 +77,7 @@ def test_oracle_names_what_the_driver_got_wrong(what, name):
     rt = RuntimeStack(cfg, random_weights(cfg, 71))
     xs = random_inputs(cfg, 20, 72)
     rt.step([x[:13] for x in xs], 0)
-    drv = DecodeGraphs(rt, oracle=True)
+    drv = DecodeGraphs(rt, oracle=True, oracle_defer=defer)
     drv.step([x[13:14] for x in xs], 13)  # a good step first
     body = drv._body
     plan = rt.attn.plan
@@ -95,5 +96,11 @@ def test_oracle_names_what_the_driver_got_wrong(what, name):
         }[what]()
 
     drv._body = wrong
-    with pytest.raises(OracleMismatch, match=rf"start_pos 14: after replay, differs from eager forward: {name} \("):
-        drv.step([x[14:15] for x in xs], 14)
+    if not defer:
+        with pytest.raises(OracleMismatch, match=rf"start_pos 14: after replay, differs from eager forward: {name} \("):
+            drv.step([x[14:15] for x in xs], 14)
+        return
+    drv.step([x[14:15] for x in xs], 14)  # deferred: read at the third pending step or a flush
+    assert drv.oracle_checks == 0
+    with pytest.raises(OracleMismatch, match=r"start_pos 14: after replay, differs from eager forward \(deferred"):
+        drv.oracle_flush()
