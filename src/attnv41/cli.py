@@ -267,8 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--decode",
         choices=("forward", "split"),
         default="forward",
-        help="runtime decode steps through forward (default) or through decode_prep/decode_body "
-        "(CUDA graphs on cuda, the split path eagerly on cpu); captured layers are compared by what a step leaves observable (out, ring, selection, caches, candidate mask)",
+        help="runtime decode steps through forward (default) or through DecodeGraphs (one CUDA graph "
+        "per step on cuda, the same device-driven step eagerly on cpu); every layer is compared by what "
+        "the step leaves observable (out, ring, selection, scores, caches, candidate mask)",
     )
     c.set_defaults(func=cmd_check)
     d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")

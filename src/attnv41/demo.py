@@ -1,6 +1,6 @@
 """`attnv41 demo`: the main job. A 40-layer V4.1 attention stack (V4.1-Flash geometry on
 a GPU, a small geometry with the same schedule on the CPU, or a checkpoint), prefill,
-then decode with CUDA graphs (the split path on the CPU) beside eager `forward`,
+then decode with whole-step CUDA graphs (the same step eagerly on the CPU) beside eager `forward`,
 every step compared byte for byte, and a short report."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class DemoResult:
         return self.mismatched_steps == 0 and self.nonfinite == 0
 
     def lines(self) -> list[str]:
-        mode = "CUDA graphs" if self.device.startswith("cuda") else "split path (decode_prep/decode_body)"
+        mode = "CUDA graphs" if self.device.startswith("cuda") else "the device-driven step, eagerly"
         return [
             f"attnv41 demo: {self.geometry} on {self.device}",
             f"  prefill   {self.prompt} tokens x 40 layers: {self.prefill_s * 1e3:.1f} ms, "

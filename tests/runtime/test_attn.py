@@ -36,11 +36,11 @@ def _assert_same(ref, run, where):
     assert ref.index_k_owner == run.index_k_owner, where
 
 
-def _run_both(cfg, n, decode_steps, seed, index_keys):
+def _run_both(cfg, n, decode_steps, seed, index_keys, bucket_min=None):
     w = random_weights(cfg, seed)
     xs = random_inputs(cfg, n + decode_steps, seed + 1)
     ref = RefStack(cfg, w, index_keys=index_keys)
-    rt = RuntimeStack(cfg, w, index_keys=index_keys)
+    rt = RuntimeStack(cfg, w, index_keys=index_keys, bucket_min=bucket_min)
     for i in range(cfg.n_layers):
         _assert_same(ref.layer(i, xs[i][:n], 0), rt.layer(i, xs[i][:n], 0), f"prefill L{i}")
     for p in range(n, n + decode_steps):
@@ -49,7 +49,7 @@ def _run_both(cfg, n, decode_steps, seed, index_keys):
     return rt
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 30),
     decode_steps=st.integers(0, 12),
@@ -58,12 +58,15 @@ def _run_both(cfg, n, decode_steps, seed, index_keys):
     ratios=st.sampled_from([(0, 2, 2, 1, 1, 1), (0, 4, 4, 1, 1, 1), (0, 1, 1, 1, 1, 1)]),
     index_keys=st.sampled_from(["own", "released"]),
     seed=st.integers(0, 10_000),
+    bucket_min=st.sampled_from([1, 4, 16, 1024]),
 )
-def test_runtime_equals_reference_bit_for_bit(n, decode_steps, window, topk, ratios, index_keys, seed):
+def test_runtime_equals_reference_bit_for_bit(n, decode_steps, window, topk, ratios, index_keys, seed, bucket_min):
     """Random geometries and lengths, covering window wrap, group completion and
-    non-completion, and the first decode after a prefill."""
+    non-completion, and the first decode after a prefill. Decode runs the device-driven
+    step; small `bucket_min` values make steps cross context buckets (4, 8, 16, 32, 48)
+    and score over fewer keys than index_topk (the top-k width then shrinks, −1 padded)."""
     cfg = small_cfg(window=window, index_topk=topk, compress_ratios=ratios, max_seq=48, max_tokens=48)
-    _run_both(cfg, n, decode_steps, seed, index_keys)
+    _run_both(cfg, n, decode_steps, seed, index_keys, bucket_min)
 
 
 @pytest.mark.parametrize(
