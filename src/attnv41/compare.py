@@ -116,7 +116,7 @@ def _cpu(t):
 
 def selection_source(cfg: AttnV41Cfg, layer: int) -> int:
     """The index source whose selection a ratio>0 layer attends with (itself, or the latest before it)."""
-    return max(j for j in cfg.index_source_layers if j <= layer)
+    return cfg.index_source_of(layer)
 
 
 # Index scores. An implementation whose GEMMs round differently (cuBLAS against the
@@ -309,7 +309,7 @@ def index_score_bound(
 
 
 def _kv_source(cfg: AttnV41Cfg, layer: int) -> int:
-    return max(j for j in cfg.kv_source_layers if j <= layer)
+    return cfg.kv_source_of(layer)
 
 
 def _compare_layer(

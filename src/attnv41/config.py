@@ -268,6 +268,20 @@ class AttnV41Cfg:
         """Width of one output group, n_heads·head_dim / groups."""
         return self.n_heads * self.head_dim // self.groups
 
+    def kv_source_of(self, layer: int) -> int | None:
+        """The kv source whose compressed rows layer `layer` attends to (itself or the latest
+        before it; None on ratio-0 layers): static wiring, validated on construction."""
+        if self.compress_ratios[self.role(layer).layer] == 0:
+            return None
+        return max(j for j in self.kv_source_layers if j <= layer)
+
+    def index_source_of(self, layer: int) -> int | None:
+        """The index source whose selection layer `layer` attends with (itself or the latest
+        before it; None on ratio-0 layers)."""
+        if self.compress_ratios[self.role(layer).layer] == 0:
+            return None
+        return max(j for j in self.index_source_layers if j <= layer)
+
     def role(self, layer: int) -> LayerRole:
         if not 0 <= layer < self.n_layers:
             raise ValueError(f"layer = {layer}; allowed: 0..{self.n_layers - 1}")

@@ -116,6 +116,7 @@ class AttnV41:
         ops: str | Ops | None = None,
         check_finite: bool = False,
         bucket_min: int = DEFAULT_BUCKET_MIN,
+        plan: DecodePlan | None = None,
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
@@ -177,7 +178,13 @@ class AttnV41:
         self.stage_k = torch.empty(1, c.index_head_dim, **bf)  # and its index key
         # Decode steps run from device metadata: the position and everything derived from
         # it (window slots, visible rows, compressor slot and completion, the selections).
-        self.plan = DecodePlan(cfg, dev, bucket_min)
+        if plan is None:
+            plan = DecodePlan(cfg, dev, bucket_min)
+        elif not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan is a {type(plan).__name__}; allowed: None or a DecodePlan")
+        elif plan.device != dev or (plan.cfg is not cfg and plan.cfg != cfg):
+            raise ValueError(f"plan was built for {plan.device} and another config; allowed: this runtime's ({dev})")
+        self.plan = plan  # the caller may own it (and the position buffer inside it)
         self.dec_pos = self.plan.pos
         self._ticket: _Ticket | None = None  # the last decode_prep, which decode_body must match
         self._prepared: dict[int, torch.Tensor | None] = {}  # per layer: the keys its last prep chose

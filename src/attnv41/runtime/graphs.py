@@ -187,7 +187,8 @@ class DecodeGraphs:
         for i, w in enumerate(st.weights):
             role = w.role
             self._keys[i] = attn._decode_publish(role, st.states[i], sh, p)
-            self._rows[i] = sh.compress_kv if role.ratio > 0 else None
+            src = self.cfg.kv_source_of(i)  # static wiring: the rows the layer attends to
+            self._rows[i] = None if src is None else st.states[src].compress_kv
             self.key_owner[i] = sh.index_k_owner if role.is_index_source else -1
 
     def _body(self, bucket: int) -> None:

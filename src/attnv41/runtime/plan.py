@@ -56,17 +56,35 @@ def bucket_of(p: int, max_seq: int, bucket_min: int = DEFAULT_BUCKET_MIN) -> int
 class DecodePlan:
     """Device metadata of a single-token decode step (see the module docstring)."""
 
-    def __init__(self, cfg: AttnV41Cfg, device: torch.device | str, bucket_min: int = DEFAULT_BUCKET_MIN):
+    def __init__(
+        self,
+        cfg: AttnV41Cfg,
+        device: torch.device | str,
+        bucket_min: int = DEFAULT_BUCKET_MIN,
+        pos: torch.Tensor | None = None,
+    ):
+        """`pos`: optionally the caller's own int32 `[1]` position buffer on `device` (an
+        engine's), which the plan then reads and advances; the other buffers are built here."""
         if isinstance(bucket_min, bool) or not isinstance(bucket_min, int) or bucket_min < 1:
             raise ValueError(f"bucket_min = {bucket_min!r}; allowed: an int >= 1")
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if pos is not None and (
+            not isinstance(pos, torch.Tensor)
+            or pos.dtype != torch.int32
+            or tuple(pos.shape) != (1,)
+            or pos.device != dev
+        ):
+            got = f"{pos.dtype} {tuple(pos.shape)} on {pos.device}" if isinstance(pos, torch.Tensor) else repr(pos)
+            raise ValueError(f"pos = {got}; allowed: None or an int32 [1] tensor on {dev}")
         c = cfg
         self.cfg = cfg
         self.device = dev
         self.bucket_min = bucket_min
         B = 1
         self.ratios = tuple(sorted({r for r in c.compress_ratios if r > 0}))
-        self.pos = torch.zeros(B, dtype=torch.int32, device=dev)
+        self.pos = torch.zeros(B, dtype=torch.int32, device=dev) if pos is None else pos
         self._rs = torch.tensor(self.ratios, dtype=torch.int64, device=dev).view(-1, 1)
         self._meta = torch.zeros(len(self.ratios), 5, B, dtype=torch.int64, device=dev)
         self._done = torch.zeros(len(self.ratios), B, 1, 1, dtype=torch.bool, device=dev)
@@ -77,19 +95,22 @@ class DecodePlan:
         self._minus1 = torch.full((), -1, dtype=torch.int32, device=dev)
         self.sel0 = torch.full((B, W), -1, dtype=torch.int32, device=dev)
         self.index_sources = tuple(c.index_source_layers)
+        self._slot = {
+            i: self.index_sources.index(c.index_source_of(i)) for i in range(c.n_layers) if c.compress_ratios[i] > 0
+        }
         n_ix = max(len(self.index_sources), 1)
         self.sel = torch.full((n_ix, B, W + c.index_topk), -1, dtype=torch.int32, device=dev)
         self.max_rows = max((c.max_seq // r for r in self.ratios), default=0)
         self.cand = torch.zeros(B, self.max_rows, dtype=torch.bool, device=dev)
         self.scores = torch.zeros(n_ix, B, self.max_rows, dtype=torch.bfloat16, device=dev)
-        self.pos_at: int | None = 0  # what `pos` holds (host view); None: unknown
+        self.pos_at: int | None = 0 if pos is None else None  # what `pos` holds (host view); None: unknown
         self.derived_at: int | None = None  # the position the metadata was derived for
 
     # ------------------------------------------------------------------ wiring (static)
     def sel_slot(self, layer: int) -> int:
-        """Which row of `sel` a ratio>0 layer attends with: its latest index source's."""
-        src = max(j for j in self.index_sources if j <= layer)
-        return self.index_sources.index(src)
+        """Which row of `sel` a ratio>0 layer attends with: its index source's (static
+        wiring, `AttnV41Cfg.index_source_of`)."""
+        return self._slot[layer]
 
     def sel_for(self, layer: int) -> torch.Tensor:
         """The selection `[B, window (+ index_topk)]` layer `layer` attends with."""
