@@ -104,3 +104,28 @@ def test_oracle_names_what_the_driver_got_wrong(what, name, defer):
     assert drv.oracle_checks == 0
     with pytest.raises(OracleMismatch, match=r"start_pos 14: after replay, differs from eager forward \(deferred"):
         drv.oracle_flush()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("index_keys", ["own", "released"])
+def test_driver_equals_reference_when_no_keys_are_published_yet(n, index_keys):
+    """Full layers of ratio 4 then 2 and a short prefill: in `released` mode the first
+    decode steps run with no index keys published at all (nothing visible yet), then
+    with another layer's keys; the whole-step driver equals the reference on every layer."""
+    from attnv41.reference.layer import RefStack
+
+    cfg = small_cfg(compress_ratios=(0, 4, 4, 2, 2, 2), max_seq=48, max_tokens=48)
+    w = random_weights(cfg, 91)
+    xs = random_inputs(cfg, 20, 92)
+    ref = RefStack(cfg, w, index_keys=index_keys)
+    rt = RuntimeStack(cfg, w, index_keys=index_keys, bucket_min=4)
+    for i in range(cfg.n_layers):
+        ref.layer(i, xs[i][:n], 0)
+        rt.layer(i, xs[i][:n], 0)
+    drv = DecodeGraphs(rt, oracle=True)
+    for p in range(n, 20):
+        want = [ref.layer(i, xs[i][p : p + 1], p).out for i in range(cfg.n_layers)]
+        got = drv.step([x[p : p + 1] for x in xs], p)
+        for i in range(cfg.n_layers):
+            assert torch.equal(want[i], got[i]), f"p{p} L{i}"
+    assert drv.oracle_checks == 20 - n

@@ -842,7 +842,11 @@ class AttnV41:
                 rows_b = st.compress_kv
             comp = rows_b
             sel = plan.sel_for(role.layer)
-            if role.is_index_source:
+            if role.is_index_source and keys is None:
+                # released mode, before any index keys were published: no row is visible yet
+                # (checked), so the selection's compressed part is empty
+                sel[:, W:].fill_(-1)
+            elif role.is_index_source:
                 Lb = min(bucket // r, keys.shape[0])
                 vis = meta[VIS]
                 slot = plan.sel_slot(role.layer)
