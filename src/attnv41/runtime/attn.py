@@ -6,7 +6,9 @@ m tokens (a prefill from position 0, or one decode token) and returns an
 `AttnV41Run` of views into the workspaces, valid until the next call.
 
 The kernels come from one table (`runtime/ops.py`): Triton on CUDA, torch twins on the
-CPU. Projections go through torch (cuBLAS on CUDA).
+CPU. Projections go through torch (cuBLAS on CUDA). A decode token runs from device
+metadata (`plan.py`): every role's step can be captured, and `DecodeGraphs` captures a
+whole step as one graph.
 """
 
 from __future__ import annotations
@@ -91,10 +93,14 @@ class AttnV41:
     """RoPE tables, workspaces and kernels for V4.1 attention on one device.
 
     Memory: the tables take `2·max_seq·rope_dim` fp32 values; the workspaces
-    O(max_tokens·n_heads·head_dim) bf16. Caches live in `AttnV41LayerState`. The index
-    path (scores, candidate mask, top-k) still allocates its temporaries per call
-    through torch's caching allocator (sized by the call, not by max_seq); every other
-    buffer is allocated here, once.
+    O(max_tokens·n_heads·head_dim) bf16; the decode plan (`plan`, a `DecodePlan`: the
+    device position, step metadata, per-index-source scores and selections) O(n_index_sources
+    ·max_seq) bf16. Caches live in `AttnV41LayerState`. The index path (candidate mask,
+    top-k) still allocates its temporaries per call through torch's caching allocator
+    (inside a captured graph: from its pool, once); every other buffer is allocated here,
+    once. `bucket_min` sets the smallest context bucket a decode step's index work covers;
+    `plan` may be a `DecodePlan` the caller built (and owns), e.g. around its own
+    position buffer.
 
     Checks on every call (host-side, no device sync): arguments, positions, the order of
     layers and steps of the sequence, that weights, state and shared state belong to this
