@@ -249,7 +249,7 @@ def index_score_bound(
     of values `a`, `b` differ by at most `|a − b|` + one ulp).
     """
     from .reference.indexer import index_scores
-    from .reference.layer import RefTables
+    from .reference.layer import RefTables, project
     from .reference.norm import linear, rms_norm
     from .reference.qdq import fp4_e8m0_qdq
     from .reference.rope import apply_rope
@@ -267,8 +267,8 @@ def index_score_bound(
     tables = _TABLES[key]
     pos = torch.arange(start_pos, start_pos + m, device=dev)
     # queries: the GEMM output, ±ulps, through RoPE and the fp4 round trip
-    c = rms_norm(linear(x, w["wq_a.weight"]), w["q_norm.weight"], cfg.norm_eps)
-    pre = linear(c, w["indexer.wq_b.weight"]).view(m, H, d)
+    c = rms_norm(project(w, "wq_a", x), w["q_norm.weight"], cfg.norm_eps)  # FP8 weights: the released FP8 linear
+    pre = project(w, "indexer.wq_b", c).view(m, H, d)
     q_ref = fp4_e8m0_qdq(apply_rope(pre, tables.yarn_cos, tables.yarn_sin, pos))
     lo, hi = _rope_enclosure(
         _bf16_step(pre, ulps, False), _bf16_step(pre, ulps, True), tables.yarn_cos, tables.yarn_sin, pos
@@ -328,6 +328,7 @@ def _compare_layer(
     rows,
     inputs=None,
     keys: dict | None = None,
+    kv_rows: torch.Tensor | None = None,
 ) -> LayerReport:
     """Compare one layer's results `tr` against reference tensors `ref_get(layer, name)`
     (golden tensors, or another implementation's trace) by the golden README's rules,
@@ -346,6 +347,9 @@ def _compare_layer(
       one-step quantization difference in an attended row moves o by more than bf16's
       tolerance when a token attends to few rows. Such rows count as excused. A layer
       that did not report its selection inherits its selection source's verdict per row;
+    - `kv_rows`: the rows of our `kv_win` the reference's holds (a reduced golden file;
+      None: all of them); `kv_win` is compared on those, and the attended-rows check
+      knows only those;
     - a captured decode step (a trace with `observed_from`, name → layer) reports tensors
       of other layers as it left them (its kv source's cache rows, the candidate mask);
       they are compared against that layer's reference tensors by that layer's rules.
@@ -433,7 +437,7 @@ def _compare_layer(
         inherited = score_rows.get(("sel_same", selection_source(cfg, i))) if r else None
         sel_same_rows = inherited if inherited is not None else torch.ones(m, dtype=torch.bool)
     score_rows[("sel_same", i)] = sel_same_rows
-    same_inputs = sel_same_rows & _attended_rows_equal(ref_get, cfg, i, role, tr, traces, m, offset)
+    same_inputs = sel_same_rows & _attended_rows_equal(ref_get, cfg, i, role, tr, traces, m, offset, kv_rows)
     for n in ("q", "kv_win", "compress_kv", "index_k", "index_k_owner", "candidates", "o", "out"):
         ref = present[n]
         if ref is None or missing(n):
@@ -444,7 +448,7 @@ def _compare_layer(
         if n in ("q", "o") and rows is not None:
             g = g[rows]
         if n == "kv_win":
-            c = compare_quantized(n, g, ref, "fp8")
+            c = compare_quantized(n, g if kv_rows is None else g[kv_rows], ref, "fp8")
         elif n in ("compress_kv", "index_k"):
             c = compare_quantized(n, g, ref, "fp4")
         elif n == "index_k_owner":
@@ -524,15 +528,18 @@ def _score_allowance(ref_get, cfg, start, i, tr, traces, keys, inputs, r_sc) -> 
     )
 
 
-def _attended_rows_equal(ref_get, cfg, i, role, tr, traces, m, offset) -> torch.Tensor:
+def _attended_rows_equal(ref_get, cfg, i, role, tr, traces, m, offset, kv_rows=None) -> torch.Tensor:
     """Bool [m]: whether every row token t attended (by our selection) is bit-identical to
-    the reference's row. Unknown (not available) counts as equal."""
+    the reference's row. Unknown (not available; window rows outside `kv_rows`) counts as equal."""
     ok = torch.ones(m, dtype=torch.bool)
     sel = _cpu(getattr(tr, "sel", None))
     win, ref_win = _cpu(getattr(tr, "kv_win", None)), ref_get(i, "kv_win")
+    if win is not None and kv_rows is not None:
+        win = win[kv_rows]
     if sel is None or win is None or ref_win is None or win.shape != ref_win.shape:
         return ok
-    bad_rows = [(~(win == ref_win).all(1)).nonzero().flatten()]
+    bad = (~(win == ref_win).all(1)).nonzero().flatten()
+    bad_rows = [bad if kv_rows is None else kv_rows[bad]]
     bad_off = [0]
     if role.ratio > 0:
         src = _kv_source(cfg, i)

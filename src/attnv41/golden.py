@@ -7,6 +7,15 @@ compares every tensor present in the file by the README's rules (see `testing.py
 counted, and a run that compared nothing, or skipped every tensor of a kind, fails
 (`ReplayReport.problems`). `attnv41 check` and the tests call the same code.
 
+FP8 files (`v41_fp8`, metadata `weights_dtype = "fp8"`; README section v41_fp8): weights
+missing under a layer resolve through the metadata's `weight_aliases`; the FP8 linears
+come as float8_e4m3fn `<name>.weight` plus float8_e8m0fnu `<name>.scale`, which only
+implementations listing "fp8" in their `weights_dtypes` attribute accept (the reference
+runs them the released way). Reduced storage is undone where the README says how
+(`GoldenFile.get`): `compress_kv` and `index_k` of an earlier regime are the first rows
+of the last regime's, and prefill `sel` of L2/L4/L0 is L1's/L3's/L1's first window
+columns; `kv_win` holds only some rows (`kv_win_rows`) and is compared on those.
+
 An implementation is any callable `make(cfg, weights, index_keys, device)` returning
 an object with `layer(i, x, start_pos)`; the object the call returns carries the
 golden names as attributes (`q`, `kv_win`, `sel`, `o`, `out`, `compress_kv`,
@@ -45,6 +54,7 @@ __all__ = [
 FORMAT = "v41-attention-golden/1"
 VARIANTS = ("released", "intended")
 INDEX_KEYS_FOR_VARIANT = {"released": "released", "intended": "own"}
+WEIGHTS_DTYPES = ("bf16", "fp8")
 
 
 class GoldenFormatError(ValueError):
@@ -78,6 +88,15 @@ class GoldenFile:
         self.compress_kv_owner = {int(k): int(v) for k, v in dec.get("compress_kv_owner", {}).items()}
         self.selection_owner = {int(k): int(v) for k, v in dec.get("selection_owner", {}).items()}
         self.keys = set(self._f.keys())
+        self.weights_dtype: str = dec.get("weights_dtype", "bf16")
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            raise GoldenFormatError(f"{self.path}: weights_dtype = {self.weights_dtype!r}; allowed: {WEIGHTS_DTYPES}")
+        self.weight_aliases: dict[str, str] = dict(dec.get("weight_aliases", {}))
+        for k, v in self.weight_aliases.items():
+            if v not in self.keys or k in self.keys:
+                raise GoldenFormatError(
+                    f"{self.path}: weight alias {k!r} -> {v!r}; allowed: a missing name to a stored one"
+                )
         derived = [r.name for r in self.cfg.roles]
         if derived != self.roles:
             raise GoldenFormatError(
@@ -88,17 +107,70 @@ class GoldenFile:
         return self._f.get_tensor(key)
 
     def weights(self, layer: int) -> dict[str, torch.Tensor]:
-        """Layer weights under the released module's parameter names (`wq_a.weight`, ...)."""
+        """Layer weights under the released module's parameter names (`wq_a.weight`, ...),
+        shared matrices resolved through `weight_aliases`; FP8 ones with their `.scale`."""
         pre = f"weights/L{layer}/"
-        return {k[len(pre) :]: self.tensor(k) for k in sorted(self.keys) if k.startswith(pre)}
+        names = {k for k in self.keys if k.startswith(pre)} | {k for k in self.weight_aliases if k.startswith(pre)}
+        return {k[len(pre) :]: self.tensor(self.weight_aliases.get(k, k)) for k in sorted(names)}
 
     def get(self, variant: str, regime: str, layer: int, name: str) -> torch.Tensor | None:
-        """`<variant>/<regime>/L<l>/<name>`; an absent `intended` tensor equals the `released` one."""
+        """`<variant>/<regime>/L<l>/<name>`; an absent `intended` tensor equals the `released`
+        one. In a reduced file, tensors the README derives from stored ones are derived."""
         for v in (variant, "released"):
             k = f"{v}/{regime}/L{layer}/{name}"
             if k in self.keys:
                 return self.tensor(k)
+        return self._derived(variant, regime, layer, name)
+
+    def _regime(self, regime: str) -> dict[str, Any]:
+        for r in self.regimes:
+            if r["name"] == regime:
+                return r
+        raise GoldenFormatError(f"{self.path}: regime = {regime!r}; allowed: {[r['name'] for r in self.regimes]}")
+
+    def _derived(self, variant: str, regime: str, layer: int, name: str) -> torch.Tensor | None:
+        """README v41_fp8 "Reduced storage": compressed rows are written once, so an earlier
+        regime's `compress_kv` / `index_k` are the first `L` rows of the last regime's; prefill
+        `sel` of L2 equals L1's, of L4 L3's, of L0 the first `window_cols` columns of L1's."""
+        if self.weights_dtype != "fp8":
+            return None
+        reg = self._regime(regime)
+        role = self.cfg.roles[layer]
+        last = self.regimes[-1]["name"]
+        if name in ("compress_kv", "index_k") and role.is_kv_source and regime != last:
+            rows = self.get(variant, last, layer, name)
+            L = (int(reg["start_pos"]) + int(reg["len"])) // role.ratio
+            return None if rows is None or rows.shape[0] < L else rows[:L]
+        if name == "sel" and int(reg["start_pos"]) == 0:
+            src = {0: 1, 2: 1, 4: 3}.get(layer)
+            if src is None:
+                return None
+            k = f"released/{regime}/L{src}/sel"  # prefill is identical in both variants
+            if k not in self.keys:
+                return None
+            sel = self.tensor(k)
+            return sel[:, : int(reg["window_cols"])] if layer == 0 else sel
         return None
+
+    def kv_win_rows(self, regime: str, rows_prefill: torch.Tensor) -> torch.Tensor | None:
+        """The rows of an implementation's `kv_win` (prefill: chunk rows; decode: ring
+        slots) that the file's `kv_win` holds at `regime`: None for all of them. Reduced
+        files store prefill rows `rows/prefill` and, at decode, the slot this token wrote."""
+        reg = self._regime(regime)
+        start, m, W = int(reg["start_pos"]), int(reg["len"]), self.cfg.window
+        ref = self.get("released", regime, 0, "kv_win")
+        n = None if ref is None else ref.shape[0]
+        full = m if start == 0 else W
+        if n is None or n == full:
+            return None
+        if start == 0 and n == rows_prefill.numel():
+            return rows_prefill
+        if start > 0 and n == 1:
+            return torch.tensor([start % W])
+        raise GoldenFormatError(
+            f"{self.path}: {regime}/L0/kv_win has {n} rows; allowed: {full}"
+            + (f" or {rows_prefill.numel()} (rows/prefill)" if start == 0 else " or 1 (the slot written)")
+        )
 
     @property
     def prefill_rows(self) -> torch.Tensor:
@@ -117,6 +189,9 @@ def reference_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
     from .reference.layer import RefStack
 
     return RefStack(cfg, weights, device=device, index_keys=index_keys)
+
+
+reference_impl.weights_dtypes = WEIGHTS_DTYPES  # the reference runs FP8 weights the released way
 
 
 def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
@@ -226,6 +301,12 @@ def replay(
     if variant not in golden.variants:
         raise GoldenFormatError(f"variant = {variant!r}; allowed: {golden.variants}")
     cfg = golden.cfg
+    supported = getattr(make_impl, "weights_dtypes", ("bf16",))
+    if golden.weights_dtype not in supported:
+        raise GoldenFormatError(
+            f"{golden.path}: weights_dtype = {golden.weights_dtype!r}, which impl {impl_name!r} does not run; "
+            f"allowed: {list(supported)} (the fp8 file: impl 'reference')"
+        )
     golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
     weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]
     impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
@@ -234,6 +315,7 @@ def replay(
     keys: dict[int, torch.Tensor] = {}  # per kv source: our index-key rows as last reported
     for reg in golden.regimes:
         rname, start = reg["name"], int(reg["start_pos"])
+        kv_rows = golden.kv_win_rows(rname, rows_prefill)
         traces: dict[int, Any] = {}
         score_rows: dict = {}  # per layer: rows whose scores were excused, selection verdicts
         x_cpu = []
@@ -266,6 +348,7 @@ def replay(
                 rows_prefill if start == 0 else None,
                 lambda layer, _x=x_cpu: (_x[layer], golden_w[layer]),
                 keys,
+                kv_rows,
             )
             report.layers.append(lr)
             if on_layer:

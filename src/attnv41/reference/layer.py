@@ -10,6 +10,12 @@ module level. Weights are a mapping from the released module's parameter names
 (`wq_a.weight`, `compressor.wkv.weight`, `indexer.wq_b.weight`, `attn_sink`, ...) to
 tensors.
 
+FP8 weights (the released checkpoint path, golden `v41_fp8`): a linear of `FP8_LINEARS`
+given as a float8_e4m3fn `<name>.weight` plus its e8m0 `<name>.scale` runs the released
+FP8 math (`fp8.fp8_linear`: activations quantized per 32 columns); `wo_a` given so is
+dequantized to bf16 and runs the same grouped bf16 einsum. Weights without scales take
+the bf16 path, unchanged.
+
 Index-key behaviour (attention-v41.md §9): `index_keys="own"` (default) makes a Full
 layer always score against its own index-key cache; `"released"` reproduces the
 released code, where a Full layer publishes its keys only on a call that produced a
@@ -25,6 +31,7 @@ import torch
 
 from ..config import AttnV41Cfg, LayerRole
 from .compressor import compress_latents, compress_pool, compress_project
+from .fp8 import dequant_weight, fp8_linear
 from .indexer import candidate_mask, index_scores, topk_select, visible_rows
 from .norm import linear, rms_norm
 from .qdq import fp4_e4m3_qdq, fp4_e8m0_qdq, fp8_qdq
@@ -38,10 +45,15 @@ __all__ = [
     "RefShared",
     "RefTrace",
     "layer_forward",
+    "project",
     "RefStack",
 ]
 
 INDEX_KEY_MODES = ("own", "released")
+# The linears the released FP8 checkpoint runs in FP8 (activations quantized per 32
+# columns); `wo_a` is stored FP8 too but runs in bf16 after its dequantization.
+FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b")
+FP8_DEQUANTIZED = ("wo_a",)
 
 
 @dataclass
@@ -141,6 +153,27 @@ def _w(w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     return w[name]
 
 
+def project(w: Mapping[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
+    """`bf16(x · Wᵀ)` for the linear `name` (`wq_a`, `indexer.wq_b`, ...): the released FP8
+    linear (`fp8_linear`) when the weights hold `<name>.scale` next to a float8_e4m3fn
+    `<name>.weight` (one of `FP8_LINEARS`), else the bf16 `linear`."""
+    wt = _w(w, f"{name}.weight")
+    sc = w.get(f"{name}.scale")
+    if sc is None:
+        if wt.dtype == torch.float8_e4m3fn:
+            raise ValueError(f"{name}.weight is float8_e4m3fn without {name}.scale; allowed: bf16, or fp8 with a scale")
+        return linear(x, wt)
+    if name not in FP8_LINEARS:
+        raise ValueError(f"{name}.scale given; allowed: a scale for {FP8_LINEARS} (and {FP8_DEQUANTIZED})")
+    return fp8_linear(x, wt, sc, name=f"{name}.weight")
+
+
+def _wo_a(w: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """`wo_a` in bf16: given so, or dequantized from FP8 as the released conversion does."""
+    sc = w.get("wo_a.scale")
+    return _w(w, "wo_a.weight") if sc is None else dequant_weight(_w(w, "wo_a.weight"), sc, name="wo_a.weight")
+
+
 def _window_selection(cfg: AttnV41Cfg, m: int, start_pos: int, device) -> torch.Tensor:
     """The window part of the selection (attention-v41.md §4.5), int32."""
     W = cfg.window
@@ -220,9 +253,9 @@ def layer_forward(
     cos, sin = tables.for_ratio(r)
 
     # §4: q, kv and the window
-    c = rms_norm(linear(x, _w(w, "wq_a.weight")), _w(w, "q_norm.weight"), cfg.norm_eps)
-    q = apply_rope(linear(c, _w(w, "wq_b.weight")).view(m, H, D), cos, sin, positions)
-    kv = rms_norm(linear(x, _w(w, "wkv.weight")), _w(w, "kv_norm.weight"), cfg.norm_eps)
+    c = rms_norm(project(w, "wq_a", x), _w(w, "q_norm.weight"), cfg.norm_eps)
+    q = apply_rope(project(w, "wq_b", c).view(m, H, D), cos, sin, positions)
+    kv = rms_norm(project(w, "wkv", x), _w(w, "kv_norm.weight"), cfg.norm_eps)
     kv = fp8_qdq(apply_rope(kv, cos, sin, positions))
     keep = min(m, W)
     st.ring[(positions[m - keep :] % W)] = kv[m - keep :]
@@ -255,7 +288,7 @@ def layer_forward(
             if L > 0:
                 if shared.index_k is None or shared.index_k.shape[0] < L:
                     raise RuntimeError(f"layer {role.layer}: no index keys with {L} rows were published")
-                iq = linear(c, _w(w, "indexer.wq_b.weight")).view(m, cfg.index_heads, cfg.index_head_dim)
+                iq = project(w, "indexer.wq_b", c).view(m, cfg.index_heads, cfg.index_head_dim)
                 iq = fp4_e8m0_qdq(apply_rope(iq, cos, sin, positions))
                 hw = linear(x, _w(w, "indexer.weights_proj.weight")).float()
                 hw = (hw * (cfg.index_head_dim**-0.5 * cfg.index_heads**-0.5)).to(torch.bfloat16)
@@ -286,9 +319,9 @@ def layer_forward(
     o_rot = apply_rope(o, cos, sin, positions, inverse=True)
     G = cfg.groups
     og = o_rot.reshape(m, G, cfg.group_width).double()  # fp64 accumulation, as `linear`
-    wo_a = _w(w, "wo_a.weight").double().view(G, cfg.o_rank, cfg.group_width)
+    wo_a = _wo_a(w).double().view(G, cfg.o_rank, cfg.group_width)
     u = torch.einsum("mgk,grk->mgr", og, wo_a).to(torch.bfloat16).reshape(m, G * cfg.o_rank)
-    out = linear(u, _w(w, "wo_b.weight"))
+    out = project(w, "wo_b", u)
     return RefTrace(sel=sel, o=o, out=out, **trace)
 
 
@@ -302,6 +335,11 @@ class RefStack:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
+        allowed = {f"{n}.scale" for n in FP8_LINEARS + FP8_DEQUANTIZED}
+        for i, w in enumerate(weights):
+            bad = sorted(k for k in w if k.endswith(".scale") and k not in allowed)
+            if bad:
+                raise ValueError(f"layer {i}: weight {bad[0]!r}; allowed scales: {sorted(allowed)}")
         self.cfg, self.weights, self.index_keys = cfg, weights, index_keys
         self.tables = RefTables.build(cfg, device)
         self.states = [RefLayerState.new(cfg, cfg.roles[i], device) for i in range(cfg.n_layers)]
