@@ -3,7 +3,7 @@ for bit: the CPU op table uses the reference's rounding), errors and state safet
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from attnv41.golden import GoldenFile, replay, runtime_impl
@@ -49,6 +49,7 @@ def _run_both(cfg, n, decode_steps, seed, index_keys, bucket_min=None):
     return rt
 
 
+@example(n=1, decode_steps=1, window=4, topk=2, ratios=(0, 4, 4, 1, 1, 1), index_keys="own", seed=0, bucket_min=1)
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 30),

@@ -848,12 +848,13 @@ class AttnV41:
                 rows_b = st.compress_kv
             comp = rows_b
             sel = plan.sel_for(role.layer)
-            if role.is_index_source and keys is None:
-                # released mode, before any index keys were published: no row is visible yet
-                # (checked), so the selection's compressed part is empty
+            Lb = 0 if keys is None else min(bucket // r, keys.shape[0])
+            if role.is_index_source and Lb == 0:
+                # No row can be visible in this bucket (bucket // r = 0 ≥ L), or, in released
+                # mode, no index keys were published yet (then L = 0, checked): the
+                # selection's compressed part is empty.
                 sel[:, W:].fill_(-1)
             elif role.is_index_source:
-                Lb = min(bucket // r, keys.shape[0])
                 vis = meta[VIS]
                 slot = plan.sel_slot(role.layer)
                 scores = self._index_scores(w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb])
