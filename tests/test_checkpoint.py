@@ -614,3 +614,69 @@ def test_default_cfg_fits_a_small_checkpoint(tmp_path):
     assert AttnV41LayerWeights.from_checkpoint(root, 5).role == cfg.roles[5]
     with pytest.raises(ValueError, match=r"AttnV41Cfg\.max_seq = 1024; allowed: .*max_position_embeddings \(512\)"):
         AttnV41Cfg.from_checkpoint(root, max_seq=1024)
+
+
+# ---------------------------------------------------------------------------- weights="fp8"
+@pytest.fixture(scope="module")
+def written_fp8(tmp_path_factory):
+    cfg = small_cfg(q_rank=32)  # FP8 linears need in-dims in whole 32-column blocks
+    w = random_weights(cfg, SEED + 1)
+    root = write_checkpoint(tmp_path_factory.mktemp("ckpt8") / "v41", cfg, w, shards=4, seed=SEED)
+    return cfg, w, root
+
+
+@pytest.mark.parametrize("device_arg", ["cpu", None], ids=["load_model", "from_checkpoint"])
+def test_fp8_round_trip_keeps_bytes(written_fp8, device_arg):
+    """weights='fp8' keeps each FP8 linear's e4m3 bytes and e8m0 scale bytes exactly as the
+    writer stored them (compared with the raw shard bytes), and dequantizes wo_a."""
+    cfg, w, root = written_fp8
+    if device_arg is None:
+        layers = [AttnV41LayerWeights.from_checkpoint(root, i, cfg=cfg, weights="fp8") for i in range(cfg.n_layers)]
+    else:
+        layers = load_model(root, cfg=cfg, device=device_arg, progress=False, weights="fp8")
+    for i, lw in enumerate(layers):
+        assert lw.format == "fp8", f"layer {i}"
+        sd = lw.state_dict()
+        assert set(sd) == set(expected_tensors(cfg, cfg.roles[i], "fp8")), f"layer {i}: names"
+        for rel in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b"):
+            if f"attn.{rel}.weight" not in sd:
+                continue
+            for suffix, code in ((".weight", "F8_E4M3"), (".scale", "F8_E8M0")):
+                t = sd[f"attn.{rel}{suffix}"]
+                dtype, shape, data = _raw(root, f"layers.{i}.attn.{rel}{suffix}")
+                assert (dtype, shape) == (code, tuple(t.shape)), f"layer {i} {rel}{suffix}"
+                assert t.contiguous().view(torch.uint8).numpy().tobytes() == data, f"layer {i} {rel}{suffix}: bytes"
+            q, s = quantize_fp8(w[i][f"{rel}.weight"])
+            assert torch.equal(sd[f"attn.{rel}.weight"].view(torch.uint8), q.view(torch.uint8)), f"layer {i} {rel}"
+        q, s = quantize_fp8(w[i]["wo_a.weight"])
+        assert torch.equal(sd["attn.wo_a.weight"], dequantize_fp8(q, s)), f"layer {i} wo_a: dequantized"
+        assert sd["attn.wo_a.weight"].dtype == torch.bfloat16
+
+
+def test_fp8_and_bf16_loads_run(written_fp8):
+    """Both formats of one checkpoint run; they differ (activations are quantized in FP8)."""
+    cfg, _, root = written_fp8
+    x = random_inputs(cfg, 6, 2)
+    outs = {}
+    for fmt in ("bf16", "fp8"):
+        rt = RuntimeStack(cfg, load_model(root, cfg=cfg, progress=False, weights=fmt))
+        outs[fmt] = rt.step(x, 0, keep=True)
+        assert all(torch.isfinite(o.float()).all() for o in outs[fmt]), fmt
+    assert not torch.equal(outs["bf16"][0], outs["fp8"][0]), "out L0: fp8 load equals the bf16 load"
+
+
+def test_fp8_load_refuses_dequantized_linear(tmp_path):
+    cfg = small_cfg(q_rank=32)
+    w = random_weights(cfg, 4)
+    root = write_checkpoint(tmp_path, cfg, w, shards=2, fp8_names=[n for n in FP8_NAMES if n != "wkv.weight"])
+    load_model(root, cfg=cfg, progress=False)  # bf16: fine
+    with pytest.raises(CheckpointError, match=r"layers\.0\.attn\.wkv\.weight\.dtype = torch\.bfloat16 without a"):
+        load_model(root, cfg=cfg, progress=False, weights="fp8")
+
+
+def test_weights_arg_checked(written_fp8):
+    _, _, root = written_fp8
+    with pytest.raises(ValueError, match=r"weights = 'fp4'; allowed: \('bf16', 'fp8'\)"):
+        load_model(root, progress=False, weights="fp4")
+    with pytest.raises(ValueError, match=r"weights = 'e4m3'; allowed"):
+        load_layer(root, 0, weights="e4m3")

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from attnv41.cli import main
 from attnv41.compare import KINDS
-from attnv41.golden import GoldenFile, GoldenFormatError, reference_impl, replay, runtime_impl
+from attnv41.golden import IMPLS, GoldenFile, GoldenFormatError, reference_impl, replay, runtime_impl
 from attnv41.reference.fp8 import dequant_weight
 from attnv41.reference.layer import RefStack, project
 from helpers import golden_dir
@@ -75,10 +75,28 @@ def test_bf16_math_fails_the_fp8_file():
     )
 
 
-def test_runtime_refuses_fp8_file():
-    with pytest.raises(GoldenFormatError, match=r"weights_dtype = 'fp8', which impl 'runtime' does not run"):
-        replay(GoldenFile(_path()), "released", runtime_impl, impl_name="runtime")
-    assert "fp8" in reference_impl.weights_dtypes
+@pytest.mark.parametrize("variant", ["released", "intended"])
+@pytest.mark.parametrize("impl", ["runtime", "runtime-split"])
+def test_runtime_matches_fp8_golden(impl, variant):
+    """The CPU runtime runs the FP8 weights the released way (ops.fp8_mm): forward and the
+    split decode step both pass the file."""
+    g = GoldenFile(_path())
+    rep = replay(g, variant, IMPLS[impl], impl_name=impl)
+    assert rep.n_compared > 0
+    assert rep.n_failed == 0, "\n".join(rep.failures())
+    assert rep.ok, "\n".join(rep.failures())
+    assert rep.nonfinite == 0
+    if impl == "runtime":
+        assert rep.n_skipped == 0
+
+
+@pytest.mark.parametrize("decode", ["forward", "split"])
+def test_cli_check_runtime_passes(decode, capsys):
+    argv = ["check", "--golden", str(_path()), "--impl", "runtime", "--variant", "both", "--decode", decode]
+    rc = main(argv)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "PASS" in out and " 0 failed" in out
 
 
 def test_weight_aliases_and_dtypes():
@@ -154,3 +172,14 @@ def test_fp8_weight_records_are_checked():
     ws[2] = dict(ws[2], **{"kv_norm.scale": torch.zeros(1, dtype=torch.uint8)})
     with pytest.raises(ValueError, match=r"layer 2: weight 'kv_norm.scale'; allowed scales"):
         RefStack(g.cfg, ws)
+
+
+def test_impl_without_fp8_refuses_fp8_file():
+    """An implementation that does not declare "fp8" in `weights_dtypes` is refused."""
+
+    def bf16_only(cfg, weights, index_keys, device):
+        return RefStack(cfg, weights, device=device, index_keys=index_keys)
+
+    with pytest.raises(GoldenFormatError, match=r"weights_dtype = 'fp8', which impl 'bf16-only' does not run"):
+        replay(GoldenFile(_path()), "released", bf16_only, impl_name="bf16-only")
+    assert "fp8" in reference_impl.weights_dtypes and "fp8" in runtime_impl.weights_dtypes

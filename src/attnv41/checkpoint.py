@@ -21,6 +21,13 @@ A scale byte 0xFF (NaN), and a product that overflows to ±inf, are rejected. Th
 goes through `AttnV41LayerWeights.from_state_dict`, which upcasts the ratio>=2 compressor
 to fp32 and rejects NaN/±inf in every tensor (bf16 norms and projections, the fp32 sink).
 
+Weight formats (`weights=`): "bf16" (the default) dequantizes every fp8 weight as above;
+"fp8" keeps the e4m3 bytes and the e8m0 scales as stored for `FP8_LINEARS` (`wq_a`,
+`wq_b`, `wkv`, `wo_b`, `indexer.wq_b`: the runtime runs them in the released FP8 math),
+after the same checks (a dequantization that would be non-finite is rejected too), and
+dequantizes `wo_a`, as the released conversion does. With "fp8", one of those linears
+stored bf16 without a scale is an error (its FP8 bytes are gone).
+
 Every validation failure raises `CheckpointError` (a `ValueError`) naming the tensor:
 missing (from `weight_map` or from its shard), shape, dtype, scale missing or misshapen,
 NaN scale, non-finite values, and a role that does not match the config's layer lists;
@@ -45,7 +52,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import AttnV41Cfg, LayerRole, _read_json
-from .weights import AttnV41LayerWeights, NonFiniteWeightError, describe_nonfinite, expected_tensors
+from .weights import (
+    FP8_LINEARS,
+    WEIGHT_FORMATS,
+    AttnV41LayerWeights,
+    NonFiniteWeightError,
+    describe_nonfinite,
+    expected_tensors,
+)
 
 __all__ = [
     "BLOCK",
@@ -272,7 +286,12 @@ def _check_role(ck: _Checkpoint, i: int, role: LayerRole, spec: Mapping[str, obj
             )
 
 
-def _load_layer(ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str) -> AttnV41LayerWeights:
+_KEEP_FP8 = frozenset(f"attn.{n}.weight" for n in FP8_LINEARS)
+
+
+def _load_layer(
+    ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str, weights: str = "bf16"
+) -> AttnV41LayerWeights:
     role = cfg.role(i)
     spec = expected_tensors(cfg, role)
     _check_role(ck, i, role, spec)
@@ -285,7 +304,13 @@ def _load_layer(ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device |
         dtype, got = ck.header(name)
         want = _disk_dtype(rel)
         has_scale = _scale_name(rel) in present
+        keep = weights == "fp8" and rel in _KEEP_FP8
         if rel in _FP8 and dtype == torch.bfloat16 and not has_scale:
+            if keep:
+                raise CheckpointError(
+                    f"{name}.dtype = {dtype} without a .scale (already dequantized); allowed with weights='fp8': "
+                    "torch.float8_e4m3fn with its .scale (load with weights='bf16')"
+                )
             want = torch.bfloat16  # a checkpoint already dequantized
         if dtype != want:
             allowed = f"{want}" if rel not in _FP8 else f"{want} with a .scale, or torch.bfloat16 without one"
@@ -305,30 +330,52 @@ def _load_layer(ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device |
         if sshape != grid:
             raise CheckpointError(f"{sname}.shape = {sshape}; allowed: {grid} for {name} {list(shape)}")
         q = ck.read(name).to(device)
-        tensors[rel] = dequantize_fp8(q, ck.read(sname), name=name)
+        scale = ck.read(sname)
+        w = dequantize_fp8(q, scale, name=name)  # every check of the bytes, for both formats
+        if keep:
+            tensors[rel], tensors[_scale_name(rel)] = q, scale.to(device)
+        else:
+            tensors[rel] = w
     try:
         return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device)
     except NonFiniteWeightError as e:  # NaN or ±inf in a bf16/fp32 tensor as stored
         raise CheckpointError(f"{ck.name(i, e.key)}: {e.detail}") from e
 
 
+def _check_weights_arg(weights: str) -> None:
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS}")
+
+
 def load_layer(
-    path: str | Path, layer: int, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu"
+    path: str | Path,
+    layer: int,
+    cfg: AttnV41Cfg | None = None,
+    device: torch.device | str = "cpu",
+    weights: str = "bf16",
 ) -> AttnV41LayerWeights:
-    """Layer `layer`'s attention weights from a checkpoint directory, dequantized to the
-    runtime dtypes on `device`. `cfg` defaults to `AttnV41Cfg.from_checkpoint(path)`, whose
-    `max_seq` (min(8192, max_position_embeddings)) and `max_tokens` (min(4096, max_seq))
-    fit the checkpoint."""
+    """Layer `layer`'s attention weights from a checkpoint directory on `device`, in the
+    format `weights` ("bf16": dequantized to the runtime dtypes; "fp8": the FP8 linears'
+    e4m3 bytes and e8m0 scales as stored, see the module doc). `cfg` defaults to
+    `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
+    max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint."""
+    _check_weights_arg(weights)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     with _Checkpoint(path) as ck:
-        return _load_layer(ck, cfg, layer, device)
+        return _load_layer(ck, cfg, layer, device, weights)
 
 
 def load_model(
-    path: str | Path, cfg: AttnV41Cfg | None = None, device: torch.device | str = "cpu", progress: bool = True
+    path: str | Path,
+    cfg: AttnV41Cfg | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    weights: str = "bf16",
 ) -> list[AttnV41LayerWeights]:
     """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does (same
-    default `cfg`), with a progress bar (tqdm when importable, else one stderr line per layer)."""
+    default `cfg`, same `weights` formats), with a progress bar (tqdm when importable, else
+    one stderr line per layer)."""
+    _check_weights_arg(weights)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     out = []
     bar = None
@@ -342,7 +389,7 @@ def load_model(
     try:
         with _Checkpoint(path) as ck:
             for i in range(cfg.n_layers):
-                out.append(_load_layer(ck, cfg, i, device))
+                out.append(_load_layer(ck, cfg, i, device, weights))
                 if bar is not None:
                     bar.update(1)
                 elif progress:

@@ -201,6 +201,10 @@ def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
     return RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
 
 
+# FP8 weights run on the CPU (torch ops); on CUDA the runtime itself refuses them.
+runtime_impl.weights_dtypes = WEIGHTS_DTYPES
+
+
 class _SplitDecode:
     """The runtime with decode steps through `DecodeGraphs` (one CUDA graph per step on
     CUDA, the same device-driven step eagerly on the CPU): prefill through `forward`.
@@ -286,6 +290,9 @@ def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
     return _SplitDecode(cfg, weights, index_keys, device)
 
 
+runtime_split_impl.weights_dtypes = WEIGHTS_DTYPES
+
+
 IMPLS = {"reference": reference_impl, "runtime": runtime_impl, "runtime-split": runtime_split_impl}
 
 
@@ -305,7 +312,7 @@ def replay(
     if golden.weights_dtype not in supported:
         raise GoldenFormatError(
             f"{golden.path}: weights_dtype = {golden.weights_dtype!r}, which impl {impl_name!r} does not run; "
-            f"allowed: {list(supported)} (the fp8 file: impl 'reference')"
+            f"allowed: {list(supported)}"
         )
     golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
     weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]

@@ -6,6 +6,14 @@ without the `layers.{i}.` prefix. Runtime dtypes (attention-v41.md §1–§2): b
 projections, fp32 sink, the ratio>=2 compressor in fp32, norm weights as given (bf16
 or fp32; both hold the same values). No compute here beyond the checks of names,
 shapes, dtypes and finite values, done once when the weights are built.
+
+Two weight formats (`WEIGHT_FORMATS`), one per layer, told apart by the tensors:
+"bf16" (every linear bf16, as above) and "fp8", the released checkpoint's (golden
+README, v41_fp8): each linear of `FP8_LINEARS` is float8_e4m3fn `<name>.weight [out, in]`
+plus `<name>.scale`, float8_e8m0fnu `[ceil(out/32), in/32]` (the checkpoint's and the
+golden file's dtype: byte E means 2^(E−127)), run by the released FP8 linear. `wo_a` is
+always bf16 at run time: given FP8 with its scale it is dequantized here, exactly, as
+the released conversion does. Everything else is as in "bf16".
 """
 
 from __future__ import annotations
@@ -17,20 +25,34 @@ import torch
 
 from .config import AttnV41Cfg, LayerRole, v41_flash
 
-__all__ = ["AttnV41LayerWeights", "NonFiniteWeightError", "describe_nonfinite", "expected_tensors"]
+__all__ = [
+    "FP8_LINEARS",
+    "WEIGHT_FORMATS",
+    "AttnV41LayerWeights",
+    "NonFiniteWeightError",
+    "describe_nonfinite",
+    "expected_tensors",
+]
 
 PREFIX = "attn."
+WEIGHT_FORMATS = ("bf16", "fp8")
+# The linears the released checkpoint runs in FP8 (relative to `attn.`, without `.weight`).
+FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b")
+FP8_BLOCK = 32  # weight scale block edge and activation quantization block
 _STANDIN = v41_flash()  # names and dtypes do not depend on the geometry
 _NORM_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def expected_tensors(
-    cfg: AttnV41Cfg | None, role: LayerRole
+    cfg: AttnV41Cfg | None, role: LayerRole, weights: str = "bf16"
 ) -> dict[str, tuple[tuple[int, ...] | None, tuple[torch.dtype, ...]]]:
     """Checkpoint name (relative to the layer) → (shape, allowed runtime dtypes) for a
-    role; shapes are None without a geometry."""
+    role and a weight format (`WEIGHT_FORMATS`); shapes are None without a geometry.
+    "fp8" makes the role's `FP8_LINEARS` float8_e4m3fn and adds their `.scale`."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS}")
     if cfg is None:
-        return {k: (None, dt) for k, (_, dt) in expected_tensors(_STANDIN, role).items()}
+        return {k: (None, dt) for k, (_, dt) in expected_tensors(_STANDIN, role, weights).items()}
     H, D, G = cfg.n_heads, cfg.head_dim, cfg.groups
     bf16 = (torch.bfloat16,)
     e: dict[str, tuple[tuple[int, ...] | None, tuple[torch.dtype, ...]]] = {
@@ -54,7 +76,86 @@ def expected_tensors(
     if role.is_index_source:
         e["attn.indexer.wq_b.weight"] = ((cfg.index_heads * cfg.index_head_dim, cfg.q_rank), bf16)
         e["attn.indexer.weights_proj.weight"] = ((cfg.index_heads, cfg.dim), bf16)
+    if weights == "fp8":
+        for n in _fp8_linears(role):
+            shape, _ = e[f"{PREFIX}{n}.weight"]
+            e[f"{PREFIX}{n}.weight"] = (shape, (torch.float8_e4m3fn,))
+            e[f"{PREFIX}{n}.scale"] = (_scale_grid(shape), (torch.float8_e8m0fnu,))
     return e
+
+
+def _fp8_linears(role: LayerRole) -> tuple[str, ...]:
+    return tuple(n for n in FP8_LINEARS if n != "indexer.wq_b" or role.is_index_source)
+
+
+def _scale_grid(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    return (-(-shape[0] // FP8_BLOCK), -(-shape[1] // FP8_BLOCK))
+
+
+def _fp8_bad_bytes(t: torch.Tensor) -> str | None:
+    """None when an e4m3 weight holds no NaN byte (0x7F/0xFF) and an e8m0 scale no 0xFF
+    (NaN); else what is wrong and what is allowed."""
+    b = t.view(torch.uint8)
+    if t.dtype == torch.float8_e4m3fn:
+        bad, what, allowed = (b & 0x7F) == 0x7F, "NaN byte", "finite e4m3 values"
+    else:
+        bad, what, allowed = b == 0xFF, "byte 0xFF (NaN)", "0x00..0xFE (2^-127..2^127)"
+    if not bool(bad.any()):
+        return None
+    n = int(bad.sum())
+    return f"{n} {what}{'s' if n > 1 else ''} (first at {bad.nonzero()[0].tolist()}); allowed: {allowed}"
+
+
+def _weight_format(role: LayerRole, got: Mapping[str, torch.Tensor]) -> str:
+    """The layer's format from its tensors: "fp8" when its FP8 linears are float8_e4m3fn
+    or carry a scale, "bf16" when none does; a mix, or a scale on another tensor, raises."""
+    lin = _fp8_linears(role)
+    stray = sorted(k for k in got if k.endswith(".scale") and k.removeprefix(PREFIX).removesuffix(".scale") not in lin)
+    if stray:
+        raise KeyError(
+            f"layer {role.layer}: {stray[0]!r} is a scale on a tensor that does not run in FP8; "
+            f"allowed scales: {[f'{PREFIX}{n}.scale' for n in lin]} (attn.wo_a.scale: dequantized at load)"
+        )
+    fp8 = {
+        n: f"{PREFIX}{n}.scale" in got or getattr(got.get(f"{PREFIX}{n}.weight"), "dtype", None) == torch.float8_e4m3fn
+        for n in lin
+    }
+    if all(fp8.values()):
+        return "fp8"
+    if any(fp8.values()):
+        a = next(n for n in lin if fp8[n])
+        b = next(n for n in lin if not fp8[n])
+        raise ValueError(
+            f"layer {role.layer}: {PREFIX}{a} is FP8 but {PREFIX}{b}.weight is bf16 without a scale; allowed: "
+            f"every FP8 linear of the layer ({', '.join(lin)}) in one format, {WEIGHT_FORMATS}"
+        )
+    return "bf16"
+
+
+def _dequant_wo_a(role: LayerRole, got: dict[str, torch.Tensor]) -> None:
+    """`attn.wo_a.weight` given float8_e4m3fn with its scale → its exact bf16 (released conversion)."""
+    sc = got.pop(f"{PREFIX}wo_a.scale", None)
+    if sc is None:
+        return
+    from .reference.fp8 import dequant_weight  # the released conversion's exact dequantization
+
+    k = f"{PREFIX}wo_a.weight"
+    w = got.get(k)
+    if w is None or w.dtype != torch.float8_e4m3fn or sc.dtype != torch.float8_e8m0fnu:
+        raise TypeError(
+            f"layer {role.layer}: {k} {getattr(w, 'dtype', 'missing')} with attn.wo_a.scale {sc.dtype}; allowed: "
+            "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without a scale"
+        )
+    for t, name in ((w, k), (sc, f"{PREFIX}wo_a.scale")):
+        detail = _fp8_bad_bytes(t)
+        if detail is not None:
+            raise NonFiniteWeightError(role.layer, name, detail)
+    try:
+        got[k] = dequant_weight(w, sc, FP8_BLOCK, name=f"layer {role.layer}: {k}")
+    except (TypeError, ValueError) as e:
+        raise ValueError(str(e)) from e
 
 
 class NonFiniteWeightError(ValueError):
@@ -97,18 +198,32 @@ class AttnV41LayerWeights:
     ) -> AttnV41LayerWeights:
         """Take a layer's tensors (names with or without the `attn.` prefix).
 
-        Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16). With
-        `cfg`, checks every name, shape and dtype against the role and raises naming the
-        tensor; without it, checks names only (the runtime checks shapes on use). Either
-        way a tensor holding NaN or ±inf raises `NonFiniteWeightError` (a ValueError)
-        naming it, `layers.{i}.attn.<name>`.
+        Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16) and
+        dequantizes an FP8 `wo_a` given with its scale. The format ("bf16" or "fp8", see
+        the module doc) follows from the tensors; a mix, an e4m3 weight without its scale
+        or a scale on a linear that does not run in FP8 raises. With `cfg`, checks every
+        name, shape and dtype against the role and raises naming the tensor; without it,
+        checks names only (the runtime checks shapes on use), and FP8 scales against
+        their weights. Either way a tensor holding NaN or ±inf (an e4m3 NaN byte, an e8m0
+        0xFF) raises `NonFiniteWeightError` (a ValueError) naming it,
+        `layers.{i}.attn.<name>`.
         """
         got = {_canonical(k): v for k, v in tensors.items()}
         if role.is_kv_source and role.ratio >= 2:
             for k in ("attn.compressor.wkv.weight", "attn.compressor.wgate.weight"):
                 if k in got and got[k].dtype == torch.bfloat16:
                     got[k] = got[k].float()
-        spec = expected_tensors(cfg, role)
+        _dequant_wo_a(role, got)
+        fmt = _weight_format(role, got)
+        if fmt == "fp8":
+            for n in _fp8_linears(role):
+                wk, sk = f"{PREFIX}{n}.weight", f"{PREFIX}{n}.scale"
+                if wk in got and sk not in got:
+                    raise KeyError(
+                        f"layer {role.layer}: {wk} is {got[wk].dtype} without its scale {sk!r}; allowed: "
+                        "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without one (every FP8 linear alike)"
+                    )
+        spec = expected_tensors(cfg, role, fmt)
         missing = sorted(set(spec) - set(got))
         extra = sorted(set(got) - set(spec))
         if missing:
@@ -124,8 +239,28 @@ class AttnV41LayerWeights:
                 raise TypeError(f"layer {role.layer}: {k}.dtype = {t.dtype}; allowed: {list(dtypes)}")
             if shape is not None and tuple(t.shape) != shape:
                 raise ValueError(f"layer {role.layer}: {k}.shape = {tuple(t.shape)}; allowed: {shape}")
+        if fmt == "fp8":  # without cfg too: each scale against its weight, K in whole blocks
+            for n in _fp8_linears(role):
+                wt, sc = got[f"{PREFIX}{n}.weight"], got[f"{PREFIX}{n}.scale"]
+                if wt.dim() != 2 or wt.shape[1] % FP8_BLOCK:
+                    raise ValueError(
+                        f"layer {role.layer}: {PREFIX}{n}.weight.shape = {tuple(wt.shape)}; allowed: [out, in] with "
+                        f"in a multiple of {FP8_BLOCK} (FP8 activations are quantized per {FP8_BLOCK} columns)"
+                    )
+                grid = _scale_grid(tuple(wt.shape))
+                if tuple(sc.shape) != grid:
+                    raise ValueError(
+                        f"layer {role.layer}: {PREFIX}{n}.scale.shape = {tuple(sc.shape)}; allowed: {grid} for "
+                        f"{PREFIX}{n}.weight {list(wt.shape)}"
+                    )
         for k in spec:  # every tensor is float (dtypes checked above); once per construction, never per forward
-            detail = describe_nonfinite(got[k])
+            t = got[k]
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):  # isfinite does not take fp8
+                detail = _fp8_bad_bytes(t)
+                if detail is not None:
+                    raise NonFiniteWeightError(role.layer, k, detail)
+                continue
+            detail = describe_nonfinite(t)
             if detail is not None:
                 raise NonFiniteWeightError(role.layer, k, detail)
         if device is not None:
@@ -139,16 +274,24 @@ class AttnV41LayerWeights:
         layer: int,
         cfg: AttnV41Cfg | None = None,
         device: torch.device | str = "cpu",
+        weights: str = "bf16",
     ) -> AttnV41LayerWeights:
-        """Layer `layer` from a checkpoint directory in the released layout, fp8 weights
-        dequantized to bf16 (see `attnv41.checkpoint.load_layer`)."""
+        """Layer `layer` from a checkpoint directory in the released layout: fp8 weights
+        dequantized to bf16, or with `weights="fp8"` kept e4m3 with their scales for the
+        FP8 linears (see `attnv41.checkpoint.load_layer`)."""
         from .checkpoint import load_layer  # checkpoint imports this module
 
-        return load_layer(path, layer, cfg=cfg, device=device)
+        return load_layer(path, layer, cfg=cfg, device=device, weights=weights)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The runtime tensors under the checkpoint's names relative to the layer."""
+        """The runtime tensors under the checkpoint's names relative to the layer (FP8
+        weights with their `.scale`; `wo_a` bf16)."""
         return dict(self.tensors)
+
+    @property
+    def format(self) -> str:
+        """ "fp8" when the FP8 linears hold e4m3 weights with scales, else "bf16"."""
+        return "fp8" if f"{PREFIX}wq_a.scale" in self.tensors else "bf16"
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[_canonical(name)]

@@ -9,6 +9,11 @@ The kernels come from one table (`runtime/ops.py`): Triton on CUDA, torch twins 
 CPU. Projections go through torch (cuBLAS on CUDA). A decode token runs from device
 metadata (`plan.py`): every role's step can be captured, and `DecodeGraphs` captures a
 whole step as one graph.
+
+Weights come in two formats (`AttnV41LayerWeights.format`): bf16, and the released
+checkpoint's FP8, whose linears run through `ops.fp8_mm` (`_linear`, the one place that
+picks by format). Only the torch table has `fp8_mm` so far: a runtime on another table
+(CUDA) refuses FP8 weights at its first check of them.
 """
 
 from __future__ import annotations
@@ -306,6 +311,11 @@ class AttnV41:
         c, role = self.cfg, w.role
         if not 0 <= role.layer < c.n_layers or (c.roles[role.layer] is not role and c.roles[role.layer] != role):
             raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
+        if self.ops.fp8_mm is None and w.format == "fp8":
+            raise ValueError(
+                f"layer {role.layer}: weights format 'fp8' with the {self.ops.name!r} ops on {self.device}: "
+                "FP8 weights run on the CPU until the FP8 GEMM kernels land; load with weights='bf16'"
+            )
 
     def _check_state(self, st: AttnV41LayerState, role) -> None:
         c = self.cfg
@@ -350,7 +360,7 @@ class AttnV41:
         if seen is not None and seen[0] is self and seen[1] is w.tensors:
             if all(map(operator.is_, map(w.tensors.get, seen[2]), seen[3])):
                 return  # checked before: the same dict holding the same tensors
-        spec = expected_tensors(c, role)
+        spec = expected_tensors(c, role, w.format)
         for name, (shape, dtypes) in spec.items():
             t = w.get(name)
             if t is None:
@@ -600,19 +610,28 @@ class AttnV41:
         """The class's fixed selection width (`decode_fixed_topk`)."""
         return self.cfg.window + (self.cfg.index_topk if ratio > 0 else 0)
 
+    def _linear(self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`out = bf16(x · Wᵀ)` for one of the linears `FP8_LINEARS` in its weights' format:
+        bf16 → `ops.mm`; FP8 (`<name>.scale` present) → `ops.fp8_mm`, the released math
+        (checked available in `_check_role`)."""
+        sc = w.get(name + ".scale")
+        if sc is None:
+            return self.ops.mm(x, w[name + ".weight"], out=out)
+        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out)
+
     def _qkv(self, w, x, pos, cos, sin, m: int):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring). The one copy of this path: prefill and decode."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
-        ops.mm(x, w["wq_a.weight"], out=self.c_pre[:m])
+        self._linear(w, "wq_a", x, self.c_pre[:m])
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
         q = self.q[:m]
-        ops.mm(cq, w["wq_b.weight"], out=q.view(m, H * D))
+        self._linear(w, "wq_b", cq, q.view(m, H * D))
         ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
-        ops.mm(x, w["wkv.weight"], out=self.rows_tmp[:m])
+        self._linear(w, "wkv", x, self.rows_tmp[:m])
         ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
         ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
         ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
@@ -911,7 +930,7 @@ class AttnV41:
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
-        return ops.mm(u, w["wo_b.weight"], out=self.out[:m] if out is None else out)
+        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out)
 
     def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
         """A prefill's tokens into the compressor: complete groups become rows of the
@@ -952,7 +971,7 @@ class AttnV41:
         c, ops = self.cfg, self.ops
         m = x.shape[0]
         iq = self.iq[:m]
-        ops.mm(cq, w["indexer.wq_b.weight"], out=iq.view(m, -1))
+        self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
         ops.apply_rope(iq, cos, sin, pos, out=iq)
         ops.fp4_e8m0_qdq(iq.view(m * c.index_heads, c.index_head_dim), out=iq.view(m * c.index_heads, c.index_head_dim))
         hw = self.hw[:m]

@@ -1,5 +1,8 @@
 """The one table that picks each op's implementation: Triton kernels on CUDA, their
-torch twins on the CPU (so the runtime runs and is tested without a GPU)."""
+torch twins on the CPU (so the runtime runs and is tested without a GPU).
+
+`fp8_mm` (the released FP8 linear) has only its torch twin so far: None in the Triton
+table, where the runtime refuses FP8 weights."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, indexer, linear, norm, qdq, ring, rope, select
+from ..kernels import compressor, fp8_linear, indexer, linear, norm, qdq, ring, rope, select
 from ..kernels import sparse_attn as sparse
 
 __all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
@@ -33,6 +36,7 @@ class Ops:
     candidate_mask_fixed: Callable
     topk_fixed: Callable
     window_selection: Callable
+    fp8_mm: Callable | None  # None: this table has no FP8 GEMM (the runtime refuses FP8 weights)
 
 
 TORCH_OPS = Ops(
@@ -53,6 +57,7 @@ TORCH_OPS = Ops(
     candidate_mask_fixed=select.candidate_mask_fixed,
     topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
+    fp8_mm=fp8_linear.fp8_mm_torch,
 )
 
 TRITON_OPS = Ops(
@@ -73,6 +78,7 @@ TRITON_OPS = Ops(
     candidate_mask_fixed=select.candidate_mask_fixed,
     topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
+    fp8_mm=None,  # no FP8 GEMM kernel yet
 )
 
 
