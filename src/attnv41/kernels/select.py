@@ -30,24 +30,19 @@ __all__ = [
 
 
 def window_selection(out: torch.Tensor, m: int, start_pos: int, window: int) -> torch.Tensor:
-    """Write the window part of the selection into `out[:m, :width]` (int32) and return it.
-
-    Prefill from 0 (width `min(m, window)`): row t holds chunk rows `max(0, t−W+1) …`,
-    −1 past t. Decode at p (width `window`): the ring slots oldest first,
-    `(p%W)+1 … W−1, 0 … p%W`, −1 for slots never written (slot > p).
-    """
+    """Write a prefill's window selection into `out[:m, :min(m, window)]` (int32) and return
+    it: row t holds chunk rows `max(0, t−W+1) …`, −1 past t. A decode token's window part
+    is derived on the device from its position (`DecodePlan.derive`), not here."""
+    if start_pos != 0:
+        raise ValueError(
+            f"start_pos = {start_pos}; allowed: 0 (a prefill; decode window slots come from DecodePlan.derive)"
+        )
     dev = out.device
-    if start_pos == 0:
-        width = min(m, window)
-        t = torch.arange(m, device=dev, dtype=torch.int32)[:, None]
-        idx = (t - window + 1).clamp_min(0) + torch.arange(width, device=dev, dtype=torch.int32)[None, :]
-        res = torch.where(idx <= t, idx, torch.full_like(idx, -1))
-    else:
-        width = window
-        slots = (torch.arange(window, device=dev, dtype=torch.int32) + (start_pos % window) + 1) % window
-        res = torch.where(slots <= start_pos, slots, torch.full_like(slots, -1))[None, :]
+    width = min(m, window)
+    t = torch.arange(m, device=dev, dtype=torch.int32)[:, None]
+    idx = (t - window + 1).clamp_min(0) + torch.arange(width, device=dev, dtype=torch.int32)[None, :]
     view = out[:m, :width]
-    view.copy_(res)
+    view.copy_(torch.where(idx <= t, idx, torch.full_like(idx, -1)))
     return view
 
 
