@@ -1,20 +1,289 @@
 """The FP8 linear the released checkpoint runs (`wq_a`, `wq_b`, `wkv`, `wo_b`,
-`indexer.wq_b`; golden README, v41_fp8). Only its torch twin exists so far: the
-reference's `fp8_linear`, exact, written into the runtime's buffer. The CUDA kernel is
-pending; the runtime refuses FP8 weights on an op table without one (`Ops.fp8_mm` None).
+`indexer.wq_b`; golden README, v41_fp8), in Triton; twin: `reference.fp8.fp8_linear`.
+
+`fp8_mm(x, w, scale, out)`: x bf16 `[m, K]`, w float8_e4m3fn `[N, K]`, scale e8m0
+`[ceil(N/32), K/32]` (float8_e8m0fnu or uint8 bytes), out bf16 `[m, N]`.
+
+Math, per token and output, identical for every m (one code path):
+- the activation is quantized per row in blocks of 32 columns exactly as the reference
+  (`act_quant`: amax floored at 1e-4, scale 2^ceil(log2(amax·fp32(1/448))) from the fp32
+  bits, e4m3 round to nearest even with saturation);
+- per K block b: `p_b` = the tensor core's FP8 dot of the 32 e4m3 products (wgmma k = 32,
+  fp32 result), then `acc ← fp32(acc + (p_b · sx_b) · sw_b)` in K order;
+- K is cut into `SEGS` equal segments (a constant of (N, K), `plan(N, K)`): each segment
+  accumulates from 0 as above and the segments are summed in order, `total ← total + seg`;
+- `bf16(total)`, round to nearest even.
+
+So the result differs from the reference's (exact block sums, one sequential fp32 chain)
+only by the tensor core's rounding inside a block and by the segment split: well within
+bf16. It never depends on m, on the other rows of the call, on the tile sizes or on the
+SM count: every output is the same instruction sequence on the same operands. The tile
+is laid out weight rows × tokens ("swap AB": the weight is the MMA's A operand, the
+activation its B operand) for every m; the GPU test `test_fp8_mm_rows_independent_of_m`
+checks bits across m.
+
+Two launches shapes, same math:
+- decode (m ≤ 16): one kernel; the activation is quantized in the kernel; when
+  SEGS > 1 each segment is its own program (enough programs to stream the weight at
+  full bandwidth) and the last program of a tile to finish sums the segments' fp32
+  partials in order (an arrival counter per tile, reset by that program: the counters
+  must not be shared by two launches running at once, so one stream at a time);
+- prefill (m > 16): the activation is quantized once by a small pre-pass into e4m3 and
+  fp32 scales, then one program per (weights tile, tokens tile) loops over all segments.
+
+The scale bytes are trusted here (checked at load: `weights.py` rejects 0xFF, NaN).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..reference.fp8 import fp8_linear
+from ..reference.fp8 import BLOCK, fp8_linear
+from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 
-__all__ = ["fp8_mm_torch"]
+if HAVE_TRITON:
+    from ._triton import round_bf16
+    from .qdq import _e4m3_rne, _pow2_ceil_exp
+
+__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare"]
+
+DECODE_MAX_M = 16  # tokens per call served by the decode launch (one tokens tile)
+_DEC_BN, _DEC_BT, _DEC_WARPS, _DEC_STAGES = 64, 16, 4, 4
+_PRE_BN, _PRE_BT, _PRE_WARPS, _PRE_STAGES = 128, 128, 8, 3
+_TARGET_PROGRAMS = 256  # decode: weight tiles × segments at least this (about 2 per SM on an H200)
+_MIN_SEG_BLOCKS = 4  # K blocks per segment at least
+_LOCKS = 1 << 16
+_locks: dict[torch.device, torch.Tensor] = {}
 
 
 def fp8_mm_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """`out = bf16(x · Wᵀ)` the released FP8 way: x bf16 `[m, K]`, w float8_e4m3fn `[N, K]`,
     scale float8_e8m0fnu `[ceil(N/32), K/32]`, out bf16 `[m, N]` (see `reference.fp8.fp8_linear`)."""
     out.copy_(fp8_linear(x, w, scale))
+    return out
+
+
+def plan(N: int, K: int) -> int:
+    """SEGS, the number of K segments for a weight `[N, K]`: the smallest divisor S of the
+    K/32 blocks with ceil(N/64)·S ≥ 256 and at least 4 blocks per segment (else the largest
+    divisor keeping 4 blocks). A constant of the weight's shape: the accumulation order
+    of every call with this weight."""
+    nkb = K // BLOCK
+    tiles = -(-N // _DEC_BN)
+    best = 1
+    for s in range(1, nkb + 1):
+        if nkb % s or nkb // s < _MIN_SEG_BLOCKS:
+            continue
+        best = s
+        if tiles * s >= _TARGET_PROGRAMS:
+            break
+    return best
+
+
+def prepare(device: torch.device | str) -> None:
+    """Allocate the decode launch's arrival counters on `device` (zeros). Done by the first
+    call; call it before capturing a CUDA graph whose first FP8 linear is in the capture."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev not in _locks:
+        _locks[dev] = torch.zeros(_LOCKS, dtype=torch.int32, device=dev)
+
+
+def _lock_buffer(dev: torch.device) -> torch.Tensor:
+    if dev not in _locks:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"fp8_mm: first call on {dev} inside a CUDA graph capture; call "
+                "attnv41.kernels.fp8_linear.prepare(device) (or run one step eagerly) before capturing"
+            )
+        prepare(dev)
+    return _locks[dev]
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _quant_block(xv, EXACT_CAST: tl.constexpr):
+        """One 32-column block per row of fp32 `xv [R, 32]` → (e4m3 values as fp32 [R, 32],
+        scale fp32 [R]); the reference's act_quant, exactly."""
+        amax = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-4)
+        e = _pow2_ceil_exp(amax * 0.002232142857142857)  # fp32(1/448) = 0x3B124925
+        s = (e << 23).to(tl.float32, bitcast=True)
+        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1/s, exact (s a normal power of two)
+        v = tl.minimum(tl.maximum(xv * inv[:, None], -448.0), 448.0)
+        if EXACT_CAST:  # the interpreter's fp8 cast does not round to nearest even: round first
+            v = _e4m3_rne(v)
+        return v, s
+
+    @triton.jit
+    def _e8m0(b):
+        """fp32 2^(b−127) of e8m0 bytes (int32 values 0..254); b = 0 is the subnormal 2^−127."""
+        return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fp8_linear_kernel(
+        x_ptr,  # bf16 [M, K] (FUSED) or e4m3 [M, K] quantized by the pre-pass
+        sx_ptr,  # fp32 [M, K/32] scales of the pre-pass (unused when FUSED)
+        w_ptr,  # e4m3 [N, K]
+        sw_ptr,  # uint8 [ceil(N/32), K/32]
+        out_ptr,  # bf16 [M, N]
+        part_ptr,  # fp32 [SEGS, BT, N] partials (SPLIT only)
+        lock_ptr,  # int32 counters, one per weights tile (SPLIT only)
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_om,
+        BN: tl.constexpr,
+        BT: tl.constexpr,
+        SEG_KB: tl.constexpr,
+        SEGS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        FUSED: tl.constexpr,
+        EXACT_CAST: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_t = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        nkb = K // 32
+        offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
+        offs_k = tl.arange(0, 32)
+        n_ok = offs_n < N
+        t_ok = offs_t < M
+        w_tile = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, 32]
+        x_tile = x_ptr + offs_t[:, None] * stride_xm + offs_k[None, :]  # [BT, 32]
+        sw_row = sw_ptr + (offs_n // 32) * nkb  # [BN]
+        total = tl.zeros((BN, BT), dtype=tl.float32)
+        LOOP: tl.constexpr = 1 if SPLIT else SEGS  # segments this program runs (from pid_s; 0 unless SPLIT)
+        for si in range(LOOP):
+            seg = pid_s + si
+            acc = tl.zeros((BN, BT), dtype=tl.float32)
+            for j in range(SEG_KB):
+                kb = seg * SEG_KB + j
+                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0)
+                if FUSED:
+                    xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0).to(tl.float32)
+                    qf, sx = _quant_block(xv, EXACT_CAST)
+                    q = qf.to(tl.float8e4nv)
+                else:
+                    q = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0)
+                    sx = tl.load(sx_ptr + offs_t * nkb + kb, mask=t_ok, other=1.0)
+                p = tl.dot(w, tl.trans(q))  # [BN, BT] fp32: one FP8 MMA of K = 32
+                sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
+                acc = acc + (p * sx[None, :]) * sw[:, None]
+            total = total + acc
+        out_tile = out_ptr + offs_t[None, :] * stride_om + offs_n[:, None]
+        ok = n_ok[:, None] & t_ok[None, :]
+        if SPLIT:
+            part = part_ptr + (offs_t[None, :] - pid_t * BT) * N + offs_n[:, None]
+            tl.store(part + pid_s * (BT * N), total, mask=ok)
+            tl.debug_barrier()  # every thread's partial stored before the release below
+            tile = pid_t * tl.num_programs(0) + pid_n
+            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
+                tot = tl.zeros((BN, BT), dtype=tl.float32)
+                for s in range(SEGS):
+                    tot = tot + tl.load(part + s * (BT * N), mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(out_tile, round_bf16(tot), mask=ok)
+                tl.atomic_xchg(lock_ptr + tile, 0)
+        else:
+            tl.store(out_tile, round_bf16(total), mask=ok)
+
+    @triton.jit
+    def _act_quant_kernel(
+        x_ptr, q_ptr, sx_ptr, M, K, stride_xm, BR: tl.constexpr, BKB: tl.constexpr, EXACT_CAST: tl.constexpr
+    ):
+        """Pre-pass of the prefill launch: rows × BKB blocks of 32 per program."""
+        rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+        nkb = K // 32
+        r_ok = rows < M
+        offs_k = tl.arange(0, 32)
+        for j in range(BKB):
+            kb = tl.program_id(1) * BKB + j
+            if kb < nkb:
+                xv = tl.load(x_ptr + rows[:, None] * stride_xm + kb * 32 + offs_k[None, :], mask=r_ok[:, None]).to(
+                    tl.float32
+                )
+                qf, s = _quant_block(xv, EXACT_CAST)
+                tl.store(
+                    q_ptr + rows[:, None] * K + kb * 32 + offs_k[None, :], qf.to(tl.float8e4nv), mask=r_ok[:, None]
+                )
+                tl.store(sx_ptr + rows * nkb + kb, s, mask=r_ok)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Validate the arguments (ValueError/TypeError naming the value); the scale as uint8."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"x: {getattr(x, 'dtype', type(x).__name__)}; allowed: a 2-D torch.bfloat16 [m, K]")
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"w: {getattr(w, 'dtype', type(w).__name__)}; allowed: a 2-D torch.float8_e4m3fn [N, K]")
+    m, K = x.shape
+    N = w.shape[0]
+    if w.shape[1] != K:
+        raise ValueError(f"x.shape = {tuple(x.shape)}, w.shape = {tuple(w.shape)}; allowed: the same K")
+    if K % BLOCK:
+        raise ValueError(f"K = {K}; allowed: a multiple of {BLOCK}")
+    if scale.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise ValueError(f"scale.dtype = {scale.dtype}; allowed: torch.float8_e8m0fnu or torch.uint8")
+    grid = (-(-N // BLOCK), K // BLOCK)
+    if tuple(scale.shape) != grid:
+        raise ValueError(f"scale.shape = {tuple(scale.shape)}; allowed: {grid} for w {tuple(w.shape)}")
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != (m, N):
+        raise ValueError(
+            f"out: {getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}; allowed: torch.bfloat16 {(m, N)}"
+        )
+    for name, t in (("x", x), ("out", out)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name}.stride(1) = {t.stride(1)}; allowed: 1 (contiguous rows)")
+    for name, t in (("w", w), ("scale", scale)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} is not contiguous; allowed: a contiguous tensor")
+        if t.device != x.device:
+            raise ValueError(f"{name}.device = {t.device}; allowed: {x.device} (the device of x)")
+    if out.device != x.device:
+        raise ValueError(f"out.device = {out.device}; allowed: {x.device} (the device of x)")
+    return scale.view(torch.uint8)
+
+
+def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out = bf16(x · Wᵀ)` the released FP8 way (module doc), written into `out` and
+    returned. Capturable in a CUDA graph (no host sync) once `prepare(device)` ran."""
+    sw = _check(x, w, scale, out)
+    require_triton("fp8_mm", x, w, out)
+    m, K = x.shape
+    N = w.shape[0]
+    if m == 0:
+        return out
+    segs = plan(N, K)
+    seg_kb = K // BLOCK // segs
+    exact = interpreting()
+    if m <= DECODE_MAX_M:
+        split = segs > 1
+        n_tiles = -(-N // _DEC_BN)
+        if split:
+            locks = _lock_buffer(x.device)
+            if n_tiles > locks.numel():
+                raise ValueError(f"N = {N}; allowed: <= {locks.numel() * _DEC_BN} (decode arrival counters)")
+            part = torch.empty(segs, _DEC_BT, N, dtype=torch.float32, device=x.device)
+        else:
+            locks = part = out  # unused
+        _fp8_linear_kernel[(n_tiles, 1, segs if split else 1)](
+            x, x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
+            BN=_DEC_BN, BT=_DEC_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=split, FUSED=True, EXACT_CAST=exact,
+            num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
+        )  # fmt: skip
+        return out
+    q = torch.empty(m, K, dtype=torch.float8_e4m3fn, device=x.device)
+    sx = torch.empty(m, K // BLOCK, dtype=torch.float32, device=x.device)
+    bkb = 8
+    _act_quant_kernel[(triton.cdiv(m, 32), triton.cdiv(K // BLOCK, bkb))](
+        x, q, sx, m, K, x.stride(0), BR=32, BKB=bkb, EXACT_CAST=exact, num_warps=4
+    )
+    _fp8_linear_kernel[(triton.cdiv(N, _PRE_BN), triton.cdiv(m, _PRE_BT), 1)](
+        q, sx, w, sw, out, out, out, m, N, K, K, out.stride(0),
+        BN=_PRE_BN, BT=_PRE_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=False, FUSED=False, EXACT_CAST=exact,
+        num_warps=_PRE_WARPS, num_stages=_PRE_STAGES,
+    )  # fmt: skip
     return out

@@ -12,8 +12,8 @@ whole step as one graph.
 
 Weights come in two formats (`AttnV41LayerWeights.format`): bf16, and the released
 checkpoint's FP8, whose linears run through `ops.fp8_mm` (`_linear`, the one place that
-picks by format). Only the torch table has `fp8_mm` so far: a runtime on another table
-(CUDA) refuses FP8 weights at its first check of them.
+picks by format): the Triton FP8 kernel on CUDA (`kernels/fp8_linear.py`), the exact
+released math on the CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
+from ..kernels import fp8_linear
 from ..reference.rope import rope_freqs, rope_table
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights, expected_tensors
@@ -151,6 +152,8 @@ class AttnV41:
                 raise ValueError(f"ops = {ops!r}; allowed: {tuple(table)}")
             self.ops = table[ops]
         dev, c = self.device, cfg
+        if self.ops.fp8_mm is fp8_linear.fp8_mm and dev.type == "cuda":
+            fp8_linear.prepare(dev)  # its counters exist before any capture
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (
             t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
@@ -311,11 +314,6 @@ class AttnV41:
         c, role = self.cfg, w.role
         if not 0 <= role.layer < c.n_layers or (c.roles[role.layer] is not role and c.roles[role.layer] != role):
             raise ValueError(f"weights role {role}; allowed: the config's role for layer {role.layer}")
-        if self.ops.fp8_mm is None and w.format == "fp8":
-            raise ValueError(
-                f"layer {role.layer}: weights format 'fp8' with the {self.ops.name!r} ops on {self.device}: "
-                "FP8 weights run on the CPU until the FP8 GEMM kernels land; load with weights='bf16'"
-            )
 
     def _check_state(self, st: AttnV41LayerState, role) -> None:
         c = self.cfg

@@ -1,8 +1,5 @@
 """The one table that picks each op's implementation: Triton kernels on CUDA, their
-torch twins on the CPU (so the runtime runs and is tested without a GPU).
-
-`fp8_mm` (the released FP8 linear) has only its torch twin so far: None in the Triton
-table, where the runtime refuses FP8 weights."""
+torch twins on the CPU (so the runtime runs and is tested without a GPU)."""
 
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ class Ops:
     candidate_mask_fixed: Callable
     topk_fixed: Callable
     window_selection: Callable
-    fp8_mm: Callable | None  # None: this table has no FP8 GEMM (the runtime refuses FP8 weights)
+    fp8_mm: Callable
 
 
 TORCH_OPS = Ops(
@@ -78,7 +75,7 @@ TRITON_OPS = Ops(
     candidate_mask_fixed=select.candidate_mask_fixed,
     topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
-    fp8_mm=None,  # no FP8 GEMM kernel yet
+    fp8_mm=fp8_linear.fp8_mm,
 )
 
 
