@@ -165,14 +165,19 @@ def test_fp8_in_dim_not_whole_blocks_rejected():
 
 def test_fp8_runs_on_the_triton_table():
     """The Triton table's FP8 kernel (the interpreter here, the GPU on CUDA) runs FP8 weights
-    through prefill and decode; its outputs agree with the exact torch table's within the
-    golden tolerance (0.05 of max |out|: the kernel's block sums are the tensor core's)."""
+    through prefill and decode; its outputs agree with the exact torch table's within
+    0.05 of max |out| (the kernel sums in another fp32 order; an ulp moved upstream can move
+    an e4m3 activation by a step downstream)."""
     cfg = _cfg(max_seq=16, max_tokens=16)
-    w8 = [AttnV41LayerWeights.from_state_dict(r, t, cfg=cfg) for r, t in zip(cfg.roles, _fp8_layers(cfg, 2))]
-    pre_x, dec_x = random_inputs(cfg, 5, 3), random_inputs(cfg, 1, 4)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w8 = [
+        AttnV41LayerWeights.from_state_dict(r, t, cfg=cfg, device=dev) for r, t in zip(cfg.roles, _fp8_layers(cfg, 2))
+    ]
+    pre_x = [t.to(dev) for t in random_inputs(cfg, 5, 3)]
+    dec_x = [t.to(dev) for t in random_inputs(cfg, 1, 4)]
     outs = {}
     for ops in ("torch", "triton"):
-        stack = RuntimeStack(cfg, w8, ops=ops)
+        stack = RuntimeStack(cfg, w8, device=dev, ops=ops)
         pre = torch.stack(stack.step(pre_x, 0, keep=True))
         dec = torch.stack(stack.step(dec_x, 5, keep=True))
         outs[ops] = (pre, dec)

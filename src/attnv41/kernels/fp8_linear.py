@@ -4,32 +4,41 @@
 `fp8_mm(x, w, scale, out)`: x bf16 `[m, K]`, w float8_e4m3fn `[N, K]`, scale e8m0
 `[ceil(N/32), K/32]` (float8_e8m0fnu or uint8 bytes), out bf16 `[m, N]`.
 
-Math, per token and output, identical for every m (one code path):
+Math, per token and output, identical for every m (one instruction sequence):
 - the activation is quantized per row in blocks of 32 columns exactly as the reference
   (`act_quant`: amax floored at 1e-4, scale 2^ceil(log2(amax·fp32(1/448))) from the fp32
-  bits, e4m3 round to nearest even with saturation);
-- per K block b: `p_b` = the tensor core's FP8 dot of the 32 e4m3 products (wgmma k = 32,
-  fp32 result), then `acc ← fp32(acc + (p_b · sx_b) · sw_b)` in K order;
+  bits, e4m3 round to nearest even with saturation) and scaled back: `qx·sx`, exact in
+  bf16 (it is `fp8_qdq(x)`);
+- the weight block is scaled likewise: `w·sw`, exact in bf16 (`dequant_weight`, in
+  registers; the weight stays e4m3 in memory);
+- the products of these exact bf16 operands are exact in fp32, and the tensor core sums
+  them with fp32 accumulation in K order (bf16 MMA, k = 16 per instruction);
 - K is cut into `SEGS` equal segments (a constant of (N, K), `plan(N, K)`): each segment
-  accumulates from 0 as above and the segments are summed in order, `total ← total + seg`;
+  accumulates from 0 and the segments are summed in order, `total ← total + seg`;
 - `bf16(total)`, round to nearest even.
 
-So the result differs from the reference's (exact block sums, one sequential fp32 chain)
-only by the tensor core's rounding inside a block and by the segment split: well within
-bf16. It never depends on m, on the other rows of the call, on the tile sizes or on the
-SM count: every output is the same instruction sequence on the same operands. The tile
-is laid out weight rows × tokens ("swap AB": the weight is the MMA's A operand, the
-activation its B operand) for every m; the GPU test `test_fp8_mm_rows_independent_of_m`
-checks bits across m.
+Against the reference (exact 32-term block sums, then one fp32 chain) this differs only
+in fp32 accumulation order and rounding: the bf16 result moves by an ulp only at
+near-ties. Why not the FP8 tensor core: its FP8 MMA sums a block of 32 products with
+about 13 bits below the largest term (not fp32), and in this model an ulp moved in one
+linear's output moves the next linear's e4m3 activation by a whole e4m3 step: measured
+on the H200, an FP8-MMA version of this kernel failed `v41_fp8.safetensors` (q off by
+2.8x the tolerance) where this one passes. The cost is the bf16 MMA rate (half the FP8
+rate) in prefill; decode reads the same bytes either way.
 
-Two launches shapes, same math:
-- decode (m ≤ 16): one kernel; the activation is quantized in the kernel; when
-  SEGS > 1 each segment is its own program (enough programs to stream the weight at
-  full bandwidth) and the last program of a tile to finish sums the segments' fp32
-  partials in order (an arrival counter per tile, reset by that program: the counters
-  must not be shared by two launches running at once, so one stream at a time);
-- prefill (m > 16): the activation is quantized once by a small pre-pass into e4m3 and
-  fp32 scales, then one program per (weights tile, tokens tile) loops over all segments.
+The result never depends on m, on the other rows of the call, on the tile sizes or on
+the SM count. The tile is weight rows × tokens ("swap AB": the dequantized weight is the
+MMA's A operand, from registers; the activation its B operand) for every m; the GPU test
+`test_rows_independent_of_m` checks bits across m.
+
+Two launch shapes, same math:
+- decode (m ≤ 16): one kernel; the activation is quantized in the kernel; when SEGS > 1
+  each segment is its own program (enough programs to stream the weight at full
+  bandwidth) and the last program of a tile to finish sums the segments' fp32 partials
+  in order (an arrival counter per tile, reset by that program: the counters must not be
+  shared by two launches running at once, so one stream at a time);
+- prefill (m > 16): the activation is round-tripped once by `qdq.fp8_qdq` into a bf16
+  buffer, then one program per (weights tile, tokens tile) loops over all segments.
 
 The scale bytes are trusted here (checked at load: `weights.py` rejects 0xFF, NaN).
 """
@@ -39,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from ..reference.fp8 import BLOCK, fp8_linear
+from . import qdq
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
@@ -106,7 +116,7 @@ if HAVE_TRITON:
     @triton.jit
     def _quant_block(xv, EXACT_CAST: tl.constexpr):
         """One 32-column block per row of fp32 `xv [R, 32]` → (e4m3 values as fp32 [R, 32],
-        scale fp32 [R]); the reference's act_quant, exactly."""
+        scale fp32 [R]); the reference's act_quant (and `qdq.fp8_qdq`), exactly."""
         amax = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-4)
         e = _pow2_ceil_exp(amax * 0.002232142857142857)  # fp32(1/448) = 0x3B124925
         s = (e << 23).to(tl.float32, bitcast=True)
@@ -123,8 +133,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fp8_linear_kernel(
-        x_ptr,  # bf16 [M, K] (FUSED) or e4m3 [M, K] quantized by the pre-pass
-        sx_ptr,  # fp32 [M, K/32] scales of the pre-pass (unused when FUSED)
+        x_ptr,  # bf16 [M, K]: raw (FUSED) or already round-tripped by fp8_qdq
         w_ptr,  # e4m3 [N, K]
         sw_ptr,  # uint8 [ceil(N/32), K/32]
         out_ptr,  # bf16 [M, N]
@@ -163,16 +172,16 @@ if HAVE_TRITON:
             for j in range(SEG_KB):
                 kb = seg * SEG_KB + j
                 w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0)
-                if FUSED:
-                    xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0).to(tl.float32)
-                    qf, sx = _quant_block(xv, EXACT_CAST)
-                    q = qf.to(tl.float8e4nv)
-                else:
-                    q = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0)
-                    sx = tl.load(sx_ptr + offs_t * nkb + kb, mask=t_ok, other=1.0)
-                p = tl.dot(w, tl.trans(q))  # [BN, BT] fp32: one FP8 MMA of K = 32
                 sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
-                acc = acc + (p * sx[None, :]) * sw[:, None]
+                wd = (w.to(tl.float32) * sw[:, None]).to(tl.bfloat16)  # exact: e4m3 times a power of two
+                xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0)
+                if FUSED:
+                    qf, sx = _quant_block(xv.to(tl.float32), EXACT_CAST)
+                    xv = (qf * sx[:, None]).to(tl.bfloat16)  # exact: fp8_qdq(x)
+                if EXACT_CAST:  # the interpreter's bf16 dot is not a float product: fp32 (same exact values)
+                    acc = tl.dot(wd.to(tl.float32), tl.trans(xv.to(tl.float32)), acc)
+                else:
+                    acc = tl.dot(wd, tl.trans(xv), acc)  # [BN, BT] fp32, bf16 MMA
             total = total + acc
         out_tile = out_ptr + offs_t[None, :] * stride_om + offs_n[:, None]
         ok = n_ok[:, None] & t_ok[None, :]
@@ -190,27 +199,6 @@ if HAVE_TRITON:
                 tl.atomic_xchg(lock_ptr + tile, 0)
         else:
             tl.store(out_tile, round_bf16(total), mask=ok)
-
-    @triton.jit
-    def _act_quant_kernel(
-        x_ptr, q_ptr, sx_ptr, M, K, stride_xm, BR: tl.constexpr, BKB: tl.constexpr, EXACT_CAST: tl.constexpr
-    ):
-        """Pre-pass of the prefill launch: rows × BKB blocks of 32 per program."""
-        rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
-        nkb = K // 32
-        r_ok = rows < M
-        offs_k = tl.arange(0, 32)
-        for j in range(BKB):
-            kb = tl.program_id(1) * BKB + j
-            if kb < nkb:
-                xv = tl.load(x_ptr + rows[:, None] * stride_xm + kb * 32 + offs_k[None, :], mask=r_ok[:, None]).to(
-                    tl.float32
-                )
-                qf, s = _quant_block(xv, EXACT_CAST)
-                tl.store(
-                    q_ptr + rows[:, None] * K + kb * 32 + offs_k[None, :], qf.to(tl.float8e4nv), mask=r_ok[:, None]
-                )
-                tl.store(sx_ptr + rows * nkb + kb, s, mask=r_ok)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -270,19 +258,14 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
         else:
             locks = part = out  # unused
         _fp8_linear_kernel[(n_tiles, 1, segs if split else 1)](
-            x, x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
+            x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
             BN=_DEC_BN, BT=_DEC_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=split, FUSED=True, EXACT_CAST=exact,
             num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
         )  # fmt: skip
         return out
-    q = torch.empty(m, K, dtype=torch.float8_e4m3fn, device=x.device)
-    sx = torch.empty(m, K // BLOCK, dtype=torch.float32, device=x.device)
-    bkb = 8
-    _act_quant_kernel[(triton.cdiv(m, 32), triton.cdiv(K // BLOCK, bkb))](
-        x, q, sx, m, K, x.stride(0), BR=32, BKB=bkb, EXACT_CAST=exact, num_warps=4
-    )
+    xq = qdq.fp8_qdq(x, out=torch.empty(m, K, dtype=torch.bfloat16, device=x.device))
     _fp8_linear_kernel[(triton.cdiv(N, _PRE_BN), triton.cdiv(m, _PRE_BT), 1)](
-        q, sx, w, sw, out, out, out, m, N, K, K, out.stride(0),
+        xq, w, sw, out, out, out, m, N, K, K, out.stride(0),
         BN=_PRE_BN, BT=_PRE_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=False, FUSED=False, EXACT_CAST=exact,
         num_warps=_PRE_WARPS, num_stages=_PRE_STAGES,
     )  # fmt: skip
