@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
 """Tile sweep of the FP8 linear at the V4.1-Flash shapes (GPU only; a development tool,
 not part of `attnv41 bench`). Prints one line per (shape, m, config) with the time per
 call (CUDA graph over copies, L2 flushed), GB/s, the floor of the bytes read and the
@@ -39,7 +40,7 @@ def main(path: str) -> None:
     K.prepare(dev)
     for name, (N, Kd) in SHAPES.items():
         for m in (1, 8192):
-            if m == 8192 and name == 'iwq_b':
+            if m == 8192 and name == "iwq_b":
                 continue
             copies = 8 if m == 1 else 1
             xs = [torch.randn(m, Kd, device=dev).to(torch.bfloat16) for _ in range(copies)]
@@ -60,7 +61,9 @@ def main(path: str) -> None:
                 try:
                     K.fp8_mm(xs[0], ws[0], ss[0], out=outs[0])
                     torch.cuda.synchronize()
-                    t = timer.time_graph([lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)])
+                    t = timer.time_graph(
+                        [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
+                    )
                     row = dict(name=name, m=m, cfg=cfg, segs=K.plan(N, Kd), ms=t.median_ms, bf16_ms=tb.median_ms,
                                floor_ms=floor, x_floor=t.median_ms / floor, gbps=nbytes / t.median_ms / 1e6,
                                tflops=flops / t.median_ms / 1e9, pct_fp8=flops / t.median_ms / 1e9 / r8 * 100)  # fmt: skip
@@ -76,7 +79,6 @@ def main(path: str) -> None:
                         f"x_floor {row['x_floor']:5.2f} bf16 {tb.median_ms * 1e3:8.1f} us "
                         f"{row['tflops']:7.1f} TF ({row['pct_fp8']:4.1f}% fp8)"
                     )
-            del xs, ws, ss, wb, outs
     json.dump(res, open(path, "w"), indent=1)
 
 
