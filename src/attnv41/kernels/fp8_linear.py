@@ -1,44 +1,34 @@
 """The FP8 linear the released checkpoint runs (`wq_a`, `wq_b`, `wkv`, `wo_b`,
-`indexer.wq_b`; golden README, v41_fp8), in Triton; twin: `reference.fp8.fp8_linear`.
+`indexer.wq_b`; golden README, v41_fp8) on CUDA; twin: `reference.fp8.fp8_linear`.
 
 `fp8_mm(x, w, scale, out)`: x bf16 `[m, K]`, w float8_e4m3fn `[N, K]`, scale e8m0
 `[ceil(N/32), K/32]` (float8_e8m0fnu or uint8 bytes), out bf16 `[m, N]`.
 
-Math, per token and output, identical for every m (one instruction sequence):
-- the activation is quantized per row in blocks of 32 columns exactly as the reference
-  (`act_quant`: amax floored at 1e-4, scale 2^ceil(log2(amax·fp32(1/448))) from the fp32
-  bits, e4m3 round to nearest even with saturation) and scaled back: `qx·sx`, exact in
-  bf16 (it is `fp8_qdq(x)`);
-- the weight block is scaled likewise: `w·sw`, exact in bf16 (`dequant_weight`, in
-  registers; the weight stays e4m3 in memory);
-- the products of these exact bf16 operands are exact in fp32, and the tensor core sums
-  them with fp32 accumulation in K order (bf16 MMA, k = 16 per instruction);
-- K is cut into `SEGS` equal segments (a constant of (N, K), `plan(N, K)`): each segment
-  accumulates from 0 and the segments are summed in order, `total ← total + seg`;
-- `bf16(total)`, round to nearest even.
+Both launches compute the released math on exact operands and differ from the
+reference (exact 32-term block sums, then one fp32 chain over K) only in fp32 summation
+order: the activation is quantized exactly as `act_quant` (its round trip `qx·sx` is
+`fp8_qdq(x)`, exact in bf16), the weight is e4m3 times a power of two (exact in bf16 and
+fp32), so every product is exact and only the sums round.
 
-Against the reference (exact 32-term block sums, then one fp32 chain) this differs only
-in fp32 accumulation order and rounding: the bf16 result moves by an ulp only at
-near-ties. Why not the FP8 tensor core: its FP8 MMA sums a block of 32 products with
-about 13 bits below the largest term (not fp32), and in this model an ulp moved in one
-linear's output moves the next linear's e4m3 activation by a whole e4m3 step: measured
-on the H200, an FP8-MMA version of this kernel failed `v41_fp8.safetensors` (q off by
-2.8x the tolerance) where this one passes. The cost is the bf16 MMA rate (half the FP8
-rate) in prefill; decode reads the same bytes either way.
+- decode (m ≤ 16), Triton, CUDA cores: one program per (weights tile, token, K segment).
+  The activation block is quantized in the kernel; per 32-column block `p_b` = the fp32
+  sum of its 32 products (a fixed reduction tree), `acc ← acc + (p_b·sx_b)·sw_b` in K
+  order. K is cut into `SEGS` equal segments (`plan(N, K)`, a constant of the weight's
+  shape); each program runs one, and the last program of a tile to finish sums the
+  segments' fp32 partials in order (an arrival counter per tile, reset by that program:
+  counters are not shared by two launches running at once, so one stream at a time).
+  A token's bits do not depend on m or on the other tokens of the call.
+- prefill (m > 16): `fp8_qdq(x)` (Triton, exact), the weight dequantized to a bf16
+  temporary (exact), then cuBLAS's bf16 GEMM with fp32 accumulation: the "wide GEMM"
+  formulation the golden README says reproduces the released outputs. Its cost is the
+  bf16 matmul rate plus the temporary (2 bytes per weight, written and read once).
 
-The result never depends on m, on the other rows of the call, on the tile sizes or on
-the SM count. The tile is weight rows × tokens ("swap AB": the dequantized weight is the
-MMA's A operand, from registers; the activation its B operand) for every m; the GPU test
-`test_rows_independent_of_m` checks bits across m.
-
-Two launch shapes, same math:
-- decode (m ≤ 16): one kernel; the activation is quantized in the kernel; when SEGS > 1
-  each segment is its own program (enough programs to stream the weight at full
-  bandwidth) and the last program of a tile to finish sums the segments' fp32 partials
-  in order (an arrival counter per tile, reset by that program: the counters must not be
-  shared by two launches running at once, so one stream at a time);
-- prefill (m > 16): the activation is round-tripped once by `qdq.fp8_qdq` into a bf16
-  buffer, then one program per (weights tile, tokens tile) loops over all segments.
+Why not FP8 tensor cores: the H200's FP8 MMA sums a block of 32 products with about 13
+bits below the largest term, not fp32. In this model an ulp moved in one linear's output
+moves the next linear's e4m3 activation by a whole e4m3 step; an FP8-MMA version of this
+kernel failed `v41_fp8.safetensors` on the H200 (q off by 2.8x the tolerance). A Triton
+bf16-MMA version with the weight dequantized in registers gave wrong sums on the H200
+(Triton 3.6; not pursued).
 
 The scale bytes are trusted here (checked at load: `weights.py` rejects 0xFF, NaN).
 """
@@ -55,11 +45,10 @@ if HAVE_TRITON:
     from ._triton import round_bf16
     from .qdq import _e4m3_rne, _pow2_ceil_exp
 
-__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare"]
+__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
-DECODE_MAX_M = 16  # tokens per call served by the decode launch (one tokens tile)
-_DEC_BN, _DEC_BT, _DEC_WARPS, _DEC_STAGES = 64, 16, 4, 4
-_PRE_BN, _PRE_BT, _PRE_WARPS, _PRE_STAGES = 128, 128, 8, 3
+DECODE_MAX_M = 16  # tokens per call served by the decode launch
+_DEC_BN, _DEC_WARPS, _DEC_STAGES = 64, 4, 3
 _TARGET_PROGRAMS = 256  # decode: weight tiles × segments at least this (about 2 per SM on an H200)
 _MIN_SEG_BLOCKS = 4  # K blocks per segment at least
 _LOCKS = 1 << 16
@@ -132,73 +121,63 @@ if HAVE_TRITON:
         return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp8_linear_kernel(
-        x_ptr,  # bf16 [M, K]: raw (FUSED) or already round-tripped by fp8_qdq
+    def _fp8_gemv_kernel(
+        x_ptr,  # bf16 [M, K]
         w_ptr,  # e4m3 [N, K]
         sw_ptr,  # uint8 [ceil(N/32), K/32]
         out_ptr,  # bf16 [M, N]
-        part_ptr,  # fp32 [SEGS, BT, N] partials (SPLIT only)
-        lock_ptr,  # int32 counters, one per weights tile (SPLIT only)
+        part_ptr,  # fp32 [SEGS, M, N] partials (SPLIT only)
+        lock_ptr,  # int32 counters, one per (token, weights tile) (SPLIT only)
         M,
         N,
         K,
         stride_xm,
         stride_om,
         BN: tl.constexpr,
-        BT: tl.constexpr,
         SEG_KB: tl.constexpr,
         SEGS: tl.constexpr,
         SPLIT: tl.constexpr,
-        FUSED: tl.constexpr,
         EXACT_CAST: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
-        pid_t = tl.program_id(1)
+        t = tl.program_id(1).to(tl.int64)
         pid_s = tl.program_id(2)
         nkb = K // 32
         offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
-        offs_t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
         offs_k = tl.arange(0, 32)
         n_ok = offs_n < N
-        t_ok = offs_t < M
         w_tile = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, 32]
-        x_tile = x_ptr + offs_t[:, None] * stride_xm + offs_k[None, :]  # [BT, 32]
+        x_row = x_ptr + t * stride_xm + offs_k  # [32]
         sw_row = sw_ptr + (offs_n // 32) * nkb  # [BN]
-        total = tl.zeros((BN, BT), dtype=tl.float32)
+        total = tl.zeros((BN,), dtype=tl.float32)
         LOOP: tl.constexpr = 1 if SPLIT else SEGS  # segments this program runs (from pid_s; 0 unless SPLIT)
         for si in range(LOOP):
             seg = pid_s + si
-            acc = tl.zeros((BN, BT), dtype=tl.float32)
+            acc = tl.zeros((BN,), dtype=tl.float32)
             for j in range(SEG_KB):
                 kb = seg * SEG_KB + j
-                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0)
+                xv = tl.load(x_row + kb * 32).to(tl.float32)
+                qf, sx = _quant_block(xv[None, :], EXACT_CAST)  # [1, 32], [1]
+                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0).to(tl.float32)
+                p = tl.sum(w * qf, axis=1)  # [BN]: the block's 32 exact products, fp32 sum
                 sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
-                wd = (w.to(tl.float32) * sw[:, None]).to(tl.bfloat16)  # exact: e4m3 times a power of two
-                xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0)
-                if FUSED:
-                    qf, sx = _quant_block(xv.to(tl.float32), EXACT_CAST)
-                    xv = (qf * sx[:, None]).to(tl.bfloat16)  # exact: fp8_qdq(x)
-                if EXACT_CAST:  # the interpreter's bf16 dot is not a float product: fp32 (same exact values)
-                    acc = tl.dot(wd.to(tl.float32), tl.trans(xv.to(tl.float32)), acc)
-                else:
-                    acc = tl.dot(wd, tl.trans(xv), acc)  # [BN, BT] fp32, bf16 MMA
+                acc = acc + (p * sx) * sw
             total = total + acc
-        out_tile = out_ptr + offs_t[None, :] * stride_om + offs_n[:, None]
-        ok = n_ok[:, None] & t_ok[None, :]
+        out_row = out_ptr + t * stride_om + offs_n
         if SPLIT:
-            part = part_ptr + (offs_t[None, :] - pid_t * BT) * N + offs_n[:, None]
-            tl.store(part + pid_s * (BT * N), total, mask=ok)
+            part = part_ptr + t * N + offs_n
+            tl.store(part + pid_s * (M * N), total, mask=n_ok)
             tl.debug_barrier()  # every thread's partial stored before the release below
-            tile = pid_t * tl.num_programs(0) + pid_n
+            tile = t * tl.num_programs(0) + pid_n
             arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
-                tot = tl.zeros((BN, BT), dtype=tl.float32)
+                tot = tl.zeros((BN,), dtype=tl.float32)
                 for s in range(SEGS):
-                    tot = tot + tl.load(part + s * (BT * N), mask=ok, other=0.0, cache_modifier=".cg")
-                tl.store(out_tile, round_bf16(tot), mask=ok)
+                    tot = tot + tl.load(part + s * (M * N), mask=n_ok, other=0.0, cache_modifier=".cg")
+                tl.store(out_row, round_bf16(tot), mask=n_ok)
                 tl.atomic_xchg(lock_ptr + tile, 0)
         else:
-            tl.store(out_tile, round_bf16(total), mask=ok)
+            tl.store(out_row, round_bf16(total), mask=n_ok)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -245,28 +224,31 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     if m == 0:
         return out
     segs = plan(N, K)
-    seg_kb = K // BLOCK // segs
-    exact = interpreting()
     if m <= DECODE_MAX_M:
         split = segs > 1
         n_tiles = -(-N // _DEC_BN)
         if split:
             locks = _lock_buffer(x.device)
-            if n_tiles > locks.numel():
-                raise ValueError(f"N = {N}; allowed: <= {locks.numel() * _DEC_BN} (decode arrival counters)")
-            part = torch.empty(segs, _DEC_BT, N, dtype=torch.float32, device=x.device)
+            if n_tiles * m > locks.numel():
+                raise ValueError(f"N = {N}; allowed: <= {locks.numel() // m * _DEC_BN} (decode arrival counters)")
+            part = torch.empty(segs, m, N, dtype=torch.float32, device=x.device)
         else:
             locks = part = out  # unused
-        _fp8_linear_kernel[(n_tiles, 1, segs if split else 1)](
+        _fp8_gemv_kernel[(n_tiles, m, segs if split else 1)](
             x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
-            BN=_DEC_BN, BT=_DEC_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=split, FUSED=True, EXACT_CAST=exact,
+            BN=_DEC_BN, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=split, EXACT_CAST=interpreting(),
             num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
         )  # fmt: skip
         return out
     xq = qdq.fp8_qdq(x, out=torch.empty(m, K, dtype=torch.bfloat16, device=x.device))
-    _fp8_linear_kernel[(triton.cdiv(N, _PRE_BN), triton.cdiv(m, _PRE_BT), 1)](
-        xq, w, sw, out, out, out, m, N, K, K, out.stride(0),
-        BN=_PRE_BN, BT=_PRE_BT, SEG_KB=seg_kb, SEGS=segs, SPLIT=False, FUSED=False, EXACT_CAST=exact,
-        num_warps=_PRE_WARPS, num_stages=_PRE_STAGES,
-    )  # fmt: skip
+    torch.mm(xq, dequant_bf16(w, sw).t(), out=out)
     return out
+
+
+def dequant_bf16(w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """bf16 `w[n, k]·2^(sw[n//32, k//32]−127)` (exact), without a host sync: `sw` as uint8,
+    trusted (no 0xFF). Equals `reference.fp8.dequant_weight`."""
+    N, K = w.shape
+    bits = torch.where(sw == 0, 0x00400000, sw.to(torch.int32) << 23).view(torch.float32)
+    s = bits.to(torch.bfloat16).repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)
+    return w.to(torch.bfloat16).mul_(s)
