@@ -17,8 +17,8 @@ from attnv41.bench.common import Timer, measure_ceilings
 from attnv41.kernels import fp8_linear as K
 
 SHAPES = {"wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192), "iwq_b": (4096, 1280)}
-DEC = [(64, 4, 3, 256), (128, 4, 3, 256), (128, 8, 3, 256), (256, 8, 3, 256), (64, 4, 3, 512), (128, 4, 4, 512),
-       (32, 2, 3, 512)]  # fmt: skip
+DEC = [(64, 4, 3, 512, 4), (64, 4, 3, 512, 8), (64, 4, 3, 1024, 4), (32, 4, 3, 1024, 4), (128, 8, 3, 512, 4),
+       (64, 8, 3, 512, 8), (32, 2, 3, 1024, 8), (64, 4, 3, 256, 2)]  # fmt: skip
 PRE = [("cublas",)]
 
 
@@ -56,14 +56,14 @@ def main(path: str) -> None:
             cfgs = DEC if m == 1 else ([DEC[0]] if m == 16 else PRE)
             for cfg in cfgs:
                 if m <= 16:
-                    K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS = cfg
+                    K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB = cfg
                 try:
                     K.fp8_mm(xs[0], ws[0], ss[0], out=outs[0])
                     torch.cuda.synchronize()
                     t = timer.time_graph(
                         [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
                     )
-                    row = dict(name=name, m=m, cfg=cfg, segs=K.plan(N, Kd), ms=t.median_ms, bf16_ms=tb.median_ms,
+                    row = dict(name=name, m=m, cfg=cfg, segs=K.plan(N, Kd)[0], ms=t.median_ms, bf16_ms=tb.median_ms,
                                floor_ms=floor, x_floor=t.median_ms / floor, gbps=nbytes / t.median_ms / 1e6,
                                tflops=flops / t.median_ms / 1e9, pct_fp8=flops / t.median_ms / 1e9 / r8 * 100)  # fmt: skip
                 except Exception as e:

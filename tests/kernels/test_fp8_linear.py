@@ -90,7 +90,7 @@ def test_random_vs_reference(m, N, Kd, mag, device):
     _assert_close("fp8_mm out", _run(x, w, s, device), ref, _bound(x, w, s, ref))
 
 
-@pytest.mark.parametrize("Kd", [128, 1024], ids=["K128", "K1024-split"])
+@pytest.mark.parametrize("Kd", [128, 512], ids=["K128", "K512-split"])
 def test_decode_rows_independent_of_m(Kd, device):
     """In the decode launch (m <= 16, split or not) a token's bits never depend on m or on
     its place in the call; the prefill launch (m > 16, cuBLAS) agrees within the bound."""
@@ -139,11 +139,11 @@ def test_identity_weight_is_the_activation_round_trip(device):
 
 def test_plan_is_a_constant_of_the_shape():
     for N, Kd in ((1280, 5120), (32768, 1280), (512, 5120), (5120, 8192), (4096, 1280), (64, 128)):
-        segs = K.plan(N, Kd)
+        segs, bkb = K.plan(N, Kd)
         nkb = Kd // 32
-        assert nkb % segs == 0 and (segs == 1 or nkb // segs >= 4), f"plan({N}, {Kd}) = {segs}"
-        assert K.plan(N, Kd) == segs
-    assert K.plan(32768, 1280) == 1  # enough weight tiles: no split
+        assert nkb % (segs * bkb) == 0, f"plan({N}, {Kd}) = {segs, bkb}: segments of whole iterations"
+        assert K.plan(N, Kd) == (segs, bkb)
+    assert K.plan(32768, 1280)[0] == 1  # enough weight tiles: no split
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,15 @@ order: the activation is quantized exactly as `act_quant` (its round trip `qx·s
 fp32), so every product is exact and only the sums round.
 
 - decode (m ≤ 16), Triton, CUDA cores: one program per (weights tile, token, K segment).
-  The activation block is quantized in the kernel; per 32-column block `p_b` = the fp32
-  sum of its 32 products (a fixed reduction tree), `acc ← acc + (p_b·sx_b)·sw_b` in K
-  order. K is cut into `SEGS` equal segments (`plan(N, K)`, a constant of the weight's
-  shape); each program runs one, and the last program of a tile to finish sums the
-  segments' fp32 partials in order (an arrival counter per tile, reset by that program:
-  counters are not shared by two launches running at once, so one stream at a time).
-  A token's bits do not depend on m or on the other tokens of the call.
+  The activation is quantized in the kernel; per 32-column block `p_b` = the fp32 sum of
+  its 32 products (a fixed reduction tree); each iteration takes BKB consecutive blocks
+  and adds `Σ_b (p_b·sx_b)·sw_b` (a fixed tree over the BKB terms) to the fp32
+  accumulator, iterations in K order. K is cut into `SEGS` equal segments; (SEGS, BKB) =
+  `plan(N, K)`, constants of the weight's shape. Each program runs one segment, and the
+  last program of a tile to finish sums the segments' fp32 partials in order (an arrival
+  counter per tile, reset by that program: counters are not shared by two launches
+  running at once, so one stream at a time). A token's bits do not depend on m or on the
+  other tokens of the call.
 - prefill (m > 16): `fp8_qdq(x)` (Triton, exact), the weight dequantized to a bf16
   temporary (exact), then cuBLAS's bf16 GEMM with fp32 accumulation: the "wide GEMM"
   formulation the golden README says reproduces the released outputs. Its cost is the
@@ -48,9 +50,8 @@ if HAVE_TRITON:
 __all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
-_DEC_BN, _DEC_WARPS, _DEC_STAGES = 64, 4, 3
-_TARGET_PROGRAMS = 256  # decode: weight tiles × segments at least this (about 2 per SM on an H200)
-_MIN_SEG_BLOCKS = 4  # K blocks per segment at least
+_DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 64, 4, 3, 4
+_TARGET_PROGRAMS = 512  # decode: weight tiles × segments at least this (about 4 per SM on an H200)
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
@@ -62,21 +63,23 @@ def fp8_mm_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: tor
     return out
 
 
-def plan(N: int, K: int) -> int:
-    """SEGS, the number of K segments for a weight `[N, K]`: the smallest divisor S of the
-    K/32 blocks with ceil(N/64)·S ≥ 256 and at least 4 blocks per segment (else the largest
-    divisor keeping 4 blocks). A constant of the weight's shape: the accumulation order
-    of every call with this weight."""
+def plan(N: int, K: int) -> tuple[int, int]:
+    """(SEGS, BKB) for a weight `[N, K]`: BKB blocks of 32 columns per decode iteration (the
+    largest of 8, 4, 2, 1 dividing K/32), and SEGS, the smallest divisor S of K/32/BKB with
+    ceil(N/BN)·S ≥ the target program count (else the largest). Constants of the weight's
+    shape: the accumulation order of every call with this weight."""
     nkb = K // BLOCK
+    bkb = next(b for b in (_BKB, 4, 2, 1) if b <= _BKB and nkb % b == 0)
+    iters = nkb // bkb
     tiles = -(-N // _DEC_BN)
     best = 1
-    for s in range(1, nkb + 1):
-        if nkb % s or nkb // s < _MIN_SEG_BLOCKS:
+    for s in range(1, iters + 1):
+        if iters % s:
             continue
         best = s
         if tiles * s >= _TARGET_PROGRAMS:
             break
-    return best
+    return best, bkb
 
 
 def prepare(device: torch.device | str) -> None:
@@ -111,8 +114,10 @@ if HAVE_TRITON:
         s = (e << 23).to(tl.float32, bitcast=True)
         inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1/s, exact (s a normal power of two)
         v = tl.minimum(tl.maximum(xv * inv[:, None], -448.0), 448.0)
-        if EXACT_CAST:  # the interpreter's fp8 cast does not round to nearest even: round first
+        if EXACT_CAST:  # the interpreter's fp8 cast does not round to nearest even: bit arithmetic
             v = _e4m3_rne(v)
+        else:  # the GPU's cvt.rn.satfinite: nearest even
+            v = v.to(tl.float8e4nv).to(tl.float32)
         return v, s
 
     @triton.jit
@@ -134,6 +139,7 @@ if HAVE_TRITON:
         stride_xm,
         stride_om,
         BN: tl.constexpr,
+        BKB: tl.constexpr,
         SEG_KB: tl.constexpr,
         SEGS: tl.constexpr,
         SPLIT: tl.constexpr,
@@ -144,24 +150,25 @@ if HAVE_TRITON:
         pid_s = tl.program_id(2)
         nkb = K // 32
         offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_b = tl.arange(0, BKB)
         offs_k = tl.arange(0, 32)
         n_ok = offs_n < N
-        w_tile = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, 32]
-        x_row = x_ptr + t * stride_xm + offs_k  # [32]
-        sw_row = sw_ptr + (offs_n // 32) * nkb  # [BN]
+        # [BN, BKB, 32]: BKB consecutive blocks of 32 columns of each weight row
+        w_tile = w_ptr + offs_n[:, None, None] * K + offs_b[None, :, None] * 32 + offs_k[None, None, :]
+        x_tile = x_ptr + t * stride_xm + offs_b[:, None] * 32 + offs_k[None, :]  # [BKB, 32]
+        sw_tile = sw_ptr + (offs_n // 32)[:, None] * nkb + offs_b[None, :]  # [BN, BKB]
         total = tl.zeros((BN,), dtype=tl.float32)
         LOOP: tl.constexpr = 1 if SPLIT else SEGS  # segments this program runs (from pid_s; 0 unless SPLIT)
         for si in range(LOOP):
             seg = pid_s + si
             acc = tl.zeros((BN,), dtype=tl.float32)
-            for j in range(SEG_KB):
-                kb = seg * SEG_KB + j
-                xv = tl.load(x_row + kb * 32).to(tl.float32)
-                qf, sx = _quant_block(xv[None, :], EXACT_CAST)  # [1, 32], [1]
-                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0).to(tl.float32)
-                p = tl.sum(w * qf, axis=1)  # [BN]: the block's 32 exact products, fp32 sum
-                sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
-                acc = acc + (p * sx) * sw
+            for j in range(SEG_KB // BKB):
+                kb = seg * SEG_KB + j * BKB
+                qf, sx = _quant_block(tl.load(x_tile + kb * 32).to(tl.float32), EXACT_CAST)  # [BKB, 32], [BKB]
+                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0.0).to(tl.float32)
+                p = tl.sum(w * qf[None, :, :], axis=2)  # [BN, BKB]: each block's 32 exact products, fp32 sum
+                sw = _e8m0(tl.load(sw_tile + kb, mask=n_ok[:, None], other=127).to(tl.int32))
+                acc = acc + tl.sum((p * sx[None, :]) * sw, axis=1)
             total = total + acc
         out_row = out_ptr + t * stride_om + offs_n
         if SPLIT:
@@ -223,7 +230,7 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     N = w.shape[0]
     if m == 0:
         return out
-    segs = plan(N, K)
+    segs, bkb = plan(N, K)
     if m <= DECODE_MAX_M:
         split = segs > 1
         n_tiles = -(-N // _DEC_BN)
@@ -236,7 +243,7 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
             locks = part = out  # unused
         _fp8_gemv_kernel[(n_tiles, m, segs if split else 1)](
             x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
-            BN=_DEC_BN, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=split, EXACT_CAST=interpreting(),
+            BN=_DEC_BN, BKB=bkb, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=split, EXACT_CAST=interpreting(),
             num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
         )  # fmt: skip
         return out
@@ -250,5 +257,9 @@ def dequant_bf16(w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
     trusted (no 0xFF). Equals `reference.fp8.dequant_weight`."""
     N, K = w.shape
     bits = torch.where(sw == 0, 0x00400000, sw.to(torch.int32) << 23).view(torch.float32)
-    s = bits.to(torch.bfloat16).repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)
-    return w.to(torch.bfloat16).mul_(s)
+    s = bits.to(torch.bfloat16)
+    if N % BLOCK == 0:  # one broadcast multiply over [N/32, 32, K/32, 32] views
+        wd = w.to(torch.bfloat16)
+        wd.view(N // BLOCK, BLOCK, K // BLOCK, BLOCK).mul_(s[:, None, :, None])
+        return wd
+    return w.to(torch.bfloat16).mul_(s.repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1))
