@@ -50,8 +50,8 @@ if HAVE_TRITON:
 __all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
-_DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 64, 4, 3, 4
-_TARGET_PROGRAMS = 512  # decode: weight tiles × segments at least this (about 4 per SM on an H200)
+_DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
+_TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
