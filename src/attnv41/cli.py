@@ -134,6 +134,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         device=args.device,
         checkpoint=args.checkpoint,
         progress=not args.no_progress,
+        weights=args.weights,
     )
     with _internal():
         res = run_prepared(setup)
@@ -285,6 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--index-keys", choices=("own", "released"), default="own")
     d.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     d.add_argument("--checkpoint", help="a V4.1 checkpoint directory (config.json + safetensors shards)")
+    d.add_argument(
+        "--weights",
+        choices=("auto", "bf16", "fp8"),
+        default="auto",
+        help="weight format: fp8 runs wq_a, wq_b, wkv, wo_b, indexer.wq_b as the released checkpoint does (e4m3 "
+        "weights, e8m0 block scales, activations quantized per 32 columns); bf16 dequantizes them; auto (default): "
+        "the checkpoint's own format, bf16 for random weights (fp8 with random weights quantizes them the released way)",
+    )
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=cmd_demo)
     b = sub.add_parser(
