@@ -182,6 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         quick=args.quick,
         progress=not args.no_progress,
+        weights=args.weights,
     )
     partial = Path(args.out) / "bench.partial.json"
 
@@ -320,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--checkpoint", help="a V4.1 checkpoint directory: its geometry and weights instead of random ones")
+    b.add_argument(
+        "--weights",
+        choices=("both", "bf16", "fp8"),
+        default="both",
+        help="weight formats of the projection kernels (b) and the decode (a) and prefill (e) stacks, each against "
+        "the floor of the bytes it reads (default both; with --checkpoint, both loads it once in each format; under "
+        "both, FP8 is skipped with its reason where it cannot run)",
+    )
     b.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--quick", action="store_true", help="few repetitions (a smoke run, not a measurement)")
