@@ -9,9 +9,9 @@ own results as well (kernels against their torch twins, the decode step by the g
 oracle, the top-k as a set, the peer's output against ours).
 
 Weight formats (`weights`: "both", "bf16" or "fp8"): the projection rows of (b) and the
-stacks of (a) and (e) run in each selected format, one stack at a time (built, timed in
-(a), and in (e), then freed before the next format's); with a checkpoint, "both" loads
-it once in each format. A format that cannot run is refused up front when asked for
+stacks of (a) and (e) run in each selected format, one stack held at a time (freed
+before the next format's is built; (e) starts with the stack (a) left); with a
+checkpoint, "both" loads it once in each format (per part). A format that cannot run is refused up front when asked for
 alone, and skipped with its reason logged and kept in the results (`skipped`) under
 "both": FP8 on an op table without `fp8_mm` (CUDA until its kernel lands), FP8 stacks
 from a checkpoint whose FP8 linears are stored dequantized. The gate replays the
