@@ -1,6 +1,7 @@
-"""`attnv41 bench`: the floors' byte and FLOP counts by hand, the synthetic context, the
-V4 cache layout of the peer, the top-k set check, the correctness gate, and a CPU smoke
-run of every part through the command line (its outputs, its error handling)."""
+"""`attnv41 bench`: the floors' byte and FLOP counts by hand (an FP8 stack's bytes too),
+the synthetic context, the V4 cache layout of the peer, the top-k set check, the
+correctness gate, the weight formats (--weights, skips and refusals), and a CPU smoke run
+of every part through the command line (its outputs, its error handling)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from attnv41.bench import run as bench_run
 from attnv41.bench.common import Ceilings, Timing, floor_ms, kernel_row
 from attnv41.bench.index import check_selection
 from attnv41.bench.peer import V4_BYTES, v4_cache, v4_grid_
-from attnv41.bench.stack import decode_step_bytes, fill_context, prefill_flops
+from attnv41.bench.stack import decode_step_bytes, fill_context, prefill_flops, stack_weight_format
 from attnv41.cli import main
 from attnv41.runtime.stack import RuntimeStack
 from attnv41.synthetic import random_weights, small_preset
+from attnv41.weights import FP8_LINEARS
 
 CEIL = Ceilings(copy_gbps=1000.0, copy_bytes=1, mm_tflops=100.0, mm_shape=(1, 1, 1))
 
@@ -44,6 +46,25 @@ def test_decode_step_bytes_by_hand(cfg, weights):
     assert b["total"] == sum(v for key, v in b.items() if key != "total")
     b1 = decode_step_bytes(cfg, weights, 101)  # a ratio-2 group completes: three more rows and keys
     assert b1["compressor"] - b["compressor"] == 3 * (D + cfg.index_head_dim) * 2
+
+
+def test_fp8_stack_reads_about_half_the_weight_bytes(cfg, weights):
+    """decode_step_bytes counts weights as stored: an FP8 stack's FP8 linears 1 byte per
+    element plus one scale byte per 32×32 block, the other tensors as in bf16."""
+    f8 = random_weights(cfg, 0, weights="fp8")
+    rt = RuntimeStack(cfg, f8)
+    assert stack_weight_format(rt) == "fp8" and stack_weight_format(RuntimeStack(cfg, weights)) == "bf16"
+    b16, b8 = decode_step_bytes(cfg, weights, 100), decode_step_bytes(cfg, rt.weights, 100)
+    lin = sum(w[f"{n}.weight"].numel() for w in weights for n in FP8_LINEARS if f"{n}.weight" in w)
+    scales = sum(-(-w[f"{n}.weight"].shape[0] // 32) * (w[f"{n}.weight"].shape[1] // 32)
+                 for w in weights for n in FP8_LINEARS if f"{n}.weight" in w)  # fmt: skip
+    assert b8["weights"] == b16["weights"] - 2 * lin + lin + scales, "FP8 linears: 1 byte + scales"
+    assert {k: v for k, v in b8.items() if k not in ("weights", "total")} == {
+        k: v for k, v in b16.items() if k not in ("weights", "total")
+    }, "everything but the weights is the same"
+    fp8_part = lin + scales
+    assert 0.5 < fp8_part / (2 * lin) < 0.51, "the FP8 linears' bytes about halve"
+    assert b8["weights"] < 0.75 * b16["weights"], (b8["weights"], b16["weights"])
 
 
 def test_prefill_flops_by_token_loop(cfg):
@@ -180,19 +201,33 @@ def test_bench_command_on_cpu(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "gate: bundled golden tiny through the runtime on cpu" in text and "0 failed" in text
+    assert "gate: bundled golden tiny (bf16 weights) through the runtime on cpu" in text and "0 failed" in text
     res = json.loads((out / "bench.json").read_text())
     assert not res.get("errors")
     for part in bench_run.PARTS:
         assert res[part], f"part {part} produced no rows"
-    assert [r["context"] for r in res["decode"]] == [96, 96, 200, 200]
+    assert [(r["weights"], r["context"]) for r in res["decode"]] == [
+        (f, c) for f in ("bf16", "fp8") for c in (96, 96, 200, 200)
+    ], "both formats by default, bf16 first"
     assert {r["mode"] for r in res["decode"]} == {"split", "eager"}
+    assert [(r["weights"], r["tokens"]) for r in res["prefill"]] == [(f, t) for f in ("bf16", "fp8") for t in (64, 128)]
     for r in res["decode"] + res["prefill"]:
         assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] > 0
+    for r8 in (r for r in res["decode"] if r["weights"] == "fp8"):  # each against the bytes it reads
+        r16 = next(r for r in res["decode"] if r["weights"] == "bf16" and r["context"] == r8["context"])
+        assert r8["bytes"]["weights"] < 0.75 * r16["bytes"]["weights"] and r8["floor_ms"] < r16["floor_ms"]
+    assert {r["weights"] for r in res["kernels"]} == {"bf16", "fp8", None}
+    prefill_m = {r["shape"].split()[0] for r in res["kernels"] if r["regime"] == "prefill" and r["weights"]}
+    assert prefill_m == {"m=128"}, "kernel prefill rows at the largest --prefill length"
+    assert res["weights"] == {"kernels": ["bf16", "fp8"], "stacks": ["bf16", "fp8"]} and "skipped" not in res
+    assert res["ceilings"]["fp8_mm_tflops"] is None and "fp8 matmul: not measured on the CPU" in text
     assert res["peer_status"] == "skipped (needs CUDA)"
     assert (out / "decode_step.png").stat().st_size > 10_000
     md = (out / "bench.md").read_text()
-    assert "### (a) decode step" in md and "| context |" in md
+    assert "### (a) decode step" in md and "| context | weights |" in md
+    assert "### (a) decode step, 40 layers, batch 1, bf16 and fp8 weights" in md
+    assert "### (e) prefill through 40 layers, bf16 and fp8 weights" in md and "| tokens | weights |" in md
+    assert "| wq_a fp8 | decode | fp8 |" in md
     assert res["nonfinite_values"] == 0 and "non-finite values that entered a cache write: 0" in text
 
 
@@ -201,6 +236,8 @@ def test_bench_command_rejects_bad_input(tmp_path, capsys):
     assert "allowed: a comma-separated subset" in capsys.readouterr().err
     assert main(["bench", "--contexts", "4k"]) == 2  # argparse's error: one line, exit 2
     assert "attnv41 bench: argument --contexts: '4k'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"weights = 'fp4'; allowed: 'both', 'bf16', 'fp8'"):
+        bench_run.run_bench(bench_run.BenchOptions(weights="fp4", device="cpu"))
     with pytest.raises(ValueError, match="contexts = .*allowed: positive integers"):
         bench_run.run_bench(bench_run.BenchOptions(contexts=(0,), device="cpu"))
     assert not any(tmp_path.iterdir()), "nothing written on bad input"
@@ -251,7 +288,8 @@ def test_bench_command_on_cuda_small(tmp_path):
 
 
 def test_bench_on_a_written_checkpoint(tmp_path, capsys):
-    """`--checkpoint`: the stack parts use its geometry and weights (dequantized as loaded)."""
+    """`--checkpoint`: the stack parts use its geometry and weights, loaded once in each
+    format ("both", the default: bf16 dequantized, fp8 as stored)."""
     from attnv41.checkpoint import write_checkpoint
 
     cfg = small_preset(max_tokens=64, max_seq=128)
@@ -262,5 +300,44 @@ def test_bench_on_a_written_checkpoint(tmp_path, capsys):
     assert main(args + ["--parts", "decode,prefill", "--contexts", "64", "--prefill", "16"]) == 0
     res = json.loads((out / "bench.json").read_text())
     assert res["stack"] == f"checkpoint {ckpt}"
-    assert [r["context"] for r in res["decode"]] == [64, 64] and res["prefill"][0]["tokens"] == 16
-    assert f"checkpoint {ckpt}" in capsys.readouterr().out
+    assert [(r["weights"], r["context"]) for r in res["decode"]] == [("bf16", 64)] * 2 + [("fp8", 64)] * 2
+    assert [(r["weights"], r["tokens"]) for r in res["prefill"]] == [("bf16", 16), ("fp8", 16)]
+    text = capsys.readouterr().out
+    assert f"checkpoint {ckpt}, bf16 weights" in text and f"checkpoint {ckpt}, fp8 weights" in text
+    assert text.count(f"stack: checkpoint {ckpt}") == 3, "bf16, fp8 for (a); fp8 held for (e), then bf16"
+
+
+def test_bench_weights_that_cannot_run(tmp_path, monkeypatch, capsys):
+    """FP8 that cannot run: skipped with its reason under 'both' (kept in the results),
+    refused up front when asked for alone."""
+    import dataclasses
+
+    from attnv41.checkpoint import write_checkpoint
+    from attnv41.runtime import ops
+
+    cfg = small_preset(max_tokens=64, max_seq=128)
+    bf = write_checkpoint(tmp_path / "bf16", cfg, random_weights(cfg, 7), shards=2, fp8_names=())
+    base = dict(device="cpu", quick=True, contexts=(64,), prefill=(16,), progress=False)
+    res = bench_run.run_bench(bench_run.BenchOptions(parts=("prefill",), checkpoint=str(bf), **base))
+    assert res["skipped"] == {
+        "decode/prefill fp8": f"checkpoint {bf} does not hold its FP8 linears as e4m3 with scales"
+    }
+    assert [r["weights"] for r in res["prefill"]] == ["bf16"]
+    assert res["weights"] == {"kernels": ["bf16", "fp8"], "stacks": ["bf16"]}
+    assert "skipped: decode/prefill fp8: checkpoint" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"weights = 'fp8', but checkpoint .* allowed: 'bf16'"):
+        bench_run.run_bench(bench_run.BenchOptions(checkpoint=str(bf), weights="fp8", **base))
+    # an op table without an FP8 GEMM (CUDA until its kernel lands)
+    monkeypatch.setattr(ops, "ops_for", lambda dev: dataclasses.replace(ops.TORCH_OPS, name="nofp8", fp8_mm=None))
+    res = bench_run.run_bench(bench_run.BenchOptions(parts=("kernels",), **base))
+    why = "the 'nofp8' op table on cpu has no FP8 GEMM (fp8_mm) yet"
+    assert res["skipped"] == {"kernels fp8": why, "decode/prefill fp8": why}
+    assert {r["weights"] for r in res["kernels"]} == {"bf16", None}
+    out = tmp_path / "b"
+    bench_run.write_outputs(res, out, log=lambda s: None)
+    assert f"Skipped: kernels fp8: {why}" in (out / "bench.md").read_text()
+    with pytest.raises(ValueError, match=r"weights = 'fp8', but the 'nofp8' op table on cpu has no FP8 GEMM"):
+        bench_run.run_bench(bench_run.BenchOptions(parts=("kernels",), weights="fp8", **base))
+    assert main(["bench", "--device", "cpu", "--weights", "fp8", "--out", str(tmp_path / "c")]) == 2
+    assert "attnv41 bench: weights = 'fp8', but the 'nofp8' op table" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists(), "nothing written on a refused format"

@@ -45,7 +45,7 @@ def written(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(written):
     cfg, _, root = written
-    return load_model(root, cfg=cfg, progress=False)
+    return load_model(root, cfg=cfg, progress=False, weights="bf16")  # q_rank 16: FP8 cannot run it
 
 
 # ---------------------------------------------------------------------------- independent decode
@@ -200,7 +200,8 @@ def test_reads_each_needed_tensor_once(written, monkeypatch):
 
     real = ckpt.safe_open
     monkeypatch.setattr(ckpt, "safe_open", lambda *a, **k: Counting(real(*a, **k)))
-    load_model(root, cfg=cfg, progress=False)
+    assert ckpt.checkpoint_weight_format(root) == "fp8" and not reads, "the format from headers alone"
+    load_model(root, cfg=cfg, progress=False, weights="bf16")
     wm = _weight_map(root)
     needed = {n for n in wm if ".attn." in n}
     assert len(reads) == len(set(reads)), "a tensor was read twice"
@@ -231,7 +232,7 @@ def test_one_layer_split_across_shards(tmp_path, kw, shards):
     w = random_weights(cfg, 3)
     root = write_checkpoint(tmp_path, cfg, w, shards=shards)
     assert len({f for n, f in _weight_map(root).items() if n.startswith("layers.0.attn.")}) >= 2
-    layers = load_model(root, progress=False)
+    layers = load_model(root, progress=False, weights="bf16")
     _assert_layers_match_shards(cfg, w, root, layers)
 
 
@@ -242,7 +243,8 @@ def test_already_dequantized_checkpoint(tmp_path):
     root = write_checkpoint(tmp_path, cfg, w, shards=2, fp8_names=())
     assert "quantization_config" not in json.loads((root / "config.json").read_text())
     assert not any(n.endswith(".scale") for n in _weight_map(root))
-    layers = load_model(root, progress=False)
+    assert ckpt.checkpoint_weight_format(root) == "bf16"
+    layers = load_model(root, progress=False)  # its own format: bf16
     for i, lw in enumerate(layers):
         for name in FP8_NAMES:
             if name in w[i]:
@@ -257,8 +259,9 @@ def test_model_prefix_accepted(written, tmp_path):
     index = {"metadata": {}, "weight_map": {"model." + k: f for k, f in wm.items()}}
     (tmp_path / ckpt.INDEX_FILE).write_text(json.dumps(index))
     shutil.copy(root / "config.json", tmp_path / "config.json")
-    layers = load_model(tmp_path, cfg=cfg, progress=False)
-    for a, b in zip(layers, load_model(root, cfg=cfg, progress=False)):
+    assert ckpt.checkpoint_weight_format(tmp_path) == "fp8"
+    layers = load_model(tmp_path, cfg=cfg, progress=False, weights="bf16")
+    for a, b in zip(layers, load_model(root, cfg=cfg, progress=False, weights="bf16")):
         assert all(torch.equal(v, b[k]) for k, v in a.state_dict().items())
 
 
@@ -266,7 +269,7 @@ def test_progress_lines_without_tqdm(written, monkeypatch, capsys):
     cfg, _, root = written
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    load_model(root, cfg=cfg, progress=True)
+    load_model(root, cfg=cfg, progress=True, weights="bf16")
     err = capsys.readouterr().err.splitlines()
     assert len(err) == cfg.n_layers and "6/6" in err[-1]
 
@@ -487,7 +490,7 @@ def test_errors_name_the_tensor(written, tmp_path, case):
     e = _Editable(root, tmp_path / "ck")
     mutate(e)
     with pytest.raises(CheckpointError, match=match):
-        load_model(e.root, cfg=cfg, progress=False)
+        load_model(e.root, cfg=cfg, progress=False, weights="bf16")
 
 
 def test_missing_shard_file_names_the_tensor(written, tmp_path):
@@ -495,7 +498,7 @@ def test_missing_shard_file_names_the_tensor(written, tmp_path):
     e = _Editable(root, tmp_path / "ck")
     (e.root / e.wm["layers.0.attn.wq_a.weight"]).unlink()
     with pytest.raises(FileNotFoundError, match=r"layers\.0\.attn\.wq_a\.weight"):
-        load_layer(e.root, 0, cfg=cfg)
+        load_layer(e.root, 0, cfg=cfg, weights="bf16")
 
 
 def test_role_mismatch_between_configs(tmp_path):
@@ -607,9 +610,9 @@ def test_default_cfg_fits_a_small_checkpoint(tmp_path):
     got = AttnV41Cfg.from_checkpoint(root)
     assert (got.max_seq, got.max_tokens) == (512, 512)
     assert got == cfg.replace(max_tokens=512)
-    layers = load_model(root, progress=False)
+    layers = load_model(root, progress=False, weights="bf16")
     assert [lw.role for lw in layers] == list(cfg.roles)
-    lw = load_layer(root, 3)
+    lw = load_layer(root, 3, weights="bf16")
     assert all(torch.equal(v, layers[3][k]) for k, v in lw.state_dict().items())
     assert AttnV41LayerWeights.from_checkpoint(root, 5).role == cfg.roles[5]
     with pytest.raises(ValueError, match=r"AttnV41Cfg\.max_seq = 1024; allowed: .*max_position_embeddings \(512\)"):
@@ -676,7 +679,45 @@ def test_fp8_load_refuses_dequantized_linear(tmp_path):
 
 def test_weights_arg_checked(written_fp8):
     _, _, root = written_fp8
-    with pytest.raises(ValueError, match=r"weights = 'fp4'; allowed: \('bf16', 'fp8'\)"):
+    with pytest.raises(ValueError, match=r"weights = 'fp4'; allowed: \('bf16', 'fp8'\) or None"):
         load_model(root, progress=False, weights="fp4")
     with pytest.raises(ValueError, match=r"weights = 'e4m3'; allowed"):
         load_layer(root, 0, weights="e4m3")
+
+
+def test_default_format_is_the_checkpoints_own(written_fp8):
+    """weights=None (the default): an FP8 checkpoint loads as "fp8", bytes kept, as with
+    weights="fp8"; "bf16" is still there on request."""
+    cfg, _, root = written_fp8
+    assert ckpt.checkpoint_weight_format(root) == "fp8"
+    auto = load_model(root, cfg=cfg, progress=False)
+    explicit = load_model(root, cfg=cfg, progress=False, weights="fp8")
+    for i, (a, b) in enumerate(zip(auto, explicit)):
+        assert a.format == "fp8", f"layer {i}"
+        assert a.state_dict().keys() == b.state_dict().keys(), f"layer {i}: names"
+        for k, v in a.state_dict().items():
+            assert v.dtype == b[k].dtype and torch.equal(v.view(torch.uint8), b[k].view(torch.uint8)), f"L{i} {k}"
+    assert load_layer(root, 5, cfg=cfg).format == "fp8"
+    assert {lw.format for lw in load_model(root, cfg=cfg, progress=False, weights="bf16")} == {"bf16"}
+
+
+def test_partly_fp8_checkpoint_is_bf16(tmp_path):
+    """One FP8 linear stored dequantized (no scale): the FP8 format cannot be kept, so the
+    checkpoint's own format is bf16, and the default loads it so."""
+    cfg = small_cfg(q_rank=32)
+    root = write_checkpoint(tmp_path, cfg, random_weights(cfg, 4), shards=2, fp8_names=set(FP8_NAMES) - {"wq_b.weight"})
+    assert ckpt.checkpoint_weight_format(root) == "bf16"
+    assert {lw.format for lw in load_model(root, cfg=cfg, progress=False)} == {"bf16"}
+
+
+def test_default_fp8_load_of_an_in_dim_not_in_fp8_blocks(written):
+    """An FP8 checkpoint whose wq_b in-dim (q_rank 16) is not a multiple of 32 cannot run
+    the released FP8 linear: its default load names the tensor and the way out; bf16 works."""
+    cfg, _, root = written
+    assert ckpt.checkpoint_weight_format(root) == "fp8"
+    msg = r"layers\.0\.attn\.wq_b\.weight\.shape = \(128, 16\); allowed with weights='fp8': in .* weights='bf16'"
+    with pytest.raises(CheckpointError, match=msg):
+        load_model(root, cfg=cfg, progress=False)
+    with pytest.raises(CheckpointError, match=msg):
+        load_layer(root, 0, cfg=cfg, weights="fp8")
+    assert load_layer(root, 0, cfg=cfg, weights="bf16").format == "bf16"

@@ -110,6 +110,15 @@ def _ckpt_missing_key(tmp_path):
     return tmp_path
 
 
+def _ckpt_bf16(tmp_path):
+    """A small checkpoint whose FP8 linears are stored dequantized (bf16, no scales)."""
+    from attnv41.checkpoint import write_checkpoint
+    from attnv41.synthetic import random_weights, small_preset
+
+    cfg = small_preset(max_tokens=16, max_seq=32)
+    return write_checkpoint(tmp_path / "bf16", cfg, random_weights(cfg, 1), shards=1, fp8_names=())
+
+
 USER_MISTAKES = {
     "golden-missing": (lambda t: ["check", "--golden", str(t / "nope.safetensors")], "does not exist"),
     "golden-junk": (lambda t: ["check", "--golden", str(_junk(t))], "not a readable safetensors file"),
@@ -123,6 +132,16 @@ USER_MISTAKES = {
     "demo-ckpt-bad-json": (lambda t: ["demo", "--checkpoint", str(_ckpt_bad_json(t))], "Expecting property name"),
     "demo-ckpt-missing-key": (lambda t: ["demo", "--checkpoint", str(_ckpt_missing_key(t))], "config key 'dim'"),
     "bench-bad-contexts": (lambda t: ["bench", "--contexts", "x"], "argument --contexts"),
+    "demo-bad-weights": (lambda t: ["demo", "--weights", "fp4"], "argument --weights: invalid choice: 'fp4'"),
+    "bench-bad-weights": (lambda t: ["bench", "--weights", "auto"], "argument --weights: invalid choice: 'auto'"),
+    "demo-fp8-of-bf16-ckpt": (
+        lambda t: ["demo", "--checkpoint", str(_ckpt_bf16(t)), "--weights", "fp8", "--no-progress"],
+        "without a .scale (already dequantized); allowed with weights='fp8'",
+    ),
+    "bench-fp8-of-bf16-ckpt": (
+        lambda t: ["bench", "--device", "cpu", "--checkpoint", str(_ckpt_bf16(t)), "--weights", "fp8"],
+        "weights = 'fp8', but checkpoint",
+    ),
     "no-command": (lambda t: [], "the following arguments are required"),
 }
 

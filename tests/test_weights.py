@@ -1,12 +1,14 @@
 """AttnV41LayerWeights.from_state_dict: NaN and ±inf are refused once, when the weights
-are built, naming the tensor (issue 10)."""
+are built, naming the tensor (issue 10); synthetic weights in the FP8 format (issue 12)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnv41.weights import AttnV41LayerWeights, NonFiniteWeightError
+from attnv41.reference.fp8 import dequant_weight, quant_weight
+from attnv41.synthetic import small_preset
+from attnv41.weights import FP8_LINEARS, AttnV41LayerWeights, NonFiniteWeightError
 from helpers import random_weights, small_cfg
 
 CASES = [
@@ -42,3 +44,39 @@ def test_finite_weights_accepted_unchanged():
         lw = AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg)
         for k, v in w.items():
             assert torch.equal(lw[k], v.to(lw[k].dtype)), f"layer {i} {k}"
+
+
+# ---------------------------------------------------------------------------- synthetic FP8 weights
+def test_random_weights_fp8_is_the_bf16_model_quantized():
+    """weights='fp8': the same draws as 'bf16', each FP8 linear block-quantized by
+    quant_weight, wo_a quantized and dequantized; it loads as format 'fp8'."""
+    cfg = small_preset(max_tokens=8, max_seq=16)
+    bf = random_weights(cfg, 5)
+    f8 = random_weights(cfg, 5, weights="fp8")
+    assert [sorted(w) for w in bf] == [sorted(w) for w in random_weights(cfg, 5, weights="bf16")]
+    for i, (a, b) in enumerate(zip(bf, f8)):
+        lin = [n for n in FP8_LINEARS if f"{n}.weight" in a]
+        assert set(b) == set(a) | {f"{n}.scale" for n in lin}, f"layer {i}: names"
+        for k, v in a.items():
+            n = k.removesuffix(".weight")
+            if n in lin:
+                q, s = quant_weight(v)
+                assert b[k].dtype == torch.float8_e4m3fn and b[f"{n}.scale"].dtype == torch.float8_e8m0fnu, k
+                assert torch.equal(b[k].view(torch.uint8), q.view(torch.uint8)), f"layer {i} {k}: e4m3 bytes"
+                assert torch.equal(b[f"{n}.scale"].view(torch.uint8), s.view(torch.uint8)), f"layer {i} {n}.scale"
+            elif k == "wo_a.weight":
+                assert torch.equal(b[k], dequant_weight(*quant_weight(v))) and b[k].dtype == torch.bfloat16, k
+                assert not torch.equal(b[k], v), f"layer {i} wo_a: not quantized"
+            else:
+                assert b[k].dtype == v.dtype and torch.equal(b[k], v), f"layer {i} {k}: unchanged"
+        lw = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg)
+        assert lw.format == "fp8", f"layer {i}"
+        assert AttnV41LayerWeights.from_state_dict(cfg.roles[i], a, cfg=cfg).format == "bf16", f"layer {i}"
+
+
+def test_random_weights_format_checked():
+    cfg = small_preset(max_tokens=8, max_seq=16)
+    with pytest.raises(ValueError, match=r"weights = 'fp4'; allowed: 'bf16', 'fp8'"):
+        random_weights(cfg, 0, weights="fp4")
+    with pytest.raises(ValueError, match=r"layer 0: wq_b\.weight: shape \[128, 16\]; allowed: .*multiple of 32"):
+        random_weights(small_cfg(), 0, weights="fp8")  # q_rank 16: not whole FP8 blocks

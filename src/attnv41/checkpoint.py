@@ -21,12 +21,16 @@ A scale byte 0xFF (NaN), and a product that overflows to ±inf, are rejected. Th
 goes through `AttnV41LayerWeights.from_state_dict`, which upcasts the ratio>=2 compressor
 to fp32 and rejects NaN/±inf in every tensor (bf16 norms and projections, the fp32 sink).
 
-Weight formats (`weights=`): "bf16" (the default) dequantizes every fp8 weight as above;
-"fp8" keeps the e4m3 bytes and the e8m0 scales as stored for `FP8_LINEARS` (`wq_a`,
-`wq_b`, `wkv`, `wo_b`, `indexer.wq_b`: the runtime runs them in the released FP8 math),
-after the same checks (a dequantization that would be non-finite is rejected too), and
-dequantizes `wo_a`, as the released conversion does. With "fp8", one of those linears
-stored bf16 without a scale is an error (its FP8 bytes are gone).
+Weight formats (`weights=`, `WEIGHT_FORMATS`; default None = the checkpoint's own,
+`checkpoint_weight_format`): "fp8" keeps the e4m3 bytes and the e8m0 scales as stored for
+`FP8_LINEARS` (`wq_a`, `wq_b`, `wkv`, `wo_b`, `indexer.wq_b`: the runtime runs them in the
+released FP8 math), after the same checks (a dequantization that would be non-finite is
+rejected too), and dequantizes `wo_a`, as the released conversion does; "bf16"
+dequantizes every fp8 weight as above. A checkpoint is "fp8" when every FP8 linear of
+every layer is stored float8_e4m3fn with its `.scale`, else "bf16" (an already dequantized
+one, or one only partly in FP8). With "fp8", one of those linears stored bf16 without a
+scale is an error (its FP8 bytes are gone), and so is one whose in-dim is not a multiple
+of 32 (the released FP8 linear quantizes its input per 32 columns).
 
 Every validation failure raises `CheckpointError` (a `ValueError`) naming the tensor:
 missing (from `weight_map` or from its shard), shape, dtype, scale missing or misshapen,
@@ -65,6 +69,7 @@ __all__ = [
     "BLOCK",
     "FP8_NAMES",
     "CheckpointError",
+    "checkpoint_weight_format",
     "dequantize_fp8",
     "load_layer",
     "load_model",
@@ -312,6 +317,11 @@ def _load_layer(
                     "torch.float8_e4m3fn with its .scale (load with weights='bf16')"
                 )
             want = torch.bfloat16  # a checkpoint already dequantized
+        if keep and shape[1] % BLOCK:
+            raise CheckpointError(
+                f"{name}.shape = {got}; allowed with weights='fp8': in (dim 1) a multiple of {BLOCK} (the FP8 "
+                f"linear quantizes its input per {BLOCK} columns); load with weights='bf16'"
+            )
         if dtype != want:
             allowed = f"{want}" if rel not in _FP8 else f"{want} with a .scale, or torch.bfloat16 without one"
             raise CheckpointError(f"{name}.dtype = {dtype}; allowed: {allowed}")
@@ -342,9 +352,30 @@ def _load_layer(
         raise CheckpointError(f"{ck.name(i, e.key)}: {e.detail}") from e
 
 
-def _check_weights_arg(weights: str) -> None:
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS}")
+def _stored_format(ck: _Checkpoint) -> str:
+    """ "fp8" when every FP8 linear of every layer is stored float8_e4m3fn with its scale
+    (headers only, no data read), else "bf16"."""
+    seen = False
+    for i in sorted(ck.layers):
+        present = ck.layers[i]
+        for rel in sorted(_KEEP_FP8 & present):
+            seen = True
+            if _scale_name(rel) not in present or ck.header(ck.name(i, rel))[0] != torch.float8_e4m3fn:
+                return "bf16"
+    return "fp8" if seen else "bf16"
+
+
+def checkpoint_weight_format(path: str | Path) -> str:
+    """The checkpoint's own weight format, what `load_layer`/`load_model` load by default:
+    "fp8" when every FP8 linear (`FP8_LINEARS`) of every layer is stored float8_e4m3fn with
+    its `.scale`, else "bf16". Reads the index and the shard headers only."""
+    with _Checkpoint(path) as ck:
+        return _stored_format(ck)
+
+
+def _check_weights_arg(weights: str | None) -> None:
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS} or None (the checkpoint's own)")
 
 
 def load_layer(
@@ -352,17 +383,18 @@ def load_layer(
     layer: int,
     cfg: AttnV41Cfg | None = None,
     device: torch.device | str = "cpu",
-    weights: str = "bf16",
+    weights: str | None = None,
 ) -> AttnV41LayerWeights:
     """Layer `layer`'s attention weights from a checkpoint directory on `device`, in the
     format `weights` ("bf16": dequantized to the runtime dtypes; "fp8": the FP8 linears'
-    e4m3 bytes and e8m0 scales as stored, see the module doc). `cfg` defaults to
+    e4m3 bytes and e8m0 scales as stored, see the module doc; None: the checkpoint's own,
+    `checkpoint_weight_format`). `cfg` defaults to
     `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
     max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint."""
     _check_weights_arg(weights)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     with _Checkpoint(path) as ck:
-        return _load_layer(ck, cfg, layer, device, weights)
+        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck))
 
 
 def load_model(
@@ -370,10 +402,10 @@ def load_model(
     cfg: AttnV41Cfg | None = None,
     device: torch.device | str = "cpu",
     progress: bool = True,
-    weights: str = "bf16",
+    weights: str | None = None,
 ) -> list[AttnV41LayerWeights]:
     """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does (same
-    default `cfg`, same `weights` formats), with a progress bar (tqdm when importable, else
+    default `cfg`, same `weights` formats and default), with a progress bar (tqdm when importable, else
     one stderr line per layer)."""
     _check_weights_arg(weights)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
@@ -388,6 +420,7 @@ def load_model(
             pass
     try:
         with _Checkpoint(path) as ck:
+            weights = weights or _stored_format(ck)
             for i in range(cfg.n_layers):
                 out.append(_load_layer(ck, cfg, i, device, weights))
                 if bar is not None:

@@ -134,6 +134,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         device=args.device,
         checkpoint=args.checkpoint,
         progress=not args.no_progress,
+        weights=args.weights,
     )
     with _internal():
         res = run_prepared(setup)
@@ -181,6 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         quick=args.quick,
         progress=not args.no_progress,
+        weights=args.weights,
     )
     partial = Path(args.out) / "bench.partial.json"
 
@@ -285,6 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--index-keys", choices=("own", "released"), default="own")
     d.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     d.add_argument("--checkpoint", help="a V4.1 checkpoint directory (config.json + safetensors shards)")
+    d.add_argument(
+        "--weights",
+        choices=("auto", "bf16", "fp8"),
+        default="auto",
+        help="weight format: fp8 runs wq_a, wq_b, wkv, wo_b, indexer.wq_b as the released checkpoint does (e4m3 "
+        "weights, e8m0 block scales, activations quantized per 32 columns); bf16 dequantizes them; auto (default): "
+        "the checkpoint's own format, bf16 for random weights (fp8 with random weights quantizes them the released way)",
+    )
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=cmd_demo)
     b = sub.add_parser(
@@ -311,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--checkpoint", help="a V4.1 checkpoint directory: its geometry and weights instead of random ones")
+    b.add_argument(
+        "--weights",
+        choices=("both", "bf16", "fp8"),
+        default="both",
+        help="weight formats of the projection kernels (b) and the decode (a) and prefill (e) stacks, each against "
+        "the floor of the bytes it reads (default both; with --checkpoint, both loads it once in each format; under "
+        "both, FP8 is skipped with its reason where it cannot run)",
+    )
     b.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--quick", action="store_true", help="few repetitions (a smoke run, not a measurement)")

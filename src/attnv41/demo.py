@@ -1,7 +1,9 @@
 """`attnv41 demo`: the main job. A 40-layer V4.1 attention stack (V4.1-Flash geometry on
 a GPU, a small geometry with the same schedule on the CPU, or a checkpoint), prefill,
 then decode with whole-step CUDA graphs (the same step eagerly on the CPU) beside eager `forward`,
-every step compared byte for byte, and a short report."""
+every step compared byte for byte, and a short report. Weights in either format
+(`--weights`: "bf16", or "fp8" as the released checkpoint runs them; "auto" is the
+checkpoint's own format, bf16 for random weights)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import torch
 from .config import AttnV41Cfg
 from .synthetic import PRESETS, random_inputs, random_weights
 
-__all__ = ["DemoResult", "DemoSetup", "prepare_demo", "run_demo", "run_prepared"]
+__all__ = ["DemoResult", "DemoSetup", "WEIGHT_CHOICES", "prepare_demo", "run_demo", "run_prepared"]
+
+WEIGHT_CHOICES = ("auto", "bf16", "fp8")  # --weights
 
 
 @dataclass
@@ -34,6 +38,7 @@ class DemoResult:
     recaptures: int
     memory: str
     nonfinite: int = 0  # non-finite values that entered a cache write, both stacks (finite inputs: 0)
+    weights: str = "bf16"  # the weight format the stacks ran ("bf16" or "fp8")
 
     @property
     def ok(self) -> bool:
@@ -42,7 +47,7 @@ class DemoResult:
     def lines(self) -> list[str]:
         mode = "CUDA graphs" if self.device.startswith("cuda") else "the device-driven step, eagerly"
         return [
-            f"attnv41 demo: {self.geometry} on {self.device}",
+            f"attnv41 demo: {self.geometry}, {self.weights} weights, on {self.device}",
             f"  prefill   {self.prompt} tokens x 40 layers: {self.prefill_s * 1e3:.1f} ms, "
             f"{self.prompt / self.prefill_s:,.0f} tokens/s",
             f"  decode    {self.steps} steps, {mode}: {self.graph_step_ms:.3f} ms/step, "
@@ -71,6 +76,7 @@ class DemoSetup:
     device: torch.device
     cfg: AttnV41Cfg
     weights: list
+    weight_format: str  # "bf16" or "fp8": the format of `weights`
     geometry: str
     prompt: int
     steps: int
@@ -101,10 +107,16 @@ def prepare_demo(
     device: str = "auto",
     checkpoint: str | None = None,
     progress: bool = True,
+    weights: str = "auto",
 ) -> DemoSetup:
     """Validate the options against the geometry's limits, then build the config and the
-    weights (random, or loaded from `checkpoint`). Raises ValueError (or the checkpoint
-    loader's FileNotFoundError / CheckpointError) naming the option and its allowed range."""
+    weights (random, or loaded from `checkpoint`) in the format `weights` ("auto": the
+    checkpoint's own, `checkpoint_weight_format`, bf16 for random weights; "fp8" with
+    random weights: `random_weights(..., weights="fp8")`). Raises ValueError (or the
+    checkpoint loader's FileNotFoundError / CheckpointError) naming the option and its
+    allowed range; FP8 weights on a device whose op table has no FP8 GEMM are refused here."""
+    if weights not in WEIGHT_CHOICES:
+        raise ValueError(f"--weights = {weights!r}; allowed: {', '.join(repr(w) for w in WEIGHT_CHOICES)}")
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device = {device!r}; allowed: 'auto', 'cpu', 'cuda'")
     dev = torch.device(
@@ -119,13 +131,15 @@ def prepare_demo(
     prompt = prompt if prompt is not None else (4096 if gpu else 128)
     steps = steps if steps is not None else (256 if gpu else 48)
     if checkpoint is not None:
-        from .checkpoint import load_model
+        from .checkpoint import checkpoint_weight_format, load_model
 
         # The geometry first (at the smallest capacity), to check the lengths before loading.
         cfg = AttnV41Cfg.from_checkpoint(checkpoint, max_tokens=1, max_seq=1)
         _check_lengths(prompt, steps, cfg.max_position_embeddings, f"checkpoint {checkpoint}")
         cfg = cfg.replace(max_tokens=prompt, max_seq=prompt + steps + 1)
-        weights = load_model(checkpoint, cfg, device=dev, progress=progress)
+        fmt = checkpoint_weight_format(checkpoint) if weights == "auto" else weights
+        _check_format_runs(fmt, dev, weights)
+        layers = load_model(checkpoint, cfg, device=dev, progress=progress, weights=fmt)
         geometry = f"checkpoint {checkpoint} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers)"
     else:
         name = preset if preset != "auto" else ("flash" if gpu else "small")
@@ -133,11 +147,26 @@ def prepare_demo(
             raise ValueError(f"preset = {preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
         _check_lengths(prompt, steps, PRESETS[name](max_tokens=1, max_seq=1).max_position_embeddings, f"preset {name}")
         cfg = PRESETS[name](max_tokens=prompt, max_seq=prompt + steps + 1)
-        weights = random_weights(cfg, seed, dev)
+        fmt = "bf16" if weights == "auto" else weights
+        _check_format_runs(fmt, dev, weights)
+        layers = random_weights(cfg, seed, dev, weights=fmt)
         geometry = (
             f"preset {name} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers), seed {seed}"
         )
-    return DemoSetup(dev, cfg, weights, geometry, prompt, steps, seed, index_keys, progress)
+    return DemoSetup(dev, cfg, layers, fmt, geometry, prompt, steps, seed, index_keys, progress)
+
+
+def _check_format_runs(fmt: str, dev: torch.device, asked: str) -> None:
+    """FP8 weights need an op table with an FP8 GEMM (`Ops.fp8_mm`); refused before loading."""
+    from .runtime.ops import ops_for
+
+    ops = ops_for(dev)
+    if fmt == "fp8" and ops.fp8_mm is None:
+        how = "the checkpoint's own format" if asked == "auto" else "asked"
+        raise ValueError(
+            f"--weights = {asked!r} gives 'fp8' ({how}), but the {ops.name!r} ops on {dev} have no FP8 GEMM yet; "
+            "allowed here: --weights bf16 (or --device cpu, where FP8 weights run exactly)"
+        )
 
 
 def run_demo(
@@ -149,9 +178,10 @@ def run_demo(
     device: str = "auto",
     checkpoint: str | None = None,
     progress: bool = True,
+    weights: str = "auto",
 ) -> DemoResult:
     """`prepare_demo` then `run_prepared`: the options are those of `attnv41 demo`."""
-    return run_prepared(prepare_demo(preset, prompt, steps, seed, index_keys, device, checkpoint, progress))
+    return run_prepared(prepare_demo(preset, prompt, steps, seed, index_keys, device, checkpoint, progress, weights))
 
 
 def run_prepared(setup: DemoSetup) -> DemoResult:
@@ -221,6 +251,7 @@ def run_prepared(setup: DemoSetup) -> DemoResult:
         drv.recaptures,
         memory,
         graph.attn.nonfinite_count() + eager.attn.nonfinite_count(),
+        setup.weight_format,
     )
 
 

@@ -4,6 +4,11 @@ Distributions as the golden files' (../shared/golden/README.md), so that every
 activation is O(1) and the attention softmax is not saturated: matrices N(0,1)·in^-1/2
 (`wo_a` ×3), norm weights 1 + 0.1·N(0,1), sinks U(-1, 1); inputs are standard normal
 rows scaled to unit RMS, bf16. Generated on the target device from a seeded generator.
+
+`random_weights(..., weights="fp8")` is the same bf16 model (the same draws) put into the
+released checkpoint's FP8 format by the released conversion: each of `FP8_LINEARS`
+block-quantized (`reference.fp8.quant_weight`: e4m3 weight + e8m0 `.scale`), `wo_a`
+quantized and dequantized back to bf16.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from .config import AttnV41Cfg, v41_flash
+from .reference.fp8 import dequant_weight, quant_weight
+from .weights import FP8_LINEARS, WEIGHT_FORMATS
 
 __all__ = ["random_weights", "random_inputs", "unit_rms_bf16", "small_preset", "PRESETS"]
 
@@ -20,8 +27,14 @@ def unit_rms_bf16(x: torch.Tensor) -> torch.Tensor:
     return (x / x.square().mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
 
 
-def random_weights(cfg: AttnV41Cfg, seed: int, device: str | torch.device = "cpu") -> list[dict[str, torch.Tensor]]:
-    """One dict per layer, under the released module's names (`wq_a.weight`, ...)."""
+def random_weights(
+    cfg: AttnV41Cfg, seed: int, device: str | torch.device = "cpu", weights: str = "bf16"
+) -> list[dict[str, torch.Tensor]]:
+    """One dict per layer, under the released module's names (`wq_a.weight`, ...), in the
+    weight format `weights` (`WEIGHT_FORMATS`; see the module doc for "fp8", which needs
+    every FP8 linear's in-dim a multiple of 32)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights = {weights!r}; allowed: {', '.join(repr(f) for f in WEIGHT_FORMATS)}")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -55,8 +68,18 @@ def random_weights(cfg: AttnV41Cfg, seed: int, device: str | torch.device = "cpu
         if role.is_index_source:
             w["indexer.wq_b.weight"] = mat(cfg.index_heads * cfg.index_head_dim, cfg.q_rank)
             w["indexer.weights_proj.weight"] = mat(cfg.index_heads, cfg.dim)
+        if weights == "fp8":
+            _to_fp8(w, role.layer)
         layers.append(w)
     return layers
+
+
+def _to_fp8(w: dict[str, torch.Tensor], layer: int) -> None:
+    """The released conversion, in place: FP8_LINEARS → e4m3 + e8m0 scale, wo_a → bf16 of its FP8."""
+    for n in FP8_LINEARS:
+        if f"{n}.weight" in w:
+            w[f"{n}.weight"], w[f"{n}.scale"] = quant_weight(w[f"{n}.weight"], name=f"layer {layer}: {n}.weight")
+    w["wo_a.weight"] = dequant_weight(*quant_weight(w["wo_a.weight"], name=f"layer {layer}: wo_a.weight"))
 
 
 def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str | torch.device = "cpu") -> list[torch.Tensor]:

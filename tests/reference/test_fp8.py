@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnv41.reference.fp8 import act_quant, dequant_weight, e4m3_sat, e8m0_to_float, fp8_linear
+from attnv41.reference.fp8 import act_quant, dequant_weight, e4m3_sat, e8m0_to_float, fp8_linear, quant_weight
 from attnv41.reference.qdq import fp8_qdq
 
 F32_INV448 = float(np.float32(1.0 / 448.0))
@@ -200,3 +200,119 @@ def test_leading_dims_kept():
     y = fp8_linear(x, w, sc)
     assert y.shape == (2, 3, 32) and y.dtype == torch.bfloat16
     assert torch.equal(y, fp8_linear(x.reshape(6, 64), w, sc).reshape(2, 3, 32))
+
+
+def _einsum_fp8_linear(x: torch.Tensor, w: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """The formula `fp8_linear` used before its K-block loop: every block product of
+    every (row, output) pair at once, [m, N, K/32] in fp64, then the same fp32 steps."""
+    K = w.shape[1]
+    qx, sx = act_quant(x.reshape(-1, K))
+    nb = K // 32
+    part = torch.einsum("mbk,nbk->mnb", qx.double().view(-1, nb, 32), w.double().view(-1, nb, 32)).float()
+    sw = e8m0_to_float(sc).repeat_interleave(32, 0)[: w.shape[0]]
+    acc = torch.zeros(part.shape[:2], dtype=torch.float32)
+    for b in range(nb):
+        acc = acc + (part[:, :, b] * sx[:, b : b + 1]) * sw[None, :, b]
+    return acc.to(torch.bfloat16).reshape(*x.shape[:-1], w.shape[0])
+
+
+@pytest.mark.parametrize(
+    "lead, N, K",
+    [((5,), 40, 96), ((2, 3), 64, 256), ((1,), 33, 32), ((4, 1, 2), 96, 160)],
+    ids=["m5_N40_K96", "lead2x3_N64_K256", "m1_N33_K32", "lead4x1x2_N96_K160"],
+)
+def test_block_loop_equals_the_einsum_formula(lead, N, K):
+    """The K-block loop (memory m·N) is bit for bit the former [m, N, K/32] einsum."""
+    g = torch.Generator().manual_seed(N * 7 + K)
+    x = (torch.randn(*lead, K, generator=g) * torch.logspace(-4, 3, K)).bfloat16()
+    w, sc = _random_fp8(N, K, N + K)
+    got = fp8_linear(x, w, sc)
+    want = _einsum_fp8_linear(x, w, sc)
+    assert got.shape == (*lead, N) and not torch.isnan(got).any(), "y: shape or NaN"
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "y: differs from the einsum formula"
+
+
+# ---------------------------------------------------------------------------- quant_weight
+def test_quant_weight_hand_block():
+    """One 32×32 block: amax 3.0 → 3·fp32(1/448) ≈ 2^−7.2 → s = 2^−7 (byte 120); 3.0 → 384,
+    −1.0 → −128, 0.3 → 38.4 → 40 (e4m3 steps of 4 in [32, 64)), zeros stay zeros."""
+    w = torch.zeros(32, 32)
+    w[0, 0], w[5, 7], w[1, 1], w[31, 31] = 3.0, -1.0, 0.3, -0.0
+    q, sc = quant_weight(w)
+    assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.float8_e8m0fnu and sc.shape == (1, 1)
+    assert sc.view(torch.uint8).item() == 120, "scale byte"
+    qf = q.float()
+    assert (qf[0, 0].item(), qf[5, 7].item(), qf[1, 1].item()) == (384.0, -128.0, 40.0), "e4m3 codes"
+    assert (qf != 0).sum().item() == 3, "every other code is zero"
+    assert torch.signbit(qf[31, 31]).item(), "−0 stays −0"
+    assert dequant_weight(q, sc)[1, 1].item() == 40 * 2.0**-7
+
+
+@pytest.mark.parametrize(
+    "amax, byte",
+    [(0.0, 105), (1e-6, 105), (448.0 * 2.0**-3, 124), (448.0 * 2.0**-3 * 1.01, 125), (1e30, 127 + 91)],
+    ids=["zero_block", "below_floor", "amax_448x2^-3", "just_above", "huge"],
+)
+def test_quant_weight_scale_rule(amax, byte):
+    """s = 2^ceil(log2(max(amax, 1e−4) · fp32(1/448))): the floor gives 2^−22 (byte 105),
+    amax = 448·2^−3 gives exactly 2^−3 and code 448 (saturation never needed, never NaN)."""
+    w = torch.zeros(32, 64)
+    w[7, 40] = -amax
+    w[3, 3] = 1.0  # the first block: amax 1 → 2^−8 (byte 119)
+    q, sc = quant_weight(w)
+    assert sc.view(torch.uint8).tolist() == [[119, byte]], "scale bytes"
+    assert byte == 127 + math.ceil(math.log2(float(np.float32(max(amax, 1e-4)) * np.float32(F32_INV448))))
+    qf = q.float()
+    assert not torch.isnan(qf).any() and qf.abs().max().item() <= 448.0, "codes"
+    if amax == 448.0 * 2.0**-3:
+        assert qf[7, 40].item() == -448.0
+
+
+@pytest.mark.parametrize("N", [40, 1, 65], ids=["N40", "N1", "N65"])
+def test_quant_weight_ragged_rows(N):
+    """N not a multiple of 32: ceil(N/32) block rows, the last one's amax over its rows only."""
+    g = torch.Generator().manual_seed(N)
+    w = (torch.randn(N, 96, generator=g) * torch.logspace(-2, 2, N)[:, None]).bfloat16()
+    q, sc = quant_weight(w)
+    R = -(-N // 32)
+    assert q.shape == (N, 96) and sc.shape == (R, 3), "shapes"
+    wf = w.double()
+    for r in range(R):
+        for c in range(3):
+            amax = wf[r * 32 : (r + 1) * 32, c * 32 : (c + 1) * 32].abs().max().item()
+            s = _scale64(amax)
+            assert sc.view(torch.uint8)[r, c].item() == 127 + round(math.log2(s)), f"scale [{r}, {c}]"
+            blk = wf[r * 32 : (r + 1) * 32, c * 32 : (c + 1) * 32]
+            want = e4m3_sat((blk / s).float())
+            assert torch.equal(q[r * 32 : (r + 1) * 32, c * 32 : (c + 1) * 32].float(), want), f"codes [{r}, {c}]"
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (45, 96), (7, 32)], ids=["64x128", "45x96", "7x32"])
+def test_quant_weight_round_trip(shape):
+    """Weights that are e4m3 values times one power of two per block come back exactly;
+    any weight comes back within e4m3's precision."""
+    w8, sc0 = _random_fp8(*shape, seed=shape[0])
+    w = dequant_weight(w8, sc0)  # bf16, e4m3 per block
+    assert torch.equal(dequant_weight(*quant_weight(w)), w), "round trip of a representable weight"
+    assert torch.equal(dequant_weight(*quant_weight(w.float())), w), "the same from fp32"
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(*shape, generator=g).bfloat16()
+    back = dequant_weight(*quant_weight(v)).double()
+    amax = v.double().abs().max().item()
+    assert ((back - v.double()).abs() <= amax * 2.0**-4).all(), "round trip of a random weight"
+
+
+@pytest.mark.parametrize(
+    "w, exc, msg",
+    [
+        (torch.zeros(32), ValueError, r"shape \(32,\); allowed: a 2-D weight"),
+        (torch.zeros(32, 48), ValueError, r"shape \[32, 48\]; allowed: .*multiple of 32"),
+        (torch.zeros(0, 32), ValueError, r"shape \[0, 32\]; allowed: out >= 1"),
+        (torch.zeros(32, 32, dtype=torch.float64), TypeError, "dtype = torch.float64; allowed"),
+        (torch.full((32, 32), float("nan")), ValueError, r"non-finite value at \[0, 0\]"),
+    ],
+    ids=["1d", "K48", "N0", "fp64", "nan"],
+)
+def test_quant_weight_rejects_bad_input(w, exc, msg):
+    with pytest.raises(exc, match=msg):
+        quant_weight(w, name="wq_a")

@@ -1,5 +1,6 @@
-"""What every part of `attnv41 bench` shares: timing, the two measured ceilings (copy
-bandwidth, matmul rate), floors and ratios, table printing, environment facts.
+"""What every part of `attnv41 bench` shares: timing, the measured ceilings (copy
+bandwidth, matmul rate, and on CUDA the FP8 matmul rate), floors and ratios, table
+printing, environment facts.
 
 Timing: CUDA events around each repetition after warm-up, median reported (on the CPU,
 `time.perf_counter` around each repetition). With `flush_l2`, a 256 MiB buffer is
@@ -123,20 +124,25 @@ class Timer:
 
 @dataclass
 class Ceilings:
-    """The two rates every floor divides by, measured in the same run."""
+    """The rates every floor divides by, measured in the same run."""
 
     copy_gbps: float  # device-to-device copy: (bytes read + bytes written) / time
     copy_bytes: int
     mm_tflops: float  # bf16 matmul on random data (fp32 on the CPU)
     mm_shape: tuple[int, int, int]
+    # FP8 matmul (torch._scaled_mm, e4m3 operands, per-tensor scales, bf16 out); CUDA only:
+    # None on the CPU or where it cannot run, with the reason in fp8_mm_note.
+    fp8_mm_tflops: float | None = None
+    fp8_mm_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceilings:
-    """Copy bandwidth from a large device-to-device copy (bytes read plus bytes written)
-    and the matmul rate from a large product of random matrices."""
+    """Copy bandwidth from a large device-to-device copy (bytes read plus bytes written),
+    the matmul rate from a large product of random matrices, and on CUDA the FP8 matmul
+    rate (`fp8_mm_rate`) at the same size."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     timer = Timer(dev)
@@ -149,7 +155,28 @@ def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceiling
     c = torch.empty(n, n, device=dev, dtype=dt)
     t = timer.time(lambda: torch.mm(a, b, out=c), warmup=3, reps=20 if cuda else 5)
     mm_tflops = 2 * n**3 / (t.median_ms * 1e-3) / 1e12
-    return Ceilings(copy_gbps, 2 * n_bytes, mm_tflops, (n, n, n))
+    fp8, note = fp8_mm_rate(timer, n)
+    return Ceilings(copy_gbps, 2 * n_bytes, mm_tflops, (n, n, n), fp8, note)
+
+
+def fp8_mm_rate(timer: Timer, n: int = 8192) -> tuple[float | None, str | None]:
+    """(TFLOP/s, None) of `torch._scaled_mm` on random n×n×n float8_e4m3fn operands (b
+    column-major: the transpose of a row-major [N, K] weight, as the FP8 linears hold it),
+    per-tensor fp32 scales 1.0, bf16 out; (None, why) on the CPU or where it cannot run."""
+    if not timer.cuda:
+        return None, "not measured on the CPU (no FP8 matmul there; FP8 floors use the matmul rate)"
+    scaled_mm = getattr(torch, "_scaled_mm", None)
+    if scaled_mm is None:
+        return None, f"torch {torch.__version__} has no torch._scaled_mm"
+    dev = timer.device
+    a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)  # row-major [N, K]
+    one = torch.ones((), dtype=torch.float32, device=dev)
+    try:
+        t = timer.time(lambda: scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps=20)
+    except (RuntimeError, TypeError) as e:  # e.g. a GPU without FP8 tensor cores
+        return None, f"torch._scaled_mm failed: {type(e).__name__}: {e}"[:300]
+    return 2 * n**3 / (t.median_ms * 1e-3) / 1e12, None
 
 
 def _copy_ms(timer: Timer, n_bytes: int) -> float:
@@ -158,15 +185,28 @@ def _copy_ms(timer: Timer, n_bytes: int) -> float:
     return timer.time(lambda: dst.copy_(src), warmup=3, reps=20 if timer.cuda else 5).median_ms
 
 
-def floor_ms(bytes_moved: float, flops: float, ceil: Ceilings) -> float:
-    """The larger of bytes / copy bandwidth and FLOPs / matmul rate, in ms."""
-    return max(bytes_moved / (ceil.copy_gbps * 1e9), flops / (ceil.mm_tflops * 1e12)) * 1e3
+def floor_ms(bytes_moved: float, flops: float, ceil: Ceilings, tflops: float | None = None) -> float:
+    """The larger of bytes / copy bandwidth and FLOPs / matmul rate, in ms; `tflops`: the
+    rate to use instead of `ceil.mm_tflops` (the FP8 rate for FP8 GEMMs)."""
+    rate = ceil.mm_tflops if tflops is None else tflops
+    return max(bytes_moved / (ceil.copy_gbps * 1e9), flops / (rate * 1e12)) * 1e3
 
 
-def kernel_row(name: str, shape: str, t: Timing, bytes_moved: float, flops: float, ceil: Ceilings, **extra) -> dict:
-    """One row of a kernel table: time, achieved GB/s and TFLOP/s, floor and ratio."""
+def kernel_row(
+    name: str,
+    shape: str,
+    t: Timing,
+    bytes_moved: float,
+    flops: float,
+    ceil: Ceilings,
+    tflops_rate: float | None = None,
+    **extra,
+) -> dict:
+    """One row of a kernel table: time, achieved GB/s and TFLOP/s, floor and ratio; the
+    compute floor at `tflops_rate` (default `ceil.mm_tflops`)."""
     s = t.median_ms * 1e-3
-    fl = floor_ms(bytes_moved, flops, ceil)
+    rate = ceil.mm_tflops if tflops_rate is None else tflops_rate
+    fl = floor_ms(bytes_moved, flops, ceil, rate)
     return {
         "name": name,
         "shape": shape,
@@ -178,7 +218,7 @@ def kernel_row(name: str, shape: str, t: Timing, bytes_moved: float, flops: floa
         "tflops": flops / s / 1e12,
         "floor_ms": fl,
         "x_floor": t.median_ms / fl if fl > 0 else float("inf"),
-        "bound": "memory" if bytes_moved / (ceil.copy_gbps * 1e9) >= flops / (ceil.mm_tflops * 1e12) else "compute",
+        "bound": "memory" if bytes_moved / (ceil.copy_gbps * 1e9) >= flops / (rate * 1e12) else "compute",
         **extra,
     }
 

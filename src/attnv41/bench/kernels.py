@@ -1,7 +1,17 @@
 """`attnv41 bench`, part (b): each kernel alone, timed, against its own floor.
 
-One row per (kernel, regime): decode is one token (m = 1), prefill is m = prefill_tokens,
-at the config's geometry with `context` cached rows. Every op runs through the op table
+One row per (kernel, regime): decode is one token (m = 1), prefill is m = prefill_tokens
+(`attnv41 bench` passes the largest `--prefill` length: FP8 prefill is judged at 8K tokens,
+the largest of the GPU default 2048,8192), at the config's geometry with `context` cached rows.
+
+Projections run in each selected weight format (column "weights"): bf16 (`mm`, `group_mm`
+for wo_a) and FP8 (`fp8_mm`, the released linear: e4m3 weight with e8m0 32×32 block
+scales from `quant_weight` of a random matrix, activation quantized per 32 columns) for
+each of `FP8_LINEARS` (wo_a has no FP8 row: the released conversion dequantizes it). An
+FP8 row's bytes count its weight at 1 byte per element plus the scales; its compute
+floor uses the FP8 matmul rate (`Ceilings.fp8_mm_tflops`; the bf16/fp32 matmul rate
+where none was measured, named in "floor rate"), and prefill FP8 rows report the
+achieved share of that rate ("% of fp8 mm"). Every op runs through the op table
 (`runtime/ops.py`: Triton on CUDA, torch twins on the CPU) into pre-allocated buffers,
 on fresh random inputs from one seeded generator on the device.
 
@@ -17,28 +27,40 @@ events, the Python launch included (what an uncaptured step pays per op). On the
 both are the eager time.
 
 Before a kernel is timed it is checked once against its torch twin (`TORCH_OPS`) on the
-same inputs: selections, masks and ring writes exactly, float outputs to a relative
-tolerance (`check_output`); a mismatch raises RuntimeError naming the kernel.
+same inputs: selections, masks and ring writes exactly, float outputs (FP8 GEMMs
+included) to a relative tolerance (`check_output`); a mismatch raises RuntimeError
+naming the kernel.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from ..config import AttnV41Cfg
+from ..reference.fp8 import quant_weight
 from ..runtime.ops import TORCH_OPS, Ops, ops_for
+from ..weights import WEIGHT_FORMATS
 from .common import Ceilings, Timer, Timing, kernel_row
 
-__all__ = ["bench_kernels", "check_output", "check_case", "KernelCase", "KERNEL_COLS", "KERNEL_NAMES"]
+__all__ = [
+    "bench_kernels",
+    "check_output",
+    "check_case",
+    "KernelCase",
+    "KERNEL_COLS",
+    "KERNEL_NAMES",
+    "FP8_KERNEL_NAMES",
+]
 
 KERNEL_COLS = [
     ("name", "kernel"),
     ("regime", "regime"),
+    ("weights", "weights"),
     ("shape", "shape"),
     ("ms", "GPU ms"),
     ("launch_ms", "launch ms"),
@@ -47,6 +69,7 @@ KERNEL_COLS = [
     ("floor_ms", "floor ms"),
     ("x_floor", "x floor"),
     ("bound", "bound"),
+    ("pct_fp8_mm", "% of fp8 mm"),
 ]
 
 # name → regimes it is timed in, in row order
@@ -67,7 +90,11 @@ KERNEL_NAMES = {
     "wkv": ("decode", "prefill"),
     "wo_a": ("decode", "prefill"),
     "wo_b": ("decode", "prefill"),
+    "indexer.wq_b": ("decode", "prefill"),
 }
+# The FP8 rows (weights "fp8"): the linears the released checkpoint runs in FP8.
+FP8_KERNEL_NAMES = {f"{n} fp8": ("decode", "prefill") for n in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b")}
+PROJECTIONS = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "indexer.wq_b")
 
 COPIES = 8  # on CUDA, one graph runs the op on this many input sets (none hot in L2 from the previous call)
 TOL = 1e-2  # float outputs: |err| <= TOL·(|ref| + mean|ref|)
@@ -87,6 +114,7 @@ class KernelCase:
     bytes: int
     flops: int
     exact: bool = False
+    weights: str | None = None  # a projection's weight format; None for the other ops
 
 
 def _nbytes(*ts: torch.Tensor) -> int:
@@ -289,32 +317,56 @@ def _qdq_case(rnd: _Rand, name: str, op: str, regime: str, rows: int, width: int
     return KernelCase(name, regime, op, f"[{rows}, {width}]", lambda f, o: f(x, out=o), out, _nbytes(x, out), 0)
 
 
-def _projection_cases(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int) -> Iterator[KernelCase]:
+def _projection_cases(
+    rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, formats: tuple[str, ...]
+) -> Iterator[KernelCase]:
+    """Each projection in each format of `formats`, the FP8 row right after its bf16 row."""
     bf = dict(dtype=torch.bfloat16, device=rnd.dev)
     G, gw = cfg.groups, cfg.group_width
-    for name, n_out, n_in in (
-        ("wq_a", cfg.q_rank, cfg.dim),
-        ("wq_b", cfg.n_heads * cfg.head_dim, cfg.q_rank),
-        ("wkv", cfg.head_dim, cfg.dim),
-        ("wo_a", None, None),
-        ("wo_b", cfg.dim, G * cfg.o_rank),
-    ):
-        if name == "wo_a":
-            x, w = rnd.bf16(m, G, gw), rnd.bf16(G, cfg.o_rank, gw)
-            y = torch.empty(m, G, cfg.o_rank, **bf)
-            op, shape, flops = "group_mm", f"m={m} G={G} out={cfg.o_rank} in={gw}", 2 * m * G * cfg.o_rank * gw
-        else:
-            x, w = rnd.bf16(m, n_in), rnd.bf16(n_out, n_in)
+    dims = {
+        "wq_a": (cfg.q_rank, cfg.dim),
+        "wq_b": (cfg.n_heads * cfg.head_dim, cfg.q_rank),
+        "wkv": (cfg.head_dim, cfg.dim),
+        "wo_b": (cfg.dim, G * cfg.o_rank),
+        "indexer.wq_b": (cfg.index_heads * cfg.index_head_dim, cfg.q_rank),
+    }
+    for name in PROJECTIONS:
+        if "bf16" in formats:
+            if name == "wo_a":
+                x, w = rnd.bf16(m, G, gw), rnd.bf16(G, cfg.o_rank, gw)
+                y = torch.empty(m, G, cfg.o_rank, **bf)
+                op, shape, flops = "group_mm", f"m={m} G={G} out={cfg.o_rank} in={gw}", 2 * m * G * cfg.o_rank * gw
+            else:
+                n_out, n_in = dims[name]
+                x, w = rnd.bf16(m, n_in), rnd.bf16(n_out, n_in)
+                y = torch.empty(m, n_out, **bf)
+                op, shape, flops = "mm", f"m={m} out={n_out} in={n_in}", 2 * m * n_out * n_in
+            yield KernelCase(name, regime, op, shape, _mm_call(x, w), y, _nbytes(x, w, y), flops, weights="bf16")
+        if "fp8" in formats and name != "wo_a":
+            n_out, n_in = dims[name]
+            x = rnd.bf16(m, n_in)
+            q, sc = quant_weight(rnd.f32(n_out, n_in) * n_in**-0.5, name=f"{name} fp8")  # outputs O(1)
             y = torch.empty(m, n_out, **bf)
-            op, shape, flops = "mm", f"m={m} out={n_out} in={n_in}", 2 * m * n_out * n_in
-        yield KernelCase(name, regime, op, shape, _mm_call(x, w), y, _nbytes(x, w, y), flops)
+            yield KernelCase(
+                f"{name} fp8",
+                regime,
+                "fp8_mm",
+                f"m={m} out={n_out} in={n_in}",
+                lambda f, o, x=x, q=q, sc=sc: f(x, q, sc, out=o),
+                y,
+                _nbytes(x, q, sc, y),
+                2 * m * n_out * n_in,
+                weights="fp8",
+            )
 
 
 def _mm_call(x: torch.Tensor, w: torch.Tensor) -> Callable[[Callable, torch.Tensor], torch.Tensor]:
     return lambda f, o: f(x, w, out=o)
 
 
-def _cases(cfg: AttnV41Cfg, dev: torch.device, context: int, prefill_tokens: int, seed: int) -> Iterator[KernelCase]:
+def _cases(
+    cfg: AttnV41Cfg, dev: torch.device, context: int, prefill_tokens: int, seed: int, formats: tuple[str, ...]
+) -> Iterator[KernelCase]:
     """Every case, built one at a time (a case's buffers are freed once it has been timed)."""
     rnd = _Rand(dev, seed)
     regimes = (("decode", 1), ("prefill", prefill_tokens))
@@ -324,7 +376,7 @@ def _cases(cfg: AttnV41Cfg, dev: torch.device, context: int, prefill_tokens: int
     for regime, m in regimes:
         yield from _elementwise_cases(rnd, cfg, regime, m, context)
     for regime, m in regimes:
-        yield from _projection_cases(rnd, cfg, regime, m)
+        yield from _projection_cases(rnd, cfg, regime, m, formats)
 
 
 def _time(timer: Timer, case: KernelCase, fn: Callable, warmup: int, reps: int) -> Timing:
@@ -341,24 +393,33 @@ def bench_kernels(
     seed: int = 0,
     *,
     ops: Ops | None = None,
+    weights: Sequence[str] = WEIGHT_FORMATS,
 ) -> list[dict]:
     """Time each kernel alone (decode: m = 1; prefill: m = prefill_tokens) over `context`
-    cached rows; one `kernel_row` per (kernel, regime), with keys `regime` and `op` added.
+    cached rows; one `kernel_row` per (kernel, regime), with keys `regime`, `op` and
+    `weights` (a projection's format, else None) added.
 
     `ops`: the table under test (default `ops_for(device)`); each case is first checked
-    against `TORCH_OPS` (RuntimeError naming the kernel on a mismatch). `quick`: warm-up 1,
-    3 repetitions (smoke tests); otherwise 5 and 50 on CUDA, 2 and 10 on the CPU.
+    against `TORCH_OPS` (RuntimeError naming the kernel on a mismatch). `weights`: the
+    projection formats to time (a non-empty subset of `WEIGHT_FORMATS`; "fp8" needs
+    `ops.fp8_mm`). `quick`: warm-up 1, 3 repetitions (smoke tests); otherwise 5 and 50 on
+    CUDA, 2 and 10 on the CPU.
     """
     for name, v in (("context", context), ("prefill_tokens", prefill_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} = {v!r}; allowed: an integer >= 1")
+    formats = tuple(weights)
+    if not formats or any(f not in WEIGHT_FORMATS for f in formats):
+        raise ValueError(f"weights = {formats!r}; allowed: a non-empty subset of {WEIGHT_FORMATS}")
     dev = torch.device(device)
     ops = ops_for(dev) if ops is None else ops
+    if "fp8" in formats and ops.fp8_mm is None:
+        raise ValueError(f"weights = {formats!r}: the {ops.name!r} op table has no fp8_mm; allowed: ('bf16',)")
     timer = Timer(dev, flush_l2=True)
     warmup, reps = (1, 3) if quick else ((5, 50) if timer.cuda else (2, 10))
     copies = COPIES if timer.cuda else 1
     rows = []
-    gens = [_cases(cfg, dev, context, prefill_tokens, seed + 1009 * i) for i in range(copies)]
+    gens = [_cases(cfg, dev, context, prefill_tokens, seed + 1009 * i, formats) for i in range(copies)]
     for group in zip(*gens):
         case = group[0]
         check_case(case, ops)
@@ -371,6 +432,12 @@ def bench_kernels(
                 how = "graph"
             except Exception as e:  # kept in the row: the table then shows launch timing for it
                 extra["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        fp8 = case.weights == "fp8"
+        if fp8:  # FP8 GEMMs against the FP8 matmul rate, where it was measured
+            rate = ceil.fp8_mm_tflops if ceil.fp8_mm_tflops is not None else ceil.mm_tflops
+            extra["floor_rate"] = "fp8_mm" if ceil.fp8_mm_tflops is not None else "mm"
+            if case.regime == "prefill" and ceil.fp8_mm_tflops is not None:
+                extra["pct_fp8_mm"] = case.flops / (t.median_ms * 1e-3) / 1e12 / ceil.fp8_mm_tflops * 100
         rows.append(
             kernel_row(
                 case.name,
@@ -379,7 +446,9 @@ def bench_kernels(
                 case.bytes,
                 case.flops,
                 ceil,
+                rate if fp8 else None,
                 regime=case.regime,
+                weights=case.weights,
                 op=case.op,
                 impl=ops.name,
                 timing=how,

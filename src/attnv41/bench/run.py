@@ -7,10 +7,21 @@ golden file (tensors from DeepSeek's released code) replayed through the runtime
 bench device, both variants, must pass before anything is timed; each part checks its
 own results as well (kernels against their torch twins, the decode step by the graph
 oracle, the top-k as a set, the peer's output against ours).
+
+Weight formats (`weights`: "both", "bf16" or "fp8"): the projection rows of (b) and the
+stacks of (a) and (e) run in each selected format, one stack held at a time (freed
+before the next format's is built; (e) starts with the stack (a) left); with a
+checkpoint, "both" loads it once in each format (per part). A format that cannot run is refused up front when asked for
+alone, and skipped with its reason logged and kept in the results (`skipped`) under
+"both": FP8 on an op table without `fp8_mm` (CUDA until its kernel lands), FP8 stacks
+from a checkpoint whose FP8 linears are stored dequantized. The gate replays the
+bundled (bf16) golden file; FP8 is checked by (b) against the exact twin and by the
+graph oracle in (a).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import traceback
@@ -21,11 +32,13 @@ from pathlib import Path
 import torch
 
 from ..synthetic import PRESETS, random_weights
+from ..weights import WEIGHT_FORMATS
 from .common import environment, format_table, markdown_table, measure_ceilings
 
-__all__ = ["BenchOptions", "run_bench", "PARTS", "write_outputs"]
+__all__ = ["BenchOptions", "run_bench", "PARTS", "WEIGHT_CHOICES", "write_outputs"]
 
 PARTS = ("kernels", "decode", "prefill", "peer", "index")
+WEIGHT_CHOICES = ("both", *WEIGHT_FORMATS)
 
 GPU_DEFAULTS = dict(
     contexts=(4096, 32768, 131072),
@@ -49,12 +62,15 @@ class BenchOptions:
     seed: int = 0
     quick: bool = False
     progress: bool = True
+    weights: str = "both"  # WEIGHT_CHOICES: the projections' and stacks' formats
 
 
 def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     for p in opts.parts:
         if p not in PARTS:
             raise ValueError(f"part {p!r}; allowed: {', '.join(PARTS)}")
+    if opts.weights not in WEIGHT_CHOICES:
+        raise ValueError(f"weights = {opts.weights!r}; allowed: {', '.join(repr(w) for w in WEIGHT_CHOICES)}")
     if opts.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device = {opts.device!r}; allowed: 'auto', 'cpu', 'cuda'")
     if opts.device == "cuda" and not torch.cuda.is_available():
@@ -73,6 +89,33 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     return dev, o
 
 
+def _weight_plan(opts: BenchOptions, dev: torch.device) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """(formats of the kernel rows, formats of the stacks, {what was skipped: why}). A
+    format asked for alone that cannot run raises ValueError here, before anything runs."""
+    from ..runtime.ops import ops_for
+
+    asked = WEIGHT_FORMATS if opts.weights == "both" else (opts.weights,)
+    no_op, no_ckpt = None, None
+    ops = ops_for(dev)
+    if ops.fp8_mm is None:
+        no_op = f"the {ops.name!r} op table on {dev} has no FP8 GEMM (fp8_mm) yet"
+    if opts.checkpoint is not None and "fp8" in asked:
+        from ..checkpoint import checkpoint_weight_format
+
+        if checkpoint_weight_format(opts.checkpoint) != "fp8":
+            no_ckpt = f"checkpoint {opts.checkpoint} does not hold its FP8 linears as e4m3 with scales"
+    if opts.weights == "fp8" and (no_op or no_ckpt):
+        raise ValueError(f"weights = 'fp8', but {no_op or no_ckpt}; allowed: 'bf16' (or 'both', which skips FP8)")
+    skipped = {}
+    kernel_fmts = tuple(f for f in asked if f != "fp8" or not no_op)
+    stack_fmts = tuple(f for f in asked if f != "fp8" or not (no_op or no_ckpt))
+    if kernel_fmts != asked:
+        skipped["kernels fp8"] = no_op
+    if stack_fmts != asked:
+        skipped["decode/prefill fp8"] = no_op or no_ckpt
+    return kernel_fmts, stack_fmts, skipped
+
+
 def _gate(dev: torch.device, log) -> dict:
     from ..golden import IMPLS, VARIANTS, GoldenFile, bundled_golden_path, replay
 
@@ -87,13 +130,13 @@ def _gate(dev: torch.device, log) -> dict:
                 f"{rep.n_failed} of {rep.n_compared} tensors; nothing was timed"
             )
     log(
-        f"gate: bundled golden {g.name} through the runtime on {dev}: "
+        f"gate: bundled golden {g.name} ({g.weights_dtype} weights) through the runtime on {dev}: "
         + ", ".join(f"{v} {r['compared']} tensors, {r['failed']} failed" for v, r in res.items())
     )
-    return {"golden": g.name, **res}
+    return {"golden": g.name, "weights": g.weights_dtype, **res}
 
 
-def _stack(opts: BenchOptions, dev: torch.device, log):
+def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
     from ..runtime.stack import RuntimeStack
 
     max_seq = max(opts.contexts) + 256
@@ -103,14 +146,14 @@ def _stack(opts: BenchOptions, dev: torch.device, log):
         from ..config import AttnV41Cfg
 
         cfg = AttnV41Cfg.from_checkpoint(opts.checkpoint, max_tokens=max_tokens, max_seq=max_seq)
-        weights = load_model(opts.checkpoint, cfg, device=dev, progress=opts.progress)
+        weights = load_model(opts.checkpoint, cfg, device=dev, progress=opts.progress, weights=fmt)
         what = f"checkpoint {opts.checkpoint}"
     else:
         cfg = PRESETS[opts.preset](max_tokens=max_tokens, max_seq=max_seq)
-        weights = random_weights(cfg, opts.seed, dev)
+        weights = random_weights(cfg, opts.seed, dev, weights=fmt)
         what = f"preset {opts.preset}, random weights (seed {opts.seed})"
     log(
-        f"stack: {what}; dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers, "
+        f"stack: {what}, {fmt} weights; dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers, "
         f"max_tokens {max_tokens}, max_seq {max_seq}"
     )
     return RuntimeStack(cfg, weights, device=dev), what
@@ -130,51 +173,86 @@ def run_bench(
     """Run the selected parts; returns the results (what `bench.json` holds). `on_part(res)`
     is called after each part (the command saves partial results with it)."""
     dev, opts = _resolve(opts)
+    kernel_fmts, stack_fmts, skipped = _weight_plan(opts, dev)
     t0 = time.perf_counter()
     res: dict = {"environment": environment(dev), "options": asdict(opts)}
     if dev.type == "cpu":
         log(
             "attnv41 bench on the CPU: a smoke run of every part at a small geometry; the times say nothing about a GPU"
         )
+    res["weights"] = {"kernels": list(kernel_fmts), "stacks": list(stack_fmts)}
+    log(f"weights: kernel projections in {', '.join(kernel_fmts)}; decode/prefill stacks in {', '.join(stack_fmts)}")
+    if skipped:
+        res["skipped"] = skipped
+        for what, why in skipped.items():
+            log(f"skipped: {what}: {why}")
     res["gate"] = _gate(dev, log)
     ceil = measure_ceilings(dev, quick=opts.quick or dev.type == "cpu")
     res["ceilings"] = ceil.to_dict()
+    fp8_rate = (
+        f"fp8 matmul {ceil.fp8_mm_tflops:,.1f} TFLOP/s (e4m3 {ceil.mm_shape[0]}^3, torch._scaled_mm)"
+        if ceil.fp8_mm_tflops is not None
+        else f"fp8 matmul: {ceil.fp8_mm_note}"
+    )
     log(
         f"ceilings: copy {ceil.copy_gbps:,.0f} GB/s (read + write), matmul {ceil.mm_tflops:,.1f} TFLOP/s "
-        f"({'bf16' if dev.type == 'cuda' else 'fp32'} {ceil.mm_shape[0]}^3)"
+        f"({'bf16' if dev.type == 'cuda' else 'fp32'} {ceil.mm_shape[0]}^3), {fp8_rate}"
     )
     geo = _geometry(opts)
     held: dict = {}
+    nonfinite: dict[int, int] = {}  # per stack built: its non-finite count (cumulative over its parts)
 
-    def stack():
-        if "stack" not in held:
-            held["stack"], res["stack"] = _stack(opts, dev, log)
+    def stack(fmt: str):
+        """The stack in format `fmt`; the one held before is freed first (one at a time)."""
+        if held.get("fmt") != fmt:
+            drop()
+            held["stack"], res["stack"] = _stack(opts, dev, log, fmt)
+            held["fmt"], held["id"] = fmt, len(nonfinite)
         return held["stack"]
+
+    def count() -> None:
+        nonfinite[held["id"]] = held["stack"].attn.nonfinite_count()
+        res["nonfinite_values"] = sum(nonfinite.values())
+
+    def drop() -> None:
+        held.clear()
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
     def kernels():
         from .kernels import bench_kernels
 
         ctx = sorted(opts.contexts)[len(opts.contexts) // 2]
         return bench_kernels(
-            geo, dev, ceil, context=ctx, prefill_tokens=min(opts.prefill), quick=opts.quick, seed=opts.seed
+            geo,
+            dev,
+            ceil,
+            context=ctx,
+            prefill_tokens=max(opts.prefill),
+            quick=opts.quick,
+            seed=opts.seed,
+            weights=kernel_fmts,
         )
 
     def decode():
         from .stack import bench_decode
 
-        rows = bench_decode(stack(), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
-        res["nonfinite_values"] = stack().attn.nonfinite_count()
+        rows = []
+        for fmt in stack_fmts:
+            rows += bench_decode(stack(fmt), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
+            count()
         return rows
 
     def prefill():
         from .stack import bench_prefill
 
-        rows = bench_prefill(stack(), opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
-        res["nonfinite_values"] = stack().attn.nonfinite_count()  # since the stack was built (decode too)
-        held.clear()  # the stack's weights and caches go before the peer's data arrive
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        return rows
+        rows = []
+        for fmt in sorted(stack_fmts, key=lambda f: f != held.get("fmt")):  # the held stack first: one build less
+            rows += bench_prefill(stack(fmt), opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
+            count()
+        drop()  # the stack's weights and caches go before the peer's data arrive
+        return sorted(rows, key=lambda r: stack_fmts.index(r["weights"]))
 
     def peer():
         from .peer import bench_attention_peer
@@ -204,7 +282,7 @@ def run_bench(
         log(f"{name}: {len(res[name])} rows, {time.perf_counter() - t:.1f} s")
         if on_part is not None:
             on_part(res)
-    held.clear()
+    drop()
     _peer_estimate(res, geo)
     if dev.type == "cuda":
         res["memory_peak_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -240,6 +318,9 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
         ("prefill", "(e) prefill through 40 layers", PREFILL_COLS),
     ):
         if res.get(key):
+            fmts = list(dict.fromkeys(r["weights"] for r in res[key] if r.get("weights")))
+            if fmts:
+                title += f", {' and '.join(fmts)} weights" + (" (projections)" if key == "kernels" else "")
             out.append((title, fmt(res[key], cols)))
     return out
 
@@ -254,13 +335,17 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
     head = (
         f"{env['date']}, {env.get('gpu') or env.get('cpu')}, torch {env['torch']}, triton {env['triton']}"
         + (f", CUDA {env['cuda']}" if env.get("cuda") else "")
-        + f"; copy {ceil['copy_gbps']:,.0f} GB/s, matmul {ceil['mm_tflops']:,.1f} TFLOP/s (measured in this run)"
+        + f"; copy {ceil['copy_gbps']:,.0f} GB/s, matmul {ceil['mm_tflops']:,.1f} TFLOP/s"
+        + (f", fp8 matmul {ceil['fp8_mm_tflops']:,.1f} TFLOP/s" if ceil.get("fp8_mm_tflops") is not None else "")
+        + " (measured in this run)"
     )
     md = [head, ""]
     for title, table in _tables(res, md=True):
         md += [f"### {title}", "", table, ""]
+    for what, why in res.get("skipped", {}).items():
+        md.append(f"Skipped: {what}: {why}")
     if "nonfinite_values" in res:
-        md.append(f"Non-finite values that entered a cache write (decode/prefill stack): {res['nonfinite_values']}")
+        md.append(f"Non-finite values that entered a cache write (decode/prefill stacks): {res['nonfinite_values']}")
     if "peer_status" in res:
         md.append(f"Peer: {res['peer_status']}")
     paths[1].write_text("\n".join(md) + "\n")
@@ -269,6 +354,8 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
     log(head)
     for title, table in _tables(res, md=False):
         log(f"\n{title}\n{table}")
+    for what, why in res.get("skipped", {}).items():
+        log(f"\nskipped: {what}: {why}")
     if "nonfinite_values" in res:
         log(f"\nnon-finite values that entered a cache write: {res['nonfinite_values']}")
     if "peer_status" in res:
@@ -286,15 +373,22 @@ def plot_decode(res: dict, path: Path) -> Path:
 
     rows = res["decode"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, style in (("graphs", "o-"), ("split", "o-"), ("eager", "s--")):
-        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["context"])
-        if rs:
-            ax.plot([r["context"] for r in rs], [r["ms"] for r in rs], style, label=f"attnv41, {mode}")
-    fl = sorted({(r["context"], r["floor_ms"]) for r in rows})
-    ax.plot([c for c, _ in fl], [f for _, f in fl], "k.:", label="floor (bytes / measured copy bandwidth)")
-    pe = sorted((r["context"], r["peer_est_ms"]) for r in rows if r.get("peer_est_ms") is not None)
-    if pe:
-        ax.plot([c for c, _ in pe], [v for _, v in pe], "^-", label="attnv41 graphs with FlashMLA's attention (est.)")
+    fmts = list(dict.fromkeys(r.get("weights", "bf16") for r in rows))
+    for fmt in fmts:
+        of = [r for r in rows if r.get("weights", "bf16") == fmt]
+        for mode, style in (("graphs", "o-"), ("split", "o-"), ("eager", "s--")):
+            rs = sorted((r for r in of if r["mode"] == mode), key=lambda r: r["context"])
+            if rs:
+                ax.plot([r["context"] for r in rs], [r["ms"] for r in rs], style, label=f"attnv41 {fmt}, {mode}")
+        fl = sorted({(r["context"], r["floor_ms"]) for r in of})
+        ax.plot(
+            [c for c, _ in fl], [f for _, f in fl], "k.:" if fmt == fmts[0] else "kx:", label=f"floor, {fmt} weights"
+        )
+        pe = sorted((r["context"], r["peer_est_ms"]) for r in of if r.get("peer_est_ms") is not None)
+        if pe:
+            ax.plot(
+                [c for c, _ in pe], [v for _, v in pe], "^-", label=f"attnv41 {fmt} with FlashMLA's attention (est.)"
+            )
     ax.set_xscale("log", base=2)
     ticks = sorted({r["context"] for r in rows})
     ax.set_xticks(ticks, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ticks])

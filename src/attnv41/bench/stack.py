@@ -13,12 +13,17 @@ Graph mode is the whole step as one CUDA graph per context bucket (no layer outs
 graph); its host time per replayed step (checks, bookkeeping, the replay launch) and the
 capture time of each bucket (its eager warm-up step included) are reported.
 
+Both parts run on one stack, whose weight format (`stack_weight_format`: "bf16", or
+"fp8" with the FP8 linears' e4m3 bytes and scales) every row names in "weights".
+
 Floors. Decode: the bytes one step must read or write (`decode_step_bytes`: every weight
-once as stored, the window ring, the selected compressed rows, every visible index key
+once as stored, so an FP8 stack's FP8 linears count 1 byte per element plus their scales,
+the window ring, the selected compressed rows, every visible index key
 of each index source, the activations) over the copy bandwidth measured in the same run.
 Prefill: the useful FLOPs (`prefill_flops`: projections, compressor, indexer scores over
 causally visible keys, attention over present selection entries) over the measured
-matmul rate.
+matmul rate; an FP8 stack's rows also give the achieved TFLOP/s as a share of the
+measured FP8 matmul rate ("% of fp8 mm", where it was measured).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "fill_context",
     "decode_step_bytes",
     "prefill_flops",
+    "stack_weight_format",
     "bench_decode",
     "bench_prefill",
     "DECODE_COLS",
@@ -78,6 +84,12 @@ def fill_context(stack: RuntimeStack, context: int, seed: int = 0) -> None:
                 st.comp_g[:rem].normal_(generator=gen)
     stack.shared.reset()
     stack.shared.continue_at(stack.states, context)
+
+
+def stack_weight_format(stack: RuntimeStack) -> str:
+    """The stack's weight format: "bf16" or "fp8" when every layer has it, else "mixed"."""
+    fmts = {lw.format for lw in stack.weights}
+    return fmts.pop() if len(fmts) == 1 else "mixed"
 
 
 def _weight_bytes(w) -> int:
@@ -144,6 +156,7 @@ def prefill_flops(cfg: AttnV41Cfg, m: int) -> float:
 
 DECODE_COLS = [
     ("context", "context"),
+    ("weights", "weights"),
     ("mode", "mode"),
     ("ms", "ms/step"),
     ("ms_min", "min ms"),
@@ -159,12 +172,14 @@ DECODE_COLS = [
 
 PREFILL_COLS = [
     ("tokens", "tokens"),
+    ("weights", "weights"),
     ("ms", "ms"),
     ("tokens_s", "tok/s"),
     ("tflops", "TFLOP/s"),
     ("floor_ms", "floor ms"),
     ("x_floor", "x floor"),
     ("pct_mm", "% of mm rate"),
+    ("pct_fp8_mm", "% of fp8 mm"),
 ]
 
 
@@ -233,6 +248,7 @@ def bench_decode(
                 finally:
                     gc.enable()
     rows = []
+    fmt = stack_weight_format(stack)
     for ctx in contexts:
         nb = decode_step_bytes(cfg, stack.weights, ctx)
         fl = floor_ms(nb["total"], 0.0, ceil)
@@ -252,6 +268,7 @@ def bench_decode(
                 {
                     **extra,
                     "context": ctx,
+                    "weights": fmt,
                     "mode": mode if (mode != "graphs" or driver.use_graphs) else "split",
                     "ms": ms,
                     "ms_min": min(samples[ctx, mode]),
@@ -271,30 +288,37 @@ def bench_decode(
 
 
 def bench_prefill(stack: RuntimeStack, tokens: Sequence[int], ceil: Ceilings, reps: int = 3, seed: int = 0) -> list:
-    """Prefill of each length from position 0 through every layer (all on one stack)."""
+    """Prefill of each length from position 0 through every layer (all on one stack); an
+    FP8 stack's rows add `pct_fp8_mm` (achieved TFLOP/s / `ceil.fp8_mm_tflops`) where that
+    rate was measured."""
     cfg, dev = stack.cfg, stack.attn.device
     if max(tokens) > cfg.max_tokens:
         raise ValueError(f"prefill of {max(tokens)} tokens; the stack's max_tokens is {cfg.max_tokens}")
     timer = Timer(dev)
     gen = torch.Generator(device=dev).manual_seed(seed + 11)
     rows = []
+    fmt = stack_weight_format(stack)
     for m in tokens:
         xs = torch.randn(cfg.n_layers, m, cfg.dim, generator=gen, device=dev)
         xs = unit_rms_bf16(xs)
         t = timer.time(lambda xs=xs: stack.step(list(xs), 0), warmup=1, reps=reps)
         fl = prefill_flops(cfg, m)
         floor = floor_ms(0.0, fl, ceil)
+        tflops = fl / (t.median_ms * 1e-3) / 1e12
+        fp8 = fmt == "fp8" and ceil.fp8_mm_tflops is not None
         rows.append(
             {
                 "tokens": m,
+                "weights": fmt,
                 "ms": t.median_ms,
                 "ms_min": t.min_ms,
                 "tokens_s": m / (t.median_ms * 1e-3),
                 "flops": fl,
-                "tflops": fl / (t.median_ms * 1e-3) / 1e12,
+                "tflops": tflops,
                 "floor_ms": floor,
                 "x_floor": t.median_ms / floor,
                 "pct_mm": 100 * floor / t.median_ms,
+                "pct_fp8_mm": 100 * tflops / ceil.fp8_mm_tflops if fp8 else None,
             }
         )
         del xs

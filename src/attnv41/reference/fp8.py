@@ -5,7 +5,8 @@ block-scaled weights"; golden README, section v41_fp8).
 and an e8m0 block scale `[ceil(N/32), K/32]` (byte E means 2^(E−127)). Each call
 quantizes its bf16 input per row in blocks of 32 columns (`act_quant`) and multiplies
 e4m3 by e4m3 block by block along K (`fp8_linear`). `wo_a` does not run here: the
-released conversion dequantizes it to bf16 (`dequant_weight`).
+released conversion dequantizes it to bf16 (`dequant_weight`). `quant_weight` is the
+released conversion's block quantization of a bf16/fp32 weight into that format.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import torch
 
 from .qdq import FP8_MAX, pow2_ceil
 
-__all__ = ["BLOCK", "AMAX_FLOOR", "act_quant", "e4m3_sat", "e8m0_to_float", "dequant_weight", "fp8_linear"]
+__all__ = [
+    "BLOCK",
+    "AMAX_FLOOR",
+    "act_quant",
+    "e4m3_sat",
+    "e8m0_to_float",
+    "quant_weight",
+    "dequant_weight",
+    "fp8_linear",
+]
 
 BLOCK = 32
 AMAX_FLOOR = 1e-4
@@ -74,6 +84,40 @@ def _weight_scales(w: torch.Tensor, scale: torch.Tensor, block: int, name: str) 
     return e8m0_to_float(scale.to(w.device), name + " scale").repeat_interleave(block, 0)[:N]
 
 
+def quant_weight(w: torch.Tensor, block: int = BLOCK, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """The released conversion's block quantization of a weight `w` (bf16 or fp32 `[N, K]`,
+    K a multiple of `block`; N any): per `block`×`block` block, in fp32,
+
+    `amax = max(max|w_blk|, 1e−4)`, `s = 2^ceil(log2(amax · fp32(1/448)))` (exactly, as
+    `act_quant`), `q = e4m3_rne(clamp(w/s, ±448))`.
+
+    Returns `(q, scale)`: q float8_e4m3fn `[N, K]`, scale float8_e8m0fnu `[ceil(N/32), K/32]`
+    holding the byte log2(s) + 127 (s lies in 2^−22..2^120, so every byte is a valid
+    power of two). A last block row with fewer than `block` rows takes its amax over the
+    rows present. `dequant_weight(*quant_weight(w)) == w` whenever each block of w is
+    e4m3 values times one power of two with amax >= 1e−4 (as every weight it produced).
+    """
+    if w.dim() != 2:
+        raise ValueError(f"{name}: shape {tuple(w.shape)}; allowed: a 2-D weight [out, in]")
+    if w.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"{name}.dtype = {w.dtype}; allowed: torch.bfloat16 or torch.float32")
+    N, K = w.shape
+    if K % block or N == 0 or K == 0:
+        raise ValueError(f"{name}: shape {[N, K]}; allowed: out >= 1 and in a positive multiple of {block}")
+    bad = ~torch.isfinite(w)
+    if bool(bad.any()):
+        raise ValueError(f"{name}: non-finite value at {bad.nonzero()[0].tolist()}; allowed: finite weights")
+    R = -(-N // block)
+    pad = torch.zeros(R * block, K, dtype=torch.float32, device=w.device)  # zero rows leave amax unchanged
+    pad[:N] = w.float()
+    blocks = pad.view(R, block, K // block, block)
+    amax = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp_min(AMAX_FLOOR)  # [R, 1, K/block, 1]
+    s = pow2_ceil(amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
+    q = e4m3_sat(blocks / s).view(R * block, K)[:N]
+    byte = (s.view(R, K // block).view(torch.int32) >> 23).to(torch.uint8)  # biased exponent of a normal fp32 2^e
+    return q.to(torch.float8_e4m3fn).contiguous(), byte.view(torch.float8_e8m0fnu).contiguous()
+
+
 def dequant_weight(w: torch.Tensor, scale: torch.Tensor, block: int = BLOCK, name: str = "weight") -> torch.Tensor:
     """bf16 `W[n, k] = e4m3(w[n, k]) · 2^(S[n // 32, k // 32] − 127)`, what the released
     conversion holds for `wo_a` (exact in bf16: 4 significant bits times a power of two)."""
@@ -105,11 +149,11 @@ def fp8_linear(
     lead = x.shape[:-1]
     qx, sx = act_quant(x.reshape(-1, K), block)
     nb = K // block
-    # e4m3·e4m3 products are multiples of 2^−18 below 2^18, so a block of 32 sums exactly in fp64.
-    part = torch.einsum(
-        "mbk,nbk->mnb", qx.double().view(-1, nb, block), w.double().view(-1, nb, block)
-    ).float()  # [m, N, nb]
-    acc = torch.zeros(part.shape[:2], dtype=torch.float32, device=x.device)
-    for b in range(nb):
-        acc = acc + (part[:, :, b] * sx[:, b : b + 1]) * sw[None, :, b]
+    acc = torch.zeros(qx.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    for b in range(nb):  # one [m, N] block product at a time: memory m·N, not m·N·K/32
+        cols = slice(b * block, (b + 1) * block)
+        # e4m3·e4m3 products are multiples of 2^−18 below 2^18, so a block of 32 sums exactly in fp64,
+        # in whatever order the GEMM adds them; one rounding to fp32 follows.
+        part = (qx[:, cols].double() @ w[:, cols].double().t()).float()
+        acc = acc + (part * sx[:, b : b + 1]) * sw[None, :, b]
     return acc.to(torch.bfloat16).reshape(*lead, w.shape[0])
