@@ -164,7 +164,7 @@ def test_load_model_bit_exact_against_hand_decode(written, loaded):
 def test_from_checkpoint_and_default_cfg(written, loaded):
     cfg, _, root = written
     for i in (0, 3, 5):
-        lw = AttnV41LayerWeights.from_checkpoint(root, i)  # cfg read from config.json
+        lw = AttnV41LayerWeights.from_checkpoint(root, i, weights="bf16")  # cfg read from config.json
         assert lw.role == cfg.roles[i]
         assert lw.state_dict().keys() == loaded[i].state_dict().keys()
         for k, v in lw.state_dict().items():
@@ -614,7 +614,7 @@ def test_default_cfg_fits_a_small_checkpoint(tmp_path):
     assert [lw.role for lw in layers] == list(cfg.roles)
     lw = load_layer(root, 3, weights="bf16")
     assert all(torch.equal(v, layers[3][k]) for k, v in lw.state_dict().items())
-    assert AttnV41LayerWeights.from_checkpoint(root, 5).role == cfg.roles[5]
+    assert AttnV41LayerWeights.from_checkpoint(root, 5, weights="bf16").role == cfg.roles[5]
     with pytest.raises(ValueError, match=r"AttnV41Cfg\.max_seq = 1024; allowed: .*max_position_embeddings \(512\)"):
         AttnV41Cfg.from_checkpoint(root, max_seq=1024)
 

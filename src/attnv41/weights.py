@@ -274,11 +274,11 @@ class AttnV41LayerWeights:
         layer: int,
         cfg: AttnV41Cfg | None = None,
         device: torch.device | str = "cpu",
-        weights: str = "bf16",
+        weights: str | None = None,
     ) -> AttnV41LayerWeights:
-        """Layer `layer` from a checkpoint directory in the released layout: fp8 weights
-        dequantized to bf16, or with `weights="fp8"` kept e4m3 with their scales for the
-        FP8 linears (see `attnv41.checkpoint.load_layer`)."""
+        """Layer `layer` from a checkpoint directory in the released layout, in the
+        checkpoint's own format by default (None), or `weights="bf16"` (fp8 weights
+        dequantized) or `"fp8"` (e4m3 with their scales; see `attnv41.checkpoint.load_layer`)."""
         from .checkpoint import load_layer  # checkpoint imports this module
 
         return load_layer(path, layer, cfg=cfg, device=device, weights=weights)
