@@ -124,7 +124,7 @@ step env 60 sum_env env_info
 cp "$LOGS/env.log" "$OUT/gpu.txt" 2>/dev/null
 
 if [ "${SKIP_CHECKS:-0}" != 1 ]; then
-  for g in tiny headdim; do
+  for g in tiny headdim fp8; do
     for mode in forward split; do
       # both variants (the CLI's default --variant both)
       step "check_${g}_${mode}" 150 sum_check \
