@@ -46,6 +46,7 @@ __all__ = [
     "RefTrace",
     "layer_forward",
     "project",
+    "output_latent",
     "RefStack",
 ]
 
@@ -316,13 +317,27 @@ def layer_forward(
     o = sparse_attn(q, torch.cat(rows, dim=0), sel, _w(w, "attn_sink"), D**-0.5)
 
     # §8: inverse RoPE and the grouped low-rank output
+    out = project(w, "wo_b", output_latent(cfg, w, o, positions, cos, sin))
+    return RefTrace(sel=sel, o=o, out=out, **trace)
+
+
+def output_latent(
+    cfg: AttnV41Cfg,
+    w: Mapping[str, torch.Tensor],
+    o: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """§8 up to `wo_b`'s input: the inverse RoPE of `o` (bf16 `[m, H, D]`) at `positions`
+    with the layer's table, then the grouped `wo_a` (fp64 accumulation, as `linear`),
+    rounded to bf16 `[m, groups·o_rank]`."""
+    m = o.shape[0]
     o_rot = apply_rope(o, cos, sin, positions, inverse=True)
     G = cfg.groups
-    og = o_rot.reshape(m, G, cfg.group_width).double()  # fp64 accumulation, as `linear`
+    og = o_rot.reshape(m, G, cfg.group_width).double()
     wo_a = _wo_a(w).double().view(G, cfg.o_rank, cfg.group_width)
-    u = torch.einsum("mgk,grk->mgr", og, wo_a).to(torch.bfloat16).reshape(m, G * cfg.o_rank)
-    out = project(w, "wo_b", u)
-    return RefTrace(sel=sel, o=o, out=out, **trace)
+    return torch.einsum("mgk,grk->mgr", og, wo_a).to(torch.bfloat16).reshape(m, G * cfg.o_rank)
 
 
 class RefStack:
