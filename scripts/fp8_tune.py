@@ -1,9 +1,14 @@
 # ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
-"""Tile sweep of the FP8 linear at the V4.1-Flash shapes (GPU only; a development tool,
-not part of `attnv41 bench`). Prints one line per (shape, m, config) with the time per
-call (CUDA graph over copies, L2 flushed), GB/s, the floor of the bytes read and the
-bf16 cuBLAS time of the same shape; prefill lines add TFLOP/s against the FP8 matmul
-rate (torch._scaled_mm, per-tensor scales, 8192^3) measured here. Writes JSON to argv[1]."""
+"""Sweep of the FP8 linear's launches at the V4.1-Flash shapes (GPU only; a development
+tool, not part of `attnv41 bench`).
+
+Decode (m = 1 and 16): the CUDA-core GEMV (`fma`, its shipped tiles) and the tensor-core
+GEMV (`mma`, BN × warps × stages × program target). Prefill (m = 8192): the shipped path
+(exact `fp8_qdq`, bf16 dequantization, cuBLAS) and `kernels.fp8_gemm` per config (after
+the same `fp8_qdq`; its time alone and with the pre-pass). Every variant is first checked
+on 4 rows against the exact twin (`reference.fp8.fp8_linear`) with the kernel tests'
+bound; a variant that fails is reported and not timed. Times: CUDA graph over copies, L2
+flushed. Prints one line per row and writes JSON to argv[1]."""
 
 from __future__ import annotations
 
@@ -14,12 +19,21 @@ import traceback
 import torch
 
 from attnv41.bench.common import Timer, measure_ceilings
+from attnv41.kernels import fp8_gemm as G
 from attnv41.kernels import fp8_linear as K
+from attnv41.kernels import qdq
+from attnv41.reference.fp8 import act_quant, e8m0_to_float, fp8_linear
 
 SHAPES = {"wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192), "iwq_b": (4096, 1280)}
-DEC = [(64, 4, 3, 512, 4), (64, 4, 3, 512, 8), (64, 4, 3, 1024, 4), (32, 4, 3, 1024, 4), (128, 8, 3, 512, 4),
-       (64, 8, 3, 512, 8), (32, 2, 3, 1024, 8), (64, 4, 3, 256, 2)]  # fmt: skip
-PRE = [("cublas",)]
+MMA = [
+    (64, 4, 4, 512),
+    (128, 4, 4, 512),
+    (64, 4, 6, 1024),
+    (128, 8, 4, 256),
+    (32, 4, 4, 1024),
+    (64, 2, 6, 512),
+]  # BN, warps, stages, target; fmt: skip
+FMA = [(32, 2, 3, 1024, 8)]  # the shipped tiles: BN, warps, stages, target, BKB
 
 
 def fp8_rate(timer: Timer) -> float:
@@ -29,6 +43,28 @@ def fp8_rate(timer: Timer) -> float:
     one = torch.ones((), device="cuda")
     t = timer.time(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), 3, 20)
     return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+
+
+def bound_ok(x, w, s, got) -> int:
+    """Outputs of `got` (rows of x) outside ulp_bf16(ref) + K·2^-24·Σ|terms| of the exact twin."""
+    ref = fp8_linear(x, w, s)
+    qx, sx = act_quant(x)
+    sw = e8m0_to_float(s).repeat_interleave(32, 0)[: w.shape[0]]
+    nb = x.shape[1] // 32
+    a = torch.einsum("mbk,nbk->mnb", qx.double().abs().view(-1, nb, 32), w.double().abs().view(-1, nb, 32))
+    A = (a * sx.double()[:, None, :] * sw.double()[None]).sum(-1)
+    r = ref.double().abs()
+    bnd = torch.exp2(torch.floor(torch.log2(r.clamp_min(2.0**-126))) - 7) + x.shape[1] * 2.0**-24 * A
+    err = (got.double() - ref.double()).abs()
+    return int((err > bnd).sum()) + int(torch.isnan(got.float()).sum())
+
+
+def set_decode(kind, cfg):
+    K._DECODE_KERNEL = kind
+    if kind == "mma":
+        K._MMA_BN, K._MMA_WARPS, K._MMA_STAGES, K._MMA_TARGET = cfg
+    else:
+        K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB = cfg
 
 
 def main(path: str) -> None:
@@ -41,44 +77,85 @@ def main(path: str) -> None:
     K.prepare(dev)
     for name, (N, Kd) in SHAPES.items():
         for m in (1, 16, 8192):
-            if m == 8192 and name == "iwq_b":
-                continue
             copies = 8 if m <= 16 else 1
-            xs = [torch.randn(m, Kd, device=dev).to(torch.bfloat16) for _ in range(copies)]
-            ws = [(torch.randn(N, Kd, device=dev) * 32).to(torch.float8_e4m3fn) for _ in range(copies)]
-            ss = [torch.full((-(-N // 32), Kd // 32), 120, dtype=torch.uint8, device=dev) for _ in range(copies)]
-            wb = [w.to(torch.bfloat16) for w in ws]
+            gen = torch.Generator().manual_seed(N + Kd + m)
+            xs = [torch.randn(m, Kd, generator=gen).to(torch.bfloat16).to(dev) for _ in range(copies)]
+            ws = [(torch.randn(N, Kd, generator=gen) * 32).clamp(-448, 448).to(torch.float8_e4m3fn).to(dev)
+                  for _ in range(copies)]  # fmt: skip
+            ss = [torch.randint(116, 124, (-(-N // 32), Kd // 32), generator=gen, dtype=torch.uint8).to(dev)
+                  for _ in range(copies)]  # fmt: skip
             outs = [torch.empty(m, N, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
+            wb = [K.dequant_bf16(w, s) for w, s in zip(ws, ss)]
             tb = timer.time_graph([lambda i=i: torch.mm(xs[i], wb[i].t(), out=outs[i]) for i in range(copies)])
+            wb = None
             nbytes = N * Kd + ss[0].numel() + 2 * m * (Kd + N)
             floor = nbytes / ceil.copy_gbps / 1e9 * 1e3
             flops = 2 * m * N * Kd
-            cfgs = DEC if m == 1 else ([DEC[0]] if m == 16 else PRE)
-            for cfg in cfgs:
-                if m <= 16:
-                    K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB = cfg
+            x4, w0, s0 = xs[0][:4].cpu(), ws[0].cpu(), ss[0].cpu()
+            if m <= 16:
+                variants = [("fma", c) for c in FMA] + [("mma", c) for c in (MMA if m == 1 else MMA[:2])]
+            else:
+                xq = [qdq.fp8_qdq(x) for x in xs]
+                variants = [("cublas", None)] + [("gemm", c) for c in G.SWEEP_CONFIGS[:6]]
+            for kind, cfg in variants:
+                row = dict(name=name, m=m, kind=kind, cfg=str(cfg), bf16_ms=tb.median_ms, floor_ms=floor)
                 try:
-                    K.fp8_mm(xs[0], ws[0], ss[0], out=outs[0])
+                    if kind in ("fma", "mma"):
+                        set_decode(kind, cfg)
+                        fn = [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
+                        row["segs"] = K.mma_plan(N, Kd) if kind == "mma" else K.plan(N, Kd)[0]
+                    elif kind == "cublas":
+                        fn = [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
+                    else:
+                        fn = [lambda i=i: G.fp8_gemm(xq[i], ws[i], ss[i], outs[i], cfg) for i in range(copies)]
+                    fn[0]()
                     torch.cuda.synchronize()
-                    t = timer.time_graph(
-                        [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
-                    )
-                    row = dict(name=name, m=m, cfg=cfg, segs=K.plan(N, Kd)[0], ms=t.median_ms, bf16_ms=tb.median_ms,
-                               floor_ms=floor, x_floor=t.median_ms / floor, gbps=nbytes / t.median_ms / 1e6,
-                               tflops=flops / t.median_ms / 1e9, pct_fp8=flops / t.median_ms / 1e9 / r8 * 100)  # fmt: skip
+                    row["bad"] = bound_ok(x4, w0, s0, outs[0][:4].cpu())
+                    first = outs[0].clone()
+                    fn[0]()
+                    row["deterministic"] = bool(torch.equal(first.view(torch.int16), outs[0].view(torch.int16)))
+                    if row["bad"] == 0:
+                        t = timer.time_graph(fn)
+                        row.update(ms=t.median_ms, x_floor=t.median_ms / floor, gbps=nbytes / t.median_ms / 1e6,
+                                   tflops=flops / t.median_ms / 1e9, pct_fp8=flops / t.median_ms / 1e9 / r8 * 100)  # fmt: skip
+                        if kind == "gemm":  # with its activation pre-pass
+                            t2 = timer.time_graph(
+                                [
+                                    lambda i=i: G.fp8_gemm(qdq.fp8_qdq(xs[i]), ws[i], ss[i], outs[i], cfg)
+                                    for i in range(copies)
+                                ]  # fmt: skip
+                            )
+                            row["ms_with_qdq"] = t2.median_ms
+                            row["pct_fp8_with_qdq"] = flops / t2.median_ms / 1e9 / r8 * 100
                 except Exception as e:
-                    row = dict(name=name, m=m, cfg=cfg, error=f"{type(e).__name__}: {e}"[:400])
+                    row["error"] = f"{type(e).__name__}: {e}"[:400]
                     traceback.print_exc()
                 res["rows"].append(row)
                 if "error" in row:
-                    print(f"{name:6s} m={m:5d} {cfg} ERROR {row['error'][:200]}")
+                    print(f"{name:6s} m={m:5d} {kind:6s} {row['cfg']:40s} ERROR {row['error'][:160]}", flush=True)
+                elif "ms" not in row:
+                    print(f"{name:6s} m={m:5d} {kind:6s} {row['cfg']:40s} WRONG: {row['bad']} outputs off", flush=True)
                 else:
+                    extra = f" +qdq {row['ms_with_qdq'] * 1e3:8.1f} us" if "ms_with_qdq" in row else ""
                     print(
-                        f"{name:6s} m={m:5d} {str(cfg):22s} segs={row['segs']:3d} {row['ms'] * 1e3:8.1f} us "
+                        f"{name:6s} m={m:5d} {kind:6s} {row['cfg']:40s} {row['ms'] * 1e3:8.1f} us "
                         f"x_floor {row['x_floor']:5.2f} bf16 {tb.median_ms * 1e3:8.1f} us "
-                        f"{row['tflops']:7.1f} TF ({row['pct_fp8']:4.1f}% fp8)"
+                        f"{row['pct_fp8']:5.1f}% fp8 det={row['deterministic']}{extra}",
+                        flush=True,
                     )
+            xs = ws = ss = outs = xq = None  # free before the next shape
+            torch.cuda.empty_cache()
     json.dump(res, open(path, "w"), indent=1)
+    print("\n== best per (shape, m)")
+    best: dict = {}
+    for r in res["rows"]:
+        if "ms" in r:
+            k = (r["name"], r["m"])
+            if k not in best or r["ms"] < best[k]["ms"]:
+                best[k] = r
+    for (n, m), r in best.items():
+        print(f"{n:6s} m={m:5d} {r['kind']:6s} {r['cfg']:40s} {r['ms'] * 1e3:8.1f} us x_floor {r['x_floor']:5.2f} "
+              f"{r['pct_fp8']:5.1f}% fp8 (bf16 {r['bf16_ms'] * 1e3:.1f} us)")  # fmt: skip
 
 
 if __name__ == "__main__":

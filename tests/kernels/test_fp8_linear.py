@@ -33,6 +33,20 @@ CASES = [  # (m, N, K): decode (m <= 16) with and without a split, prefill, ragg
 ]
 
 
+DECODE_KERNELS = {"fma": ("fma", None), "mma": ("mma", None), "mma-unsplit": ("mma", 1)}
+
+
+@pytest.fixture(params=list(DECODE_KERNELS), ids=list(DECODE_KERNELS))
+def decode_kernel(request, monkeypatch):
+    """Each decode launch: the CUDA-core GEMV, the tensor-core one with its split, and the
+    tensor-core one unsplit (its program target lowered to one tile)."""
+    kernel, target = DECODE_KERNELS[request.param]
+    monkeypatch.setattr(K, "_DECODE_KERNEL", kernel)
+    if target is not None:
+        monkeypatch.setattr(K, "_MMA_TARGET", target)
+    return request.param
+
+
 def _gen(*key) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
@@ -79,7 +93,7 @@ def _assert_close(name, got, ref, bound):
 
 @pytest.mark.parametrize("m,N,Kd", CASES, ids=[f"m{m}-N{n}-K{k}" for m, n, k in CASES])
 @pytest.mark.parametrize("mag", [2.0**-20, 1.0, 2.0**20], ids=["tiny", "unit", "huge"])
-def test_random_vs_reference(m, N, Kd, mag, device):
+def test_random_vs_reference(m, N, Kd, mag, device, decode_kernel):
     gen = _gen(m, N, Kd, mag)
     x = torch.randn(m, Kd, generator=gen) * mag
     # a wide dynamic range inside rows: half the blocks spread over 2^±10
@@ -91,7 +105,7 @@ def test_random_vs_reference(m, N, Kd, mag, device):
 
 
 @pytest.mark.parametrize("Kd", [128, 512], ids=["K128", "K512-split"])
-def test_decode_rows_independent_of_m(Kd, device):
+def test_decode_rows_independent_of_m(Kd, device, decode_kernel):
     """In the decode launch (m <= 16, split or not) a token's bits never depend on m or on
     its place in the call; the prefill launch (m > 16, cuBLAS) agrees within the bound."""
     gen = _gen("m", Kd)
@@ -110,7 +124,7 @@ def test_decode_rows_independent_of_m(Kd, device):
     _assert_close("prefill launch", full, ref, _bound(x, w, s, ref))
 
 
-def test_identity_weight_is_the_activation_round_trip(device):
+def test_identity_weight_is_the_activation_round_trip(device, decode_kernel):
     """With W = I (scale 2^0) every output is one product: the kernel's activation
     quantization is checked exactly against the reference's round trip. Rows: random,
     all zero, negative zero, a block with one huge value (saturation / scale rule), values
@@ -144,6 +158,9 @@ def test_plan_is_a_constant_of_the_shape():
         assert nkb % (segs * bkb) == 0, f"plan({N}, {Kd}) = {segs, bkb}: segments of whole iterations"
         assert K.plan(N, Kd) == (segs, bkb)
     assert K.plan(32768, 1280)[0] == 1  # enough weight tiles: no split
+    for N, Kd in ((1280, 5120), (32768, 1280), (512, 5120), (5120, 8192), (4096, 1280), (64, 128)):
+        segs = K.mma_plan(N, Kd)
+        assert (Kd // 32) % segs == 0 and K.mma_plan(N, Kd) == segs, f"mma_plan({N}, {Kd}) = {segs}"
 
 
 @pytest.mark.parametrize(
@@ -175,7 +192,7 @@ def test_bad_inputs_rejected(what, kw, msg, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 300], ids=["m1", "m4", "m300"])
-def test_flash_shapes_deterministic_and_graph_replay(m):
+def test_flash_shapes_deterministic_and_graph_replay(m, decode_kernel):
     """At the V4.1-Flash shapes: within the bound of the exact twin, the same bits on every
     call, and a CUDA graph of the call (the decode split and its counters included)
     replays to the same bits, three times."""

@@ -47,11 +47,14 @@ if HAVE_TRITON:
     from ._triton import round_bf16
     from .qdq import _e4m3_rne, _pow2_ceil_exp
 
-__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
+__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "mma_plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
 _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
+# The decode launch: "mma" (f16 tensor cores, one MMA per 32-column block) or "fma" (CUDA cores).
+_DECODE_KERNEL = "mma"
+_MMA_BN, _MMA_WARPS, _MMA_STAGES, _MMA_TARGET = 64, 4, 4, 512
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
@@ -80,6 +83,14 @@ def plan(N: int, K: int) -> tuple[int, int]:
         if tiles * s >= _TARGET_PROGRAMS:
             break
     return best, bkb
+
+
+def mma_plan(N: int, K: int) -> int:
+    """SEGS of the tensor-core decode launch for a weight `[N, K]`: the smallest divisor S of
+    K/32 with ceil(N/BN)·S ≥ its target program count (else K/32). A constant of the shape."""
+    nkb = K // BLOCK
+    tiles = -(-N // _MMA_BN)
+    return next((s for s in range(1, nkb + 1) if nkb % s == 0 and tiles * s >= _MMA_TARGET), nkb)
 
 
 def prepare(device: torch.device | str) -> None:
@@ -187,6 +198,75 @@ if HAVE_TRITON:
             tl.store(out_row, round_bf16(total), mask=n_ok)
 
 
+if HAVE_TRITON:
+
+    @triton.jit
+    def _fp8_gemv_mma_kernel(
+        x_ptr,  # bf16 [M, K], M <= BT
+        w_ptr,  # e4m3 [N, K]
+        sw_ptr,  # uint8 [ceil(N/32), K/32]
+        out_ptr,  # bf16 [M, N]
+        part_ptr,  # fp32 [SEGS, M, N] partials (SPLIT only)
+        lock_ptr,  # int32 counters, one per weights tile (SPLIT only)
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_om,
+        BN: tl.constexpr,
+        BT: tl.constexpr,
+        SEG_KB: tl.constexpr,
+        SEGS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        EXACT_CAST: tl.constexpr,
+    ):
+        """Tensor-core twin of `_fp8_gemv_kernel`: every token of the call in one BT-wide
+        dot operand (tokens past M are zeros), one K block of 32 per f16 MMA into a zero
+        accumulator (e4m3 values are exact in f16, their products exact in fp32), then
+        `acc += (p·sx)·sw` in K order. An MMA output element depends only on its own row
+        and column, and BT is fixed, so a token's bits do not depend on m."""
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        nkb = K // 32
+        offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_t = tl.arange(0, BT)
+        offs_k = tl.arange(0, 32)
+        n_ok = offs_n < N
+        t_ok = offs_t < M
+        # [BN, 32]: one block of 32 columns of each weight row
+        w_tile = w_ptr + offs_n[:, None] * K + offs_k[None, :]
+        # [BT, 32]: the same columns of each token
+        x_tile = x_ptr + offs_t[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+        sw_row = sw_ptr + (offs_n // 32) * nkb  # [BN]
+        acc = tl.zeros((BN, BT), dtype=tl.float32)
+        for j in range(SEG_KB):
+            kb = pid_s * SEG_KB + j
+            xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            qf, sx = _quant_block(xv, EXACT_CAST)  # [BT, 32], [BT]
+            w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0)
+            if EXACT_CAST:  # the interpreter: fp32 products (exact), as the MMA's
+                p = tl.dot(w.to(tl.float32), tl.trans(qf))
+            else:
+                p = tl.dot(w.to(tl.float16), tl.trans(qf.to(tl.float16)))  # [BN, BT] fp32
+            sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
+            acc = acc + (p * sx[None, :]) * sw[:, None]
+        out_tile = out_ptr + offs_t[None, :].to(tl.int64) * stride_om + offs_n[:, None]  # [BN, BT]
+        ok = n_ok[:, None] & t_ok[None, :]
+        if SPLIT:
+            part = part_ptr + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, BT]
+            tl.store(part + pid_s * (M * N), acc, mask=ok)
+            tl.debug_barrier()  # every thread's partial stored before the release below
+            arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
+                tot = tl.zeros((BN, BT), dtype=tl.float32)
+                for s in range(SEGS):
+                    tot = tot + tl.load(part + s * (M * N), mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(out_tile, round_bf16(tot), mask=ok)
+                tl.atomic_xchg(lock_ptr + pid_n, 0)
+        else:
+            tl.store(out_tile, round_bf16(acc), mask=ok)
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Validate the arguments (ValueError/TypeError naming the value); the scale as uint8."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
@@ -229,6 +309,22 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     m, K = x.shape
     N = w.shape[0]
     if m == 0:
+        return out
+    if m <= DECODE_MAX_M and _DECODE_KERNEL == "mma":
+        segs = mma_plan(N, K)
+        n_tiles = -(-N // _MMA_BN)
+        if segs > 1:
+            locks = _lock_buffer(x.device)
+            if n_tiles > locks.numel():
+                raise ValueError(f"N = {N}; allowed: <= {locks.numel() * _MMA_BN} (decode arrival counters)")
+            part = torch.empty(segs, m, N, dtype=torch.float32, device=x.device)
+        else:
+            locks = part = out  # unused
+        _fp8_gemv_mma_kernel[(n_tiles, segs)](
+            x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
+            BN=_MMA_BN, BT=DECODE_MAX_M, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=segs > 1,
+            EXACT_CAST=interpreting(), num_warps=_MMA_WARPS, num_stages=_MMA_STAGES,
+        )  # fmt: skip
         return out
     segs, bkb = plan(N, K)
     if m <= DECODE_MAX_M:
