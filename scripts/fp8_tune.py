@@ -3,9 +3,9 @@
 tool, not part of `attnv41 bench`).
 
 Decode (m = 1 and 16): the CUDA-core GEMV (`fma`, its shipped tiles) and the tensor-core
-GEMV (`mma`, BN × warps × stages × program target). Prefill (m = 8192): the shipped path
-(exact `fp8_qdq`, bf16 dequantization, cuBLAS) and `kernels.fp8_gemm` per config (after
-the same `fp8_qdq`; its time alone and with the pre-pass). Every variant is first checked
+GEMV (`mma`, BN × warps × stages × program target × blocks per iteration). Prefill
+(m = 8192): the shipped path (exact `fp8_qdq`, bf16 dequantization, cuBLAS) and its two
+pre-passes alone. Every variant is first checked
 on 4 rows against the exact twin (`reference.fp8.fp8_linear`) with the kernel tests'
 bound; a variant that fails is reported and not timed. Times: CUDA graph over copies, L2
 flushed. Prints one line per row and writes JSON to argv[1]."""
@@ -19,20 +19,15 @@ import traceback
 import torch
 
 from attnv41.bench.common import Timer, measure_ceilings
-from attnv41.kernels import fp8_gemm as G
 from attnv41.kernels import fp8_linear as K
 from attnv41.kernels import qdq
 from attnv41.reference.fp8 import act_quant, e8m0_to_float, fp8_linear
 
 SHAPES = {"wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192), "iwq_b": (4096, 1280)}
-MMA = [
-    (64, 4, 4, 512),
-    (128, 4, 4, 512),
-    (64, 4, 6, 1024),
-    (128, 8, 4, 256),
-    (32, 4, 4, 1024),
-    (64, 2, 6, 512),
-]  # BN, warps, stages, target; fmt: skip
+# BN, warps, stages, program target, BKB
+MMA = [(64, 2, 6, 512, 1), (64, 4, 4, 256, 2), (64, 4, 4, 256, 4), (128, 4, 3, 256, 4), (64, 4, 3, 132, 8),
+       (32, 2, 4, 512, 4), (128, 8, 3, 128, 8), (64, 2, 4, 264, 4)]  # fmt: skip
+MMA16 = [MMA[0], MMA[2], MMA[3]]
 FMA = [(32, 2, 3, 1024, 8)]  # the shipped tiles: BN, warps, stages, target, BKB
 
 
@@ -62,7 +57,7 @@ def bound_ok(x, w, s, got) -> int:
 def set_decode(kind, cfg):
     K._DECODE_KERNEL = kind
     if kind == "mma":
-        K._MMA_BN, K._MMA_WARPS, K._MMA_STAGES, K._MMA_TARGET = cfg
+        K._MMA_BN, K._MMA_WARPS, K._MMA_STAGES, K._MMA_TARGET, K._MMA_BKB = cfg
     else:
         K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB = cfg
 
@@ -93,10 +88,10 @@ def main(path: str) -> None:
             flops = 2 * m * N * Kd
             x4, w0, s0 = xs[0][:4].cpu(), ws[0].cpu(), ss[0].cpu()
             if m <= 16:
-                variants = [("fma", c) for c in FMA] + [("mma", c) for c in (MMA if m == 1 else MMA[:2])]
+                variants = [("fma", c) for c in FMA] + [("mma", c) for c in (MMA if m == 1 else MMA16)]
             else:
                 xq = [qdq.fp8_qdq(x) for x in xs]
-                variants = [("cublas", None)] + [("gemm", c) for c in G.SWEEP_CONFIGS[:6]]
+                variants = [("cublas", None), ("qdq", None), ("dequant", None)]
             for kind, cfg in variants:
                 row = dict(name=name, m=m, kind=kind, cfg=str(cfg), bf16_ms=tb.median_ms, floor_ms=floor)
                 try:
@@ -106,11 +101,13 @@ def main(path: str) -> None:
                         row["segs"] = K.mma_plan(N, Kd) if kind == "mma" else K.plan(N, Kd)[0]
                     elif kind == "cublas":
                         fn = [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
+                    elif kind == "qdq":  # the prefill path's parts alone
+                        fn = [lambda i=i: qdq.fp8_qdq(xs[i], out=xq[i]) for i in range(copies)]
                     else:
-                        fn = [lambda i=i: G.fp8_gemm(xq[i], ws[i], ss[i], outs[i], cfg) for i in range(copies)]
+                        fn = [lambda i=i: K.dequant_bf16(ws[i], ss[i]) for i in range(copies)]
                     fn[0]()
                     torch.cuda.synchronize()
-                    row["bad"] = bound_ok(x4, w0, s0, outs[0][:4].cpu())
+                    row["bad"] = bound_ok(x4, w0, s0, outs[0][:4].cpu()) if kind not in ("qdq", "dequant") else 0
                     first = outs[0].clone()
                     fn[0]()
                     row["deterministic"] = bool(torch.equal(first.view(torch.int16), outs[0].view(torch.int16)))
@@ -118,15 +115,6 @@ def main(path: str) -> None:
                         t = timer.time_graph(fn)
                         row.update(ms=t.median_ms, x_floor=t.median_ms / floor, gbps=nbytes / t.median_ms / 1e6,
                                    tflops=flops / t.median_ms / 1e9, pct_fp8=flops / t.median_ms / 1e9 / r8 * 100)  # fmt: skip
-                        if kind == "gemm":  # with its activation pre-pass
-                            t2 = timer.time_graph(
-                                [
-                                    lambda i=i: G.fp8_gemm(qdq.fp8_qdq(xs[i]), ws[i], ss[i], outs[i], cfg)
-                                    for i in range(copies)
-                                ]  # fmt: skip
-                            )
-                            row["ms_with_qdq"] = t2.median_ms
-                            row["pct_fp8_with_qdq"] = flops / t2.median_ms / 1e9 / r8 * 100
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:400]
                     traceback.print_exc()

@@ -33,15 +33,21 @@ CASES = [  # (m, N, K): decode (m <= 16) with and without a split, prefill, ragg
 ]
 
 
-DECODE_KERNELS = {"fma": ("fma", None), "mma": ("mma", None), "mma-unsplit": ("mma", 1)}
+DECODE_KERNELS = {
+    "fma": ("fma", None, 1),
+    "mma": ("mma", None, 1),
+    "mma-unsplit": ("mma", 1, 1),
+    "mma-bkb4": ("mma", None, 4),
+}
 
 
 @pytest.fixture(params=list(DECODE_KERNELS), ids=list(DECODE_KERNELS))
 def decode_kernel(request, monkeypatch):
-    """Each decode launch: the CUDA-core GEMV, the tensor-core one with its split, and the
-    tensor-core one unsplit (its program target lowered to one tile)."""
-    kernel, target = DECODE_KERNELS[request.param]
+    """Each decode launch: the CUDA-core GEMV, the tensor-core one with its split, unsplit
+    (its program target lowered to one tile) and with 4 blocks per iteration (batched dot)."""
+    kernel, target, bkb = DECODE_KERNELS[request.param]
     monkeypatch.setattr(K, "_DECODE_KERNEL", kernel)
+    monkeypatch.setattr(K, "_MMA_BKB", bkb)
     if target is not None:
         monkeypatch.setattr(K, "_MMA_TARGET", target)
     return request.param
@@ -149,6 +155,27 @@ def test_identity_weight_is_the_activation_round_trip(device, decode_kernel):
     )
     assert torch.equal(got.float(), fp8_qdq(x).float()), "W = I does not give the fp8 round trip of x"
     assert torch.equal(got[1].view(torch.int16), torch.zeros(Kd, dtype=torch.int16)), "all-zero row: not +0"
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply")  # byte 254: inf, on purpose
+@pytest.mark.parametrize("N", [64, 100], ids=["N64", "N100-ragged"])
+def test_dequant_equals_the_reference(N, device):
+    """`dequant_bf16` (the prefill weight) against `reference.fp8.dequant_weight`, bit for bit,
+    over every e4m3 code and scale bytes 0 (2^-127: bf16 subnormals), 1..254 (overflow to inf)."""
+    from attnv41.reference.fp8 import dequant_weight
+
+    Kd = 256
+    gen = _gen("dequant", N)
+    codes = torch.randint(0, 256, (N, Kd), generator=gen, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E  # no NaN codes (the loaders reject non-finite weights)
+    codes[0, :256] = torch.arange(256, dtype=torch.uint8).masked_fill((torch.arange(256) & 0x7F) == 0x7F, 0)
+    w = codes.view(torch.float8_e4m3fn)
+    s = torch.randint(0, 255, (-(-N // 32), Kd // 32), generator=gen, dtype=torch.uint8)
+    s[0, :3] = torch.tensor([0, 1, 254], dtype=torch.uint8)
+    got = K.dequant_bf16(w.to(device), s.to(device)).cpu()
+    ref = dequant_weight(w, s)
+    diff = got.view(torch.int16) != ref.view(torch.int16)
+    assert not diff.any(), f"{int(diff.sum())} weights differ; first at {diff.nonzero()[0].tolist()}"
 
 
 def test_plan_is_a_constant_of_the_shape():

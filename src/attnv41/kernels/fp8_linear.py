@@ -54,7 +54,7 @@ _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
 # The decode launch: "mma" (f16 tensor cores, one MMA per 32-column block) or "fma" (CUDA cores).
 _DECODE_KERNEL = "mma"
-_MMA_BN, _MMA_WARPS, _MMA_STAGES, _MMA_TARGET = 64, 4, 4, 512
+_MMA_BN, _MMA_WARPS, _MMA_STAGES, _MMA_TARGET, _MMA_BKB = 64, 4, 4, 512, 1
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
@@ -88,9 +88,14 @@ def plan(N: int, K: int) -> tuple[int, int]:
 def mma_plan(N: int, K: int) -> int:
     """SEGS of the tensor-core decode launch for a weight `[N, K]`: the smallest divisor S of
     K/32 with ceil(N/BN)·S ≥ its target program count (else K/32). A constant of the shape."""
-    nkb = K // BLOCK
+    iters = K // BLOCK // _mma_bkb(K)
     tiles = -(-N // _MMA_BN)
-    return next((s for s in range(1, nkb + 1) if nkb % s == 0 and tiles * s >= _MMA_TARGET), nkb)
+    return next((s for s in range(1, iters + 1) if iters % s == 0 and tiles * s >= _MMA_TARGET), iters)
+
+
+def _mma_bkb(K: int) -> int:
+    """Blocks per iteration of the tensor-core decode launch: the largest of _MMA_BKB, …, 1 dividing K/32."""
+    return next(b for b in (8, 4, 2, 1) if b <= _MMA_BKB and (K // BLOCK) % b == 0)
 
 
 def prepare(device: torch.device | str) -> None:
@@ -215,6 +220,7 @@ if HAVE_TRITON:
         stride_om,
         BN: tl.constexpr,
         BT: tl.constexpr,
+        BKB: tl.constexpr,
         SEG_KB: tl.constexpr,
         SEGS: tl.constexpr,
         SPLIT: tl.constexpr,
@@ -223,33 +229,43 @@ if HAVE_TRITON:
         """Tensor-core twin of `_fp8_gemv_kernel`: every token of the call in one BT-wide
         dot operand (tokens past M are zeros), one K block of 32 per f16 MMA into a zero
         accumulator (e4m3 values are exact in f16, their products exact in fp32), then
-        `acc += (p·sx)·sw` in K order. An MMA output element depends only on its own row
-        and column, and BT is fixed, so a token's bits do not depend on m."""
+        `acc += Σ_b (p_b·sx_b)·sw_b` over BKB consecutive blocks (a fixed tree; BKB > 1:
+        one batched dot of BKB blocks) in K order. An MMA output element depends only on
+        its own row and column, and BT is fixed, so a token's bits do not depend on m."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         nkb = K // 32
         offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
         offs_t = tl.arange(0, BT)
         offs_k = tl.arange(0, 32)
+        offs_b = tl.arange(0, BKB)
         n_ok = offs_n < N
         t_ok = offs_t < M
-        # [BN, 32]: one block of 32 columns of each weight row
-        w_tile = w_ptr + offs_n[:, None] * K + offs_k[None, :]
-        # [BT, 32]: the same columns of each token
-        x_tile = x_ptr + offs_t[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-        sw_row = sw_ptr + (offs_n // 32) * nkb  # [BN]
+        # [BKB, BN, 32]: BKB blocks of 32 columns of each weight row
+        w_tile = w_ptr + offs_b[:, None, None] * 32 + offs_n[None, :, None] * K + offs_k[None, None, :]
+        # [BKB, BT, 32]: the same columns of each token
+        x_tile = (
+            x_ptr + offs_b[:, None, None] * 32 + offs_t[None, :, None].to(tl.int64) * stride_xm + offs_k[None, None, :]
+        )
+        sw_tile = sw_ptr + (offs_n // 32)[None, :] * nkb + offs_b[:, None]  # [BKB, BN]
         acc = tl.zeros((BN, BT), dtype=tl.float32)
-        for j in range(SEG_KB):
-            kb = pid_s * SEG_KB + j
-            xv = tl.load(x_tile + kb * 32, mask=t_ok[:, None], other=0.0).to(tl.float32)
-            qf, sx = _quant_block(xv, EXACT_CAST)  # [BT, 32], [BT]
-            w = tl.load(w_tile + kb * 32, mask=n_ok[:, None], other=0.0)
+        for j in range(SEG_KB // BKB):
+            kb = pid_s * SEG_KB + j * BKB
+            xv = tl.load(x_tile + kb * 32, mask=t_ok[None, :, None], other=0.0).to(tl.float32)
+            qf, sx = _quant_block(tl.reshape(xv, (BKB * BT, 32)), EXACT_CAST)  # [BKB·BT, 32], [BKB·BT]
+            qf = tl.reshape(qf, (BKB, BT, 32))
+            sx = tl.reshape(sx, (BKB, BT))
+            w = tl.load(w_tile + kb * 32, mask=n_ok[None, :, None], other=0.0)
             if EXACT_CAST:  # the interpreter: fp32 products (exact), as the MMA's
-                p = tl.dot(w.to(tl.float32), tl.trans(qf))
+                wf, qd = w.to(tl.float32), qf
             else:
-                p = tl.dot(w.to(tl.float16), tl.trans(qf.to(tl.float16)))  # [BN, BT] fp32
-            sw = _e8m0(tl.load(sw_row + kb, mask=n_ok, other=127).to(tl.int32))
-            acc = acc + (p * sx[None, :]) * sw[:, None]
+                wf, qd = w.to(tl.float16), qf.to(tl.float16)
+            if BKB == 1:
+                p = tl.dot(tl.reshape(wf, (BN, 32)), tl.trans(tl.reshape(qd, (BT, 32))))[None]  # [1, BN, BT]
+            else:
+                p = tl.dot(wf, tl.trans(qd, 0, 2, 1))  # [BKB, BN, BT] fp32
+            sw = _e8m0(tl.load(sw_tile + kb, mask=n_ok[None, :], other=127).to(tl.int32))  # [BKB, BN]
+            acc = acc + tl.sum((p * sx[:, None, :]) * sw[:, :, None], axis=0)
         out_tile = out_ptr + offs_t[None, :].to(tl.int64) * stride_om + offs_n[:, None]  # [BN, BT]
         ok = n_ok[:, None] & t_ok[None, :]
         if SPLIT:
@@ -322,7 +338,7 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
             locks = part = out  # unused
         _fp8_gemv_mma_kernel[(n_tiles, segs)](
             x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
-            BN=_MMA_BN, BT=DECODE_MAX_M, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=segs > 1,
+            BN=_MMA_BN, BT=DECODE_MAX_M, BKB=_mma_bkb(K), SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=segs > 1,
             EXACT_CAST=interpreting(), num_warps=_MMA_WARPS, num_stages=_MMA_STAGES,
         )  # fmt: skip
         return out
@@ -348,14 +364,27 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     return out
 
 
+if HAVE_TRITON:
+
+    @triton.jit
+    def _dequant_kernel(w_ptr, sw_ptr, out_ptr, N, K, BN: tl.constexpr, BK: tl.constexpr):
+        """bf16 out[n, k] = e4m3(w[n, k])·2^(sw[n//32, k//32]−127), a [BN, BK] tile per program."""
+        offs_n = (tl.program_id(0) * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_k = (tl.program_id(1) * BK + tl.arange(0, BK)).to(tl.int64)
+        ok = (offs_n < N)[:, None] & (offs_k < K)[None, :]
+        # [BN, BK]
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=ok, other=0.0).to(tl.float32)
+        sb = tl.load(sw_ptr + (offs_n // 32)[:, None] * (K // 32) + (offs_k // 32)[None, :], mask=ok, other=127)
+        tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], round_bf16(w * _e8m0(sb.to(tl.int32))), mask=ok)
+
+
 def dequant_bf16(w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """bf16 `w[n, k]·2^(sw[n//32, k//32]−127)` (exact), without a host sync: `sw` as uint8,
-    trusted (no 0xFF). Equals `reference.fp8.dequant_weight`."""
+    """bf16 `w[n, k]·2^(sw[n//32, k//32]−127)` (exact where the bf16 result is normal; else
+    rounded to nearest even, as `reference.fp8.dequant_weight`, which it equals bit for bit),
+    without a host sync: `sw` as uint8, trusted (no 0xFF). One Triton pass (reads 1 byte,
+    writes 2 per weight)."""
+    require_triton("dequant_bf16", w, sw)
     N, K = w.shape
-    bits = torch.where(sw == 0, 0x00400000, sw.to(torch.int32) << 23).view(torch.float32)
-    s = bits.to(torch.bfloat16)
-    if N % BLOCK == 0:  # one broadcast multiply over [N/32, 32, K/32, 32] views
-        wd = w.to(torch.bfloat16)
-        wd.view(N // BLOCK, BLOCK, K // BLOCK, BLOCK).mul_(s[:, None, :, None])
-        return wd
-    return w.to(torch.bfloat16).mul_(s.repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1))
+    out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
+    _dequant_kernel[(-(-N // 32), -(-K // 256))](w, sw, out, N, K, BN=32, BK=256, num_warps=4)
+    return out
