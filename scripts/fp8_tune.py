@@ -2,9 +2,9 @@
 """Sweep of the FP8 linear's launches at the V4.1-Flash shapes (GPU only; a development
 tool, not part of `attnv41 bench`).
 
-Decode (m = 1 and 16): the CUDA-core GEMV (`fma`, its shipped tiles) and the tensor-core
-GEMV (`mma`, BN × warps × stages × program target × blocks per iteration). Prefill
-(m = 8192): the shipped path (exact `fp8_qdq`, bf16 dequantization, cuBLAS) and its two
+Decode (m = 1 and 16): the CUDA-core GEMV per tile config and e4m3 weight conversion.
+Prefill (m = 8192): the shipped path (exact `fp8_qdq`, bf16 dequantization, cuBLAS) with
+the activation round trip by the hardware cast or by bit arithmetic, and its two
 pre-passes alone. Every variant is first checked
 on 4 rows against the exact twin (`reference.fp8.fp8_linear`) with the kernel tests'
 bound; a variant that fails is reported and not timed. Times: CUDA graph over copies, L2
@@ -24,11 +24,9 @@ from attnv41.kernels import qdq
 from attnv41.reference.fp8 import act_quant, e8m0_to_float, fp8_linear
 
 SHAPES = {"wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192), "iwq_b": (4096, 1280)}
-# BN, warps, stages, program target, BKB
-MMA = [(64, 2, 6, 512, 1), (64, 4, 4, 256, 2), (64, 4, 4, 256, 4), (128, 4, 3, 256, 4), (64, 4, 3, 132, 8),
-       (32, 2, 4, 512, 4), (128, 8, 3, 128, 8), (64, 2, 4, 264, 4)]  # fmt: skip
-MMA16 = [MMA[0], MMA[2], MMA[3]]
-FMA = [(32, 2, 3, 1024, 8)]  # the shipped tiles: BN, warps, stages, target, BKB
+# BN, warps, stages, program target, BKB, e4m3 weights by integer ops (_W_BITS)
+FMA = [(32, 2, 3, 1024, 8, False), (32, 2, 3, 1024, 8, True), (32, 4, 3, 1024, 8, True), (64, 4, 3, 1024, 8, True),
+       (32, 2, 4, 512, 8, True), (16, 2, 3, 2048, 8, True)]  # fmt: skip
 
 
 def fp8_rate(timer: Timer) -> float:
@@ -55,11 +53,10 @@ def bound_ok(x, w, s, got) -> int:
 
 
 def set_decode(kind, cfg):
-    K._DECODE_KERNEL = kind
-    if kind == "mma":
-        K._MMA_BN, K._MMA_WARPS, K._MMA_STAGES, K._MMA_TARGET, K._MMA_BKB = cfg
-    else:
-        K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB = cfg
+    if kind == "fma":
+        K._DEC_BN, K._DEC_WARPS, K._DEC_STAGES, K._TARGET_PROGRAMS, K._BKB, K._W_BITS = cfg
+    elif kind in ("cublas", "qdq"):
+        qdq._HW_E4M3 = cfg  # the activation round trip by the hardware cast, or by bit arithmetic
 
 
 def main(path: str) -> None:
@@ -88,17 +85,17 @@ def main(path: str) -> None:
             flops = 2 * m * N * Kd
             x4, w0, s0 = xs[0][:4].cpu(), ws[0].cpu(), ss[0].cpu()
             if m <= 16:
-                variants = [("fma", c) for c in FMA] + [("mma", c) for c in (MMA if m == 1 else MMA16)]
+                variants = [("fma", c) for c in (FMA if m == 1 else FMA[:2])]
             else:
                 xq = [qdq.fp8_qdq(x) for x in xs]
-                variants = [("cublas", None), ("qdq", None), ("dequant", None)]
+                variants = [("cublas", True), ("cublas", False), ("qdq", True), ("qdq", False), ("dequant", None)]
             for kind, cfg in variants:
                 row = dict(name=name, m=m, kind=kind, cfg=str(cfg), bf16_ms=tb.median_ms, floor_ms=floor)
                 try:
-                    if kind in ("fma", "mma"):
-                        set_decode(kind, cfg)
+                    set_decode(kind, cfg)
+                    if kind == "fma":
                         fn = [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
-                        row["segs"] = K.mma_plan(N, Kd) if kind == "mma" else K.plan(N, Kd)[0]
+                        row["segs"] = K.plan(N, Kd)[0]
                     elif kind == "cublas":
                         fn = [lambda i=i: K.fp8_mm(xs[i], ws[i], ss[i], out=outs[i]) for i in range(copies)]
                     elif kind == "qdq":  # the prefill path's parts alone

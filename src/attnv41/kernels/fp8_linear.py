@@ -47,14 +47,12 @@ if HAVE_TRITON:
     from ._triton import round_bf16
     from .qdq import _e4m3_rne, _pow2_ceil_exp
 
-__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "mma_plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
+__all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
 _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
-# The decode launch: "mma" (f16 tensor cores, one MMA per 32-column block) or "fma" (CUDA cores).
-_DECODE_KERNEL = "mma"
-_MMA_BN, _MMA_WARPS, _MMA_STAGES, _MMA_TARGET, _MMA_BKB = 64, 4, 4, 512, 1
+_W_BITS = True  # decode: e4m3 weights to fp32 by integer ops and one multiply, not the F2F conversions
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
@@ -83,19 +81,6 @@ def plan(N: int, K: int) -> tuple[int, int]:
         if tiles * s >= _TARGET_PROGRAMS:
             break
     return best, bkb
-
-
-def mma_plan(N: int, K: int) -> int:
-    """SEGS of the tensor-core decode launch for a weight `[N, K]`: the smallest divisor S of
-    K/32 with ceil(N/BN)·S ≥ its target program count (else K/32). A constant of the shape."""
-    iters = K // BLOCK // _mma_bkb(K)
-    tiles = -(-N // _MMA_BN)
-    return next((s for s in range(1, iters + 1) if iters % s == 0 and tiles * s >= _MMA_TARGET), iters)
-
-
-def _mma_bkb(K: int) -> int:
-    """Blocks per iteration of the tensor-core decode launch: the largest of _MMA_BKB, …, 1 dividing K/32."""
-    return next(b for b in (8, 4, 2, 1) if b <= _MMA_BKB and (K // BLOCK) % b == 0)
 
 
 def prepare(device: torch.device | str) -> None:
@@ -160,6 +145,7 @@ if HAVE_TRITON:
         SEGS: tl.constexpr,
         SPLIT: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        W_BITS: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
@@ -181,7 +167,12 @@ if HAVE_TRITON:
             for j in range(SEG_KB // BKB):
                 kb = seg * SEG_KB + j * BKB
                 qf, sx = _quant_block(tl.load(x_tile + kb * 32).to(tl.float32), EXACT_CAST)  # [BKB, 32], [BKB]
-                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0.0).to(tl.float32)
+                if W_BITS:  # the byte's bits placed into an fp32, then ×2^120 (exact, subnormal codes too)
+                    b = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0).to(tl.int32)
+                    bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
+                    w = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+                else:
+                    w = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0.0).to(tl.float32)
                 p = tl.sum(w * qf[None, :, :], axis=2)  # [BN, BKB]: each block's 32 exact products, fp32 sum
                 sw = _e8m0(tl.load(sw_tile + kb, mask=n_ok[:, None], other=127).to(tl.int32))
                 acc = acc + tl.sum((p * sx[None, :]) * sw, axis=1)
@@ -201,86 +192,6 @@ if HAVE_TRITON:
                 tl.atomic_xchg(lock_ptr + tile, 0)
         else:
             tl.store(out_row, round_bf16(total), mask=n_ok)
-
-
-if HAVE_TRITON:
-
-    @triton.jit
-    def _fp8_gemv_mma_kernel(
-        x_ptr,  # bf16 [M, K], M <= BT
-        w_ptr,  # e4m3 [N, K]
-        sw_ptr,  # uint8 [ceil(N/32), K/32]
-        out_ptr,  # bf16 [M, N]
-        part_ptr,  # fp32 [SEGS, M, N] partials (SPLIT only)
-        lock_ptr,  # int32 counters, one per weights tile (SPLIT only)
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_om,
-        BN: tl.constexpr,
-        BT: tl.constexpr,
-        BKB: tl.constexpr,
-        SEG_KB: tl.constexpr,
-        SEGS: tl.constexpr,
-        SPLIT: tl.constexpr,
-        EXACT_CAST: tl.constexpr,
-    ):
-        """Tensor-core twin of `_fp8_gemv_kernel`: every token of the call in one BT-wide
-        dot operand (tokens past M are zeros), one K block of 32 per f16 MMA into a zero
-        accumulator (e4m3 values are exact in f16, their products exact in fp32), then
-        `acc += Σ_b (p_b·sx_b)·sw_b` over BKB consecutive blocks (a fixed tree; BKB > 1:
-        one batched dot of BKB blocks) in K order. An MMA output element depends only on
-        its own row and column, and BT is fixed, so a token's bits do not depend on m."""
-        pid_n = tl.program_id(0)
-        pid_s = tl.program_id(1)
-        nkb = K // 32
-        offs_n = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
-        offs_t = tl.arange(0, BT)
-        offs_k = tl.arange(0, 32)
-        offs_b = tl.arange(0, BKB)
-        n_ok = offs_n < N
-        t_ok = offs_t < M
-        # [BKB, BN, 32]: BKB blocks of 32 columns of each weight row
-        w_tile = w_ptr + offs_b[:, None, None] * 32 + offs_n[None, :, None] * K + offs_k[None, None, :]
-        # [BKB, BT, 32]: the same columns of each token
-        x_tile = (
-            x_ptr + offs_b[:, None, None] * 32 + offs_t[None, :, None].to(tl.int64) * stride_xm + offs_k[None, None, :]
-        )
-        sw_tile = sw_ptr + (offs_n // 32)[None, :] * nkb + offs_b[:, None]  # [BKB, BN]
-        acc = tl.zeros((BN, BT), dtype=tl.float32)
-        for j in range(SEG_KB // BKB):
-            kb = pid_s * SEG_KB + j * BKB
-            xv = tl.load(x_tile + kb * 32, mask=t_ok[None, :, None], other=0.0).to(tl.float32)
-            qf, sx = _quant_block(tl.reshape(xv, (BKB * BT, 32)), EXACT_CAST)  # [BKB·BT, 32], [BKB·BT]
-            qf = tl.reshape(qf, (BKB, BT, 32))
-            sx = tl.reshape(sx, (BKB, BT))
-            w = tl.load(w_tile + kb * 32, mask=n_ok[None, :, None], other=0.0)
-            if EXACT_CAST:  # the interpreter: fp32 products (exact), as the MMA's
-                wf, qd = w.to(tl.float32), qf
-            else:
-                wf, qd = w.to(tl.float16), qf.to(tl.float16)
-            if BKB == 1:
-                p = tl.dot(tl.reshape(wf, (BN, 32)), tl.trans(tl.reshape(qd, (BT, 32))))[None]  # [1, BN, BT]
-            else:
-                p = tl.dot(wf, tl.trans(qd, 0, 2, 1))  # [BKB, BN, BT] fp32
-            sw = _e8m0(tl.load(sw_tile + kb, mask=n_ok[None, :], other=127).to(tl.int32))  # [BKB, BN]
-            acc = acc + tl.sum((p * sx[:, None, :]) * sw[:, :, None], axis=0)
-        out_tile = out_ptr + offs_t[None, :].to(tl.int64) * stride_om + offs_n[:, None]  # [BN, BT]
-        ok = n_ok[:, None] & t_ok[None, :]
-        if SPLIT:
-            part = part_ptr + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]  # [BN, BT]
-            tl.store(part + pid_s * (M * N), acc, mask=ok)
-            tl.debug_barrier()  # every thread's partial stored before the release below
-            arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
-                tot = tl.zeros((BN, BT), dtype=tl.float32)
-                for s in range(SEGS):
-                    tot = tot + tl.load(part + s * (M * N), mask=ok, other=0.0, cache_modifier=".cg")
-                tl.store(out_tile, round_bf16(tot), mask=ok)
-                tl.atomic_xchg(lock_ptr + pid_n, 0)
-        else:
-            tl.store(out_tile, round_bf16(acc), mask=ok)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -326,22 +237,6 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     N = w.shape[0]
     if m == 0:
         return out
-    if m <= DECODE_MAX_M and _DECODE_KERNEL == "mma":
-        segs = mma_plan(N, K)
-        n_tiles = -(-N // _MMA_BN)
-        if segs > 1:
-            locks = _lock_buffer(x.device)
-            if n_tiles > locks.numel():
-                raise ValueError(f"N = {N}; allowed: <= {locks.numel() * _MMA_BN} (decode arrival counters)")
-            part = torch.empty(segs, m, N, dtype=torch.float32, device=x.device)
-        else:
-            locks = part = out  # unused
-        _fp8_gemv_mma_kernel[(n_tiles, segs)](
-            x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
-            BN=_MMA_BN, BT=DECODE_MAX_M, BKB=_mma_bkb(K), SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=segs > 1,
-            EXACT_CAST=interpreting(), num_warps=_MMA_WARPS, num_stages=_MMA_STAGES,
-        )  # fmt: skip
-        return out
     segs, bkb = plan(N, K)
     if m <= DECODE_MAX_M:
         split = segs > 1
@@ -354,8 +249,9 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
         else:
             locks = part = out  # unused
         _fp8_gemv_kernel[(n_tiles, m, segs if split else 1)](
-            x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
+            x, w.view(torch.uint8) if _W_BITS else w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
             BN=_DEC_BN, BKB=bkb, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=split, EXACT_CAST=interpreting(),
+            W_BITS=_W_BITS,
             num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
         )  # fmt: skip
         return out

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import qdq as _ref
-from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
+from ._triton import HAVE_TRITON, bf16_out_like, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
@@ -50,6 +50,7 @@ FP4_E4M3_BLOCK = 16
 _MODE_FP8, _MODE_FP4_E8M0, _MODE_FP4_E4M3 = 0, 1, 2
 _BLOCKS_PER_PROGRAM = 64  # quantization blocks per program: a [64, 32] tile at most (best of 16..128 on an H200)
 _NUM_WARPS = 4
+_HW_E4M3 = True  # fp8 mode on the GPU: the hardware e4m3 cast (False: the bit arithmetic, as the interpreter)
 
 
 def _check(x: torch.Tensor, out: torch.Tensor | None, block: int) -> torch.Tensor:
@@ -162,6 +163,7 @@ if HAVE_TRITON:
         QBLOCK: tl.constexpr,  # values per quantization block (32 or 16)
         BLOCKS: tl.constexpr,  # quantization blocks per program (power of two)
         COUNT: tl.constexpr,  # count non-finite inputs into count_ptr
+        EXACT_CAST: tl.constexpr,  # e4m3 rounding by bit arithmetic (the interpreter) or the GPU's cast
     ):
         # The [rows, width] tensor is viewed as n_blocks_total blocks of QBLOCK values;
         # this program takes BLOCKS consecutive ones (they may span rows).
@@ -189,7 +191,10 @@ if HAVE_TRITON:
             inv_s = ((254 - e) << 23).to(tl.float32, bitcast=True)
             # [BLOCKS, QBLOCK]
             q = tl.minimum(tl.maximum(v * inv_s[:, None], -448.0), 448.0)
-            y = _e4m3_rne(q) * s[:, None]
+            if EXACT_CAST:  # the interpreter's fp8 cast does not round to nearest even: bit arithmetic
+                y = _e4m3_rne(q) * s[:, None]
+            else:  # the GPU's cvt.rn.satfinite (q is within ±448): nearest even, the same values
+                y = q.to(tl.float8e4nv).to(tl.float32) * s[:, None]
         elif MODE == 1:
             # s = 2^ceil(log2(max(amax, 6·2^-126)/6)), amax/6 correctly rounded
             t = tl.math.div_rn(tl.maximum(amax, 7.052966104933725e-38), tl.full(amax.shape, 6.0, tl.float32))
@@ -249,6 +254,7 @@ def _launch(
         QBLOCK=block,
         BLOCKS=blocks,
         COUNT=nonfinite is not None,
+        EXACT_CAST=interpreting() or not _HW_E4M3,
         num_warps=_NUM_WARPS,
     )
     return out
