@@ -52,7 +52,6 @@ __all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
 _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
-_W_BITS = True  # decode: e4m3 weights to fp32 by integer ops and one multiply, not the F2F conversions
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 
@@ -145,7 +144,6 @@ if HAVE_TRITON:
         SEGS: tl.constexpr,
         SPLIT: tl.constexpr,
         EXACT_CAST: tl.constexpr,
-        W_BITS: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
@@ -167,12 +165,7 @@ if HAVE_TRITON:
             for j in range(SEG_KB // BKB):
                 kb = seg * SEG_KB + j * BKB
                 qf, sx = _quant_block(tl.load(x_tile + kb * 32).to(tl.float32), EXACT_CAST)  # [BKB, 32], [BKB]
-                if W_BITS:  # the byte's bits placed into an fp32, then ×2^120 (exact, subnormal codes too)
-                    b = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0).to(tl.int32)
-                    bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
-                    w = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
-                else:
-                    w = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0.0).to(tl.float32)
+                w = tl.load(w_tile + kb * 32, mask=n_ok[:, None, None], other=0.0).to(tl.float32)
                 p = tl.sum(w * qf[None, :, :], axis=2)  # [BN, BKB]: each block's 32 exact products, fp32 sum
                 sw = _e8m0(tl.load(sw_tile + kb, mask=n_ok[:, None], other=127).to(tl.int32))
                 acc = acc + tl.sum((p * sx[None, :]) * sw, axis=1)
@@ -249,9 +242,8 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
         else:
             locks = part = out  # unused
         _fp8_gemv_kernel[(n_tiles, m, segs if split else 1)](
-            x, w.view(torch.uint8) if _W_BITS else w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
+            x, w, sw, out, part, locks, m, N, K, x.stride(0), out.stride(0),
             BN=_DEC_BN, BKB=bkb, SEG_KB=K // BLOCK // segs, SEGS=segs, SPLIT=split, EXACT_CAST=interpreting(),
-            W_BITS=_W_BITS,
             num_warps=_DEC_WARPS, num_stages=_DEC_STAGES,
         )  # fmt: skip
         return out
