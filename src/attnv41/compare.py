@@ -349,6 +349,10 @@ def _compare_layer(
       owner wrote at an earlier step: rows are written once). Without them the plain
       tolerance applies. Rows holding an excused entry are then judged by our own scores:
       the selection must be a valid top-k of them and the candidate mask must follow;
+    - out of an FP8 `wo_b` (`compare_out`): a row over the tolerance passes only when at
+      most `compare_out.MAX_FLIPS` one-step e4m3 flips of `wo_b`'s input (elements within
+      one bf16 ulp of a rounding boundary, u recomputed from our `o`, else the
+      reference's) account for it; that needs `inputs` (the weights);
     - o / out of a row are compared only where the selection matches and every attended
       row (window and compressed) is bit-identical to the reference's: an accepted
       one-step quantization difference in an attended row moves o by more than bf16's

@@ -21,16 +21,19 @@ fp32), so every product is exact and only the sums round.
   running at once, so one stream at a time). A token's bits do not depend on m or on the
   other tokens of the call.
 - prefill (m > 16): `fp8_qdq(x)` (Triton, exact), the weight dequantized to a bf16
-  temporary (exact), then cuBLAS's bf16 GEMM with fp32 accumulation: the "wide GEMM"
-  formulation the golden README says reproduces the released outputs. Its cost is the
-  bf16 matmul rate plus the temporary (2 bytes per weight, written and read once).
+  temporary (`dequant_bf16`, one Triton pass, exact), then cuBLAS's bf16 GEMM with fp32
+  accumulation: the "wide GEMM" formulation the golden README says reproduces the
+  released outputs. Its cost is the bf16 matmul rate plus the two pre-passes (the
+  temporary: 2 bytes per weight, written and read once).
 
 Why not FP8 tensor cores: the H200's FP8 MMA sums a block of 32 products with about 13
 bits below the largest term, not fp32. In this model an ulp moved in one linear's output
 moves the next linear's e4m3 activation by a whole e4m3 step; an FP8-MMA version of this
-kernel failed `v41_fp8.safetensors` on the H200 (q off by 2.8x the tolerance). A Triton
-bf16-MMA version with the weight dequantized in registers gave wrong sums on the H200
-(Triton 3.6; not pursued).
+kernel failed `v41_fp8.safetensors` on the H200 (q off by 2.8x the tolerance). Measured
+and dropped on the H200 (BENCHMARKS.md, 2026-12-01 evening): a Triton bf16-MMA prefill
+GEMM with the weight dequantized in registers (3-26 % of the FP8 rate, below cuBLAS), and
+an f16 tensor-core decode GEMV (exact operands; 1.2-3.4x slower than this one at m = 1,
+2.8-5x faster at m = 16: the candidate for batched decode, commit 85ac54d).
 
 The scale bytes are trusted here (checked at load: `weights.py` rejects 0xFF, NaN).
 """
