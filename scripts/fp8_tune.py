@@ -121,11 +121,10 @@ def main(path: str) -> None:
                 elif "ms" not in row:
                     print(f"{name:6s} m={m:5d} {kind:6s} {row['cfg']:40s} WRONG: {row['bad']} outputs off", flush=True)
                 else:
-                    extra = f" +qdq {row['ms_with_qdq'] * 1e3:8.1f} us" if "ms_with_qdq" in row else ""
                     print(
                         f"{name:6s} m={m:5d} {kind:6s} {row['cfg']:40s} {row['ms'] * 1e3:8.1f} us "
                         f"x_floor {row['x_floor']:5.2f} bf16 {tb.median_ms * 1e3:8.1f} us "
-                        f"{row['pct_fp8']:5.1f}% fp8 det={row['deterministic']}{extra}",
+                        f"{row['pct_fp8']:5.1f}% fp8 det={row['deterministic']}",
                         flush=True,
                     )
             xs = ws = ss = outs = xq = None  # free before the next shape
