@@ -144,3 +144,22 @@ def test_split_reference_rejects_bad_split():
     q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, "cpu")
     with pytest.raises(ValueError, match=r"split = 100; allowed: a positive multiple of 64"):
         split_ref(q, win, sel, sink, 0.1, 100)
+
+
+@pytest.mark.parametrize(
+    "tune",
+    [
+        pytest.param(dict(bps=2), id="chunked-bps2"),
+        pytest.param(dict(bps=3, dk=16, pv_d=32), id="chunked-bps3-dk16"),
+        pytest.param(dict(variant="whole", bps=2, pv_d=16), id="whole-bps2"),
+    ],
+)
+def test_tuning_variants_match_their_twin(device, tune):
+    """The tuning script's alternatives (other split sizes, chunk widths, the whole-row
+    variant) compute the split order of their own split size."""
+    m, H, D, K = 3, 4, 64, 200
+    q, win, comp, sel, sink = _inputs(77, m, H, D, K, 16, 12, 90, device)
+    got = sparse_attn_split(q, win, comp, sel, 12, sink, 0.125, **tune)
+    rows = torch.cat([win[:12], comp])
+    want = split_ref(q, rows, sel, sink, 0.125, tune["bps"] * BLOCK_K)
+    _assert_close(f"o ({tune})", got, want)

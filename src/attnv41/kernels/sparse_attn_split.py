@@ -44,9 +44,8 @@ __all__ = ["sparse_attn_split", "sparse_attn_split_torch", "SPLIT", "BLOCKS_PER_
 
 BLOCKS_PER_SPLIT = 1  # 64-entry blocks per split: part of the numerics contract
 SPLIT = BLOCKS_PER_SPLIT * BLOCK_K
-_PV_D = 128  # columns of the weighted rows per split program (the head dim is cut into these)
-_WARPS, _STAGES = 4, 1
-_BLOCK_HC = 16  # heads per combine program
+# The launch configuration (tile shapes, warps): constants, never derived from m.
+_TUNE = dict(variant="chunked", bps=BLOCKS_PER_SPLIT, dk=128, pv_d=128, warps=4, stages=2, comb_h=16, comb_d=128)
 
 if HAVE_TRITON:
 
@@ -162,6 +161,129 @@ if HAVE_TRITON:
         tl.store(st + H, den, mask=mask_h & (dc == 0))
 
     @triton.jit
+    def _split_kernel_chunked(
+        q_ptr,
+        win_ptr,
+        comp_ptr,
+        sel_ptr,
+        part_ptr,  # fp32 [m, S, H, D] accumulators
+        stat_ptr,  # fp32 [m, S, 2, H]: the split's running max, then its sum
+        H,
+        D,
+        K,
+        offset,
+        n_comp,
+        scale,
+        stride_qt,
+        stride_qh,
+        stride_qd,
+        stride_wn,
+        stride_wd,
+        stride_cn,
+        stride_cd,
+        stride_st,
+        stride_sk,
+        BLOCK_H: tl.constexpr,
+        D_CHUNKS: tl.constexpr,
+        DK: tl.constexpr,
+        PV_CHUNKS: tl.constexpr,
+        PV_D: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BPS: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        sp = tl.program_id(1)
+        hb = tl.program_id(2)
+        S = tl.num_programs(1)
+
+        # [BLOCK_H] heads, [DK] columns of a logits chunk, [PV_D] columns of a weighted-rows chunk
+        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        offs_c = tl.arange(0, DK)
+        offs_v = tl.arange(0, PV_D)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        offs_h64 = offs_h.to(tl.int64)
+        row = t * S + sp
+        a_base = part_ptr + (row * H + offs_h64[:, None]) * D  # [BLOCK_H, 1]
+
+        mx = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for kb in tl.static_range(0, BPS):
+            # idx: [BLOCK_K] selection entries of this block; past K reads as absent (−1)
+            kk = (sp * BPS + kb) * BLOCK_K + offs_k
+            idx = tl.load(sel_ptr + t * stride_st + kk.to(tl.int64) * stride_sk, mask=kk < K, other=-1)
+            idx = idx.to(tl.int64)
+            present = idx >= 0
+            from_win = present & (idx < offset)
+            crow = idx - offset
+            from_comp = present & (idx >= offset) & (crow < n_comp)
+            ok = from_win | from_comp
+            # base: [BLOCK_K] row addresses (win or comp); column strides below
+            w_base = win_ptr + tl.where(from_win, idx, 0) * stride_wn
+            c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
+
+            # s: [BLOCK_H, BLOCK_K] fp32 logits, summed over D in chunks of DK columns
+            s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+            for c in range(0, D_CHUNKS):
+                cols = c * DK + offs_c
+                cm = cols < D
+                cols64 = cols.to(tl.int64)
+                q_c = tl.load(
+                    q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols64[None, :] * stride_qd,
+                    mask=mask_h[:, None] & cm[None, :],
+                    other=0.0,
+                )
+                r_ptrs = tl.where(
+                    from_win[:, None],
+                    w_base[:, None] + cols64[None, :] * stride_wd,
+                    c_base[:, None] + cols64[None, :] * stride_cd,
+                )
+                r_c = tl.load(r_ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
+                if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                    s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+                else:
+                    s = tl.dot(q_c, tl.trans(r_c), s)
+            s = s * scale
+            s = tl.where(present[None, :], s, float("-inf"))
+
+            # new, base, alpha: [BLOCK_H] fp32; base = 0 while nothing is present
+            new = tl.maximum(mx, tl.max(s, axis=1))
+            base = tl.where(new == float("-inf"), 0.0, new)
+            alpha = tl.exp(mx - base)
+            p = tl.exp(s - base[:, None])
+            den = den * alpha + tl.sum(p, axis=1)
+            p_bf16 = round_bf16(p)
+            mx = new
+
+            # the weighted rows, chunk by chunk, into the split's accumulator (this program's own)
+            for c in range(0, PV_CHUNKS):
+                cols = c * PV_D + offs_v
+                cm = cols < D
+                cols64 = cols.to(tl.int64)
+                v_ptrs = tl.where(
+                    from_win[:, None],
+                    w_base[:, None] + cols64[None, :] * stride_wd,
+                    c_base[:, None] + cols64[None, :] * stride_cd,
+                )
+                v_c = tl.load(v_ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
+                if DOT_FP32:
+                    pv = tl.dot(p_bf16.to(tl.float32), v_c.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p_bf16, v_c)
+                a_ptrs = a_base + cols64[None, :]
+                am = mask_h[:, None] & cm[None, :]
+                if kb > 0:
+                    pv = tl.load(a_ptrs, mask=am, other=0.0) * alpha[:, None] + pv
+                tl.store(a_ptrs, pv, mask=am)
+            if BPS > 1:
+                tl.debug_barrier()  # this block's accumulator stores before the next block reads them
+
+        st = stat_ptr + row * 2 * H + offs_h64
+        tl.store(st, mx, mask=mask_h)
+        tl.store(st + H, den, mask=mask_h)
+
+    @triton.jit
     def _combine_kernel(
         part_ptr,
         stat_ptr,
@@ -179,9 +301,9 @@ if HAVE_TRITON:
         t = tl.program_id(0).to(tl.int64)
         h0 = tl.program_id(1) * BLOCK_HC
 
-        # [BLOCK_HC] heads, [BLOCK_D] columns
+        # [BLOCK_HC] heads, [BLOCK_D] columns (this program's slice of the head dim)
         offs_h = h0 + tl.arange(0, BLOCK_HC)
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
         mask_h = offs_h < H
         mask_d = offs_d < D
         offs_h64 = offs_h.to(tl.int64)
@@ -216,21 +338,19 @@ if HAVE_TRITON:
         tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_d[None, :])
 
 
-def _config(H: int, D: int, pv_d: int | None = None) -> tuple[int, int, int]:
+def _config(H: int, D: int, pv_d: int) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_D, PV_D) from H and D only (never m)."""
     block_d = max(16, triton.next_power_of_2(D))
     block_h = min(64, max(16, triton.next_power_of_2(H)))
-    pv = min(block_d, _PV_D if pv_d is None else pv_d)
+    pv = min(block_d, pv_d)
     return block_h, block_d, pv
 
 
-def sparse_attn_split(
-    q, win, comp, sel, offset, sink, scale, out=None, *, _pv_d=None, _bps=None, _warps=None, _stages=None
-) -> torch.Tensor:
+def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) -> torch.Tensor:
     """o[t, h] = Σ_j softmax_j(τ·q[t,h]·R_j ∪ sink_h) · R_j as bf16 `[m, H, D]`, split over
     the selection (the decode regime); contract as `sparse_attn.sparse_attn`, order in
-    this module's docstring. The underscored keywords are for the tuning script only
-    (they change the order: production calls never pass them)."""
+    this module's docstring. `tune` is for the tuning script only (it may change the
+    order: production calls never pass it)."""
     _validate(q, win, comp, sel, offset, sink, scale, out)
     require_triton("sparse_attn_split", q, win, sel, sink)
     m, H, D = q.shape
@@ -242,41 +362,48 @@ def sparse_attn_split(
     n_comp = comp.shape[0]
     if n_comp == 0:
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
-    bps = BLOCKS_PER_SPLIT if _bps is None else _bps
-    block_h, block_d, pv_d = _config(H, D, _pv_d)
+    cfg = dict(_TUNE)
+    cfg.update(tune)
+    bps = cfg["bps"]
+    block_h, block_d, pv_d = _config(H, D, cfg["pv_d"])
     S = max(1, triton.cdiv(K, bps * BLOCK_K))
     part = torch.empty(m, S, H, D, dtype=torch.float32, device=q.device)
     stat = torch.empty(m, S, 2, H, dtype=torch.float32, device=q.device)
-    n_dc = triton.cdiv(D, pv_d)
-    _split_kernel[(m, S, triton.cdiv(H, block_h) * n_dc)](
-        q,
-        win,
-        comp,
-        sel,
-        part,
-        stat,
-        H,
-        D,
-        K,
-        offset,
-        n_comp,
-        float(scale),
-        *q.stride(),
-        *win.stride(),
-        *comp.stride(),
-        *sel.stride(),
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        PV_D=pv_d,
-        BLOCK_K=BLOCK_K,
-        BPS=bps,
-        N_DC=n_dc,
-        DOT_FP32=interpreting(),
-        num_warps=_WARPS if _warps is None else _warps,
-        num_stages=_STAGES if _stages is None else _stages,
-        enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
-    )
-    _combine_kernel[(m, triton.cdiv(H, _BLOCK_HC))](
+    common = (q, win, comp, sel, part, stat, H, D, K, offset, n_comp, float(scale))
+    common += (*q.stride(), *win.stride(), *comp.stride(), *sel.stride())
+    launch = dict(num_warps=cfg["warps"], num_stages=cfg["stages"], enable_fp_fusion=False)
+    n_hb = triton.cdiv(H, block_h)
+    if cfg["variant"] == "chunked":
+        dk = min(block_d, cfg["dk"])
+        _split_kernel_chunked[(m, S, n_hb)](
+            *common,
+            BLOCK_H=block_h,
+            D_CHUNKS=triton.cdiv(D, dk),
+            DK=dk,
+            PV_CHUNKS=triton.cdiv(D, pv_d),
+            PV_D=pv_d,
+            BLOCK_K=BLOCK_K,
+            BPS=bps,
+            DOT_FP32=interpreting(),
+            **launch,
+        )
+    else:
+        n_dc = triton.cdiv(D, pv_d)
+        _split_kernel[(m, S, n_hb * n_dc)](
+            *common,
+            BLOCK_H=block_h,
+            BLOCK_D=block_d,
+            PV_D=pv_d,
+            BLOCK_K=BLOCK_K,
+            BPS=bps,
+            N_DC=n_dc,
+            DOT_FP32=interpreting(),
+            **launch,
+        )
+    if cfg.get("skip_combine"):  # tuning only: the split kernel's time alone
+        return out
+    bdc = min(block_d, cfg["comb_d"])
+    _combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdc))](
         part,
         stat,
         sink,
@@ -285,8 +412,8 @@ def sparse_attn_split(
         D,
         *out.stride(),
         S=S,
-        BLOCK_HC=_BLOCK_HC,
-        BLOCK_D=block_d,
+        BLOCK_HC=cfg["comb_h"],
+        BLOCK_D=bdc,
         num_warps=4,
         enable_fp_fusion=False,
     )
