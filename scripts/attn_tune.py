@@ -50,15 +50,19 @@ def main() -> int:
     scale = D**-0.5
     configs = [dict(), dict(skip_combine=True)]  # the production config first, then its split kernel alone
     if not args.quick:
-        for dk, pv, warps, stages in itertools.product((64, 128), (128, 256), (4, 8), (2, 3)):
-            configs.append(dict(dk=dk, pv_d=pv, warps=warps, stages=stages))
-        for bps, warps in itertools.product((2, 5), (4, 8)):
-            configs.append(dict(bps=bps, warps=warps))
-            configs.append(dict(bps=bps, warps=warps, skip_combine=True))
-        for ch, cd in itertools.product((16, 64), (64, 128, 512)):
+        for ch, cd in ((16, 64), (8, 128), (32, 128), (16, 256), (8, 64)):
             configs.append(dict(comb_h=ch, comb_d=cd))
+        for bh, warps in itertools.product((32, 16), (4, 8)):
+            configs.append(dict(bh=bh, warps=warps))
+        configs.append(dict(dk=64, warps=8))
+        configs.append(dict(dk=256, warps=8, stages=2))
+        configs.append(dict(pv_d=64))
+        configs.append(dict(warps=8))
+        for bps in (2, 3):
+            configs.append(dict(bps=bps, warps=8))
+            configs.append(dict(bps=bps, warps=8, skip_combine=True))
         configs.append(dict(variant="whole", pv_d=128, warps=4, stages=1))
-        configs.append(dict(variant="whole", bps=2, pv_d=512, warps=8, stages=1))
+        configs.append(dict(variant="whole", pv_d=128, warps=4, stages=1, skip_combine=True))
     else:
         configs += [dict(bps=2), dict(bps=2, skip_combine=True)]
     rows = []

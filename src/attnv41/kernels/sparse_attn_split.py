@@ -45,7 +45,7 @@ __all__ = ["sparse_attn_split", "sparse_attn_split_torch", "SPLIT", "BLOCKS_PER_
 BLOCKS_PER_SPLIT = 1  # 64-entry blocks per split: part of the numerics contract
 SPLIT = BLOCKS_PER_SPLIT * BLOCK_K
 # The launch configuration (tile shapes, warps): constants, never derived from m.
-_TUNE = dict(variant="chunked", bps=BLOCKS_PER_SPLIT, dk=128, pv_d=128, warps=4, stages=2, comb_h=16, comb_d=128)
+_TUNE = dict(variant="chunked", bps=BLOCKS_PER_SPLIT, bh=64, dk=128, pv_d=128, warps=4, stages=3, comb_h=16, comb_d=128)
 
 if HAVE_TRITON:
 
@@ -311,14 +311,14 @@ if HAVE_TRITON:
 
         # big: [BLOCK_HC] fp32, the max over the splits' maxima
         big = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-        for sp in range(S):
+        for sp in tl.static_range(S):  # unrolled: every split's loads can be in flight at once
             mx_s = tl.load(stat_ptr + (t * S + sp) * 2 * H + offs_h64, mask=mask_h, other=float("-inf"))
             big = tl.maximum(big, mx_s)
 
         # den: [BLOCK_HC] fp32; acc: [BLOCK_HC, BLOCK_D] fp32; splits in order
         den = tl.zeros([BLOCK_HC], dtype=tl.float32)
         acc = tl.zeros([BLOCK_HC, BLOCK_D], dtype=tl.float32)
-        for sp in range(S):
+        for sp in tl.static_range(S):
             row = t * S + sp
             mx_s = tl.load(stat_ptr + row * 2 * H + offs_h64, mask=mask_h, other=float("-inf"))
             den_s = tl.load(stat_ptr + row * 2 * H + H + offs_h64, mask=mask_h, other=0.0)
@@ -338,10 +338,10 @@ if HAVE_TRITON:
         tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_d[None, :])
 
 
-def _config(H: int, D: int, pv_d: int) -> tuple[int, int, int]:
+def _config(H: int, D: int, pv_d: int, bh: int = 64) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_D, PV_D) from H and D only (never m)."""
     block_d = max(16, triton.next_power_of_2(D))
-    block_h = min(64, max(16, triton.next_power_of_2(H)))
+    block_h = min(bh, max(16, triton.next_power_of_2(H)))
     pv = min(block_d, pv_d)
     return block_h, block_d, pv
 
@@ -365,7 +365,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
     cfg = dict(_TUNE)
     cfg.update(tune)
     bps = cfg["bps"]
-    block_h, block_d, pv_d = _config(H, D, cfg["pv_d"])
+    block_h, block_d, pv_d = _config(H, D, cfg["pv_d"], cfg["bh"])
     S = max(1, triton.cdiv(K, bps * BLOCK_K))
     part = torch.empty(m, S, H, D, dtype=torch.float32, device=q.device)
     stat = torch.empty(m, S, 2, H, dtype=torch.float32, device=q.device)

@@ -883,7 +883,9 @@ class AttnV41:
                 ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
                 if k < c.index_topk:
                     sel[:, W + k :].fill_(-1)
-        o = ops.sparse_attn(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1])
+        # The decode regime's attention (split over the selection on CUDA): every decode
+        # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
+        o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1])
         return self._output(w, o, pos, cos, sin, 1, out=out)
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:

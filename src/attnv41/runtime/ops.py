@@ -10,6 +10,7 @@ import torch
 
 from ..kernels import compressor, fp8_linear, indexer, linear, norm, qdq, ring, rope, select
 from ..kernels import sparse_attn as sparse
+from ..kernels import sparse_attn_split as sparse_split
 
 __all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
 
@@ -27,7 +28,8 @@ class Ops:
     ring_write: Callable
     compress_pool: Callable
     index_scores: Callable
-    sparse_attn: Callable
+    sparse_attn: Callable  # prefill regime
+    sparse_attn_decode: Callable  # decode regime (every decode token, whatever m)
     candidate_mask: Callable
     topk_select: Callable
     candidate_mask_fixed: Callable
@@ -49,6 +51,7 @@ TORCH_OPS = Ops(
     compress_pool=compressor.compress_pool_torch,
     index_scores=indexer.index_scores_torch,
     sparse_attn=sparse.sparse_attn_torch,
+    sparse_attn_decode=sparse.sparse_attn_torch,  # the CPU path stays the reference, bit for bit
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
     candidate_mask_fixed=select.candidate_mask_fixed,
@@ -70,6 +73,7 @@ TRITON_OPS = Ops(
     compress_pool=compressor.compress_pool,
     index_scores=indexer.index_scores,
     sparse_attn=sparse.sparse_attn,
+    sparse_attn_decode=sparse_split.sparse_attn_split,
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
     candidate_mask_fixed=select.candidate_mask_fixed,
