@@ -194,7 +194,7 @@ def _sparse(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, context: int) -> K
     return KernelCase(
         "sparse_attn",
         regime,
-        "sparse_attn",
+        "sparse_attn_decode" if regime == "decode" else "sparse_attn",  # the op each regime runs
         f"m={m} H={H} D={D} K={K} Nc={context}",
         lambda f, d: f(q, ring, comp, sel, W, sink, D**-0.5, out=d),
         torch.empty(m, H, D, dtype=torch.bfloat16, device=rnd.dev),
