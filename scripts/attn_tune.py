@@ -48,23 +48,17 @@ def main() -> int:
     print(f"peer: {status}; copy {ceil.copy_gbps:.0f} GB/s", flush=True)
     H, D, W = cfg.n_heads, cfg.head_dim, cfg.window
     scale = D**-0.5
-    configs = [dict(), dict(skip_combine=True)]  # the production config first, then its split kernel alone
+    configs = [dict(), dict(only_logits=True), dict(skip_combine=True)]  # production, then its kernels' shares
     if not args.quick:
-        for ch, cd in ((16, 64), (8, 128), (32, 128), (16, 256), (8, 64)):
+        for dk, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
+            if (dk, stages) != (128, 3) or warps != 4:
+                configs.append(dict(dk=dk, warps_a=warps, stages_a=stages, only_logits=True))
+        for bh in (32, 16):
+            configs.append(dict(bh=bh))
+        for pv, warps in itertools.product((64, 128, 256), (4, 8)):
+            configs.append(dict(pv_d=pv, warps_b=warps))
+        for ch, cd in ((8, 64), (16, 64), (8, 128), (32, 64)):
             configs.append(dict(comb_h=ch, comb_d=cd))
-        for bh, warps in itertools.product((32, 16), (4, 8)):
-            configs.append(dict(bh=bh, warps=warps))
-        configs.append(dict(dk=64, warps=8))
-        configs.append(dict(dk=256, warps=8, stages=2))
-        configs.append(dict(pv_d=64))
-        configs.append(dict(warps=8))
-        for bps in (2, 3):
-            configs.append(dict(bps=bps, warps=8))
-            configs.append(dict(bps=bps, warps=8, skip_combine=True))
-        configs.append(dict(variant="whole", pv_d=128, warps=4, stages=1))
-        configs.append(dict(variant="whole", pv_d=128, warps=4, stages=1, skip_combine=True))
-    else:
-        configs += [dict(bps=2), dict(bps=2, skip_combine=True)]
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         pb = _problem(cfg, B, args.context, COPIES, gen, dev)
@@ -72,7 +66,9 @@ def main() -> int:
         K = sels[0].shape[1]
         byts = B * (K * D * 2 + 2 * H * D * 2)
         outs = [torch.empty(B, H, D, dtype=torch.bfloat16, device=dev) for _ in range(COPIES)]
-        ref_split = sparse_attn_split_torch(pb.q[0], pb.win, pb.comp, sels[0], B * W, pb.sink, scale)
+        ref_split = sparse_attn_split_torch(  # the reference order
+            pb.q[0], pb.win, pb.comp, sels[0], B * W, pb.sink, scale
+        )
         fused = [
             partial(sparse_attn, q, pb.win, pb.comp, s, B * W, pb.sink, scale, out=o)
             for q, s, o in zip(pb.q, sels, outs)
@@ -89,19 +85,26 @@ def main() -> int:
                     for q, s, o in zip(pb.q, sels, outs)
                 ]
                 o = calls[0]().clone()
-                if kw.get("skip_combine"):  # no output: time only
+                if kw.get("skip_combine") or kw.get("only_logits"):  # no output: time only
                     t, _, _ = timer.gpu_and_launch(calls, 30)
                     rows.append(dict(batch=B, name=name, us=t.median_ms * 1e3, err=float("nan")))
                     print(rows[-1], flush=True)
                     continue
                 e = _err(o, ref_split)
-                if not torch.isfinite(o.float()).all() or (not kw and e > 2.0**-7):
+                if not torch.isfinite(o.float()).all() or e > 2.0**-7:
                     raise RuntimeError(f"wrong result: rel err {e:.3g}")
                 m1 = sparse_attn_split(pb.q[0][:1], pb.win, pb.comp, sels[0][:1], B * W, pb.sink, scale, **kw)
                 inv = bool(torch.equal(m1, o[:1]))
                 t, _, _ = timer.gpu_and_launch(calls, 30)
                 rows.append(
-                    dict(batch=B, name=name, us=t.median_ms * 1e3, err=e, err_fused=_err(o, o_fused), m_invariant=inv)
+                    dict(
+                        batch=B,
+                        name=name,
+                        us=t.median_ms * 1e3,
+                        err=e,
+                        err_fused=float((o != o_fused).float().mean()),
+                        m_invariant=inv,
+                    )
                 )
             except Exception as ex:  # one config failing must not stop the sweep
                 rows.append(dict(batch=B, name=name, error=f"{type(ex).__name__}: {str(ex)[:200]}"))
@@ -127,7 +130,9 @@ def main() -> int:
         torch.cuda.empty_cache()
     peer_us = {r["batch"]: r["us"] for r in rows if r["name"].startswith("FlashMLA") and "us" in r}
     print(f"\n### sparse attention, decode regime (context {args.context}, H={H}, D={D}, K={W}+{cfg.index_topk})\n")
-    print("| batch | kernel | µs | GB/s | x FlashMLA | max rel err vs split twin | vs fused | m-invariant |")
+    print(
+        "| batch | kernel | µs | GB/s | x FlashMLA | max rel err vs reference order | share of elements != fused | m-invariant |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:

@@ -1,14 +1,12 @@
-"""kernels.sparse_attn_split (the decode regime's flash-decoding order) against its twin
-reference.sparse_attn.sparse_attn_split, and that twin against the fused order
-(reference.sparse_attn.sparse_attn), on CUDA when present, else on the interpreter.
+"""kernels.sparse_attn_split (the decode regime's block-split attention) against its twin,
+the reference order `reference.sparse_attn.sparse_attn`, and against the fused kernel, on
+CUDA when present, else on the interpreter.
 
-Tolerances: the kernel and its twin follow the same order (splits of SPLIT entries,
-64-entry blocks, bf16 probabilities against the split's max, in-order combine), so they
-differ by fp32 summation order and tl.exp only: one bf16 rounding of the output,
-|diff| ≤ 2^-8·max|ref| + 1e-6 (as tests/kernels/test_sparse_attn.py argues). The split
-and fused orders round the probabilities against different maxima: each can move a bf16
-p by half an ulp in another direction, which moves o by at most 2^-9 of its scale on top
-of the output's own rounding; 2^-7·max|ref| allows both roundings and nothing more.
+Tolerance: the split keeps the reference's order (64-entry blocks, bf16 probabilities
+against the running max, the recurrence, the sink last), so it differs only by fp32
+summation order and tl.exp, which can move the bf16 output across one rounding boundary:
+|diff| ≤ 2^-8·max|ref| + 1e-6, as tests/kernels/test_sparse_attn.py argues for the fused
+kernel.
 """
 
 from __future__ import annotations
@@ -16,21 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnv41.kernels.sparse_attn import BLOCK_K
-from attnv41.kernels.sparse_attn_split import SPLIT, sparse_attn_split, sparse_attn_split_torch
-from attnv41.reference.sparse_attn import sparse_attn_split as split_ref
+from attnv41.kernels.sparse_attn import BLOCK_K, sparse_attn
+from attnv41.kernels.sparse_attn_split import sparse_attn_split, sparse_attn_split_torch
 from kernels.test_sparse_attn import BAD, _assert_close, _inputs, _reference, _valid
 
 
 def _bits(x):
     return x.view(torch.int16)
-
-
-def _split_reference(q, win, comp, sel, offset, sink, scale):
-    rows = torch.cat([win[:offset], comp])
-    if rows.shape[0] == 0:
-        rows = win.new_zeros(1, win.shape[1])
-    return split_ref(q, rows, sel, sink, scale, SPLIT)
 
 
 CASES = [
@@ -51,22 +41,10 @@ def test_matches_split_twin(device, m, H, D, K, Nw, offset, Nc):
     out = torch.full((m, H, D), float("nan"), dtype=torch.bfloat16, device=device)
     got = sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out)
     assert got is out, "sparse_attn_split(out=...) must return out itself"
-    _assert_close("o (kernel vs split twin)", got, _split_reference(q, win, comp, sel, offset, sink, scale))
+    _assert_close("o (kernel vs reference order)", got, _reference(q, win, comp, sel, offset, sink, scale))
+    _assert_close("o (kernel vs fused kernel)", got, sparse_attn(q, win, comp, sel, offset, sink, scale))
     if m > 2:
         assert torch.equal(got[0], torch.zeros_like(got[0])), "o[0] (all −1): not exactly 0"
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_split_twin_near_fused(seed):
-    """The two orders (split, fused) agree within the two roundings the module docstring names."""
-    m, H, D, K = 6, 4, 64, 300
-    q, win, comp, sel, sink = _inputs(seed, m, H, D, K, 20, 16, 200, "cpu")
-    a = _split_reference(q, win, comp, sel, 16, sink, D**-0.5)
-    b = _reference(q, win, comp, sel, 16, sink, D**-0.5)
-    err = (a.float() - b.float()).abs().max().item()
-    tol = 2.0**-7 * b.float().abs().max().item() + 1e-6
-    assert err <= tol, f"o: split vs fused order max |diff| {err:.3g} > {tol:.3g}"
-    assert not torch.isnan(a.float()).any(), "o (split twin): NaN"
 
 
 def test_token_bits_independent_of_m(device):
@@ -96,7 +74,7 @@ def test_all_absent_and_sink_extremes(device, sink_value):
     q, win, comp, sel, sink = _inputs(3, m, H, D, K, 6, 6, 10, device, sink_value=sink_value)
     sink[::2] = -sink_value
     got = sparse_attn_split(q, win, comp, sel, 6, sink, D**-0.5)
-    _assert_close("o (sink extremes)", got, _split_reference(q, win, comp, sel, 6, sink, D**-0.5))
+    _assert_close("o (sink extremes)", got, _reference(q, win, comp, sel, 6, sink, D**-0.5))
     sel.fill_(-1)
     sel[:, ::3] = -7
     z = sparse_attn_split(q, win, comp, sel, 6, sink, D**-0.5)
@@ -107,7 +85,7 @@ def test_many_heads_blocks(device):
     """H > 64: the heads are cut into blocks of 64 (one program per block and split)."""
     q, win, comp, sel, sink = _inputs(5, 2, 80, 16, 70, 8, 8, 30, device)
     got = sparse_attn_split(q, win, comp, sel, 8, sink, 0.25)
-    _assert_close("o (H = 80)", got, _split_reference(q, win, comp, sel, 8, sink, 0.25))
+    _assert_close("o (H = 80)", got, _reference(q, win, comp, sel, 8, sink, 0.25))
 
 
 def test_strided_operands(device):
@@ -129,7 +107,7 @@ def test_torch_twin(device):
     out = torch.full((3, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
     got = sparse_attn_split_torch(q, win, comp, sel, 9, sink, 0.3, out=out)
     assert got is out
-    assert torch.equal(got, _split_reference(q, win, comp, sel, 9, sink, 0.3)), "twin differs from the reference"
+    assert torch.equal(got, _reference(q, win, comp, sel, 9, sink, 0.3)), "twin differs from the reference"
 
 
 @pytest.mark.parametrize("arg, bad, match", BAD)
@@ -140,26 +118,32 @@ def test_validation(device, arg, bad, match):
         sparse_attn_split(**args)
 
 
-def test_split_reference_rejects_bad_split():
-    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, "cpu")
-    with pytest.raises(ValueError, match=r"split = 100; allowed: a positive multiple of 64"):
-        split_ref(q, win, sel, sink, 0.1, 100)
-
-
 @pytest.mark.parametrize(
     "tune",
     [
-        pytest.param(dict(bps=2), id="chunked-bps2"),
-        pytest.param(dict(bps=3, dk=16, pv_d=32), id="chunked-bps3-dk16"),
-        pytest.param(dict(variant="whole", bps=2, pv_d=16), id="whole-bps2"),
+        pytest.param(dict(dk=16, pv_d=32, bh=16), id="dk16-pv32-bh16"),
+        pytest.param(dict(comb_h=8, comb_d=16), id="combine-8x16"),
     ],
 )
-def test_tuning_variants_match_their_twin(device, tune):
-    """The tuning script's alternatives (other split sizes, chunk widths, the whole-row
-    variant) compute the split order of their own split size."""
-    m, H, D, K = 3, 4, 64, 200
+def test_tuning_variants(device, tune):
+    """The tuning script's alternatives (tile shapes only) keep the reference order."""
+    m, H, D, K = 3, 20, 64, 200
     q, win, comp, sel, sink = _inputs(77, m, H, D, K, 16, 12, 90, device)
     got = sparse_attn_split(q, win, comp, sel, 12, sink, 0.125, **tune)
-    rows = torch.cat([win[:12], comp])
-    want = split_ref(q, rows, sel, sink, 0.125, tune["bps"] * BLOCK_K)
-    _assert_close(f"o ({tune})", got, want)
+    _assert_close(f"o ({tune})", got, _reference(q, win, comp, sel, 12, sink, 0.125))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's bits on the GPU")
+def test_differs_from_fused_only_in_fp32_order():
+    """At the Flash shapes the split and the fused kernel round each block's probabilities
+    against the same running max: their outputs differ (fp32 summation order only) in a
+    small fraction of elements, by one bf16 ulp. (A split with per-split maxima differed
+    in about a quarter of them; that moved FP8 `out` rows past the golden tolerance.)"""
+    q, win, comp, sel, sink = _inputs(5, 4, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
+    a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5)
+    b = sparse_attn(q, win, comp, sel, 128, sink, 512**-0.5)
+    diff = (a.float() - b.float()).abs()
+    frac = float((diff > 0).float().mean())
+    ulp = torch.finfo(torch.bfloat16).eps * b.float().abs().clamp_min(2.0**-126)
+    assert frac < 0.05, f"o: {frac:.1%} of elements differ from the fused kernel"
+    assert bool((diff <= ulp * 1.01).all()), f"o: max diff {diff.max().item():.3g} beyond one bf16 ulp"

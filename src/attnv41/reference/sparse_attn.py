@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sparse_attn", "sparse_attn_split", "sparse_attn_exact"]
+__all__ = ["sparse_attn", "sparse_attn_exact"]
 
 BLOCK = 64  # selection entries per online-softmax step of the released kernel
 
@@ -73,68 +73,6 @@ def sparse_attn(
         # The sink joins the denominator last, against the running max of the keys.
         den = den + torch.exp(sink[None, :] - torch.where(mx == float("-inf"), sink[None, :], mx))
         den = torch.where(mx == float("-inf"), torch.ones_like(den), den)  # no key: acc is 0, o = 0
-        out[t0 : t0 + chunk] = (acc / den[..., None]).to(torch.bfloat16)
-    return out
-
-
-def sparse_attn_split(
-    q: torch.Tensor,
-    rows: torch.Tensor,
-    sel: torch.Tensor,
-    sink: torch.Tensor,
-    scale: float,
-    split: int,
-    chunk: int = 256,
-) -> torch.Tensor:
-    """The same attention in the order of the decode kernel (`kernels.sparse_attn_split`):
-    flash-decoding over fixed splits of `split` selection entries (a multiple of BLOCK).
-
-    Each split runs `sparse_attn`'s online softmax over its own blocks from a fresh
-    state (running max −inf, sum 0, accumulator 0), so its probabilities are rounded to
-    bf16 against the split's own running max. The splits are then combined in order:
-    M = max of the split maxima; for each split whose max is finite, w = exp(max − M),
-    sum += w·sum_s and acc += w·acc_s (fp32, separate multiply and add); the sink joins
-    the sum last as exp(sink − M); o = bf16(acc / sum). All entries absent → 0 exactly;
-    −1 entries appended to sel change no bit (an all-absent split is skipped).
-    """
-    if split <= 0 or split % BLOCK:
-        raise ValueError(f"split = {split}; allowed: a positive multiple of {BLOCK}")
-    m, H, D = q.shape
-    out = torch.empty(m, H, D, dtype=torch.bfloat16, device=q.device)
-    sink = sink.float()
-    s_all = torch.nn.functional.pad(sel, (0, -sel.shape[1] % split), value=-1)
-    ninf = float("-inf")
-    for t0 in range(0, m, chunk):
-        qc = q[t0 : t0 + chunk]
-        c = qc.shape[0]
-        big = torch.full((c, H), ninf, device=q.device)
-        den = torch.zeros(c, H, device=q.device)
-        acc = torch.zeros(c, H, D, device=q.device)
-        parts = []
-        for k0 in range(0, s_all.shape[1], split):
-            mx_s = torch.full((c, H), ninf, device=q.device)
-            den_s = torch.zeros(c, H, device=q.device)
-            acc_s = torch.zeros(c, H, D, device=q.device)
-            for s, R in _blocks(qc, rows, s_all[t0 : t0 + chunk, k0 : k0 + split], scale):
-                new = torch.maximum(mx_s, s.amax(-1))
-                base = torch.where(new == ninf, 0.0, new)
-                alpha = torch.exp(mx_s - base)
-                p = torch.exp(s - base[..., None])
-                den_s = den_s * alpha + p.sum(-1)
-                pv = torch.einsum("chk,ckd->chd", p.to(torch.bfloat16).float(), R)
-                acc_s = acc_s * alpha[..., None] + pv
-                mx_s = new
-            parts.append((mx_s, den_s, acc_s))
-            big = torch.maximum(big, mx_s)
-        for mx_s, den_s, acc_s in parts:
-            live = mx_s != ninf
-            w = torch.exp(mx_s - torch.where(live, big, 0.0))
-            den = torch.where(live, den + w * den_s, den)
-            acc = torch.where(live[..., None], acc + w[..., None] * acc_s, acc)
-        none = big == ninf
-        den = torch.where(
-            none, torch.ones_like(den), den + torch.exp(sink[None, :] - torch.where(none, sink[None, :], big))
-        )
         out[t0 : t0 + chunk] = (acc / den[..., None]).to(torch.bfloat16)
     return out
 
