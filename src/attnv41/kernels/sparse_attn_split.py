@@ -5,33 +5,29 @@ sparse_attn` itself (the same order the fused kernel and the golden data follow)
 `sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None)` has the contract of
 `kernels.sparse_attn.sparse_attn` (same arguments, −1 rule and checks). The fused kernel
 runs one program per token from the first block to the last (one SM per token: 77 µs at
-batch 1 on an H200); this one spreads the blocks over programs and keeps the order:
+batch 1 on an H200); this one spreads the work over programs and keeps the order:
 
-1. `_logits_kernel`, grid (m, blocks, head blocks): per block, the logits τ·q·Rᵀ (fp32,
-   absent → −inf) and their max per head, stored.
-2. `_pv_kernel`, grid (m, blocks, head blocks · D/PV_D): the running max after block b is
-   the max of the block maxima 0..b (max is exact, so this equals the fused loop's running
-   max bit for bit); p = exp(s − that max), its fp32 sum, and the weighted rows
-   dot(bf16(p), R) over a PV_D-column slice, into a fresh fp32 accumulator, stored.
-3. `_combine_kernel`, grid (m, head blocks, D slices): the fused loop's recurrence over the
-   blocks in order, on the stored sums: den = den·α + Σp, acc = acc·α + pv with
-   α = exp(old max − new max); the sink last; o = bf16(acc / den).
+1. `_logits_kernel`, grid (m, blocks, head blocks): per 64-entry block, the logits τ·q·Rᵀ
+   (fp32, absent → −inf) and their max per head, stored.
+2. `_pv_combine_kernel`, grid (m, head blocks, D slices): the fused loop over the blocks on
+   the stored logits, for a BLOCK_DV-column slice of the weighted rows: running max =
+   max(running max, block max) (exact: equal to the fused loop's bit for bit), p =
+   exp(s − running max), den = den·α + Σp, acc = acc·α + dot(bf16(p), R), the sink last,
+   o = bf16(acc / den).
 
 So each block's bf16 probabilities are rounded against the same running max as in the
-reference and the fused kernel, and the recurrence is the reference's formula (a
-separate multiply and add). What may differ from the fused kernel is fp32 summation order
-only: the logits' dot is taken in D chunks, a block's Σp in another reduction tree, and
-the fused kernel folds acc·α into its second dot's accumulator (Triton's dot-add
-combine), which this split keeps apart as the reference does. Chosen by regime, never by
-m: every decode step (one token per sequence, whatever the number of tokens in a call)
-runs this kernel; prefill runs the fused one. A token's programs read only its own row of
-q and sel, and the tile shapes are constants, so its bits do not depend on m or on the
-other tokens of the call; appending −1 entries changes no bit (an all-absent block has
-α = 1 and adds exact zeros).
+reference and the fused kernel; what may differ is fp32 summation order only (the logits'
+dot is taken in D chunks; Σp and the weighted rows in other tile shapes). Measured at the
+Flash shapes on the H200: 6e-5 of the output elements differ from the fused kernel, by
+one bf16 ulp. Chosen by regime, never by m: every decode step (one token per sequence,
+whatever the number of tokens in a call) runs this kernel; prefill runs the fused one
+(whose single program per token holds a [64, 512] accumulator, efficient at large m). A
+token's programs read only its own row of q and sel, and the tile shapes are constants,
+so its bits do not depend on m or on the other tokens of the call; appending −1 entries
+changes no bit (an all-absent block has α = 1 and adds exact zeros).
 
-Workspace per token: the logits (H·64·4 bytes per block), the weighted rows (H·D·4 bytes
-per block: 128 KiB at 64 heads × 512) and two [H] vectors per block, allocated per call
-(from the graph's pool under capture).
+Workspace per token: the logits (H·64·4 bytes per block: 16 KiB at 64 heads) and the block
+maxima, allocated per call (from the graph's pool under capture).
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ if HAVE_TRITON:
 __all__ = ["sparse_attn_split", "sparse_attn_split_torch"]
 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
-_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, pv_d=128, warps_b=4, comb_h=16, comb_d=128)
+_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=4, stages_b=3)
 
 if HAVE_TRITON:
 
@@ -139,14 +135,14 @@ if HAVE_TRITON:
         tl.store(bm_ptr + row * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
 
     @triton.jit
-    def _pv_kernel(
+    def _pv_combine_kernel(
         win_ptr,
         comp_ptr,
         sel_ptr,
         s_ptr,  # fp32 [m, KB, H, BLOCK_K]
         bm_ptr,  # fp32 [m, KB, H]
-        pv_ptr,  # fp32 [m, KB, H, D] the blocks' weighted rows
-        ps_ptr,  # fp32 [m, KB, H] the blocks' probability sums
+        sink_ptr,
+        out_ptr,
         H,
         D,
         K,
@@ -158,103 +154,72 @@ if HAVE_TRITON:
         stride_cd,
         stride_st,
         stride_sk,
-        BLOCK_H: tl.constexpr,
-        PV_D: tl.constexpr,
-        N_DC: tl.constexpr,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        BLOCK_HC: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
         BLOCK_K: tl.constexpr,
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
-        kb = tl.program_id(1)
-        hb = tl.program_id(2) // N_DC
-        dc = tl.program_id(2) % N_DC
 
-        # [BLOCK_H] heads, [PV_D] columns of this program's slice, [BLOCK_K] entries
-        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        offs_v = dc * PV_D + tl.arange(0, PV_D)
+        # [BLOCK_HC] heads, [BLOCK_DV] columns of this program's slice, [BLOCK_K] entries
+        offs_h = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
+        offs_v = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
         offs_k = tl.arange(0, BLOCK_K)
         mask_h = offs_h < H
         mask_v = offs_v < D
         offs_h64 = offs_h.to(tl.int64)
         offs_v64 = offs_v.to(tl.int64)
 
-        # base: [BLOCK_H] fp32, the running max after this block (max is exact: any order)
-        new = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for j in tl.static_range(K_BLOCKS):
-            bm_j = tl.load(bm_ptr + (t * K_BLOCKS + j) * H + offs_h64, mask=mask_h & (j <= kb), other=float("-inf"))
-            new = tl.maximum(new, bm_j)
-        base = tl.where(new == float("-inf"), 0.0, new)
-
-        # p: [BLOCK_H, BLOCK_K] fp32 = exp(s − base), absent → 0
-        row = t * K_BLOCKS + kb
-        s = tl.load(s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=0.0)
-        p = tl.exp(s - base[:, None])
-        tl.store(ps_ptr + row * H + offs_h64, tl.sum(p, axis=1), mask=mask_h & (dc == 0))
-        p_bf16 = round_bf16(p)
-
-        # vrows: [BLOCK_K, PV_D] bf16, this slice of the block's rows; pv: [BLOCK_H, PV_D] fp32
-        kk = kb * BLOCK_K + offs_k
-        present, from_win, ok, w_base, c_base = _gather_ptrs(
-            win_ptr, comp_ptr, sel_ptr, t, kk, K, offset, n_comp, stride_st, stride_sk, stride_wn, stride_cn
-        )
-        v_ptrs = tl.where(
-            from_win[:, None],
-            w_base[:, None] + offs_v64[None, :] * stride_wd,
-            c_base[:, None] + offs_v64[None, :] * stride_cd,
-        )
-        vrows = tl.load(v_ptrs, mask=ok[:, None] & mask_v[None, :], other=0.0)
-        if DOT_FP32:
-            pv = tl.dot(p_bf16.to(tl.float32), vrows.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p_bf16, vrows)
-        tl.store(
-            pv_ptr + (row * H + offs_h64[:, None]) * D + offs_v64[None, :], pv, mask=mask_h[:, None] & mask_v[None, :]
-        )
-
-    @triton.jit
-    def _combine_kernel(
-        pv_ptr,
-        ps_ptr,
-        bm_ptr,
-        sink_ptr,
-        out_ptr,
-        H,
-        D,
-        stride_ot,
-        stride_oh,
-        stride_od,
-        K_BLOCKS: tl.constexpr,
-        BLOCK_HC: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):
-        t = tl.program_id(0).to(tl.int64)
-
-        # [BLOCK_HC] heads, [BLOCK_D] columns (this program's slice of the head dim)
-        offs_h = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
-        offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-        mask_h = offs_h < H
-        mask_d = offs_d < D
-        offs_h64 = offs_h.to(tl.int64)
-        offs_d64 = offs_d.to(tl.int64)
-
-        # the fused loop's recurrence, block by block: mx, den [BLOCK_HC], acc [BLOCK_HC, BLOCK_D] fp32
+        # the fused loop over the blocks, on the stored logits: mx, den [BLOCK_HC], acc [BLOCK_HC, BLOCK_DV] fp32
         mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_HC], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_HC, BLOCK_D], dtype=tl.float32)
-        for kb in tl.static_range(K_BLOCKS):  # unrolled: every block's loads can be in flight at once
+        acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
+        for kb in range(0, K_BLOCKS):
             row = t * K_BLOCKS + kb
             bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
-            ps = tl.load(ps_ptr + row * H + offs_h64, mask=mask_h, other=0.0)
-            pv = tl.load(
-                pv_ptr + (row * H + offs_h64[:, None]) * D + offs_d64[None, :],
-                mask=mask_h[:, None] & mask_d[None, :],
-                other=0.0,
+            # s: [BLOCK_HC, BLOCK_K] fp32 logits of this block (absent → −inf)
+            s = tl.load(
+                s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                mask=mask_h[:, None],
+                other=float("-inf"),
             )
+            # rows: [BLOCK_K, BLOCK_DV] bf16, this slice of the block's rows; absent → 0
+            present, from_win, ok, w_base, c_base = _gather_ptrs(
+                win_ptr,
+                comp_ptr,
+                sel_ptr,
+                t,
+                kb * BLOCK_K + offs_k,
+                K,
+                offset,
+                n_comp,
+                stride_st,
+                stride_sk,
+                stride_wn,
+                stride_cn,
+            )
+            v_ptrs = tl.where(
+                from_win[:, None],
+                w_base[:, None] + offs_v64[None, :] * stride_wd,
+                c_base[:, None] + offs_v64[None, :] * stride_cd,
+            )
+            rows = tl.load(v_ptrs, mask=ok[:, None] & mask_v[None, :], other=0.0)
+
+            # the running max is the max of the block maxima so far (exact), as in the fused loop
             new = tl.maximum(mx, bm)
             base = tl.where(new == float("-inf"), 0.0, new)
             alpha = tl.exp(mx - base)
-            den = den * alpha + ps
+            p = tl.exp(s - base[:, None])
+            den = den * alpha + tl.sum(p, axis=1)
+            p_bf16 = round_bf16(p)
+            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p_bf16, rows)
             acc = acc * alpha[:, None] + pv
             mx = new
 
@@ -263,8 +228,8 @@ if HAVE_TRITON:
         none = mx == float("-inf")
         den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
         o = round_bf16(tl.math.div_rn(acc, den[:, None]))
-        o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_d64[None, :] * stride_od
-        tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_d[None, :])
+        o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_v64[None, :] * stride_od
+        tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_v[None, :])
 
 
 def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) -> torch.Tensor:
@@ -292,8 +257,6 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
     kbs = max(1, triton.cdiv(K, BLOCK_K))
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
-    pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
-    ps = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"])
     strides = (*win.stride(), *comp.stride(), *sel.stride())
     _logits_kernel[(m, kbs, n_hb)](
@@ -322,47 +285,29 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
     )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
-    pv_d = min(block_d, cfg["pv_d"])
-    n_dc = triton.cdiv(D, pv_d)
-    _pv_kernel[(m, kbs, n_hb * n_dc)](
+    bdv = min(block_d, cfg["comb_d"])
+    _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
         win,
         comp,
         sel,
         s_buf,
         bm,
-        pv,
-        ps,
+        sink,
+        out,
         H,
         D,
         K,
         offset,
         n_comp,
         *strides,
-        BLOCK_H=block_h,
-        PV_D=pv_d,
-        N_DC=n_dc,
+        *out.stride(),
+        BLOCK_HC=cfg["comb_h"],
+        BLOCK_DV=bdv,
         BLOCK_K=BLOCK_K,
         K_BLOCKS=kbs,
         DOT_FP32=interpreting(),
         num_warps=cfg["warps_b"],
-        enable_fp_fusion=False,
-    )
-    if cfg.get("skip_combine"):  # tuning only
-        return out
-    bdc = min(block_d, cfg["comb_d"])
-    _combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdc))](
-        pv,
-        ps,
-        bm,
-        sink,
-        out,
-        H,
-        D,
-        *out.stride(),
-        K_BLOCKS=kbs,
-        BLOCK_HC=cfg["comb_h"],
-        BLOCK_D=bdc,
-        num_warps=4,
+        num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
     )
     return out
