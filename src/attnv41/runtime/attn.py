@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..kernels import fp8_linear
+from ..kernels import fp8_linear, gemv
 from ..reference.rope import rope_freqs, rope_table
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights, expected_tensors
@@ -154,6 +154,8 @@ class AttnV41:
         dev, c = self.device, cfg
         if self.ops.fp8_mm is fp8_linear.fp8_mm and dev.type == "cuda":
             fp8_linear.prepare(dev)  # its counters exist before any capture
+        if self.ops.mm_many is gemv.mm_many and dev.type == "cuda":
+            gemv.prepare(dev)
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (
             t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
@@ -623,13 +625,16 @@ class AttnV41:
         counter as it enters the ring). The one copy of this path: prefill and decode."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
-        self._linear(w, "wq_a", x, self.c_pre[:m])
+        if w.get("wq_a.scale") is None and w.get("wkv.scale") is None:  # bf16: one pass over x
+            ops.mm_many(x, (w["wq_a.weight"], w["wkv.weight"]), (self.c_pre[:m], self.rows_tmp[:m]))
+        else:
+            self._linear(w, "wq_a", x, self.c_pre[:m])
+            self._linear(w, "wkv", x, self.rows_tmp[:m])
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
         q = self.q[:m]
         self._linear(w, "wq_b", cq, q.view(m, H * D))
         ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
-        self._linear(w, "wkv", x, self.rows_tmp[:m])
         ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
         ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
         ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)

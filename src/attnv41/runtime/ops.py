@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, indexer, linear, norm, qdq, ring, rope, select
+from ..kernels import compressor, fp8_linear, gemv, indexer, linear, norm, qdq, ring, rope, select
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
@@ -19,6 +19,7 @@ __all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
 class Ops:
     name: str
     mm: Callable
+    mm_many: Callable  # several weights reading one input: one launch where the GEMV serves it
     group_mm: Callable
     rms_norm: Callable
     apply_rope: Callable
@@ -41,6 +42,7 @@ class Ops:
 TORCH_OPS = Ops(
     name="torch",
     mm=linear.mm_exact,
+    mm_many=gemv.mm_many_exact,
     group_mm=linear.group_mm_exact,
     rms_norm=norm.rms_norm_torch,
     apply_rope=rope.apply_rope_torch,
@@ -62,8 +64,9 @@ TORCH_OPS = Ops(
 
 TRITON_OPS = Ops(
     name="triton",
-    mm=linear.mm,
-    group_mm=linear.group_mm,
+    mm=gemv.mm_auto,  # decode-sized calls (m ≤ 16): the Triton GEMV; else cuBLAS
+    mm_many=gemv.mm_many,
+    group_mm=gemv.group_mm_auto,
     rms_norm=norm.rms_norm,
     apply_rope=rope.apply_rope,
     fp8_qdq=qdq.fp8_qdq,

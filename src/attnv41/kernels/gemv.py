@@ -1,0 +1,566 @@
+"""Decode GEMVs for bf16 and fp32 weights (m ≤ 16 tokens), Triton; twins: `gemv_exact` /
+`group_gemv_exact` (fp64 accumulation, `linear.mm_exact`), and `gemv_torch` /
+`group_gemv_torch` (this kernel's own fp32 order, in torch).
+
+`y = x · Wᵀ`, W stored `[N, K]`.
+
+- `gemv(x, weights, outs)`: x bf16 `[m, K]`; `weights` 1..`MAX_WEIGHTS` tensors `[N_i, K]`
+  (bf16 or fp32) sharing the input; `outs[i]` `[m, N_i]`, bf16 for a bf16 weight, fp32 for
+  an fp32 weight (x converted to fp32 exactly). One launch for all of them.
+- `group_gemv(o, w, out)`: per group g, `out[:, g] = o[:, g] · w[g]ᵀ`; o bf16 `[m, G, gw]`,
+  w bf16 `[G, r, gw]`, out bf16 `[m, G, r]`, strided views allowed (contiguous last dims).
+
+The order of the fp32 sums (the bits): for a weight `[N, K]` of dtype d, `(BK, SEGS) =
+plan(N, K, d)`; K is cut into SEGS segments of IPS = ceil(K/BK)/SEGS chunks of BK columns
+(the tail past K reads as zero). For output (t, n) and segment s:
+  1. BK lane sums `a_j`, each a chain over the segment's chunks i = 0..IPS−1 in order:
+     `a_j ← fma(w[n, k], x[t, k], a_j)`, k = (s·IPS + i)·BK + j, from a_j = +0. A bf16
+     product is exact in fp32, so the fma and a multiply-then-add give the same bits; an
+     fp32 product is exact in the GPU's fma and rounded in Triton's CPU interpreter.
+  2. the segment sum: a pairwise tree over adjacent lanes (a_j ← a_2j + a_2j+1, log2(BK)
+     levels); lane 0 holds the sum.
+  3. the total: seg_0 + seg_1 + … + seg_{SEGS−1}, left to right.
+  4. `round_bf16` (nearest even) for bf16 outputs; fp32 outputs as they are.
+Nothing of that depends on m, on the other tokens, on the other weights of the launch, on
+the launch's tile shape (BN rows × MB tokens per program, warps, stages) or on the SM
+count: every step is elementwise or a fixed tree written out (`tl.sum` only over axes of
+two elements, one commutative add; a wider `tl.sum`'s tree follows the register layout).
+So the CPU interpreter and the GPU give the same bits for bf16 weights, and `gemv_torch`
+reproduces them.
+
+Launch: one program per (weight, BN-row tile, K segment, block of MB tokens), the token
+block fastest so that programs reading the same weight tile run together (one DRAM read,
+the others from L2). A split weight (SEGS > 1) stores fp32 partials `[SEGS, m, N]` in a
+workspace; the last program of a (tile, token block) to arrive (an arrival counter, acq_rel)
+adds them in segment order, writes the output and resets the counter. Counters are one
+buffer per device, allocated once (`prepare`) and shared by every launch of this module:
+two launches running at once on different streams must not overlap. No host sync: the
+call can be captured in a CUDA graph once `prepare(device)` ran.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import linear
+from ._triton import HAVE_TRITON, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from ._triton import round_bf16
+
+__all__ = [
+    "gemv",
+    "group_gemv",
+    "mm_auto",
+    "mm_many",
+    "mm_many_exact",
+    "group_mm_auto",
+    "gemv_exact",
+    "group_gemv_exact",
+    "gemv_torch",
+    "group_gemv_torch",
+    "plan",
+    "prepare",
+    "DECODE_MAX_M",
+    "MAX_WEIGHTS",
+]
+
+DECODE_MAX_M = 16  # tokens per call
+MAX_WEIGHTS = 6  # weights per fused launch: x → wq_a, wkv, weights_proj, compressor.wkv, compressor.wgate
+_DTYPES = (torch.bfloat16, torch.float32)
+
+# The bits (module doc): BK per weight dtype (512 bytes of a weight row per chunk) and the
+# split rule of `plan`. Changing any of these changes the results' bits.
+_BK = {torch.bfloat16: 256, torch.float32: 128}
+_PLAN_BN = 16  # the row tile the split rule counts with (not the launch's BN)
+_TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per SM on an H200)
+
+# The launch shape: free of the bits. MB tokens × BN rows × BK columns of fp32 lane sums
+# per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
+_ACC_ROWS = 16
+_MB_MAX = 4
+_WARPS, _STAGES = 4, 3
+
+_LOCKS = 1 << 16
+_locks: dict[torch.device, torch.Tensor] = {}
+
+
+def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS, the
+    smallest divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count (else
+    ceil(K/BK)). Constants of the weight's shape and dtype: the summation order of every
+    call with this weight (module doc)."""
+    if dtype not in _BK:
+        raise ValueError(f"dtype = {dtype}; allowed: {list(_BK)}")
+    bk = _BK[dtype]
+    chunks = -(-K // bk)
+    tiles = -(-N // _PLAN_BN)
+    segs = chunks
+    for s in range(1, chunks + 1):
+        if chunks % s == 0 and tiles * s >= _TARGET_PROGRAMS:
+            segs = s
+            break
+    return bk, segs
+
+
+def _launch(m: int) -> tuple[int, int]:
+    """(MB, BN): tokens and weight rows per program for a call of m tokens (powers of two)."""
+    mb = 1
+    while mb < min(m, _MB_MAX):
+        mb *= 2
+    return mb, max(_ACC_ROWS // mb, 1)
+
+
+def prepare(device: torch.device | str) -> None:
+    """Allocate the arrival counters on `device` (zeros). Done by the first call; call it
+    before capturing a CUDA graph whose first GEMV is inside the capture."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev not in _locks:
+        _locks[dev] = torch.zeros(_LOCKS, dtype=torch.int32, device=dev)
+
+
+def _lock_buffer(dev: torch.device) -> torch.Tensor:
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev not in _locks:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"gemv: first call on {dev} inside a CUDA graph capture; call "
+                "attnv41.kernels.gemv.prepare(device) (or run one step eagerly) before capturing"
+            )
+        prepare(dev)
+    return _locks[dev]
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _lane_tree(acc, MB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr):
+        """[MB, BN, BK] → [MB, BN]: each level adds adjacent lanes (2j, 2j+1 → j), log2(BK)
+        levels. Each sum is over an axis of 2 (one add, commutative), so the order is that
+        of the tree, not of the register layout; and the low lane bits are a thread's
+        registers in the loads' layout, so the first levels are in-register adds and the
+        rest one shuffle per row held (sm_90: 20 shuffles at BN = 16, BK = 256). Not
+        `tl.split`: its layout demand gave each thread a whole row (254 registers)."""
+        for lvl in tl.static_range(LOG2_BK):
+            # [MB, BN, W/2, 2], W = BK >> lvl
+            acc = tl.sum(tl.reshape(acc, (MB, BN, BK >> (lvl + 1), 2)), axis=3)
+        return tl.reshape(acc, (MB, BN))
+
+    @triton.jit
+    def _gemv_tile(
+        x_ptr,  # bf16 [M, K], row stride stride_xm
+        stride_xm,
+        w_ptr,  # bf16 or fp32 [N, K] contiguous
+        out_ptr,  # bf16 or fp32 [M, N], row stride stride_om
+        stride_om,
+        part_ptr,  # fp32 [segs, M, N] partials of this weight (segs > 1)
+        lock_ptr,  # int32 [tiles, ntb] arrival counters of this weight (segs > 1)
+        M,
+        N,
+        K,
+        tile,
+        seg,
+        tb,
+        ntb,
+        SEGS: tl.constexpr,
+        IPS: tl.constexpr,
+        BN: tl.constexpr,
+        MB: tl.constexpr,
+        BK: tl.constexpr,
+        LOG2_BK: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-4)."""
+        offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
+        offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_j = tl.arange(0, BK)
+        t_ok = (offs_t < M)[:, None, None]
+        n_ok = (offs_n < N)[None, :, None]
+        # [MB, 1, BK] token rows and [1, BN, BK] weight rows at chunk offset 0: loaded as
+        # 3-D blocks so that the multiply-add keeps the loads' (coalesced) layout
+        x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
+        w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
+        # [MB, BN, BK] lane sums
+        acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
+        k0 = tl.cast(seg, tl.int64) * (IPS * BK)
+        for _ in range(IPS):
+            if EVEN_K:
+                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
+            else:
+                k_ok = ((k0 + offs_j) < K)[None, None, :]
+                xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
+            acc = tl.fma(wv, xv, acc)
+            k0 += BK
+        # [MB, BN] this segment's sums
+        total = _lane_tree(acc, MB, BN, BK, LOG2_BK)
+        ok = (offs_t < M)[:, None] & (offs_n < N)[None, :]
+        # [MB, BN] output and partial addresses
+        out = out_ptr + offs_t[:, None] * stride_om + offs_n[None, :]
+        part = part_ptr + offs_t[:, None] * N + offs_n[None, :]
+        plane = tl.cast(M, tl.int64) * N  # one segment's partials
+        if SEGS > 1:
+            tl.store(part + seg * plane, total, mask=ok)
+            tl.debug_barrier()  # every thread's partial stored before the release below
+            lock = lock_ptr + tile * ntb + tb
+            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
+                total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+                for s in range(1, SEGS):
+                    total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
+                if out_ptr.dtype.element_ty == tl.bfloat16:
+                    tl.store(out, round_bf16(total), mask=ok)
+                else:
+                    tl.store(out, total, mask=ok)
+                tl.atomic_xchg(lock, 0)
+        else:
+            if out_ptr.dtype.element_ty == tl.bfloat16:
+                tl.store(out, round_bf16(total), mask=ok)
+            else:
+                tl.store(out, total, mask=ok)
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr,  # bf16 [M, K]
+        stride_xm,
+        M,
+        K,
+        ws,  # tuple: weight i, [N_i, K] bf16 or fp32
+        outs,  # tuple: out i, [M, N_i] (bf16 or fp32 as the weight)
+        ns,  # tuple: N_i
+        out_strides,  # tuple: row stride of out i
+        starts,  # tuple, len(ws) + 1: first work item of weight i (work item = tile·segs + seg)
+        lock_offs,  # tuple: first counter of weight i
+        part_offs,  # tuple: first partial of weight i
+        part_ptr,  # fp32 workspace
+        lock_ptr,  # int32 counters
+        ntb,  # token blocks
+        SEGSS: tl.constexpr,  # tuple: SEGS of weight i
+        IPSS: tl.constexpr,  # tuple: chunks per segment of weight i
+        BN: tl.constexpr,
+        MB: tl.constexpr,
+        BK16: tl.constexpr,
+        LOG2_BK16: tl.constexpr,
+        BK32: tl.constexpr,
+        LOG2_BK32: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        tb = pid % ntb
+        item = pid // ntb
+        for i in tl.static_range(len(ws)):
+            if (item >= starts[i]) & (item < starts[i + 1]):
+                local = item - starts[i]
+                tile = local // SEGSS[i]
+                seg = local % SEGSS[i]
+                part = part_ptr + part_offs[i]
+                lock = lock_ptr + lock_offs[i]
+                if ws[i].dtype.element_ty == tl.float32:
+                    _gemv_tile(
+                        x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
+                        tile, seg, tb, ntb, SEGSS[i], IPSS[i],
+                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K,
+                    )  # fmt: skip
+                else:
+                    _gemv_tile(
+                        x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
+                        tile, seg, tb, ntb, SEGSS[i], IPSS[i],
+                        BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K,
+                    )  # fmt: skip
+
+    @triton.jit
+    def _group_gemv_kernel(
+        o_ptr,  # bf16 [M, G, GW], strides (so_m, so_g, 1)
+        so_m,
+        so_g,
+        w_ptr,  # bf16 [G, R, GW] contiguous
+        out_ptr,  # bf16 [M, G, R], strides (sout_m, sout_g, 1)
+        sout_m,
+        sout_g,
+        part_ptr,  # fp32 [G, segs, M, R]
+        lock_ptr,  # int32 [G, tiles, ntb]
+        M,
+        R,
+        GW,
+        tiles,
+        ntb,
+        SEGS: tl.constexpr,
+        IPS: tl.constexpr,
+        BN: tl.constexpr,
+        MB: tl.constexpr,
+        BK: tl.constexpr,
+        LOG2_BK: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        tb = pid % ntb
+        item = pid // ntb
+        g = tl.cast(item // (tiles * SEGS), tl.int64)
+        local = item % (tiles * SEGS)
+        _gemv_tile(
+            o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
+            part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
+            local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
+            BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
+        )  # fmt: skip
+
+
+def _log2(v: int) -> int:
+    if v < 1 or v & (v - 1):
+        raise ValueError(f"BK = {v}; allowed: a power of two")
+    return v.bit_length() - 1
+
+
+def _desc(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {tuple(t.shape)}"
+
+
+def _check_x(name: str, x, dims: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != dims or x.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: {_desc(x)}; allowed: a {dims}-D torch.bfloat16 tensor")
+    m = x.shape[0]
+    if not 1 <= m <= DECODE_MAX_M:
+        raise ValueError(f"{name}.shape[0] = m = {m}; allowed: 1..{DECODE_MAX_M} (DECODE_MAX_M)")
+    if x.shape[-1] < 1:
+        raise ValueError(f"{name}.shape[-1] = 0; allowed: >= 1")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}.stride(-1) = {x.stride(-1)}; allowed: 1 (contiguous last dim)")
+
+
+def _check_out(name: str, out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dtype:
+        raise ValueError(f"{name}: {_desc(out)}; allowed: {dtype} {shape}")
+    if out.device != device:
+        raise ValueError(f"{name}.device = {out.device}; allowed: {device} (the device of x)")
+    if out.shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError(f"{name}.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
+
+
+def _check_gemv(x, weights, outs) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Validate `gemv`'s arguments (ValueError naming the value and what is allowed)."""
+    _check_x("x", x, 2)
+    m, K = x.shape
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, (tuple, list)):
+        raise ValueError(f"weights: {type(weights).__name__}; allowed: a tuple of 1..{MAX_WEIGHTS} tensors")
+    if isinstance(outs, torch.Tensor) or not isinstance(outs, (tuple, list)):
+        raise ValueError(f"outs: {type(outs).__name__}; allowed: a tuple of tensors, one per weight")
+    if not 1 <= len(weights) <= MAX_WEIGHTS:
+        raise ValueError(f"len(weights) = {len(weights)}; allowed: 1..{MAX_WEIGHTS} (MAX_WEIGHTS)")
+    if len(outs) != len(weights):
+        raise ValueError(f"len(outs) = {len(outs)}; allowed: {len(weights)} (one per weight)")
+    for i, (w, out) in enumerate(zip(weights, outs)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
+            raise ValueError(f"weights[{i}]: {_desc(w)}; allowed: a 2-D torch.bfloat16 or torch.float32 [N, K]")
+        if w.shape[1] != K:
+            raise ValueError(f"weights[{i}].shape = {tuple(w.shape)}; allowed: [N, {K}] (K of x {tuple(x.shape)})")
+        if w.shape[0] < 1:
+            raise ValueError(f"weights[{i}].shape[0] = 0; allowed: >= 1")
+        if not w.is_contiguous():
+            raise ValueError(f"weights[{i}] is not contiguous; allowed: a contiguous tensor")
+        if w.device != x.device:
+            raise ValueError(f"weights[{i}].device = {w.device}; allowed: {x.device} (the device of x)")
+        _check_out(f"outs[{i}]", out, (m, w.shape[0]), w.dtype, x.device)
+    return tuple(weights), tuple(outs)
+
+
+def gemv(x: torch.Tensor, weights, outs):
+    """`outs[i] = x · weights[i]ᵀ` for every i in one launch (module doc: shapes, dtypes, the
+    summation order); returns `outs` as a tuple. Each output's bits equal those of a call
+    with that weight alone, for any m. Bad arguments raise ValueError before anything is
+    written; outputs must not overlap one another or x. Capturable once `prepare(device)`
+    ran."""
+    weights, outs = _check_gemv(x, weights, outs)
+    require_triton("gemv", x, *weights, *outs)
+    m, K = x.shape
+    mb, bn = _launch(m)
+    ntb = -(-m // mb)
+    ns, strides, segss, ipss, starts, lock_offs, part_offs = [], [], [], [], [0], [], []
+    locks_used = part_used = 0
+    for w, out in zip(weights, outs):
+        N = w.shape[0]
+        bk, segs = plan(N, K, w.dtype)
+        tiles = -(-N // bn)
+        ns.append(N)
+        strides.append(out.stride(0))
+        segss.append(segs)
+        ipss.append(-(-K // bk) // segs)
+        starts.append(starts[-1] + tiles * segs)
+        lock_offs.append(locks_used)
+        part_offs.append(part_used)
+        if segs > 1:
+            locks_used += tiles * ntb
+            part_used += segs * m * N
+    if locks_used > _LOCKS:
+        raise ValueError(f"counters needed = {locks_used}; allowed: <= {_LOCKS} (split weight tiles × token blocks)")
+    locks = _lock_buffer(x.device)
+    part = torch.empty(max(part_used, 1), dtype=torch.float32, device=x.device)
+    bk16, bk32 = _BK[torch.bfloat16], _BK[torch.float32]
+    even = all(K % _BK[w.dtype] == 0 for w in weights)
+    _gemv_kernel[(starts[-1] * ntb,)](
+        x, x.stride(0), m, K, weights, outs, tuple(ns), tuple(strides),
+        tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
+        BN=bn, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32), EVEN_K=even,
+        num_warps=_WARPS, num_stages=_STAGES,
+    )  # fmt: skip
+    return outs
+
+
+def _check_group(o, w, out) -> None:
+    _check_x("o", o, 3)
+    m, G, gw = o.shape
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype != torch.bfloat16:
+        raise ValueError(f"w: {_desc(w)}; allowed: a 3-D torch.bfloat16 [G, r, gw]")
+    if w.shape[0] != G or w.shape[2] != gw or w.shape[1] < 1:
+        raise ValueError(f"w.shape = {tuple(w.shape)}; allowed: [{G}, r >= 1, {gw}] (G and gw of o {tuple(o.shape)})")
+    if not w.is_contiguous():
+        raise ValueError("w is not contiguous; allowed: a contiguous tensor")
+    if w.device != o.device:
+        raise ValueError(f"w.device = {w.device}; allowed: {o.device} (the device of o)")
+    _check_out("out", out, (m, G, w.shape[1]), torch.bfloat16, o.device)
+
+
+def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Per group g: `out[:, g] = bf16(o[:, g] · w[g]ᵀ)` (module doc), written into `out` and
+    returned. Each group is summed as the module doc says with the plan of the whole
+    weight `[G·r, gw]` (`plan(G·r, gw, bf16)`, so the split count sees all G·r rows); no
+    transpose copy of o or out. Capturable once `prepare(device)` ran."""
+    _check_group(o, w, out)
+    require_triton("group_gemv", o, w, out)
+    m, G, gw = o.shape
+    r = w.shape[1]
+    mb, bn = _launch(m)
+    ntb = -(-m // mb)
+    bk, segs = plan(G * r, gw, torch.bfloat16)
+    tiles = -(-r // bn)
+    split = segs > 1
+    if split and G * tiles * ntb > _LOCKS:
+        raise ValueError(f"counters needed = {G * tiles * ntb}; allowed: <= {_LOCKS} (groups × tiles × token blocks)")
+    locks = _lock_buffer(o.device)
+    part = torch.empty(G * segs * m * r if split else 1, dtype=torch.float32, device=o.device)
+    _group_gemv_kernel[(G * tiles * segs * ntb,)](
+        o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), part, locks,
+        m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
+        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, num_warps=_WARPS, num_stages=_STAGES,
+    )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------ the runtime's entry points
+
+
+def _decode_fits(x: torch.Tensor, weights, outs) -> bool:
+    """Whether `gemv` serves this call: CUDA, 1 ≤ m ≤ DECODE_MAX_M, bf16 x, each weight
+    bf16 or fp32 with an output of its dtype (the runtime's dtypes; shapes are checked by
+    `gemv` itself)."""
+    return (
+        x.is_cuda
+        and 1 <= x.shape[0] <= DECODE_MAX_M
+        and x.dtype == torch.bfloat16
+        and all(w.dtype in _DTYPES and o.dtype == w.dtype for w, o in zip(weights, outs))
+    )
+
+
+def mm_auto(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`ops.mm` on CUDA: `gemv` for a decode-sized call (`_decode_fits`), else `linear.mm`
+    (cuBLAS)."""
+    if _decode_fits(x, (w,), (out,)):
+        return gemv(x, (w,), (out,))[0]
+    return linear.mm(x, w, out)
+
+
+def mm_many(x: torch.Tensor, weights, outs):
+    """`outs[i] = x · weights[i]ᵀ`: one fused `gemv` launch for a decode-sized call, else
+    `linear.mm` per weight. Returns `outs` as a tuple."""
+    if _decode_fits(x, weights, outs):
+        return gemv(x, weights, outs)
+    for w, out in zip(weights, outs):
+        linear.mm(x, w, out)
+    return tuple(outs)
+
+
+def mm_many_exact(x: torch.Tensor, weights, outs):
+    """The CPU runtime's `mm_many`: `linear.mm_exact` per weight (fp64 sums, one rounding),
+    any m."""
+    for w, out in zip(weights, outs):
+        linear.mm_exact(x, w, out)
+    return tuple(outs)
+
+
+def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`ops.group_mm` on CUDA: `group_gemv` for 1 ≤ m ≤ DECODE_MAX_M, else `linear.group_mm`."""
+    if o.is_cuda and 1 <= o.shape[0] <= DECODE_MAX_M:
+        return group_gemv(o, w, out)
+    return linear.group_mm(o, w, out)
+
+
+# ---------------------------------------------------------------------------- twins
+
+
+def gemv_exact(x: torch.Tensor, weights, outs):
+    """The CPU runtime's twin: each output by `linear.mm_exact` (fp64 sums, one rounding)."""
+    weights, outs = _check_gemv(x, weights, outs)
+    for w, out in zip(weights, outs):
+        linear.mm_exact(x, w, out)
+    return outs
+
+
+def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The CPU runtime's twin of `group_gemv`: `linear.group_mm_exact`."""
+    _check_group(o, w, out)
+    return linear.group_mm_exact(o, w, out)
+
+
+def _ordered(x: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> torch.Tensor:
+    """fp32 `[m, N]` in the kernel's order (module doc, steps 1-3), computed in torch; a
+    product of an fp32 weight is rounded before its add (the interpreter's fma)."""
+    bk, segs = plan_nk
+    m, K = x.shape
+    N = w.shape[0]
+    ips = -(-K // bk) // segs
+    kp = segs * ips * bk
+    xf = torch.zeros(m, kp, dtype=torch.float32, device=x.device)
+    xf[:, :K] = x.float()
+    wf = torch.zeros(N, kp, dtype=torch.float32, device=w.device)
+    wf[:, :K] = w.float()
+    xf, wf = xf.view(m, segs, ips, bk), wf.view(N, segs, ips, bk)
+    rows = []
+    for n0 in range(0, N, 256):  # bounded memory: [m, 256, segs, bk] lane sums at a time
+        wc = wf[n0 : n0 + 256]
+        acc = torch.zeros(m, wc.shape[0], segs, bk, dtype=torch.float32, device=x.device)
+        for i in range(ips):
+            acc = acc + wc[None, :, :, i] * xf[:, None, :, i]
+        while acc.shape[-1] > 1:  # the lane tree: lanes 2j and 2j + 1 onto lane j
+            acc = acc.view(*acc.shape[:-1], -1, 2)
+            acc = acc[..., 0] + acc[..., 1]
+        seg = acc[..., 0]  # [m, n, segs]
+        tot = seg[..., 0]
+        for s in range(1, segs):
+            tot = tot + seg[..., s]
+        rows.append(tot)
+    return torch.cat(rows, dim=1)
+
+
+def gemv_torch(x: torch.Tensor, weights, outs):
+    """`gemv` in torch, in the kernel's summation order: the kernel's bits for bf16 weights
+    (on the GPU and in the interpreter), and the interpreter's for fp32 weights. For tests
+    and small shapes (it builds [m, 256, K] fp32 products at a time)."""
+    weights, outs = _check_gemv(x, weights, outs)
+    for w, out in zip(weights, outs):
+        out.copy_(_ordered(x, w, plan(w.shape[0], x.shape[1], w.dtype)))
+    return outs
+
+
+def group_gemv_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`group_gemv` in torch, in the kernel's summation order (its bits)."""
+    _check_group(o, w, out)
+    G, r, gw = w.shape
+    p = plan(G * r, gw, torch.bfloat16)
+    for g in range(G):
+        out[:, g].copy_(_ordered(o[:, g], w[g], p))
+    return out
