@@ -147,3 +147,38 @@ def test_differs_from_fused_only_in_fp32_order():
     tol = 2.0**-8 * b.float().abs().max().item()
     assert frac < 0.01, f"o: {frac:.2%} of elements differ from the fused kernel"
     assert diff.max().item() <= tol, f"o: max diff {diff.max().item():.3g} > {tol:.3g} (one bf16 rounding)"
+
+
+@pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16)], ids=str)
+def test_inverse_rope_epilogue_is_the_rope_op(device, m, H, D, half):
+    """`rot=(cos, sin, pos, o_rot)` writes apply_rope(o, inverse=True) bit for bit (the Triton
+    op and its torch twin), and o itself unchanged."""
+    from attnv41.kernels.rope import apply_rope, apply_rope_torch
+
+    q, win, comp, sel, sink = _inputs(31 + D, m, H, D, 130, 16, 12, 60, device)
+    gen = torch.Generator().manual_seed(3)
+    ang = torch.rand(50, half, generator=gen) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 50, (m,), generator=gen, dtype=torch.int32).to(device)
+    o_rot = torch.full((m, H, D), float("nan"), dtype=torch.bfloat16, device=device)
+    o = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1, rot=(cos, sin, pos, o_rot))
+    plain = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1)
+    assert torch.equal(_bits(o), _bits(plain)), "o: changed by the rope epilogue"
+    want = apply_rope(o, cos, sin, pos, inverse=True)
+    assert torch.equal(_bits(o_rot), _bits(want)), "o_rot differs from apply_rope(o, inverse=True)"
+    assert torch.equal(_bits(want), _bits(apply_rope_torch(o, cos, sin, pos, inverse=True))), "rope twin differs"
+    o_rot2 = torch.empty_like(o_rot)
+    o2 = sparse_attn_split_torch(q, win, comp, sel, 12, sink, 0.1, rot=(cos, sin, pos, o_rot2))
+    assert torch.equal(_bits(o_rot2), _bits(apply_rope_torch(o2, cos, sin, pos, inverse=True))), "twin's o_rot"
+
+
+def test_rot_validation(device):
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    cos = torch.ones(8, 4, device=device)
+    pos = torch.zeros(2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"rot o_rot = .*allowed: bf16 \[2, 2, 32\]"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=(cos, cos, pos, q[:1]))
+    with pytest.raises(ValueError, match=r"rot = list; allowed: None or a tuple"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=[cos, cos, pos, q])
+    with pytest.raises(ValueError, match=r"pos.shape"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=(cos, cos, pos[:1], torch.empty_like(q)))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from . import rope
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
@@ -143,6 +144,10 @@ if HAVE_TRITON:
         bm_ptr,  # fp32 [m, KB, H]
         sink_ptr,
         out_ptr,
+        rot_ptr,  # bf16 [m, H, D]: o with its rope tail inversely rotated (ROT only)
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
         H,
         D,
         K,
@@ -157,6 +162,12 @@ if HAVE_TRITON:
         stride_ot,
         stride_oh,
         stride_od,
+        stride_rt,
+        stride_rh,
+        stride_cos,
+        stride_sin,
+        ROT: tl.constexpr,
+        HALF: tl.constexpr,
         BLOCK_HC: tl.constexpr,
         BLOCK_DV: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -229,15 +240,45 @@ if HAVE_TRITON:
         den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
         o = round_bf16(tl.math.div_rn(acc, den[:, None]))
         o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_v64[None, :] * stride_od
-        tl.store(o_ptrs, o, mask=mask_h[:, None] & mask_v[None, :])
+        om = mask_h[:, None] & mask_v[None, :]
+        tl.store(o_ptrs, o, mask=om)
+        if ROT:
+            # The inverse RoPE of o's last 2·HALF values (`rope.apply_rope(o, inverse=True)`'s
+            # math: pair (a, b) → (a·c + b·s, b·c − a·s) in fp32, products rounded before the
+            # sums), written to rot; the leading values are copied. The pairs are read back
+            # from out after a barrier (this program wrote them), as the rope kernel reads them.
+            r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
+            tl.store(r_ptrs, o, mask=om & (offs_v < D - 2 * HALF)[None, :])
+            tl.debug_barrier()
+            # [HALF] pair k of the tail; [BLOCK_HC, HALF] pairs (a, b) = columns lead+2k, lead+2k+1
+            k = tl.arange(0, HALF)
+            col = (D - 2 * HALF + 2 * k).to(tl.int64)
+            mine = (col >= tl.program_id(2) * BLOCK_DV) & (col < tl.program_id(2) * BLOCK_DV + BLOCK_DV)
+            pm = mask_h[:, None] & mine[None, :]
+            p = tl.load(pos_ptr + t).to(tl.int64)
+            c = tl.load(cos_ptr + p * stride_cos + k)
+            sn = -tl.load(sin_ptr + p * stride_sin + k)
+            o_row = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh
+            a = tl.load(o_row + col[None, :] * stride_od, mask=pm, other=0.0).to(tl.float32)
+            b = tl.load(o_row + (col[None, :] + 1) * stride_od, mask=pm, other=0.0).to(tl.float32)
+            re = a * c[None, :] - b * sn[None, :]
+            im = a * sn[None, :] + b * c[None, :]
+            r_row = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh
+            tl.store(r_row + col[None, :], round_bf16(re), mask=pm)
+            tl.store(r_row + col[None, :] + 1, round_bf16(im), mask=pm)
 
 
-def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) -> torch.Tensor:
+def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
     """o[t, h] = Σ_j softmax_j(τ·q[t,h]·R_j ∪ sink_h) · R_j as bf16 `[m, H, D]`, split over
     the selection's 64-entry blocks (the decode regime); contract as
-    `sparse_attn.sparse_attn`, order in this module's docstring. `tune` is for the tuning
+    `sparse_attn.sparse_attn`, order in this module's docstring.
+
+    rot: None, or `(cos, sin, pos, o_rot)`: also write `rope.apply_rope(o, cos, sin, pos,
+    inverse=True)` into o_rot (bf16 `[m, H, D]`, last dim contiguous), bit for bit, in the
+    kernel's epilogue (the layer's output projection reads o_rot). `tune` is for the tuning
     script only (tile shapes and warps; the order stays the reference's)."""
     _validate(q, win, comp, sel, offset, sink, scale, out)
+    _check_rot(rot, q)
     require_triton("sparse_attn_split", q, win, sel, sink)
     m, H, D = q.shape
     K = sel.shape[1]
@@ -286,6 +327,12 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
     bdv = min(block_d, cfg["comb_d"])
+    if rot is None:
+        cos = sin = sink
+        pos, o_rot, half = sel, out, 1
+    else:
+        cos, sin, pos, o_rot = rot
+        half = cos.shape[1]
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
         win,
         comp,
@@ -294,6 +341,10 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
         bm,
         sink,
         out,
+        o_rot,
+        cos,
+        sin,
+        pos,
         H,
         D,
         K,
@@ -301,6 +352,12 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
         n_comp,
         *strides,
         *out.stride(),
+        o_rot.stride(0),
+        o_rot.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        ROT=rot is not None,
+        HALF=half,
         BLOCK_HC=cfg["comb_h"],
         BLOCK_DV=bdv,
         BLOCK_K=BLOCK_K,
@@ -313,6 +370,35 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, **tune) 
     return out
 
 
-def sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tensor:
-    """The twin on any device: the reference order itself (`sparse_attn.sparse_attn_torch`)."""
-    return sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=out)
+def _check_rot(rot, q) -> None:
+    """`rot` is None or (cos, sin, pos, o_rot) fitting q (ValueError naming the field)."""
+    if rot is None:
+        return
+    if not isinstance(rot, tuple) or len(rot) != 4:
+        raise ValueError(f"rot = {type(rot).__name__}; allowed: None or a tuple (cos, sin, pos, o_rot)")
+    cos, sin, pos, o_rot = rot
+    m, H, D = q.shape
+    if not isinstance(o_rot, torch.Tensor) or tuple(o_rot.shape) != (m, H, D) or o_rot.dtype != torch.bfloat16:
+        got = (getattr(o_rot, "dtype", None), tuple(getattr(o_rot, "shape", ())))
+        raise ValueError(f"rot o_rot = {got}; allowed: bf16 [{m}, {H}, {D}]")
+    if o_rot.device != q.device or (D > 1 and o_rot.stride(2) != 1):
+        raise ValueError(
+            f"rot o_rot on {o_rot.device} with strides {o_rot.stride()}; allowed: q's device, last dim contiguous"
+        )
+    if o_rot.data_ptr() == q.data_ptr():
+        raise ValueError("rot o_rot is q's memory; allowed: a buffer of its own")
+    rope._check(o_rot, cos, sin, pos, None)  # the rope op's own checks (tables, positions)
+    half = cos.shape[1]
+    if half & (half - 1):
+        raise ValueError(f"rot cos.shape[1] = {half}; allowed: a power of two")
+
+
+def sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
+    """The twin on any device: the reference order itself (`sparse_attn.sparse_attn_torch`),
+    then, with `rot`, `rope.apply_rope_torch(o, cos, sin, pos, inverse=True, out=o_rot)`."""
+    _check_rot(rot, q)
+    o = sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=out)
+    if rot is not None:
+        cos, sin, pos, o_rot = rot
+        rope.apply_rope_torch(o, cos, sin, pos, inverse=True, out=o_rot)
+    return o

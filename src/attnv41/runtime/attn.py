@@ -890,8 +890,9 @@ class AttnV41:
                     sel[:, W + k :].fill_(-1)
         # The decode regime's attention (split over the selection on CUDA): every decode
         # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
-        o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1])
-        return self._output(w, o, pos, cos, sin, 1, out=out)
+        rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue
+        o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot)
+        return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
         """§5/§6.1 for one decode token from the device metadata: the token into compressor
@@ -928,10 +929,16 @@ class AttnV41:
         ops.fp4_e8m0_qdq(kr, out=self.stage_k, nonfinite=self.nonfinite)
         ops.ring_write(st.index_k, self.stage_k, row)
 
-    def _output(self, w, o, pos, cos, sin, m: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """§8: inverse RoPE of o, the grouped low-rank projection, the output projection."""
+    def _output(
+        self, w, o, pos, cos, sin, m: int, out: torch.Tensor | None = None, rotated: bool = False
+    ) -> torch.Tensor:
+        """§8: inverse RoPE of o (already in `o_rot` when `rotated`), the grouped low-rank
+        projection, the output projection."""
         c, ops = self.cfg, self.ops
-        o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
+        if rotated:
+            o_rot = self.o_rot[:m]
+        else:
+            o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))

@@ -30,7 +30,7 @@ class Ops:
     compress_pool: Callable
     index_scores: Callable
     sparse_attn: Callable  # prefill regime
-    sparse_attn_decode: Callable  # decode regime (every decode token, whatever m)
+    sparse_attn_decode: Callable  # decode regime (every decode token, whatever m); rot= fuses the inverse RoPE
     candidate_mask: Callable
     topk_select: Callable
     candidate_mask_fixed: Callable
@@ -53,7 +53,7 @@ TORCH_OPS = Ops(
     compress_pool=compressor.compress_pool_torch,
     index_scores=indexer.index_scores_torch,
     sparse_attn=sparse.sparse_attn_torch,
-    sparse_attn_decode=sparse.sparse_attn_torch,  # the CPU path stays the reference, bit for bit
+    sparse_attn_decode=sparse_split.sparse_attn_split_torch,  # the reference order: the CPU path stays bit for bit
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
     candidate_mask_fixed=select.candidate_mask_fixed,
