@@ -1,17 +1,32 @@
-"""Fixed-width position top-k on the device (attention-v41.md §6.6): `topk_fixed`, a Triton
-radix select over 16-bit score keys. Not wired into the runtime.
+"""Fixed-width position top-k and candidate mask on the device (attention-v41.md §6.5,
+§6.6): `topk_fixed` and `candidate_mask_fixed`, a multi-program Triton radix select over
+16-bit order keys. The runtime's decode steps run them on CUDA.
 
-Twin: `kernels.select.topk_fixed` (torch, packed int64 keys), itself equal to
-`reference.indexer.topk_select`. Same contract, same result bit for bit.
+Twins: `kernels.select.topk_fixed` / `candidate_mask_fixed` (torch, packed int64 keys),
+themselves equal to `reference.indexer.topk_select` / `candidate_mask`. Same contracts,
+same results bit for bit (tests/kernels/test_topk.py).
 
-One program per row, three passes over the row's Lb scores, tile by tile:
-  1. a histogram of the key's high byte → the high byte B of the k-th key;
-  2. a histogram of the low byte among keys with high byte B → the k-th key T, and
-     `need`, how many keys equal to T are taken (the rest of the budget);
-  3. in position order, take keys > T, and keys == T while fewer than `need` of them
-     have been seen (so the lowest positions win ties), compacted in that order, which
-     is ascending: the output needs no sort, and the −1 / offset rule is applied on store.
-No atomics, no host values depending on the scores: deterministic and capturable.
+The k-th largest key T of a row is found in two radix digits of 8 bits; the row is cut
+into tiles of a fixed size and the grid is (tiles, rows), set by the shapes alone:
+  0. a zeroed int32 workspace `hist [m, 512]` (high-byte bins, then low-byte bins);
+  1. each tile histograms the high byte of its keys and adds it into `hist[t, :256]`
+     (integer atomics: sums do not depend on their order, so the result is deterministic);
+  2. each tile finds the high byte B of the k-th key from that histogram, histograms the
+     low byte of its keys whose high byte is B into `hist[t, 256:]`, and stores its own
+     counts `table[t, b, tile]` = #(keys ≥ B·256 + b) for b < 256, #(high byte > B) at
+     b = 256 (so row lo of the table counts keys ≥ T and row lo + 1 keys > T);
+  3. each tile finds T and `need` (how many keys equal to T are taken: k − #(keys > T),
+     lowest positions first), sums the two table rows over the earlier tiles, and writes
+     its choices: the top-k writes its taken positions, in position order, at their final
+     slots (so the output is ascending without a sort); the candidate mask writes whole
+     blocks of the bool mask.
+The order key of a bf16 score is computed in the kernels from its bits (as
+`select.score_order_key`): −0 → +0, every NaN → one key above +∞, then the float →
+unsigned map. The candidate mask first materialises one int16 key per block (the max
+over its columns, the newest block pinned to +∞) and runs steps 1–3 over those.
+
+No host synchronisation and no value-dependent shape: capturable in a CUDA graph, with
+the workspace zeroed inside the call, so a replay starts clean.
 """
 
 from __future__ import annotations
@@ -21,44 +36,226 @@ import torch
 from ._triton import HAVE_TRITON, require_triton, tl, triton
 from .select import _MAX_LB, _check_int, _check_out, _check_scores_visible
 
-__all__ = ["topk_fixed"]
+__all__ = ["topk_fixed", "candidate_mask_fixed"]
 
-_BLOCK = 1024  # positions per tile
+# Production tiling: fixed constants, never derived from values or the SM count. Tests
+# shrink them (the keyword arguments, or by patching these names) to cross tile edges.
+_BLOCK = 4096  # top-k: positions per tile (Lb = 1M → 256 tiles per row)
+_WARPS = 8  # warps per program, both selections
+_MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
+# candidate mask: the most score entries one [blocks, columns] tensor holds. Registers grow
+# with entries per thread (int64 addresses): 4096 over 8 warps compile (sm_90) to ~150 at
+# most; 8192 reached 255 with a stack spill.
+_MASK_COLS = 4096
+_PREFIX = 1024  # earlier tiles' counts summed per step of the final pass
+_MAX_GRID_ROWS = 65535  # rows go on grid axis 1 (CUDA limit 65535); more are launched in chunks
+_HIST = 512  # int32 per row of the histogram workspace: 256 high-byte bins, 256 low-byte bins
+_TABLE = 257  # int32 per tile of the count table: #(key ≥ B·256 + b) for b < 256, #(high > B)
 
 
-def topk_fixed(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int, out: torch.Tensor) -> torch.Tensor:
-    """Same contract as `kernels.select.topk_fixed`: scores bf16 `[m, Lb]`, visible
-    int32/int64 `[m]`, 1 ≤ k ≤ Lb, out int32 `[m, k]` (any strides) written and returned;
-    equal to `reference.indexer.topk_select(scores, visible, k, offset)`."""
+def _check_pow2(name: str, value, lo: int, hi: int) -> None:
+    _check_int(name, value, lo, hi)
+    if value & (value - 1):
+        raise ValueError(f"{name} = {value}; allowed: a power of two in {lo}..{hi}")
+
+
+def _check_warps(name: str, value) -> None:
+    _check_int(name, value, 1, 16)
+    if value not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{name} = {value}; allowed: 1, 2, 4, 8, 16")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _row_chunks(m: int):
+    """Row ranges of at most `_MAX_GRID_ROWS` (read at call time, so tests can shrink it)."""
+    step = _MAX_GRID_ROWS
+    return [(r0, min(m, r0 + step)) for r0 in range(0, m, step)]
+
+
+def topk_fixed(
+    scores: torch.Tensor,
+    visible: torch.Tensor,
+    k: int,
+    offset: int,
+    out: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    tile: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The compressed part of the selection at a fixed width: writes `out` and returns it.
+
+    Same contract as `kernels.select.topk_fixed`: scores bf16 `[m, Lb]` (any strides);
+    visible int32/int64 `[m]` (any values); 1 ≤ k ≤ Lb; 0 ≤ offset ≤ 2³¹−1 − (Lb−1); out
+    int32 `[m, k]`, any strides, every entry written. `out` equals
+    `reference.indexer.topk_select(scores, visible, k, offset)`: the k best positions
+    under (score descending, −0 = +0, NaN above +∞, lower position first among equals),
+    ascending; positions ≥ visible[t] → −1 (the tail, as the output is ascending), the
+    others + offset.
+
+    mask: None, or bool `[m, Lb]` (any strides): where False the score counts as −∞, so
+    the result is that of `scores.masked_fill(~mask, −∞)` (the candidate restriction of a
+    reindex layer, fused into the key computation; `scores` is not written).
+
+    tile, num_warps: tuning knobs for tests and benchmarks (a power of two 16..65536
+    positions per tile, warps per program); None takes the production constants.
+    Four launches (a zeroing memset and three passes), no host sync: capturable.
+    Arguments are checked on host metadata only, before anything is written.
+    """
     m, Lb = _check_scores_visible("topk_fixed", scores, visible)
     _check_int("topk_fixed: k", k, 1, Lb)
     _check_int("topk_fixed: offset", offset, 0, _MAX_LB - (Lb - 1))
     _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
-    require_triton("topk_fixed", scores, visible, out)
+    if mask is not None:
+        _check_mask("topk_fixed", mask, (m, Lb), scores.device)
+    tile = _BLOCK if tile is None else tile
+    num_warps = _WARPS if num_warps is None else num_warps
+    _check_pow2("topk_fixed: tile", tile, 16, 65536)
+    _check_warps("topk_fixed: num_warps", num_warps)
+    require_triton("topk_fixed", scores, visible, out, *([] if mask is None else [mask]))
     if m == 0:
         return out
-    _topk_kernel[(m,)](
-        scores.view(torch.int16),
-        visible,
-        out,
-        Lb,
-        k,
-        offset,
-        scores.stride(0),
-        scores.stride(1),
-        out.stride(0),
-        out.stride(1),
-        BLOCK=_BLOCK,
-        num_warps=8,
-    )
+    dev = scores.device
+    n_tiles = -(-Lb // tile)
+    bits = scores.view(torch.int16)
+    keep = bits if mask is None else mask.view(torch.uint8)
+    k_row, k_col = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
+    hist = torch.zeros(m, _HIST, dtype=torch.int32, device=dev)
+    table = torch.empty(m, _TABLE, n_tiles, dtype=torch.int32, device=dev)
+    src = dict(FROM_BITS=True, HAS_MASK=mask is not None, TILE=tile, num_warps=num_warps)
+    for r0, r1 in _row_chunks(m):
+        grid = (n_tiles, r1 - r0)
+        strides = dict(s_row=bits.stride(0), s_col=bits.stride(1), k_row=k_row, k_col=k_col)
+        b, kp, h, tb = bits[r0:r1], keep[r0:r1], hist[r0:r1], table[r0:r1]
+        _hist_high_kernel[grid](b, kp, h, Lb, **strides, **src)
+        _hist_low_kernel[grid](b, kp, h, tb, Lb, k, n_tiles, **strides, **src)
+        _topk_write_kernel[grid](
+            b,
+            kp,
+            h,
+            tb,
+            visible[r0:r1],
+            out[r0:r1],
+            Lb,
+            k,
+            offset,
+            n_tiles,
+            **strides,
+            s_vis=visible.stride(0),
+            o_row=out.stride(0),
+            o_col=out.stride(1),
+            PREFIX=_PREFIX,
+            **src,
+        )
     return out
+
+
+def candidate_mask_fixed(
+    scores: torch.Tensor,
+    visible: torch.Tensor,
+    cand_blocks: int,
+    cand_block: int,
+    out: torch.Tensor,
+    *,
+    tile_blocks: int | None = None,
+    tile_cols: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The candidate source's position mask at a fixed width: writes `out` and returns it.
+
+    Same contract as `kernels.select.candidate_mask_fixed`: scores bf16 `[m, Lb]`, visible
+    int32/int64 `[m]`, cand_blocks, cand_block ≥ 1, out bool `[m, Lb]` (any strides, every
+    entry written). `out` equals `reference.indexer.candidate_mask(scores, visible,
+    cand_blocks, cand_block)`: blocks of `cand_block` columns over Lb (−∞ padding), a
+    block's key the max key of its columns (the NaN key if it holds a NaN), the block
+    holding visible[t] − 1 pinned to +∞ when visible[t] ≥ 1; the top min(cand_blocks,
+    n_blocks) blocks (lower block first among equals) kept whole when their key is above
+    −∞ and not NaN.
+
+    tile_blocks, tile_cols: tuning knobs for tests and benchmarks (powers of two: the most
+    blocks per tile, the most entries per [blocks, columns] load, tile_cols ≥ tile_blocks);
+    None takes the production constants. Four launches, no host sync: capturable.
+    """
+    m, Lb = _check_scores_visible("candidate_mask_fixed", scores, visible)
+    _check_int("candidate_mask_fixed: cand_blocks", cand_blocks, 1, _MAX_LB)
+    _check_int("candidate_mask_fixed: cand_block", cand_block, 1, _MAX_LB)
+    _check_out("candidate_mask_fixed", out, torch.bool, (m, Lb), scores.device)
+    tb_max = _MASK_BLOCKS if tile_blocks is None else tile_blocks
+    cap = _MASK_COLS if tile_cols is None else tile_cols
+    num_warps = _WARPS if num_warps is None else num_warps
+    _check_pow2("candidate_mask_fixed: tile_blocks", tb_max, 1, 65536)
+    _check_pow2("candidate_mask_fixed: tile_cols", cap, tb_max, 1 << 20)
+    _check_warps("candidate_mask_fixed: num_warps", num_warps)
+    require_triton("candidate_mask_fixed", scores, visible, out)
+    if m == 0:
+        return out
+    dev = scores.device
+    n_blocks = -(-Lb // cand_block)
+    keep_n = min(cand_blocks, n_blocks)
+    # [TB, CW] loads: TB blocks per tile, CW columns of each per step (a loop covers cand_block)
+    TB = min(tb_max, max(16, cap // _next_pow2(cand_block)))
+    CW = max(1, min(_next_pow2(cand_block), cap // TB))
+    n_tiles = -(-n_blocks // TB)
+    bits = scores.view(torch.int16)
+    flags = out.view(torch.uint8)
+    keys = torch.empty(m, n_blocks, dtype=torch.int16, device=dev)
+    hist = torch.zeros(m, _HIST, dtype=torch.int32, device=dev)
+    table = torch.empty(m, _TABLE, n_tiles, dtype=torch.int32, device=dev)
+    kstr = dict(s_row=n_blocks, s_col=1, k_row=0, k_col=0)
+    opt = dict(TILE=TB, num_warps=num_warps)
+    for r0, r1 in _row_chunks(m):
+        grid = (n_tiles, r1 - r0)
+        ky, h, tb = keys[r0:r1], hist[r0:r1], table[r0:r1]
+        _block_keys_kernel[grid](
+            bits[r0:r1],
+            visible[r0:r1],
+            ky,
+            h,
+            Lb,
+            n_blocks,
+            cand_block,
+            bits.stride(0),
+            bits.stride(1),
+            visible.stride(0),
+            CW=CW,
+            **opt,
+        )
+        _hist_low_kernel[grid](ky, ky, h, tb, n_blocks, keep_n, n_tiles, **kstr, FROM_BITS=False, HAS_MASK=False, **opt)
+        _mask_write_kernel[grid](
+            ky,
+            h,
+            tb,
+            flags[r0:r1],
+            Lb,
+            n_blocks,
+            keep_n,
+            cand_block,
+            n_tiles,
+            flags.stride(0),
+            flags.stride(1),
+            CW=CW,
+            PREFIX=_PREFIX,
+            **opt,
+        )
+    return out
+
+
+def _check_mask(fn: str, mask, shape: tuple[int, int], device: torch.device) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != shape:
+        got = f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"{fn}: mask must be None or torch.bool of shape {list(shape)}; got {got}")
+    if mask.device != device:
+        raise ValueError(f"{fn}: mask is on {mask.device}, scores on {device}; allowed: the same device")
 
 
 if HAVE_TRITON:
 
     @triton.jit
     def _order_key(bits16):
-        """int32 order keys 0 … 2¹⁶−1 of bf16 bit patterns (as `select.score_order_key`):
+        """int32 order keys 0x7F … 0xFFC0 of bf16 bit patterns (as `select.score_order_key`):
         −0 → +0, every NaN → 0x7FC0 (above +∞), negatives flip all bits, others set the sign bit."""
         b = bits16.to(tl.int32) & 0xFFFF
         b = tl.where(b == 0x8000, 0, b)
@@ -66,79 +263,253 @@ if HAVE_TRITON:
         return tl.where(b >= 0x8000, b ^ 0xFFFF, b | 0x8000)
 
     @triton.jit
+    def _load_keys(
+        src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS: tl.constexpr, HAS_MASK: tl.constexpr
+    ):
+        """Keys of row t at columns idx (int64): from bf16 bits (FROM_BITS) or stored int16
+        keys; −∞ (0x7F) where the keep mask is 0 (HAS_MASK). Lanes outside `ok` get key 0,
+        below every real key (≥ 0x7F): they never compare ≥ a threshold T, which is the key
+        of a real entry, so only the histograms need `ok` as a mask."""
+        raw = tl.load(src_ptr + t * s_row + idx * s_col, mask=ok, other=0)
+        if FROM_BITS:
+            key = _order_key(raw)
+        else:
+            key = raw.to(tl.int32) & 0xFFFF
+        if HAS_MASK:
+            kept = tl.load(keep_ptr + t * k_row + idx * k_col, mask=ok, other=0)
+            key = tl.where(kept != 0, key, 0x7F)
+        return tl.where(ok, key, 0)
+
+    @triton.jit
     def _byte_threshold(hist, want):
-        """Over a 256-bin histogram: the largest byte b with count(byte ≥ b) ≥ want (≥ 1,
-        and ≤ the total), and count(byte > b)."""
+        """Over a 256-bin histogram with total ≥ want ≥ 1: the largest byte b with
+        count(byte ≥ b) ≥ want, and count(byte > b) (< want)."""
         # [256] byte value
         byte = tl.arange(0, 256)
-        total = tl.sum(hist, 0)
-        ge = total - tl.cumsum(hist, 0) + hist
+        ge = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
         b = tl.max(tl.where(ge >= want, byte, -1), 0)
         above = tl.sum(tl.where(byte > b, hist, 0), 0)
         return b, above
 
     @triton.jit
-    def _topk_kernel(
-        bits_ptr,
-        vis_ptr,
-        out_ptr,
-        Lb,
-        k,
-        offset,
+    def _hist_high_kernel(
+        src_ptr,
+        keep_ptr,
+        hist_ptr,
+        N,
         s_row,
         s_col,
-        s_out_row,
-        s_out_col,
-        BLOCK: tl.constexpr,
+        k_row,
+        k_col,
+        TILE: tl.constexpr,
+        FROM_BITS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
     ):
-        # program t: row t of the scores and of out. The tile loops are `while` loops: a
-        # runtime bound, and Triton's interpreter cannot take a scalar argument as a range bound.
-        t = tl.program_id(0).to(tl.int64)
-        row = bits_ptr + t * s_row
-        # [BLOCK] position within a tile
-        lane = tl.arange(0, BLOCK)
+        # program (tile, t): columns tile·TILE … of row t; adds into hist[t, :256]
+        tile = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        # [TILE] column
+        idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        ok = idx < N
+        key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
+        # [256] this tile's high-byte counts
+        h = tl.histogram(key >> 8, 256, mask=ok)
+        byte = tl.arange(0, 256)
+        tl.atomic_add(hist_ptr + t * 512 + byte, h, mask=h != 0, sem="relaxed")
 
-        # pass 1: high-byte histogram of all Lb keys
-        hist = tl.zeros([256], dtype=tl.int32)
-        start = 0
-        while start < Lb:
-            pos = start + lane
-            ok = pos < Lb
-            key = _order_key(tl.load(row + pos.to(tl.int64) * s_col, mask=ok, other=0))
-            hist += tl.histogram(tl.where(ok, key >> 8, 0), 256, mask=ok)
-            start += BLOCK
-        hi, n_above_hi = _byte_threshold(hist, k)
+    @triton.jit
+    def _hist_low_kernel(
+        src_ptr,
+        keep_ptr,
+        hist_ptr,
+        table_ptr,
+        N,
+        k,
+        n_tiles,
+        s_row,
+        s_col,
+        k_row,
+        k_col,
+        TILE: tl.constexpr,
+        FROM_BITS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+    ):
+        # program (tile, t): adds the low bytes of keys with high byte B into hist[t, 256:],
+        # writes table[t, :, tile]
+        tile = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        # [256] byte value
+        byte = tl.arange(0, 256)
+        hi, _ = _byte_threshold(tl.load(hist_ptr + t * 512 + byte), k)
+        # [TILE] column
+        idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        ok = idx < N
+        key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
+        high = key >> 8
+        gt_hi = tl.sum((high > hi).to(tl.int32), 0)  # lanes outside ok have high byte 0 ≤ hi
+        # [256] this tile's low-byte counts among keys with high byte hi
+        low = tl.histogram(key & 0xFF, 256, mask=ok & (high == hi))
+        ge = gt_hi + tl.sum(low, 0) - tl.cumsum(low, 0) + low  # #(key ≥ hi·256 + b)
+        col = table_ptr + t * 257 * n_tiles + tile
+        tl.store(col + byte.to(tl.int64) * n_tiles, ge)
+        tl.store(col + (t * 0 + 256) * n_tiles, gt_hi)  # int64 (t * 0: n_tiles may arrive as a constexpr)
+        tl.atomic_add(hist_ptr + t * 512 + 256 + byte, low, mask=low != 0, sem="relaxed")
 
-        # pass 2: low-byte histogram of the keys whose high byte is hi
-        hist = tl.zeros([256], dtype=tl.int32)
-        start = 0
-        while start < Lb:
-            pos = start + lane
-            ok = pos < Lb
-            key = _order_key(tl.load(row + pos.to(tl.int64) * s_col, mask=ok, other=0))
-            in_hi = ok & ((key >> 8) == hi)
-            hist += tl.histogram(tl.where(in_hi, key & 0xFF, 0), 256, mask=in_hi)
-            start += BLOCK
-        lo, n_above_lo = _byte_threshold(hist, k - n_above_hi)
+    @triton.jit
+    def _tile_plan(hist_ptr, table_ptr, t, tile, k, n_tiles, PREFIX: tl.constexpr):
+        """For tile `tile` of row t: the k-th key T, `need` (keys == T to take, ≥ 1), and
+        over the earlier tiles #(keys > T) and #(keys == T), then the same two for this tile."""
+        # [256] byte value
+        byte = tl.arange(0, 256)
+        hi, above_hi = _byte_threshold(tl.load(hist_ptr + t * 512 + byte), k)
+        lo, above_lo = _byte_threshold(tl.load(hist_ptr + t * 512 + 256 + byte), k - above_hi)
         thresh = hi * 256 + lo
-        need = k - n_above_hi - n_above_lo  # keys == thresh to take, lowest positions first (≥ 1)
+        need = k - above_hi - above_lo
+        ge_row = table_ptr + t * 257 * n_tiles + lo.to(tl.int64) * n_tiles  # #(key ≥ T) per tile
+        gt_row = ge_row + n_tiles  # #(key > T) per tile: the next table row
+        # [PREFIX] earlier tile
+        lane = tl.arange(0, PREFIX)
+        gt_before = tl.sum(tl.zeros([PREFIX], dtype=tl.int32), 0)
+        eq_before = gt_before
+        j0 = 0
+        while j0 < tile:
+            j = j0 + lane
+            ok = j < tile
+            gt = tl.load(gt_row + j, mask=ok, other=0)
+            ge = tl.load(ge_row + j, mask=ok, other=0)
+            gt_before += tl.sum(gt, 0)
+            eq_before += tl.sum(ge - gt, 0)
+            j0 += PREFIX
+        gt_here = tl.load(gt_row + tile)
+        eq_here = tl.load(ge_row + tile) - gt_here
+        return thresh, need, gt_before, eq_before, gt_here, eq_here
 
-        # pass 3: in-order compaction; positions ascend, so the output is sorted as it is written
-        vis = tl.load(vis_ptr + t).to(tl.int64)
-        n_eq = 0  # keys == thresh seen in earlier tiles
-        n_taken = 0  # outputs written by earlier tiles
-        start = 0
-        while start < Lb:
-            pos = start + lane
-            ok = pos < Lb
-            key = _order_key(tl.load(row + pos.to(tl.int64) * s_col, mask=ok, other=0))
-            eq = (ok & (key == thresh)).to(tl.int32)
-            eq_rank = n_eq + tl.cumsum(eq, 0) - eq
-            take = ((ok & (key > thresh)) | ((eq != 0) & (eq_rank < need))).to(tl.int32)
-            slot = n_taken + tl.cumsum(take, 0) - take
-            pos64 = pos.to(tl.int64)
-            val = tl.where(pos64 >= vis, -1, pos64 + offset).to(tl.int32)
-            tl.store(out_ptr + t * s_out_row + slot.to(tl.int64) * s_out_col, val, mask=take != 0)
-            n_eq += tl.sum(eq, 0)
-            n_taken += tl.sum(take, 0)
-            start += BLOCK
+    @triton.jit
+    def _topk_write_kernel(
+        src_ptr,
+        keep_ptr,
+        hist_ptr,
+        table_ptr,
+        vis_ptr,
+        out_ptr,
+        N,
+        k,
+        offset,
+        n_tiles,
+        s_row,
+        s_col,
+        k_row,
+        k_col,
+        s_vis,
+        o_row,
+        o_col,
+        TILE: tl.constexpr,
+        PREFIX: tl.constexpr,
+        FROM_BITS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+    ):
+        # program (tile, t): writes the positions of this tile that are taken, at their slots
+        tile = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        thresh, need, gt_before, eq_before, gt_here, eq_here = _tile_plan(
+            hist_ptr, table_ptr, t, tile, k, n_tiles, PREFIX
+        )
+        if (gt_here > 0) | ((eq_here > 0) & (eq_before < need)):  # else nothing to take here
+            # [TILE] position
+            idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+            ok = idx < N
+            key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
+            eq = (key == thresh).to(tl.int32)
+            eq_rank = eq_before + tl.cumsum(eq, 0) - eq  # ties in position order, over the row
+            take = ((key > thresh) | ((eq != 0) & (eq_rank < need))).to(tl.int32)
+            slot = gt_before + tl.minimum(eq_before, need) + tl.cumsum(take, 0) - take
+            vis = tl.load(vis_ptr + t * s_vis).to(tl.int64)
+            val = tl.where(idx >= vis, -1, idx + offset).to(tl.int32)
+            tl.store(out_ptr + t * o_row + slot.to(tl.int64) * o_col, val, mask=take != 0)
+
+    @triton.jit
+    def _block_keys_kernel(
+        bits_ptr,
+        vis_ptr,
+        keys_ptr,
+        hist_ptr,
+        Lb,
+        n_blocks,
+        cb,
+        s_row,
+        s_col,
+        s_vis,
+        TILE: tl.constexpr,
+        CW: tl.constexpr,
+    ):
+        # program (tile, t): keys of blocks tile·TILE … of row t into keys[t], their high
+        # bytes into hist[t, :256]
+        tile = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        # [TILE] block
+        blk = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        ok = blk < n_blocks
+        # [CW] column within one step over a block
+        cc = tl.arange(0, CW)
+        best = tl.zeros([TILE], dtype=tl.int32)  # below every key; each block has ≥ 1 column < Lb
+        c0 = 0
+        while c0 < cb:
+            c = c0 + cc
+            # [TILE, CW] column of the scores
+            col = blk[:, None] * cb + c[None, :]
+            inb = ok[:, None] & (c[None, :] < cb) & (col < Lb)
+            key = _order_key(tl.load(bits_ptr + t * s_row + col * s_col, mask=inb, other=0))
+            best = tl.maximum(best, tl.max(tl.where(inb, key, 0), 1))
+            c0 += CW
+        vis = tl.load(vis_ptr + t * s_vis).to(tl.int64)
+        newest = tl.maximum(vis - 1, 0) // cb
+        best = tl.where((blk == newest) & (vis >= 1), 0xFF80, best)  # pinned to the +∞ key
+        best = tl.where(ok, best, 0)
+        tl.store(keys_ptr + t * n_blocks + blk, best.to(tl.int16), mask=ok)
+        # [256] this tile's high-byte counts
+        h = tl.histogram(best >> 8, 256, mask=ok)
+        byte = tl.arange(0, 256)
+        tl.atomic_add(hist_ptr + t * 512 + byte, h, mask=h != 0, sem="relaxed")
+
+    @triton.jit
+    def _mask_write_kernel(
+        keys_ptr,
+        hist_ptr,
+        table_ptr,
+        out_ptr,
+        Lb,
+        n_blocks,
+        keep_n,
+        cb,
+        n_tiles,
+        o_row,
+        o_col,
+        TILE: tl.constexpr,
+        CW: tl.constexpr,
+        PREFIX: tl.constexpr,
+    ):
+        # program (tile, t): every column of blocks tile·TILE … of row t, kept or not
+        tile = tl.program_id(0)
+        t = tl.program_id(1).to(tl.int64)
+        thresh, need, gt_before, eq_before, gt_here, eq_here = _tile_plan(
+            hist_ptr, table_ptr, t, tile, keep_n, n_tiles, PREFIX
+        )
+        # [TILE] block
+        blk = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        ok = blk < n_blocks
+        key = _load_keys(keys_ptr, keys_ptr, t, blk, ok, n_blocks, 1, 0, 0, False, False)
+        eq = (key == thresh).to(tl.int32)
+        eq_rank = eq_before + tl.cumsum(eq, 0) - eq
+        take = (key > thresh) | ((eq != 0) & (eq_rank < need))
+        kept = (take & (key > 0x7F) & (key != 0xFFC0)).to(tl.uint8)  # above −∞, not NaN
+        # [CW] column within one step over a block
+        cc = tl.arange(0, CW)
+        c0 = 0
+        while c0 < cb:
+            c = c0 + cc
+            # [TILE, CW] column of the mask
+            col = blk[:, None] * cb + c[None, :]
+            inb = ok[:, None] & (c[None, :] < cb) & (col < Lb)
+            flag = tl.broadcast_to(kept[:, None], [TILE, CW])
+            tl.store(out_ptr + t * o_row + col * o_col, flag, mask=inb)
+            c0 += CW

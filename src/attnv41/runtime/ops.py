@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, gemv, indexer, linear, norm, qdq, ring, rope, select
+from ..kernels import compressor, fp8_linear, gemv, indexer, linear, norm, qdq, ring, rope, select, topk
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
@@ -79,8 +79,8 @@ TRITON_OPS = Ops(
     sparse_attn_decode=sparse_split.sparse_attn_split,
     candidate_mask=select.candidate_mask,
     topk_select=select.topk_select,
-    candidate_mask_fixed=select.candidate_mask_fixed,
-    topk_fixed=select.topk_fixed,
+    candidate_mask_fixed=topk.candidate_mask_fixed,  # Triton radix select (exact, the tie rule)
+    topk_fixed=topk.topk_fixed,
     window_selection=select.window_selection,
     fp8_mm=fp8_linear.fp8_mm,
 )
