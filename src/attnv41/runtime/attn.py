@@ -190,8 +190,6 @@ class AttnV41:
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
         self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.stage_kv = torch.empty(1, D, **bf)  # a kv source's new compressed row, before its cache write
-        self.stage_k = torch.empty(1, c.index_head_dim, **bf)  # and its index key
         # Decode steps run from device metadata: the position and everything derived from
         # it (window slots, visible rows, compressor slot and completion, the selections).
         if plan is None:
@@ -494,8 +492,7 @@ class AttnV41:
         cos, sin = self._tables(r)
 
         # §4: q, kv and the window
-        cq, q, kv = self._qkv(w, x, pos, cos, sin, m)
-        ops.ring_write(st.ring, kv, pos)
+        cq, q, kv = self._qkv(w, x, pos, cos, sin, m, st.ring)
         win, offset = kv, m
         wsel = ops.window_selection(self.sel, m, 0, W)
         n_wc = wsel.shape[1]
@@ -619,7 +616,7 @@ class AttnV41:
             return self.ops.mm(x, w[name + ".weight"], out=out)
         return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out)
 
-    def _qkv(self, w, x, pos, cos, sin, m: int):
+    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring). The one copy of this path: prefill and decode."""
@@ -635,9 +632,8 @@ class AttnV41:
         self._linear(w, "wq_b", cq, q.view(m, H * D))
         ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
-        ops.rms_norm(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, out=kv)
-        ops.apply_rope(kv.view(m, 1, D), cos, sin, pos, out=kv.view(m, 1, D))
-        ops.fp8_qdq(kv, out=kv, nonfinite=self.nonfinite)
+        # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
+        ops.kv_chain(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite)
         return cq, q, kv
 
     # ------------------------------------------------------------------ decode split
@@ -859,8 +855,7 @@ class AttnV41:
         r, W = role.ratio, c.window
         pos = plan.pos
         cos, sin = self._tables(r)
-        cq, q, kv = self._qkv(w, x, pos, cos, sin, 1)
-        ops.ring_write(st.ring, kv, pos)
+        cq, q, kv = self._qkv(w, x, pos, cos, sin, 1, st.ring)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
@@ -902,7 +897,6 @@ class AttnV41:
         in progress: past the visible rows (⌊(p+1)/r⌋), never read, rewritten each step
         until it completes. On completion the gate scores are reset to −∞."""
         c, ops, plan = self.cfg, self.ops, self.plan
-        D = c.head_dim
         meta = plan.meta[r]
         if r == 1:
             ops.mm(x, w["compressor.wkv.weight"], out=self.lat_pre[:1])
@@ -916,18 +910,33 @@ class AttnV41:
             pooled = ops.compress_pool(st.comp_a[None], st.comp_g[None], out=self.pooled[:1])
             st.comp_g.masked_fill_(plan.done[r][0], float("-inf"))
             self.lat_pre[:1].copy_(pooled)
-        latent = ops.rms_norm(self.lat_pre[:1], w["compressor.norm.weight"], c.norm_eps, out=self.latent[:1])
         row, row_pos = meta[ROW], meta[ROW_POS]
-        rows = ops.apply_rope(
-            latent.view(1, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:1].view(1, 1, D)
+        # rms_norm → RoPE at row·r → fp4 e4m3 round trip → compress_kv[row]; then the index key's
+        # rms_norm → RoPE → fp4 e8m0 round trip → index_k[row]: one kernel each (kernels/fused.py)
+        latent = ops.compress_kv_chain(
+            self.lat_pre[:1],
+            w["compressor.norm.weight"],
+            c.norm_eps,
+            self.yarn_cos,
+            self.yarn_sin,
+            row_pos,
+            row,
+            self.latent[:1],
+            st.compress_kv,
+            self.nonfinite,
         )
-        ops.fp4_e4m3_qdq(rows.view(1, D), out=self.stage_kv, nonfinite=self.nonfinite)
-        ops.ring_write(st.compress_kv, self.stage_kv, row)  # row < the cache's rows: slot = row
         kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:1])
-        kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:1])
-        ops.apply_rope(kr.view(1, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(1, 1, -1))
-        ops.fp4_e8m0_qdq(kr, out=self.stage_k, nonfinite=self.nonfinite)
-        ops.ring_write(st.index_k, self.stage_k, row)
+        ops.index_k_chain(
+            kp,
+            w["indexer.k_norm.weight"],
+            c.norm_eps,
+            self.yarn_cos,
+            self.yarn_sin,
+            row_pos,
+            row,
+            st.index_k,
+            self.nonfinite,
+        )
 
     def _output(
         self, w, o, pos, cos, sin, m: int, out: torch.Tensor | None = None, rotated: bool = False
@@ -984,8 +993,7 @@ class AttnV41:
         m = x.shape[0]
         iq = self.iq[:m]
         self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
-        ops.apply_rope(iq, cos, sin, pos, out=iq)
-        ops.fp4_e8m0_qdq(iq.view(m * c.index_heads, c.index_head_dim), out=iq.view(m * c.index_heads, c.index_head_dim))
+        ops.index_q_chain(iq, cos, sin, pos, iq)  # RoPE → fp4 e8m0 round trip, one kernel
         hw = self.hw[:m]
         ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
         hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))

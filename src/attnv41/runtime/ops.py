@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, gemv, indexer, linear, norm, qdq, ring, rope, select, topk
+from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, qdq, ring, rope, select, topk
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
@@ -37,6 +37,10 @@ class Ops:
     topk_fixed: Callable
     window_selection: Callable
     fp8_mm: Callable
+    kv_chain: Callable  # kernels/fused.py: chains of the small ops above in one kernel, same bytes
+    compress_kv_chain: Callable
+    index_k_chain: Callable
+    index_q_chain: Callable
 
 
 TORCH_OPS = Ops(
@@ -60,6 +64,10 @@ TORCH_OPS = Ops(
     topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
     fp8_mm=fp8_linear.fp8_mm_torch,
+    kv_chain=fused.kv_chain_torch,
+    compress_kv_chain=fused.compress_kv_chain_torch,
+    index_k_chain=fused.index_k_chain_torch,
+    index_q_chain=fused.index_q_chain_torch,
 )
 
 TRITON_OPS = Ops(
@@ -83,6 +91,10 @@ TRITON_OPS = Ops(
     topk_fixed=topk.topk_fixed,
     window_selection=select.window_selection,
     fp8_mm=fp8_linear.fp8_mm,
+    kv_chain=fused.kv_chain,
+    compress_kv_chain=fused.compress_kv_chain,
+    index_k_chain=fused.index_k_chain,
+    index_q_chain=fused.index_q_chain,
 )
 
 

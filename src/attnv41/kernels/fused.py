@@ -1,0 +1,558 @@
+"""Fused decode chains in Triton: norm → RoPE → quantize round trip → cache write, one launch.
+
+Each function replaces a chain of the single-op kernels (`norm.rms_norm`,
+`rope.apply_rope`, `qdq.*_qdq`, `ring.ring_write`) that the runtime launches one after
+the other, and gives the same bytes as that chain (the outputs, the cache rows and the
+non-finite counter):
+
+- `kv_chain`: the window row of `_qkv` and its ring write (rms_norm, RoPE at `pos`,
+  fp8 round trip, into `kv_out` and ring slot `pos % window`).
+- `compress_kv_chain`: a kv source's compressed row (rms_norm into `latent`, RoPE at
+  `row_pos`, fp4 e4m3 round trip, into cache row `row`).
+- `index_k_chain`: its index key (rms_norm, RoPE at `row_pos`, fp4 e8m0 round trip, into
+  `index_k` row `row`).
+- `index_q_chain`: the index queries (RoPE at `pos`, fp4 e8m0 round trip), per head.
+
+`<name>_torch` is the same chain of the ops' torch twins (the CPU path), same contract.
+
+Bit identity. Every step runs the math of its single-op kernel: the bit-level helpers are
+imported from those modules (`_bf16_to_f32`, `round_bf16`, `_load_weight`,
+`_pow2_ceil_exp`, `_e4m3_rne`, `_e2m1_round`, `_e2m1_round_scaled`); the few lines those
+kernels inline (the norm's sum and scale, the rotation, each mode's scale) are repeated
+here, marked "as in". The norm's sum of squares is the same 1-D `tl.sum` over the same
+`[BLOCK]` load, launched with the same `num_warps`, so the GPU reduces it in the same
+order. The single-op kernels compile with fp fusion on, except RoPE's (off: its products
+are rounded before the sum); this kernel keeps fusion on, like the norm, and rounds the
+rotation's products with `mul_rn` on the GPU (the interpreter never fuses). Hence: equal
+to the Triton chain bit for bit; equal to the torch chain wherever `rms_norm` and
+`rms_norm_torch` agree (they may differ by one bf16 ulp by design, see `norm.py`).
+
+Layout inside a program: the row is held as two `[NB_P, QB/2]` tiles, its even and odd
+columns (row `j` = quantization block `j`). RoPE pairs `(lead+2k, lead+2k+1)` are then an
+even and an odd value in the same place (lead and blocks are even), and a block's amax is
+the larger of the two tiles' row maxima.
+
+No host synchronisation; positions and slots are read on the device (capturable).
+Outputs must not partially overlap the input (exactly the input is allowed where noted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import norm as _norm
+from . import qdq as _qdq
+from . import ring as _ring
+from . import rope as _rope
+from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from triton.language.extra import libdevice
+
+    from ._triton import round_bf16
+    from .norm import _load_weight
+    from .qdq import _bf16_to_f32, _e2m1_round, _e2m1_round_scaled, _e4m3_rne, _pow2_ceil_exp
+
+__all__ = [
+    "kv_chain",
+    "kv_chain_torch",
+    "compress_kv_chain",
+    "compress_kv_chain_torch",
+    "index_k_chain",
+    "index_k_chain_torch",
+    "index_q_chain",
+    "index_q_chain_torch",
+]
+
+_INT = (torch.int32, torch.int64)
+_MAX_WIDTH = 4096  # norm.rms_norm's one-chunk width: wider rows would take its two-pass loop
+
+
+# ---------------------------------------------------------------------- argument checks
+
+
+def _tensor(name: str, t, dtypes: tuple, dim: int, device: torch.device | None) -> None:
+    """ValueError unless `t` is a tensor of one of `dtypes`, `dim` dims, on `device`, last dim contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} = {type(t).__name__}; allowed: a torch.Tensor")
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name}.dtype = {t.dtype}; allowed: {allowed}")
+    if t.dim() != dim:
+        raise ValueError(f"{name}.dim() = {t.dim()} (shape {tuple(t.shape)}); allowed: {dim}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}.device = {t.device}; allowed: {device} (the input's device)")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}.stride(-1) = {t.stride(-1)}; allowed: 1 (contiguous last dim)")
+
+
+def _shape(name: str, t: torch.Tensor, shape: tuple, what: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}.shape = {tuple(t.shape)}; allowed: {list(shape)} ({what})")
+
+
+def _check_rope(x_name: str, width: int, cos, sin, device) -> int:
+    """Check the tables against rows of `width`; return half = rope_dim / 2."""
+    for name, t in (("cos", cos), ("sin", sin)):
+        _tensor(name, t, (torch.float32,), 2, device)
+        if t.shape[1] < 1:
+            raise ValueError(f"{name}.shape = {tuple(t.shape)}; allowed: [max_seq, rope_dim/2], rope_dim/2 >= 1")
+    if sin.shape != cos.shape:
+        raise ValueError(f"sin.shape = {tuple(sin.shape)}; allowed: cos.shape = {tuple(cos.shape)}")
+    half = cos.shape[1]
+    if 2 * half > width:
+        raise ValueError(f"rope_dim = 2*cos.shape[1] = {2 * half}; allowed: 2..{x_name}.shape[-1] = {width}")
+    return half
+
+
+def _check_positions(name: str, t, m: int, device) -> None:
+    _tensor(name, t, _INT, 1, device)
+    _shape(name, t, (m,), "one per token")
+
+
+def _check_rows(x_name: str, x, block: int) -> tuple[int, int]:
+    """`x`: bf16 `[m, width]`, width a multiple of the quantization block, at most _MAX_WIDTH."""
+    _tensor(x_name, x, (torch.bfloat16,), 2, None)
+    m, width = x.shape
+    if width < block or width % block or width > _MAX_WIDTH:
+        raise ValueError(f"{x_name}.shape[1] = {width}; allowed: a multiple of {block} in {block}..{_MAX_WIDTH}")
+    return m, width
+
+
+def _check_norm(x_name: str, x, weight, eps) -> None:
+    _tensor("norm_w", weight, (torch.float32, torch.bfloat16), 1, x.device)
+    _shape("norm_w", weight, (x.shape[1],), f"{x_name}.shape[1]")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps = {eps!r}; allowed: a finite float >= 0")
+
+
+def _check_out(name: str, t, like: torch.Tensor, like_name: str) -> None:
+    _tensor(name, t, (torch.bfloat16,), like.dim(), like.device)
+    _shape(name, t, tuple(like.shape), f"the shape of {like_name}")
+
+
+def _check_cache(name: str, t, width: int, device) -> None:
+    _tensor(name, t, (torch.bfloat16,), 2, device)
+    if t.shape[0] < 1 or t.shape[1] != width:
+        raise ValueError(f"{name}.shape = {tuple(t.shape)}; allowed: [rows >= 1, {width}]")
+
+
+def _check_count(nonfinite, device) -> None:
+    if nonfinite is None:
+        return
+    if not isinstance(nonfinite, torch.Tensor) or nonfinite.dtype != torch.int64 or nonfinite.numel() != 1:
+        raise ValueError(f"nonfinite = {nonfinite!r}; allowed: None or an int64 tensor of one element")
+    if nonfinite.device != device:
+        raise ValueError(f"nonfinite.device = {nonfinite.device}; allowed: {device} (the input's device)")
+
+
+def _check_norm_chain(x_name: str, x, norm_w, eps, cos, sin, pos_name: str, pos, block: int) -> None:
+    """The input half of a norm → rope → qdq chain: rows, weight, eps, tables, positions."""
+    m, width = _check_rows(x_name, x, block)
+    _check_norm(x_name, x, norm_w, eps)
+    _check_rope(x_name, width, cos, sin, x.device)
+    _check_positions(pos_name, pos, m, x.device)
+
+
+def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite) -> None:
+    _check_norm_chain("kv_pre", kv_pre, norm_w, eps, cos, sin, "pos", pos, _qdq.FP8_BLOCK)
+    _check_out("kv_out", kv_out, kv_pre, "kv_pre")
+    _check_cache("ring", ring, kv_pre.shape[1], kv_pre.device)
+    _check_count(nonfinite, kv_pre.device)
+
+
+def _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite) -> None:
+    _check_norm_chain("lat_pre", lat_pre, norm_w, eps, cos, sin, "row_pos", row_pos, _qdq.FP4_E4M3_BLOCK)
+    _check_positions("row", row, lat_pre.shape[0], lat_pre.device)
+    _check_out("latent", latent, lat_pre, "lat_pre")
+    _check_cache("compress_kv", compress_kv, lat_pre.shape[1], lat_pre.device)
+    _check_count(nonfinite, lat_pre.device)
+
+
+def _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite) -> None:
+    _check_norm_chain("kp", kp, norm_w, eps, cos, sin, "row_pos", row_pos, _qdq.FP4_E8M0_BLOCK)
+    _check_positions("row", row, kp.shape[0], kp.device)
+    _check_cache("index_k", index_k, kp.shape[1], kp.device)
+    _check_count(nonfinite, kp.device)
+
+
+# ---------------------------------------------------------------------- the kernel
+
+_MODE_FP8, _MODE_FP4_E8M0, _MODE_FP4_E4M3 = _qdq._MODE_FP8, _qdq._MODE_FP4_E8M0, _qdq._MODE_FP4_E4M3
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _rotate_mul(a, b, RN: tl.constexpr):
+        """fp32 `a·b` rounded on its own: never contracted into an fma with a later add."""
+        if RN:
+            return libdevice.mul_rn(a, b)
+        else:  # the interpreter: numpy rounds every product
+            return a * b
+
+    @triton.jit
+    def _chain_kernel(
+        x_ptr,  # bf16 rows, x[t, v, :] at t·sx_m + v·sx_v
+        w_ptr,  # norm weight [width] (when NORM)
+        norm_out_ptr,  # bf16 [m, width]: the normed rows (when NORM_OUT)
+        out_ptr,  # bf16 like x: the round-tripped rows (when WRITE_OUT)
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,  # int [m]: rope position of token t
+        cache_ptr,  # bf16 [rows, width]: row t goes to slot[t] % rows (when CACHE), for t >= first
+        slot_ptr,  # int [m]
+        count_ptr,  # int64 [1]: += the non-finite inputs of the round trip (when COUNT)
+        width,  # runtime, as norm.rms_norm passes it (its mask, its layout)
+        width_f,
+        eps,
+        sx_m,
+        sx_v,
+        stride_w,
+        sn_m,
+        so_m,
+        so_v,
+        scos,
+        ssin,
+        s_cache,
+        cache_rows,
+        first,
+        BLOCK: tl.constexpr,  # next_power_of_2(width): norm.rms_norm's BLOCK
+        LEAD: tl.constexpr,  # width − rope_dim (even)
+        NB: tl.constexpr,  # quantization blocks per row
+        NB_P: tl.constexpr,  # next_power_of_2(NB)
+        HQ: tl.constexpr,  # half a quantization block (16 or 8)
+        MODE: tl.constexpr,  # 0 fp8, 1 fp4_e8m0, 2 fp4_e4m3 (qdq's modes)
+        NORM: tl.constexpr,
+        NORM_OUT: tl.constexpr,
+        WRITE_OUT: tl.constexpr,
+        CACHE: tl.constexpr,
+        COUNT: tl.constexpr,
+        EXACT_CAST: tl.constexpr,  # as qdq's: e4m3 by bit arithmetic (interpreter) or the GPU's cast
+        RN: tl.constexpr,  # rotation products through mul_rn (GPU)
+    ):
+        # program (t, v): token t, vector v of it (v = 0 unless index queries)
+        t = tl.program_id(0).to(tl.int64)
+        vec = tl.program_id(1).to(tl.int64)
+        x_row = x_ptr + t * sx_m + vec * sx_v
+        # [NB_P, HQ]: column 2k / 2k+1 of block j, at j·2HQ + 2k (+1)
+        j = tl.arange(0, NB_P).to(tl.int64)
+        k = tl.arange(0, HQ).to(tl.int64)
+        col_e = j[:, None] * (2 * HQ) + 2 * k[None, :]
+        col_o = col_e + 1
+        ok = (j < NB)[:, None] & (k >= 0)[None, :]
+        if NORM:
+            # as in norm._rms_norm_kernel (one chunk): the same load, sum and scalar
+            row = t
+            # [BLOCK]
+            offs = tl.arange(0, BLOCK)
+            mask = offs < width
+            v = _bf16_to_f32(tl.load(x_ptr + row * sx_m + offs, mask=mask, other=0.0))
+            ss = tl.sum(v * v, axis=0)
+            ms = tl.math.div_rn(ss, width_f)
+            r = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))
+            # [NB_P, HQ] the normed values, bf16, as rms_norm stores them
+            ve = _bf16_to_f32(tl.load(x_row + col_e, mask=ok, other=0.0))
+            vo = _bf16_to_f32(tl.load(x_row + col_o, mask=ok, other=0.0))
+            we = _load_weight(w_ptr + col_e * stride_w, ok)
+            wo = _load_weight(w_ptr + col_o * stride_w, ok)
+            ne = round_bf16(we * (ve * r))
+            no = round_bf16(wo * (vo * r))
+        else:
+            ne = tl.load(x_row + col_e, mask=ok, other=0.0)
+            no = tl.load(x_row + col_o, mask=ok, other=0.0)
+        # as in rope._rope_kernel: pair (a, b) at (lead+2k', lead+2k'+1), k' = (col_e − lead)/2
+        p = tl.load(pos_ptr + t).to(tl.int64)
+        rot = ok & (col_e >= LEAD)
+        kk = tl.maximum(col_e - LEAD, 0) // 2
+        c = tl.load(cos_ptr + p * scos + kk, mask=rot, other=0.0)
+        s = tl.load(sin_ptr + p * ssin + kk, mask=rot, other=0.0)
+        a = ne.to(tl.float32)
+        b = no.to(tl.float32)
+        re = _rotate_mul(a, c, RN) - _rotate_mul(b, s, RN)
+        im = _rotate_mul(a, s, RN) + _rotate_mul(b, c, RN)
+        ze = tl.where(rot, round_bf16(re), ne)
+        zo = tl.where(rot, round_bf16(im), no)
+        # as in qdq._qdq_kernel: [NB_P, HQ] inputs, [NB_P] per-block scale
+        ve = _bf16_to_f32(ze)
+        vo = _bf16_to_f32(zo)
+        if COUNT:
+            bad_e = (ve.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+            bad_o = (vo.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+            n_bad = tl.sum(tl.sum((bad_e & ok).to(tl.int64), axis=1), axis=0) + tl.sum(
+                tl.sum((bad_o & ok).to(tl.int64), axis=1), axis=0
+            )
+            tl.atomic_add(count_ptr, n_bad, mask=n_bad > 0)
+        # one max over the block's 2·HQ values, as nested tl.max (not tl.maximum of the halves'
+        # maxima): a reduction skips NaN unless all are NaN (interpreter and GPU), tl.maximum
+        # on the interpreter does not
+        amax = tl.max(tl.max(tl.join(tl.abs(ve), tl.abs(vo)), axis=2), axis=1)
+        if MODE == 0:
+            e = _pow2_ceil_exp(tl.maximum(amax, 1e-4) * 0.002232142857142857)
+            sc = (e << 23).to(tl.float32, bitcast=True)[:, None]
+            inv_s = ((254 - e) << 23).to(tl.float32, bitcast=True)[:, None]
+            qe = tl.minimum(tl.maximum(ve * inv_s, -448.0), 448.0)
+            qo = tl.minimum(tl.maximum(vo * inv_s, -448.0), 448.0)
+            if EXACT_CAST:
+                ye = _e4m3_rne(qe) * sc
+                yo = _e4m3_rne(qo) * sc
+            else:
+                ye = qe.to(tl.float8e4nv).to(tl.float32) * sc
+                yo = qo.to(tl.float8e4nv).to(tl.float32) * sc
+        elif MODE == 1:
+            tq = tl.math.div_rn(tl.maximum(amax, 7.052966104933725e-38), tl.full(amax.shape, 6.0, tl.float32))
+            e = _pow2_ceil_exp(tq)
+            sc = (e << 23).to(tl.float32, bitcast=True)[:, None]
+            inv_s = ((254 - e) << 23).to(tl.float32, bitcast=True)[:, None]
+            ye = _e2m1_round(tl.minimum(tl.maximum(ve * inv_s, -6.0), 6.0)) * sc
+            yo = _e2m1_round(tl.minimum(tl.maximum(vo * inv_s, -6.0), 6.0)) * sc
+        else:
+            tq = tl.math.div_rn(tl.maximum(amax, 0.01171875), tl.full(amax.shape, 6.0, tl.float32))
+            sc = _e4m3_rne(tl.minimum(tq, 448.0))[:, None]
+            ye = _e2m1_round_scaled(ve, sc) * sc
+            yo = _e2m1_round_scaled(vo, sc) * sc
+        ye = round_bf16(ye)
+        yo = round_bf16(yo)
+        # every program's loads before any store: outputs may be the input itself
+        tl.debug_barrier()
+        if NORM_OUT:
+            tl.store(norm_out_ptr + t * sn_m + col_e, ne, mask=ok)
+            tl.store(norm_out_ptr + t * sn_m + col_o, no, mask=ok)
+        if WRITE_OUT:
+            o_row = out_ptr + t * so_m + vec * so_v
+            tl.store(o_row + col_e, ye, mask=ok)
+            tl.store(o_row + col_o, yo, mask=ok)
+        if CACHE:
+            slot = tl.load(slot_ptr + t).to(tl.int64) % cache_rows
+            c_ok = ok & (t >= first)
+            tl.store(cache_ptr + slot * s_cache + col_e, ye, mask=c_ok)
+            tl.store(cache_ptr + slot * s_cache + col_o, yo, mask=c_ok)
+
+
+def _launch(
+    x3,
+    mode,
+    block,
+    cos,
+    sin,
+    pos,
+    *,
+    norm_w=None,
+    eps=0.0,
+    norm_out=None,
+    out3=None,
+    cache=None,
+    slot=None,
+    nonfinite=None,
+) -> None:
+    """One program per (token, vector) of bf16 `x3 [m, n_vec, width]` (checked by the caller)."""
+    m, n_vec, width = x3.shape
+    if m == 0 or n_vec == 0:
+        return
+    nb = width // block
+    bl = triton.next_power_of_2(width)
+    any_t = x3
+    keep = 0 if cache is None else min(m, cache.shape[0])
+    _chain_kernel[(m, n_vec)](
+        x3,
+        any_t if norm_w is None else norm_w,
+        any_t if norm_out is None else norm_out,
+        any_t if out3 is None else out3,
+        cos,
+        sin,
+        pos,
+        any_t if cache is None else cache,
+        pos if slot is None else slot,
+        any_t if nonfinite is None else nonfinite,
+        width,
+        float(width),
+        float(eps),
+        x3.stride(0),
+        x3.stride(1),
+        0 if norm_w is None else norm_w.stride(0),
+        0 if norm_out is None else norm_out.stride(0),
+        0 if out3 is None else out3.stride(0),
+        0 if out3 is None else out3.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        0 if cache is None else cache.stride(0),
+        1 if cache is None else cache.shape[0],
+        m - keep,
+        BLOCK=bl,
+        LEAD=width - 2 * cos.shape[1],
+        NB=nb,
+        NB_P=triton.next_power_of_2(nb),
+        HQ=block // 2,
+        MODE=mode,
+        NORM=norm_w is not None,
+        NORM_OUT=norm_out is not None,
+        WRITE_OUT=out3 is not None,
+        CACHE=cache is not None,
+        COUNT=nonfinite is not None,
+        EXACT_CAST=interpreting() or not _qdq._HW_E4M3,
+        RN=not interpreting(),
+        # with a norm: rms_norm's warps, so its sum reduces in the same order
+        num_warps=(4 if bl <= 1024 else 8) if norm_w is not None else 1,
+    )
+
+
+# ---------------------------------------------------------------------- kv_chain
+
+
+def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -> torch.Tensor:
+    """The window row of m tokens in one launch: `kv_out = fp8_qdq(rope(rms_norm(kv_pre)))`, and
+    `ring[pos % window] = kv_out` for the last `min(m, window)` rows.
+
+    kv_pre: bf16 `[m, D]`, D a multiple of 32, ≤ 4096; norm_w: fp32/bf16 `[D]`; eps:
+    finite ≥ 0; cos, sin: fp32 `[max_seq, rope_dim/2]`, rope_dim ≤ D; pos: int32/int64
+    `[m]`, each in 0..max_seq−1 (not checked: a host sync); kv_out: bf16 `[m, D]` (may be
+    kv_pre); ring: bf16 `[window, D]`; nonfinite: None or the int64 `[1]` counter, += the
+    non-finite values entering the fp8 round trip. Returns kv_out. The same bytes as
+    rms_norm → apply_rope → fp8_qdq → ring_write (Triton), see the module docstring.
+    """
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite)
+    require_triton("kv_chain", kv_pre, kv_out, ring)
+    _launch(
+        kv_pre[:, None],
+        _MODE_FP8,
+        _qdq.FP8_BLOCK,
+        cos,
+        sin,
+        pos,
+        norm_w=norm_w,
+        eps=eps,
+        out3=kv_out[:, None],
+        cache=ring,
+        nonfinite=nonfinite,
+    )
+    return kv_out
+
+
+def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -> torch.Tensor:
+    """`kv_chain` as the chain of the torch twins (any device); same contract."""
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite)
+    m, D = kv_pre.shape
+    _norm.rms_norm_torch(kv_pre, norm_w, eps, out=kv_out)
+    _rope.apply_rope_torch(kv_out.view(m, 1, D), cos, sin, pos, out=kv_out.view(m, 1, D))
+    _qdq.fp8_qdq_torch(kv_out, out=kv_out, nonfinite=nonfinite)
+    _ring.ring_write_torch(ring, kv_out, pos)
+    return kv_out
+
+
+# ---------------------------------------------------------------------- compressed rows
+
+
+def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None):
+    """A kv source's new compressed rows in one launch: `latent = rms_norm(lat_pre)`, and
+    `compress_kv[row % rows] = fp4_e4m3_qdq(rope(latent at row_pos))` for the last
+    `min(m, rows)` tokens.
+
+    lat_pre: bf16 `[m, D]`, D a multiple of 16, ≤ 4096; latent: bf16 `[m, D]` (the indexer
+    key's input; may be lat_pre); row_pos, row: int32/int64 `[m]` (RoPE position, cache
+    row); compress_kv: bf16 `[rows, D]`; other arguments as `kv_chain`. Returns latent.
+    The same bytes as rms_norm → apply_rope → fp4_e4m3_qdq → ring_write (Triton).
+    """
+    _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite)
+    require_triton("compress_kv_chain", lat_pre, latent, compress_kv)
+    _launch(
+        lat_pre[:, None],
+        _MODE_FP4_E4M3,
+        _qdq.FP4_E4M3_BLOCK,
+        cos,
+        sin,
+        row_pos,
+        norm_w=norm_w,
+        eps=eps,
+        norm_out=latent,
+        cache=compress_kv,
+        slot=row,
+        nonfinite=nonfinite,
+    )
+    return latent
+
+
+def compress_kv_chain_torch(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None):
+    """`compress_kv_chain` as the chain of the torch twins (any device); same contract."""
+    _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite)
+    m, D = lat_pre.shape
+    _norm.rms_norm_torch(lat_pre, norm_w, eps, out=latent)
+    rows = _rope.apply_rope_torch(latent.view(m, 1, D), cos, sin, row_pos)
+    staged = _qdq.fp4_e4m3_qdq_torch(rows.view(m, D), nonfinite=nonfinite)
+    _ring.ring_write_torch(compress_kv, staged, row)
+    return latent
+
+
+def index_k_chain(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None) -> torch.Tensor:
+    """A kv source's new index keys in one launch: `index_k[row % rows] =
+    fp4_e8m0_qdq(rope(rms_norm(kp) at row_pos))` for the last `min(m, rows)` tokens.
+
+    kp: bf16 `[m, d]`, d a multiple of 32, ≤ 4096; index_k: bf16 `[rows, d]`; other
+    arguments as `compress_kv_chain`. Returns index_k. The same bytes as rms_norm →
+    apply_rope → fp4_e8m0_qdq → ring_write (Triton).
+    """
+    _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite)
+    require_triton("index_k_chain", kp, index_k)
+    _launch(
+        kp[:, None],
+        _MODE_FP4_E8M0,
+        _qdq.FP4_E8M0_BLOCK,
+        cos,
+        sin,
+        row_pos,
+        norm_w=norm_w,
+        eps=eps,
+        cache=index_k,
+        slot=row,
+        nonfinite=nonfinite,
+    )
+    return index_k
+
+
+def index_k_chain_torch(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None) -> torch.Tensor:
+    """`index_k_chain` as the chain of the torch twins (any device); same contract."""
+    _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite)
+    m, d = kp.shape
+    kr = _norm.rms_norm_torch(kp, norm_w, eps)
+    _rope.apply_rope_torch(kr.view(m, 1, d), cos, sin, row_pos, out=kr.view(m, 1, d))
+    _ring.ring_write_torch(index_k, _qdq.fp4_e8m0_qdq_torch(kr, nonfinite=nonfinite), row)
+    return index_k
+
+
+# ---------------------------------------------------------------------- index queries
+
+
+def _check_index_q(iq, cos, sin, pos, out, nonfinite) -> None:
+    _tensor("iq", iq, (torch.bfloat16,), 3, None)
+    m, _, d = iq.shape
+    block = _qdq.FP4_E8M0_BLOCK
+    if d < block or d % block or d > _MAX_WIDTH:
+        raise ValueError(f"iq.shape[2] = {d}; allowed: a multiple of {block} in {block}..{_MAX_WIDTH}")
+    _check_rope("iq", d, cos, sin, iq.device)
+    _check_positions("pos", pos, m, iq.device)
+    _check_out("out", out, iq, "iq")
+    _check_count(nonfinite, iq.device)
+
+
+def index_q_chain(iq, cos, sin, pos, out, nonfinite=None) -> torch.Tensor:
+    """The index queries in one launch: `out = fp4_e8m0_qdq(rope(iq at pos))` per head.
+
+    iq: bf16 `[m, H, d]`, d a multiple of 32, ≤ 4096; out: bf16 like iq (may be iq, in
+    place); other arguments as `kv_chain`. Returns out. The same bytes as apply_rope →
+    fp4_e8m0_qdq (Triton) on `[m·H, d]`.
+    """
+    _check_index_q(iq, cos, sin, pos, out, nonfinite)
+    require_triton("index_q_chain", iq, out)
+    _launch(iq, _MODE_FP4_E8M0, _qdq.FP4_E8M0_BLOCK, cos, sin, pos, out3=out, nonfinite=nonfinite)
+    return out
+
+
+def index_q_chain_torch(iq, cos, sin, pos, out, nonfinite=None) -> torch.Tensor:
+    """`index_q_chain` as the chain of the torch twins (any device); same contract."""
+    _check_index_q(iq, cos, sin, pos, out, nonfinite)
+    m, H, d = iq.shape
+    _rope.apply_rope_torch(iq, cos, sin, pos, out=out)
+    flat = out.view(m * H, d) if out.is_contiguous() else out.reshape(m * H, d)
+    res = _qdq.fp4_e8m0_qdq_torch(flat, nonfinite=nonfinite)
+    out.copy_(res.view(m, H, d))
+    return out
