@@ -29,7 +29,10 @@ def _jittered_impl(frac: float, shapes: set[tuple[int, int]]):
             bits[flip] += step[flip]
         return out
 
-    ops = dataclasses.replace(TORCH_OPS, name="jittered", mm=mm)
+    def mm_many(x, weights, outs):  # the runtime's fused pass over x, through the same jitter
+        return tuple(mm(x, w, o) for w, o in zip(weights, outs))
+
+    ops = dataclasses.replace(TORCH_OPS, name="jittered", mm=mm, mm_many=mm_many)
     return lambda cfg, w, ik, dev: RuntimeStack(cfg, w, device=dev, index_keys=ik, ops=ops)
 
 
@@ -60,7 +63,10 @@ def test_wrong_head_weight_scale_still_fails():
             out.mul_(4)
         return out
 
-    ops = dataclasses.replace(TORCH_OPS, name="broken", mm=mm)
+    def mm_many(x, weights, outs):  # the fused pass over x (wq_a, wkv, weights_proj) takes the same bug
+        return tuple(mm(x, w, o) for w, o in zip(weights, outs))
+
+    ops = dataclasses.replace(TORCH_OPS, name="broken", mm=mm, mm_many=mm_many)
     rep = replay(g, "released", lambda cfg, w, ik, dev: RuntimeStack(cfg, w, device=dev, index_keys=ik, ops=ops))
     assert not rep.ok
     assert any("index_score" in f for f in rep.failures())

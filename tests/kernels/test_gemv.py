@@ -268,16 +268,16 @@ def test_group_rows_independent_of_m(device):
     _assert_same_bits("group m=9", run(o), alone)
 
 
-@pytest.mark.parametrize("m", [3, 17], ids=["m3-decode", "m17-blas"])
+@pytest.mark.parametrize("m", [1, 3, 17], ids=["m1-gemv", "m3-blas", "m17-blas"])
 def test_runtime_entry_points(m, device):
-    """`mm_auto` / `mm_many` / `group_mm_auto`: the fused GEMV for a decode-sized call on
+    """`mm_auto` / `mm_many` / `group_mm_auto`: the fused GEMV for one token (AUTO_MAX_M) on
     CUDA (its bits), `linear.mm` / `group_mm` otherwise (theirs); `mm_many_exact` is
     `linear.mm_exact` per weight at any m."""
     Kd = 256
     gen = _gen("entry", m)
     x = _rand(gen, (m, Kd), BF).to(device)
     weights = (_rand(gen, (24, Kd), BF).to(device), _rand(gen, (8, Kd), F32).to(device))
-    decode = x.is_cuda and m <= G.DECODE_MAX_M
+    decode = x.is_cuda and m <= G.AUTO_MAX_M
 
     def fresh():
         return tuple(torch.full((m, w.shape[0]), float("nan"), dtype=w.dtype, device=device) for w in weights)

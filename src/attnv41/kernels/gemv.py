@@ -454,13 +454,20 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
 # ------------------------------------------------------------ the runtime's entry points
 
 
+# The runtime's calls take the GEMV at m = 1 only: measured on the H200 (scripts/gemv_tune.py,
+# BENCHMARKS.md 2026-12-01 night) it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj
+# 10.2 vs 23.9 µs) and loses 2-7x at m = 16 (CUDA-core FMAs: compute-bound). Batched decode
+# needs a tensor-core GEMV (issue 14).
+AUTO_MAX_M = 1
+
+
 def _decode_fits(x: torch.Tensor, weights, outs) -> bool:
-    """Whether `gemv` serves this call: CUDA, 1 ≤ m ≤ DECODE_MAX_M, bf16 x, each weight
+    """Whether `gemv` serves this call: CUDA, 1 ≤ m ≤ AUTO_MAX_M, bf16 x, each weight
     bf16 or fp32 with an output of its dtype (the runtime's dtypes; shapes are checked by
     `gemv` itself)."""
     return (
         x.is_cuda
-        and 1 <= x.shape[0] <= DECODE_MAX_M
+        and 1 <= x.shape[0] <= AUTO_MAX_M
         and x.dtype == torch.bfloat16
         and all(w.dtype in _DTYPES and o.dtype == w.dtype for w, o in zip(weights, outs))
     )
@@ -493,8 +500,9 @@ def mm_many_exact(x: torch.Tensor, weights, outs):
 
 
 def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`ops.group_mm` on CUDA: `group_gemv` for 1 ≤ m ≤ DECODE_MAX_M, else `linear.group_mm`."""
-    if o.is_cuda and 1 <= o.shape[0] <= DECODE_MAX_M:
+    """`group_gemv` for 1 ≤ m ≤ AUTO_MAX_M on CUDA, else `linear.group_mm` (not in the
+    runtime's table: cuBLAS measured faster for wo_a at m = 1)."""
+    if o.is_cuda and 1 <= o.shape[0] <= AUTO_MAX_M:
         return group_gemv(o, w, out)
     return linear.group_mm(o, w, out)
 

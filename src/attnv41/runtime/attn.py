@@ -492,7 +492,7 @@ class AttnV41:
         cos, sin = self._tables(r)
 
         # §4: q, kv and the window
-        cq, q, kv = self._qkv(w, x, pos, cos, sin, m, st.ring)
+        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, m, st.ring)
         win, offset = kv, m
         wsel = ops.window_selection(self.sel, m, 0, W)
         n_wc = wsel.shape[1]
@@ -513,7 +513,7 @@ class AttnV41:
                 if role.is_kv_source and (self.index_keys == "own" or new_rows > 0):
                     shared.index_k, shared.index_k_owner = st.index_k, i
                 if L > 0:
-                    scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin)
+                    scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
                     if role.is_candidate_source:
                         shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
                         shared.candidates_pos = 0
@@ -619,11 +619,19 @@ class AttnV41:
     def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
-        counter as it enters the ring). The one copy of this path: prefill and decode."""
+        counter as it enters the ring), written into ring[pos % W], and whether the indexer's
+        head weights were projected into `hw` on the way. The one copy of this path:
+        prefill and decode."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
+        hw_done = False  # whether the indexer's head weights were projected here (into hw)
         if w.get("wq_a.scale") is None and w.get("wkv.scale") is None:  # bf16: one pass over x
-            ops.mm_many(x, (w["wq_a.weight"], w["wkv.weight"]), (self.c_pre[:m], self.rows_tmp[:m]))
+            ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
+            hw_done = w.role.is_index_source
+            if hw_done:  # index sources: the head weights in the same pass
+                ws.append(w["indexer.weights_proj.weight"])
+                outs.append(self.hw[:m])
+            ops.mm_many(x, tuple(ws), tuple(outs))
         else:
             self._linear(w, "wq_a", x, self.c_pre[:m])
             self._linear(w, "wkv", x, self.rows_tmp[:m])
@@ -634,7 +642,7 @@ class AttnV41:
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
         ops.kv_chain(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite)
-        return cq, q, kv
+        return cq, q, kv, hw_done
 
     # ------------------------------------------------------------------ decode split
     def decode_capturable(self, w: AttnV41LayerWeights) -> bool:
@@ -855,7 +863,7 @@ class AttnV41:
         r, W = role.ratio, c.window
         pos = plan.pos
         cos, sin = self._tables(r)
-        cq, q, kv = self._qkv(w, x, pos, cos, sin, 1, st.ring)
+        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
@@ -874,7 +882,9 @@ class AttnV41:
             elif role.is_index_source:
                 vis = meta[VIS]
                 slot = plan.sel_slot(role.layer)
-                scores = self._index_scores(w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb])
+                scores = self._index_scores(
+                    w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb], hw_done=hw_done
+                )
                 if role.is_candidate_source:
                     ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb])
                 if role.uses_candidates:
@@ -987,15 +997,19 @@ class AttnV41:
         st.n_rows = n
         return n
 
-    def _index_scores(self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
+    def _index_scores(
+        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
+    ) -> torch.Tensor:
+        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4). `hw_done`: `_qkv`
+        already projected the head weights into `hw` (its fused pass over x)."""
         c, ops = self.cfg, self.ops
         m = x.shape[0]
         iq = self.iq[:m]
         self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
         ops.index_q_chain(iq, cos, sin, pos, iq)  # RoPE → fp4 e8m0 round trip, one kernel
         hw = self.hw[:m]
-        ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
+        if not hw_done:
+            ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
         hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))
         return ops.index_scores(iq, hw, keys, vis, out=out)
 
