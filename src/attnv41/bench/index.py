@@ -1,8 +1,9 @@
 """Part (d) of `attnv41 bench`: index scores and top-k for one query over 4K to 1M
 compressed positions, beside `torch.topk`.
 
-Ours: the runtime's ops (`index_scores`, Triton on CUDA; `topk_select`, the sync-free
-stable-sort top-k with the ascending-position output the selection needs). The torch
+Ours: the runtime's decode ops (`index_scores`, Triton on CUDA; `topk_fixed`, the
+fixed-width top-k with the tie rule and the ascending-position output the selection
+needs: a Triton radix select on CUDA). The torch
 line: `torch.topk` on the same scores (unordered k largest, no position sort, no tie
 rule), and the plain-PyTorch score path (`reference.indexer.index_scores`, einsum).
 Times: GPU time per call from a CUDA graph over COPIES distinct copies of the inputs (L2
@@ -79,7 +80,7 @@ def bench_index_topk(
         tol = 2.0**-7 * want.float().abs().max().item()  # the kernel test's rule: bf16 rounding order
         if not err <= tol:
             raise RuntimeError(f"index scores over {L} positions: max error {err:.3g} > tolerance {tol:.3g}")
-        ops.topk_select(scores, vis, kk, 0, out=sel)
+        ops.topk_fixed(scores, vis, kk, 0, out=sel[:, :kk])
         check_selection(scores, sel[:, :kk], kk)
 
         # COPIES distinct buffers (same values): each call in a timed graph reads cold memory
@@ -89,7 +90,9 @@ def bench_index_topk(
         t_sc = _time(
             timer, [partial(ops.index_scores, iq, hw, k_, vis, out=s_) for k_, s_ in zip(keys_c, scores_c)], reps
         )
-        t_tk = _time(timer, [partial(ops.topk_select, s_, vis, kk, 0, out=o_) for s_, o_ in zip(scores_c, sel_c)], reps)
+        t_tk = _time(
+            timer, [partial(ops.topk_fixed, s_, vis, kk, 0, out=o_[:, :kk]) for s_, o_ in zip(scores_c, sel_c)], reps
+        )
         t_torch_tk = _time(timer, [partial(torch.topk, s_, kk, dim=-1) for s_ in scores_c], reps)
         t_ref_sc = _time(timer, [partial(ref.index_scores, iq, hw, k_, vis) for k_ in keys_c], max(3, reps // 5))
         kb = L * ID * 2
@@ -99,7 +102,7 @@ def bench_index_topk(
         shape = f"H={IH} d={ID} k={kk}"
         r_sc = _row("index scores (ours)", shape, t_sc, sc_bytes, f_sc, ceil, L)
         r_ref = _row("index scores (torch einsum)", shape, t_ref_sc, sc_bytes, f_sc, ceil, L)
-        r_tk = _row("top-k select (ours, sorted)", shape, t_tk, tk_bytes, 0, ceil, L)
+        r_tk = _row("top-k select (ours, tie rule, ascending)", shape, t_tk, tk_bytes, 0, ceil, L)
         r_ttk = _row("torch.topk (unsorted)", shape, t_torch_tk, tk_bytes, 0, ceil, L)
         r_sc["x_torch"] = r_sc["ms"] / r_ref["ms"]
         r_tk["x_torch"] = r_tk["ms"] / r_ttk["ms"]
