@@ -169,10 +169,10 @@ def test_broken_fp8_mm_is_caught(cfg, ceil):
 
 def test_broken_selection_is_caught(cfg, ceil):
     def topk_off_by_one(scores, visible, k, offset, out):
-        return TORCH_OPS.topk_select(scores, visible, k, offset + 1, out)
+        return TORCH_OPS.topk_fixed(scores, visible, k, offset + 1, out)
 
-    broken = dataclasses.replace(TORCH_OPS, name="broken", topk_select=topk_off_by_one)
-    with pytest.raises(RuntimeError, match="topk_select.*exact"):
+    broken = dataclasses.replace(TORCH_OPS, name="broken", topk_fixed=topk_off_by_one)
+    with pytest.raises(RuntimeError, match="topk_fixed.*exact"):
         bench_kernels(cfg, "cpu", ceil, context=64, prefill_tokens=8, quick=True, ops=broken)
 
 

@@ -76,8 +76,8 @@ KERNEL_COLS = [
 KERNEL_NAMES = {
     "sparse_attn": ("decode", "prefill"),
     "index_scores": ("decode",),
-    "topk_select": ("decode",),
-    "candidate_mask": ("decode",),
+    "topk_fixed": ("decode",),
+    "candidate_mask_fixed": ("decode",),
     "compress_pool": ("decode", "prefill"),
     "rope_q": ("decode", "prefill"),
     "rms_norm_q": ("decode", "prefill"),
@@ -221,10 +221,10 @@ def _index_cases(rnd: _Rand, cfg: AttnV41Cfg, context: int) -> Iterator[KernelCa
     scores = rnd.bf16(1, context)
     k = min(cfg.index_topk, context)
     idx = torch.empty(1, k, dtype=torch.int32, device=dev)
-    yield KernelCase(
-        "topk_select",
+    yield KernelCase(  # the decode step's ops (fixed width over the bucket; Triton radix select on CUDA)
+        "topk_fixed",
         "decode",
-        "topk_select",
+        "topk_fixed",
         f"L={context} k={k}",
         lambda f, o: f(scores, vis, k, cfg.window, out=o),
         idx,
@@ -232,13 +232,13 @@ def _index_cases(rnd: _Rand, cfg: AttnV41Cfg, context: int) -> Iterator[KernelCa
         0,
         exact=True,
     )
-    mask = torch.empty(1, context, dtype=torch.bool, device=dev)  # the op allocates its own; the check copies this
+    mask = torch.empty(1, context, dtype=torch.bool, device=dev)
     yield KernelCase(
-        "candidate_mask",
+        "candidate_mask_fixed",
         "decode",
-        "candidate_mask",
+        "candidate_mask_fixed",
         f"L={context} blocks={cfg.cand_blocks}x{cfg.cand_block}",
-        lambda f, o: f(scores, vis, cfg.cand_blocks, cfg.cand_block),
+        lambda f, o: f(scores, vis, cfg.cand_blocks, cfg.cand_block, out=o),
         mask,
         _nbytes(scores, vis, mask),
         0,
