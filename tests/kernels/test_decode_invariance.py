@@ -1,0 +1,95 @@
+"""Batch invariance of the decode kernels: a token's bytes do not depend on how many tokens
+share the call (m in {1, 2, 7, 64}; the GEMV serves m ≤ 16), for the split sparse
+attention, the radix top-k, the candidate mask, the GEMV and the fused kv chain. On CUDA
+at Flash-like shapes, on the interpreter at small ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnv41.kernels import fused, gemv, topk
+from attnv41.kernels.sparse_attn_split import sparse_attn_split
+
+MS = (1, 2, 7, 64)
+
+
+def _shapes(device):
+    if device == "cuda":
+        return dict(H=64, D=512, K=640, Nc=4096, Lb=32768, k=512, N=1280, Kin=5120)
+    return dict(H=4, D=64, K=130, Nc=90, Lb=300, k=17, N=24, Kin=256)
+
+
+def _same_rows(name, full, part, m):
+    a, b = full[:m].contiguous(), part.contiguous()
+    if a.dtype.is_floating_point:  # compare bit patterns (NaN equal to itself, −0 ≠ +0)
+        bits = torch.int16 if a.element_size() == 2 else torch.int32
+        a, b = a.view(bits), b.view(bits)
+    n = int((a != b).sum())
+    assert n == 0, f"{name}: {n} elements of the first {m} tokens changed between m = {m} and m = {full.shape[0]}"
+
+
+def test_sparse_attn_split(device):
+    s = _shapes(device)
+    gen = torch.Generator().manual_seed(1)
+    H, D, K, Nc = s["H"], s["D"], s["K"], s["Nc"]
+    q = torch.randn(64, H, D, generator=gen).bfloat16().to(device)
+    win = torch.randn(128, D, generator=gen).bfloat16().to(device)
+    comp = torch.randn(Nc, D, generator=gen).bfloat16().to(device)
+    sel = torch.randint(-1, 128 + Nc, (64, K), generator=gen, dtype=torch.int32).to(device)
+    sink = torch.randn(H, generator=gen).to(device)
+    full = sparse_attn_split(q, win, comp, sel, 128, sink, D**-0.5)
+    for m in MS[:-1]:
+        _same_rows("sparse_attn_split", full, sparse_attn_split(q[:m], win, comp, sel[:m], 128, sink, D**-0.5), m)
+
+
+@pytest.mark.parametrize("what", ["topk", "candidate_mask"])
+def test_selection(device, what):
+    s = _shapes(device)
+    gen = torch.Generator().manual_seed(2)
+    Lb = s["Lb"]
+    scores = (torch.randn(64, Lb, generator=gen) * 4).round().bfloat16().to(device)  # many ties
+    vis = torch.randint(1, Lb + 1, (64,), generator=gen, dtype=torch.int32).to(device)
+
+    def run(m):
+        if what == "topk":
+            out = torch.empty(m, s["k"], dtype=torch.int32, device=device)
+            return topk.topk_fixed(scores[:m], vis[:m], s["k"], 128, out)
+        out = torch.empty(m, Lb, dtype=torch.bool, device=device)
+        return topk.candidate_mask_fixed(scores[:m], vis[:m], 16, 8, out)
+
+    full = run(64)
+    for m in MS[:-1]:
+        part = run(m)
+        assert torch.equal(full[:m], part), f"{what}: the first {m} rows changed between m = {m} and m = 64"
+
+
+def test_gemv(device):
+    s = _shapes(device)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, s["Kin"], generator=gen).bfloat16().to(device)
+    w = (torch.randn(s["N"], s["Kin"], generator=gen) * 0.02).bfloat16().to(device)
+    full = gemv.gemv(x, (w,), (torch.empty(16, s["N"], dtype=torch.bfloat16, device=device),))[0]
+    for m in (1, 2, 7):
+        part = gemv.gemv(x[:m], (w,), (torch.empty(m, s["N"], dtype=torch.bfloat16, device=device),))[0]
+        _same_rows("gemv", full, part, m)
+
+
+def test_kv_chain(device):
+    s = _shapes(device)
+    gen = torch.Generator().manual_seed(4)
+    D = s["D"]
+    kv_pre = torch.randn(64, D, generator=gen).bfloat16().to(device)
+    norm_w = (1 + 0.1 * torch.randn(D, generator=gen)).bfloat16().to(device)
+    ang = torch.rand(200, 32, generator=gen) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 200, (64,), generator=gen, dtype=torch.int32).to(device)
+
+    def run(m):
+        out = torch.empty(m, D, dtype=torch.bfloat16, device=device)
+        ring = torch.zeros(128, D, dtype=torch.bfloat16, device=device)
+        return fused.kv_chain(kv_pre[:m], norm_w, 1e-6, cos, sin, pos[:m], out, ring)
+
+    full = run(64)
+    for m in MS[:-1]:
+        _same_rows("kv_chain", full, run(m), m)
