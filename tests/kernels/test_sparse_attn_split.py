@@ -137,8 +137,9 @@ def test_tuning_variants(device, tune):
 def test_differs_from_fused_only_in_fp32_order():
     """At the Flash shapes the split and the fused kernel round each block's probabilities
     against the same running max: their outputs differ (fp32 summation order only) in a
-    small fraction of elements (6e-5 measured), within one bf16 rounding. (A split that
-    rounded against per-split maxima moved FP8 `out` rows past the golden tolerance.)"""
+    small fraction of elements (6e-5 for an earlier three-kernel form), within one bf16
+    rounding. (A split that rounded against per-split maxima moved FP8 `out` rows past the
+    golden tolerance.)"""
     q, win, comp, sel, sink = _inputs(5, 4, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
     a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5)
     b = sparse_attn(q, win, comp, sel, 128, sink, 512**-0.5)
