@@ -16,7 +16,16 @@ except ImportError:  # pragma: no cover - exercised on machines without triton
     tl = None
     HAVE_TRITON = False
 
-__all__ = ["HAVE_TRITON", "triton", "tl", "interpreting", "require_triton", "bf16_out_like", "round_bf16"]
+__all__ = [
+    "HAVE_TRITON",
+    "triton",
+    "tl",
+    "interpreting",
+    "require_triton",
+    "bf16_out_like",
+    "round_bf16",
+    "ArrivalCounters",
+]
 
 if HAVE_TRITON:
 
@@ -68,3 +77,39 @@ def bf16_out_like(x, out):
     if out.shape[-1] > 1 and out.stride(-1) != 1:
         raise ValueError(f"out.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
     return out
+
+
+class ArrivalCounters:
+    """Per-device int32 arrival counters (zeros) for split-K kernels whose last program to
+    arrive combines the partials and resets its counter: allocated once per device and
+    shared by every launch of one module, so two launches of it must not run at once on
+    different streams. `prepare` allocates them (before a CUDA graph capture whose first
+    launch of the module is inside it); `buffer` returns them, allocating on first use
+    and refusing to inside a capture."""
+
+    def __init__(self, op: str, prepare_name: str, size: int):
+        self.op, self.prepare_name, self.size = op, prepare_name, size
+        self._bufs: dict[torch.device, torch.Tensor] = {}
+
+    @staticmethod
+    def _device(device) -> torch.device:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+    def prepare(self, device) -> None:
+        dev = self._device(device)
+        if dev not in self._bufs:
+            self._bufs[dev] = torch.zeros(self.size, dtype=torch.int32, device=dev)
+
+    def buffer(self, device) -> torch.Tensor:
+        dev = self._device(device)
+        if dev not in self._bufs:
+            if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"{self.op}: first call on {dev} inside a CUDA graph capture; call "
+                    f"{self.prepare_name}(device) (or run one step eagerly) before capturing"
+                )
+            self.prepare(dev)
+        return self._bufs[dev]

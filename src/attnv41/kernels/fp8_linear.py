@@ -44,7 +44,7 @@ import torch
 
 from ..reference.fp8 import BLOCK, fp8_linear
 from . import qdq
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
@@ -56,7 +56,7 @@ DECODE_MAX_M = 16  # tokens per call served by the decode launch
 _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
 _LOCKS = 1 << 16
-_locks: dict[torch.device, torch.Tensor] = {}
+_counters = ArrivalCounters("fp8_mm", "attnv41.kernels.fp8_linear.prepare", _LOCKS)
 
 
 def fp8_mm_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -88,22 +88,7 @@ def plan(N: int, K: int) -> tuple[int, int]:
 def prepare(device: torch.device | str) -> None:
     """Allocate the decode launch's arrival counters on `device` (zeros). Done by the first
     call; call it before capturing a CUDA graph whose first FP8 linear is in the capture."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev not in _locks:
-        _locks[dev] = torch.zeros(_LOCKS, dtype=torch.int32, device=dev)
-
-
-def _lock_buffer(dev: torch.device) -> torch.Tensor:
-    if dev not in _locks:
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"fp8_mm: first call on {dev} inside a CUDA graph capture; call "
-                "attnv41.kernels.fp8_linear.prepare(device) (or run one step eagerly) before capturing"
-            )
-        prepare(dev)
-    return _locks[dev]
+    _counters.prepare(device)
 
 
 if HAVE_TRITON:
@@ -238,7 +223,7 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
         split = segs > 1
         n_tiles = -(-N // _DEC_BN)
         if split:
-            locks = _lock_buffer(x.device)
+            locks = _counters.buffer(x.device)
             if n_tiles * m > locks.numel():
                 raise ValueError(f"N = {N}; allowed: <= {locks.numel() // m * _DEC_BN} (decode arrival counters)")
             part = torch.empty(segs, m, N, dtype=torch.float32, device=x.device)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from . import linear
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
@@ -87,7 +87,7 @@ _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
 
 _LOCKS = 1 << 16
-_locks: dict[torch.device, torch.Tensor] = {}
+_counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
 
 
 def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -119,24 +119,7 @@ def _launch(m: int) -> tuple[int, int]:
 def prepare(device: torch.device | str) -> None:
     """Allocate the arrival counters on `device` (zeros). Done by the first call; call it
     before capturing a CUDA graph whose first GEMV is inside the capture."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev not in _locks:
-        _locks[dev] = torch.zeros(_LOCKS, dtype=torch.int32, device=dev)
-
-
-def _lock_buffer(dev: torch.device) -> torch.Tensor:
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev not in _locks:
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"gemv: first call on {dev} inside a CUDA graph capture; call "
-                "attnv41.kernels.gemv.prepare(device) (or run one step eagerly) before capturing"
-            )
-        prepare(dev)
-    return _locks[dev]
+    _counters.prepare(device)
 
 
 if HAVE_TRITON:
@@ -403,7 +386,7 @@ def gemv(x: torch.Tensor, weights, outs):
             part_used += segs * m * N
     if locks_used > _LOCKS:
         raise ValueError(f"counters needed = {locks_used}; allowed: <= {_LOCKS} (split weight tiles × token blocks)")
-    locks = _lock_buffer(x.device)
+    locks = _counters.buffer(x.device)
     part = torch.empty(max(part_used, 1), dtype=torch.float32, device=x.device)
     bk16, bk32 = _BK[torch.bfloat16], _BK[torch.float32]
     even = all(K % _BK[w.dtype] == 0 for w in weights)
@@ -446,7 +429,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
     split = segs > 1
     if split and G * tiles * ntb > _LOCKS:
         raise ValueError(f"counters needed = {G * tiles * ntb}; allowed: <= {_LOCKS} (groups × tiles × token blocks)")
-    locks = _lock_buffer(o.device)
+    locks = _counters.buffer(o.device)
     part = torch.empty(G * segs * m * r if split else 1, dtype=torch.float32, device=o.device)
     _group_gemv_kernel[(G * tiles * segs * ntb,)](
         o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), part, locks,
