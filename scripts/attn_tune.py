@@ -54,6 +54,7 @@ def main() -> int:
             if (ch, cd) not in ((64, 128), (32, 128)):
                 configs.append(dict(comb_h=ch, comb_d=cd, warps_b=warps, stages_b=stages))
         configs.append(dict(dk=256, warps_a=4, stages_a=3))
+        configs += [dict(bh=16), dict(bh=32), dict(bh=32, warps_a=8), dict(dk=64, stages_a=4)]
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         pb = _problem(cfg, B, args.context, COPIES, gen, dev)

@@ -43,16 +43,19 @@ from __future__ import annotations
 import torch
 
 from ..reference.fp8 import BLOCK, fp8_linear
-from . import qdq
+from . import gemv, qdq
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
-    from .qdq import _e4m3_rne, _pow2_ceil_exp
+    from .gemv_fp8 import _e8m0, _quant_block
 
 __all__ = ["fp8_mm", "fp8_mm_torch", "plan", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 
 DECODE_MAX_M = 16  # tokens per call served by the decode launch
+# which decode launch serves m <= DECODE_MAX_M: "lanes" (gemv.gemv's fp8 weights, kernels/gemv_fp8.py)
+# or "blocks" (_fp8_gemv_kernel below: per-block sums)
+DECODE = "lanes"
 _DEC_BN, _DEC_WARPS, _DEC_STAGES, _BKB = 32, 2, 3, 8  # best of a sweep on the H200 (scripts/fp8_tune.py)
 _TARGET_PROGRAMS = 1024  # decode: weight tiles × segments at least this (about 8 per SM on an H200)
 _LOCKS = 1 << 16
@@ -89,29 +92,10 @@ def prepare(device: torch.device | str) -> None:
     """Allocate the decode launch's arrival counters on `device` (zeros). Done by the first
     call; call it before capturing a CUDA graph whose first FP8 linear is in the capture."""
     _counters.prepare(device)
+    gemv.prepare(device)  # the "lanes" decode launch's
 
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def _quant_block(xv, EXACT_CAST: tl.constexpr):
-        """One 32-column block per row of fp32 `xv [R, 32]` → (e4m3 values as fp32 [R, 32],
-        scale fp32 [R]); the reference's act_quant (and `qdq.fp8_qdq`), exactly."""
-        amax = tl.maximum(tl.max(tl.abs(xv), axis=1), 1e-4)
-        e = _pow2_ceil_exp(amax * 0.002232142857142857)  # fp32(1/448) = 0x3B124925
-        s = (e << 23).to(tl.float32, bitcast=True)
-        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1/s, exact (s a normal power of two)
-        v = tl.minimum(tl.maximum(xv * inv[:, None], -448.0), 448.0)
-        if EXACT_CAST:  # the interpreter's fp8 cast does not round to nearest even: bit arithmetic
-            v = _e4m3_rne(v)
-        else:  # the GPU's cvt.rn.satfinite: nearest even
-            v = v.to(tl.float8e4nv).to(tl.float32)
-        return v, s
-
-    @triton.jit
-    def _e8m0(b):
-        """fp32 2^(b−127) of e8m0 bytes (int32 values 0..254); b = 0 is the subnormal 2^−127."""
-        return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _fp8_gemv_kernel(
@@ -217,6 +201,9 @@ def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     m, K = x.shape
     N = w.shape[0]
     if m == 0:
+        return out
+    if m <= DECODE_MAX_M and DECODE == "lanes":
+        gemv.gemv(x, (w,), (out,), (sw,))
         return out
     segs, bkb = plan(N, K)
     if m <= DECODE_MAX_M:

@@ -47,11 +47,14 @@ from __future__ import annotations
 
 import torch
 
+from ..reference.fp8 import BLOCK, fp8_linear
 from . import linear
-from ._triton import HAVE_TRITON, ArrivalCounters, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
+from .gemv_fp8 import ordered_terms
 
 if HAVE_TRITON:
     from ._triton import round_bf16
+    from .gemv_fp8 import fp8_lanes
 
 __all__ = [
     "gemv",
@@ -72,17 +75,19 @@ __all__ = [
 
 DECODE_MAX_M = 16  # tokens per call
 MAX_WEIGHTS = 6  # weights per fused launch: x → wq_a, wkv, weights_proj, compressor.wkv, compressor.wgate
-_DTYPES = (torch.bfloat16, torch.float32)
+_DTYPES = (torch.bfloat16, torch.float32)  # weights without scales
+FP8 = torch.float8_e4m3fn  # a weight with e8m0 scales (`scales=`, kernels/gemv_fp8.py); its output is bf16
 
 # The bits (module doc): BK per weight dtype (512 bytes of a weight row per chunk) and the
 # split rule of `plan`. Changing any of these changes the results' bits.
-_BK = {torch.bfloat16: 256, torch.float32: 128}
+_BK = {torch.bfloat16: 256, torch.float32: 128, FP8: 256}
 _PLAN_BN = 16  # the row tile the split rule counts with (not the launch's BN)
 _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per SM on an H200)
 
 # The launch shape: free of the bits. MB tokens × BN rows × BK columns of fp32 lane sums
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
 _ACC_ROWS = 16
+_ACC_ROWS8 = 32  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
 
@@ -108,12 +113,13 @@ def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
     return bk, segs
 
 
-def _launch(m: int) -> tuple[int, int]:
-    """(MB, BN): tokens and weight rows per program for a call of m tokens (powers of two)."""
+def _launch(m: int) -> tuple[int, int, int]:
+    """(MB, BN, BN8): tokens, weight rows per program (bf16/fp32 weights), and weight rows
+    per program of an fp8 weight (dividing 32), for a call of m tokens (powers of two)."""
     mb = 1
     while mb < min(m, _MB_MAX):
         mb *= 2
-    return mb, max(_ACC_ROWS // mb, 1)
+    return mb, max(_ACC_ROWS // mb, 1), min(max(_ACC_ROWS8 // mb, 1), BLOCK)
 
 
 def prepare(device: torch.device | str) -> None:
@@ -138,30 +144,12 @@ if HAVE_TRITON:
         return tl.reshape(acc, (MB, BN))
 
     @triton.jit
-    def _gemv_tile(
-        x_ptr,  # bf16 [M, K], row stride stride_xm
-        stride_xm,
-        w_ptr,  # bf16 or fp32 [N, K] contiguous
-        out_ptr,  # bf16 or fp32 [M, N], row stride stride_om
-        stride_om,
-        part_ptr,  # fp32 [segs, M, N] partials of this weight (segs > 1)
-        lock_ptr,  # int32 [tiles, ntb] arrival counters of this weight (segs > 1)
-        M,
-        N,
-        K,
-        tile,
-        seg,
-        tb,
-        ntb,
-        SEGS: tl.constexpr,
-        IPS: tl.constexpr,
-        BN: tl.constexpr,
-        MB: tl.constexpr,
-        BK: tl.constexpr,
-        LOG2_BK: tl.constexpr,
-        EVEN_K: tl.constexpr,
-    ):
-        """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-4)."""
+    def _lanes(
+        x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb,
+        IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    ):  # fmt: skip
+        """[MB, BN, BK] lane sums of one (row tile, K segment, token block) of a bf16 or
+        fp32 weight (module doc, step 1)."""
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         offs_j = tl.arange(0, BK)
@@ -171,7 +159,6 @@ if HAVE_TRITON:
         # 3-D blocks so that the multiply-add keeps the loads' (coalesced) layout
         x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
-        # [MB, BN, BK] lane sums
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
         for _ in range(IPS):
@@ -184,6 +171,21 @@ if HAVE_TRITON:
                 wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
             acc = tl.fma(wv, xv, acc)
             k0 += BK
+        return acc
+
+    @triton.jit
+    def _finish(
+        acc,  # [MB, BN, BK] lane sums
+        out_ptr,  # bf16 or fp32 [M, N], row stride stride_om
+        stride_om,
+        part_ptr,  # fp32 [segs, M, N] partials of this weight (segs > 1)
+        lock_ptr,  # int32 [tiles, ntb] arrival counters of this weight (segs > 1)
+        M, N, tile, seg, tb, ntb,
+        SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr,
+    ):  # fmt: skip
+        """Steps 2-4 of the module doc: the lane tree, the segments in order, the store."""
+        offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
+        offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         # [MB, BN] this segment's sums
         total = _lane_tree(acc, MB, BN, BK, LOG2_BK)
         ok = (offs_t < M)[:, None] & (offs_n < N)[None, :]
@@ -212,13 +214,24 @@ if HAVE_TRITON:
                 tl.store(out, total, mask=ok)
 
     @triton.jit
+    def _gemv_tile(
+        x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
+        SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
+        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr,
+    ):  # fmt: skip
+        """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-4)."""
+        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
+        _finish(acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK)
+
+    @triton.jit
     def _gemv_kernel(
         x_ptr,  # bf16 [M, K]
         stride_xm,
         M,
         K,
-        ws,  # tuple: weight i, [N_i, K] bf16 or fp32
-        outs,  # tuple: out i, [M, N_i] (bf16 or fp32 as the weight)
+        ws,  # tuple: weight i, [N_i, K] bf16, fp32 or float8_e4m3fn
+        scs,  # tuple: uint8 scales [ceil(N_i/32), K/32] of an fp8 weight i (any tensor otherwise)
+        outs,  # tuple: out i, [M, N_i] (bf16 or fp32 as the weight; bf16 for fp8)
         ns,  # tuple: N_i
         out_strides,  # tuple: row stride of out i
         starts,  # tuple, len(ws) + 1: first work item of weight i (work item = tile·segs + seg)
@@ -230,12 +243,16 @@ if HAVE_TRITON:
         SEGSS: tl.constexpr,  # tuple: SEGS of weight i
         IPSS: tl.constexpr,  # tuple: chunks per segment of weight i
         BN: tl.constexpr,
+        BN8: tl.constexpr,  # the row tile of fp8 weights (divides 32: one row of scales)
         MB: tl.constexpr,
         BK16: tl.constexpr,
         LOG2_BK16: tl.constexpr,
         BK32: tl.constexpr,
         LOG2_BK32: tl.constexpr,
+        BK8: tl.constexpr,
+        LOG2_BK8: tl.constexpr,
         EVEN_K: tl.constexpr,
+        EXACT_CAST: tl.constexpr,
     ):
         pid = tl.program_id(0)
         tb = pid % ntb
@@ -247,7 +264,16 @@ if HAVE_TRITON:
                 seg = local % SEGSS[i]
                 part = part_ptr + part_offs[i]
                 lock = lock_ptr + lock_offs[i]
-                if ws[i].dtype.element_ty == tl.float32:
+                if ws[i].dtype.element_ty == tl.float8e4nv:
+                    acc = fp8_lanes(
+                        x_ptr, stride_xm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST,
+                    )  # fmt: skip
+                    _finish(
+                        acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
+                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8,
+                    )  # fmt: skip
+                elif ws[i].dtype.element_ty == tl.float32:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
@@ -330,8 +356,26 @@ def _check_out(name: str, out, shape: tuple[int, ...], dtype: torch.dtype, devic
         raise ValueError(f"{name}.stride(-1) = {out.stride(-1)}; allowed: 1 (contiguous last dim)")
 
 
-def _check_gemv(x, weights, outs) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Validate `gemv`'s arguments (ValueError naming the value and what is allowed)."""
+def _check_scale(i: int, w: torch.Tensor, sc, device: torch.device) -> torch.Tensor | None:
+    """The scales of weight i as uint8 (None for a bf16 or fp32 weight); ValueError else."""
+    if w.dtype != FP8:
+        if sc is not None:
+            raise ValueError(f"scales[{i}]: {_desc(sc)}; allowed: None (weights[{i}] is {w.dtype}, not fp8)")
+        return None
+    N, K = w.shape
+    if K % BLOCK:
+        raise ValueError(f"weights[{i}].shape = {tuple(w.shape)}; allowed: K a multiple of {BLOCK} (fp8 blocks)")
+    grid = (-(-N // BLOCK), K // BLOCK)
+    if not isinstance(sc, torch.Tensor) or sc.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise ValueError(f"scales[{i}]: {_desc(sc)}; allowed: torch.float8_e8m0fnu or torch.uint8 {grid}")
+    if tuple(sc.shape) != grid or not sc.is_contiguous() or sc.device != device:
+        raise ValueError(f"scales[{i}]: {_desc(sc)} on {sc.device}; allowed: a contiguous {grid} on {device}")
+    return sc.view(torch.uint8)
+
+
+def _check_gemv(x, weights, outs, scales=None):
+    """Validate `gemv`'s arguments (ValueError naming the value and what is allowed);
+    returns (weights, outs, scales) as tuples, the scales as uint8 or None."""
     _check_x("x", x, 2)
     m, K = x.shape
     if isinstance(weights, torch.Tensor) or not isinstance(weights, (tuple, list)):
@@ -342,9 +386,16 @@ def _check_gemv(x, weights, outs) -> tuple[tuple[torch.Tensor, ...], tuple[torch
         raise ValueError(f"len(weights) = {len(weights)}; allowed: 1..{MAX_WEIGHTS} (MAX_WEIGHTS)")
     if len(outs) != len(weights):
         raise ValueError(f"len(outs) = {len(outs)}; allowed: {len(weights)} (one per weight)")
-    for i, (w, out) in enumerate(zip(weights, outs)):
-        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in _DTYPES:
-            raise ValueError(f"weights[{i}]: {_desc(w)}; allowed: a 2-D torch.bfloat16 or torch.float32 [N, K]")
+    if scales is None:
+        scales = (None,) * len(weights)
+    if isinstance(scales, torch.Tensor) or not isinstance(scales, (tuple, list)) or len(scales) != len(weights):
+        raise ValueError(f"scales: {_desc(scales)}; allowed: None or a tuple, one entry (tensor or None) per weight")
+    checked = []
+    for i, (w, out, sc) in enumerate(zip(weights, outs, scales)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in (*_DTYPES, FP8):
+            raise ValueError(
+                f"weights[{i}]: {_desc(w)}; allowed: a 2-D torch.bfloat16, torch.float32 or torch.float8_e4m3fn [N, K]"
+            )
         if w.shape[1] != K:
             raise ValueError(f"weights[{i}].shape = {tuple(w.shape)}; allowed: [N, {K}] (K of x {tuple(x.shape)})")
         if w.shape[0] < 1:
@@ -353,27 +404,30 @@ def _check_gemv(x, weights, outs) -> tuple[tuple[torch.Tensor, ...], tuple[torch
             raise ValueError(f"weights[{i}] is not contiguous; allowed: a contiguous tensor")
         if w.device != x.device:
             raise ValueError(f"weights[{i}].device = {w.device}; allowed: {x.device} (the device of x)")
-        _check_out(f"outs[{i}]", out, (m, w.shape[0]), w.dtype, x.device)
-    return tuple(weights), tuple(outs)
+        checked.append(_check_scale(i, w, sc, x.device))
+        _check_out(f"outs[{i}]", out, (m, w.shape[0]), torch.bfloat16 if w.dtype == FP8 else w.dtype, x.device)
+    return tuple(weights), tuple(outs), tuple(checked)
 
 
-def gemv(x: torch.Tensor, weights, outs):
+def gemv(x: torch.Tensor, weights, outs, scales=None):
     """`outs[i] = x · weights[i]ᵀ` for every i in one launch (module doc: shapes, dtypes, the
-    summation order); returns `outs` as a tuple. Each output's bits equal those of a call
+    summation order); returns `outs` as a tuple. `scales`: None, or one entry per weight,
+    the e8m0 scales `[ceil(N/32), K/32]` of a float8_e4m3fn weight (the released FP8 linear,
+    kernels/gemv_fp8.py) and None for the others. Each output's bits equal those of a call
     with that weight alone, for any m. Bad arguments raise ValueError before anything is
     written; outputs must not overlap one another or x. Capturable once `prepare(device)`
-    ran."""
-    weights, outs = _check_gemv(x, weights, outs)
+    ran. The scale bytes are trusted (checked at load: `weights.py` rejects 0xFF)."""
+    weights, outs, scales = _check_gemv(x, weights, outs, scales)
     require_triton("gemv", x, *weights, *outs)
     m, K = x.shape
-    mb, bn = _launch(m)
+    mb, bn, bn8 = _launch(m)
     ntb = -(-m // mb)
     ns, strides, segss, ipss, starts, lock_offs, part_offs = [], [], [], [], [0], [], []
     locks_used = part_used = 0
     for w, out in zip(weights, outs):
         N = w.shape[0]
         bk, segs = plan(N, K, w.dtype)
-        tiles = -(-N // bn)
+        tiles = -(-N // (bn8 if w.dtype == FP8 else bn))
         ns.append(N)
         strides.append(out.stride(0))
         segss.append(segs)
@@ -388,12 +442,14 @@ def gemv(x: torch.Tensor, weights, outs):
         raise ValueError(f"counters needed = {locks_used}; allowed: <= {_LOCKS} (split weight tiles × token blocks)")
     locks = _counters.buffer(x.device)
     part = torch.empty(max(part_used, 1), dtype=torch.float32, device=x.device)
-    bk16, bk32 = _BK[torch.bfloat16], _BK[torch.float32]
+    bk16, bk32, bk8 = _BK[torch.bfloat16], _BK[torch.float32], _BK[FP8]
     even = all(K % _BK[w.dtype] == 0 for w in weights)
+    scs = tuple(w if sc is None else sc for w, sc in zip(weights, scales))  # the kernel reads fp8 weights' only
     _gemv_kernel[(starts[-1] * ntb,)](
-        x, x.stride(0), m, K, weights, outs, tuple(ns), tuple(strides),
+        x, x.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
-        BN=bn, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32), EVEN_K=even,
+        BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(),
         num_warps=_WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs
@@ -422,7 +478,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
     require_triton("group_gemv", o, w, out)
     m, G, gw = o.shape
     r = w.shape[1]
-    mb, bn = _launch(m)
+    mb, bn, _ = _launch(m)
     ntb = -(-m // mb)
     bk, segs = plan(G * r, gw, torch.bfloat16)
     tiles = -(-r // bn)
@@ -450,14 +506,17 @@ AUTO_MAX_M = 1
 
 
 def _decode_fits(x: torch.Tensor, weights, outs) -> bool:
-    """Whether `gemv` serves this call: CUDA, 1 ≤ m ≤ AUTO_MAX_M, bf16 x, each weight
-    bf16 or fp32 with an output of its dtype (the runtime's dtypes; shapes are checked by
-    `gemv` itself)."""
+    """Whether `gemv` serves this call: CUDA, 1 ≤ m ≤ AUTO_MAX_M, bf16 x, each weight bf16
+    or fp32 with an output of its dtype, or fp8 with a bf16 output (the runtime's dtypes;
+    shapes are checked by `gemv` itself)."""
     return (
         x.is_cuda
         and 1 <= x.shape[0] <= AUTO_MAX_M
         and x.dtype == torch.bfloat16
-        and all(w.dtype in _DTYPES and o.dtype == w.dtype for w, o in zip(weights, outs))
+        and all(
+            (w.dtype in _DTYPES and o.dtype == w.dtype) or (w.dtype == FP8 and o.dtype == torch.bfloat16)
+            for w, o in zip(weights, outs)
+        )
     )
 
 
@@ -469,21 +528,32 @@ def mm_auto(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     return linear.mm(x, w, out)
 
 
-def mm_many(x: torch.Tensor, weights, outs):
-    """`outs[i] = x · weights[i]ᵀ`: one fused `gemv` launch for a decode-sized call, else
-    `linear.mm` per weight. Returns `outs` as a tuple."""
+def mm_many(x: torch.Tensor, weights, outs, scales=None):
+    """`outs[i] = x · weights[i]ᵀ` (an fp8 weight with `scales[i]`: the released FP8 linear):
+    one fused `gemv` launch for a decode-sized call, else per weight `linear.mm`, or
+    `fp8_linear.fp8_mm` for an fp8 weight. Returns `outs` as a tuple."""
+    scales = (None,) * len(weights) if scales is None else scales
     if _decode_fits(x, weights, outs):
-        return gemv(x, weights, outs)
-    for w, out in zip(weights, outs):
-        linear.mm(x, w, out)
+        return gemv(x, weights, outs, scales)
+    from . import fp8_linear  # noqa: PLC0415 (fp8_linear imports this module)
+
+    for w, out, sc in zip(weights, outs, scales):
+        if sc is None:
+            linear.mm(x, w, out)
+        else:
+            fp8_linear.fp8_mm(x, w, sc, out)
     return tuple(outs)
 
 
-def mm_many_exact(x: torch.Tensor, weights, outs):
+def mm_many_exact(x: torch.Tensor, weights, outs, scales=None):
     """The CPU runtime's `mm_many`: `linear.mm_exact` per weight (fp64 sums, one rounding),
-    any m."""
-    for w, out in zip(weights, outs):
-        linear.mm_exact(x, w, out)
+    the reference `fp8_linear` for an fp8 weight; any m."""
+    scales = (None,) * len(weights) if scales is None else scales
+    for w, out, sc in zip(weights, outs, scales):
+        if sc is None:
+            linear.mm_exact(x, w, out)
+        else:
+            out.copy_(fp8_linear(x, w, sc))
     return tuple(outs)
 
 
@@ -498,12 +568,11 @@ def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
 # ---------------------------------------------------------------------------- twins
 
 
-def gemv_exact(x: torch.Tensor, weights, outs):
-    """The CPU runtime's twin: each output by `linear.mm_exact` (fp64 sums, one rounding)."""
-    weights, outs = _check_gemv(x, weights, outs)
-    for w, out in zip(weights, outs):
-        linear.mm_exact(x, w, out)
-    return outs
+def gemv_exact(x: torch.Tensor, weights, outs, scales=None):
+    """The CPU runtime's twin: each output by `linear.mm_exact` (fp64 sums, one rounding),
+    an fp8 weight's by the reference `fp8_linear`."""
+    weights, outs, scales = _check_gemv(x, weights, outs, scales)
+    return mm_many_exact(x, weights, outs, scales)
 
 
 def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -512,25 +581,30 @@ def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tor
     return linear.group_mm_exact(o, w, out)
 
 
-def _ordered(x: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> torch.Tensor:
-    """fp32 `[m, N]` in the kernel's order (module doc, steps 1-3), computed in torch; a
-    product of an fp32 weight is rounded before its add (the interpreter's fma)."""
+def _ordered(xf: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> torch.Tensor:
+    """fp32 `[m, N]` in the kernel's order (module doc, steps 1-3), computed in torch from
+    the fp32 terms `xf`: `[m, K]` (x), or `[m, N, K]` per output row (an fp8 weight's
+    `gemv_fp8.ordered_terms`); a product of an fp32 weight is rounded before its add (the
+    interpreter's fma)."""
     bk, segs = plan_nk
-    m, K = x.shape
+    m, K = xf.shape[0], xf.shape[-1]
     N = w.shape[0]
     ips = -(-K // bk) // segs
     kp = segs * ips * bk
-    xf = torch.zeros(m, kp, dtype=torch.float32, device=x.device)
-    xf[:, :K] = x.float()
+    if xf.dim() == 2:
+        xf = xf[:, None]
+    xp = torch.zeros(m, xf.shape[1], kp, dtype=torch.float32, device=xf.device)
+    xp[..., :K] = xf
     wf = torch.zeros(N, kp, dtype=torch.float32, device=w.device)
     wf[:, :K] = w.float()
-    xf, wf = xf.view(m, segs, ips, bk), wf.view(N, segs, ips, bk)
+    xp, wf = xp.view(m, -1, segs, ips, bk), wf.view(N, segs, ips, bk)
     rows = []
     for n0 in range(0, N, 256):  # bounded memory: [m, 256, segs, bk] lane sums at a time
         wc = wf[n0 : n0 + 256]
-        acc = torch.zeros(m, wc.shape[0], segs, bk, dtype=torch.float32, device=x.device)
+        xc = xp if xp.shape[1] == 1 else xp[:, n0 : n0 + 256]
+        acc = torch.zeros(m, wc.shape[0], segs, bk, dtype=torch.float32, device=xf.device)
         for i in range(ips):
-            acc = acc + wc[None, :, :, i] * xf[:, None, :, i]
+            acc = acc + wc[None, :, :, i] * xc[:, :, :, i]
         while acc.shape[-1] > 1:  # the lane tree: lanes 2j and 2j + 1 onto lane j
             acc = acc.view(*acc.shape[:-1], -1, 2)
             acc = acc[..., 0] + acc[..., 1]
@@ -542,13 +616,14 @@ def _ordered(x: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> torc
     return torch.cat(rows, dim=1)
 
 
-def gemv_torch(x: torch.Tensor, weights, outs):
-    """`gemv` in torch, in the kernel's summation order: the kernel's bits for bf16 weights
-    (on the GPU and in the interpreter), and the interpreter's for fp32 weights. For tests
-    and small shapes (it builds [m, 256, K] fp32 products at a time)."""
-    weights, outs = _check_gemv(x, weights, outs)
-    for w, out in zip(weights, outs):
-        out.copy_(_ordered(x, w, plan(w.shape[0], x.shape[1], w.dtype)))
+def gemv_torch(x: torch.Tensor, weights, outs, scales=None):
+    """`gemv` in torch, in the kernel's summation order: the kernel's bits for bf16 and fp8
+    weights (on the GPU and in the interpreter), and the interpreter's for fp32 weights.
+    For tests and small shapes (it builds [m, 256, K] fp32 products at a time)."""
+    weights, outs, scales = _check_gemv(x, weights, outs, scales)
+    for w, out, sc in zip(weights, outs, scales):
+        xf = x.float() if sc is None else ordered_terms(x, sc, w.shape[0])
+        out.copy_(_ordered(xf, w, plan(w.shape[0], x.shape[1], w.dtype)))
     return outs
 
 
@@ -558,5 +633,5 @@ def group_gemv_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tor
     G, r, gw = w.shape
     p = plan(G * r, gw, torch.bfloat16)
     for g in range(G):
-        out[:, g].copy_(_ordered(o[:, g], w[g], p))
+        out[:, g].copy_(_ordered(o[:, g].float(), w[g], p))
     return out

@@ -625,16 +625,15 @@ class AttnV41:
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
         hw_done = False  # whether the indexer's head weights were projected here (into hw)
-        if w.get("wq_a.scale") is None and w.get("wkv.scale") is None:  # bf16: one pass over x
-            ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
-            hw_done = w.role.is_index_source
-            if hw_done:  # index sources: the head weights in the same pass
-                ws.append(w["indexer.weights_proj.weight"])
-                outs.append(self.hw[:m])
-            ops.mm_many(x, tuple(ws), tuple(outs))
-        else:
-            self._linear(w, "wq_a", x, self.c_pre[:m])
-            self._linear(w, "wkv", x, self.rows_tmp[:m])
+        # one pass over x: wq_a, wkv (bf16, or FP8 with their scales) and, on index sources, the head weights
+        ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
+        scales = [w.get("wq_a.scale"), w.get("wkv.scale")]
+        hw_done = w.role.is_index_source
+        if hw_done:
+            ws.append(w["indexer.weights_proj.weight"])
+            outs.append(self.hw[:m])
+            scales.append(None)
+        ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
         q = self.q[:m]
         self._linear(w, "wq_b", cq, q.view(m, H * D))
