@@ -37,9 +37,9 @@ SHAPES = {
     "wo_b": (8192, 5120),
     "indexer.wq_b": (1280, 4096),
 }  # fmt: skip  name: (K, N)
-PROD = dict(acc8=G._ACC_ROWS8, warps=G._WARPS, stages=G._STAGES, bk8=G._BK[FP8])
-SWEEP = [dict(acc8=16), dict(warps=2), dict(warps=8), dict(stages=1), dict(stages=2), dict(stages=4),
-         dict(warps=8, acc8=16), dict(warps=2, acc8=16), dict(bk8=128), dict(bk8=512)]  # fmt: skip
+PROD = dict(acc8=G._ACC_ROWS8, warps=G._WARPS8, stages=G._STAGES, bk8=G._BK[FP8])
+SWEEP = [dict(acc8=32), dict(warps=1), dict(warps=4), dict(acc8=8), dict(acc8=32, warps=4), dict(acc8=8, warps=1),
+         dict(stages=1), dict(stages=4), dict(bk8=128), dict(bk8=512)]  # fmt: skip
 BUDGET_S = float(os.environ.get("BUDGET_S", "150"))
 L2_PASS = 128 << 20
 
@@ -47,12 +47,12 @@ L2_PASS = 128 << 20
 @contextmanager
 def config(cfg: dict, decode: str = "lanes"):
     c = {**PROD, **cfg}
-    saved = (G._ACC_ROWS8, G._WARPS, G._STAGES, G._BK[FP8], F.DECODE)
-    G._ACC_ROWS8, G._WARPS, G._STAGES, G._BK[FP8], F.DECODE = c["acc8"], c["warps"], c["stages"], c["bk8"], decode
+    saved = (G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE)
+    G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE = c["acc8"], c["warps"], c["stages"], c["bk8"], decode
     try:
         yield
     finally:
-        G._ACC_ROWS8, G._WARPS, G._STAGES, G._BK[FP8], F.DECODE = saved
+        G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE = saved
 
 
 def bad_vs_reference(x, w, s, got) -> int:

@@ -46,7 +46,9 @@ if HAVE_TRITON:
 __all__ = ["sparse_attn_split", "sparse_attn_split_torch"]
 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
-_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=4, stages_b=3)
+# warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
+# (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
+_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3)
 
 if HAVE_TRITON:
 

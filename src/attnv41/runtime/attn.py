@@ -620,11 +620,11 @@ class AttnV41:
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring), written into ring[pos % W], and whether the indexer's
-        head weights were projected into `hw` on the way. The one copy of this path:
+        head weights and queries were projected into `hw` and `iq` on the way (index sources). The one copy of this path:
         prefill and decode."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
-        hw_done = False  # whether the indexer's head weights were projected here (into hw)
+        hw_done = False  # whether the indexer's head weights and queries were projected here (into hw, iq)
         # one pass over x: wq_a, wkv (bf16, or FP8 with their scales) and, on index sources, the head weights
         ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
         scales = [w.get("wq_a.scale"), w.get("wkv.scale")]
@@ -636,7 +636,13 @@ class AttnV41:
         ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
         q = self.q[:m]
-        self._linear(w, "wq_b", cq, q.view(m, H * D))
+        # one pass over cq: wq_b and, on index sources, the index queries (`hw_done` covers both)
+        ws, outs, scales = [w["wq_b.weight"]], [q.view(m, H * D)], [w.get("wq_b.scale")]
+        if hw_done:
+            ws.append(w["indexer.wq_b.weight"])
+            outs.append(self.iq[:m].view(m, -1))
+            scales.append(w.get("indexer.wq_b.scale"))
+        ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales))
         ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
@@ -1000,11 +1006,13 @@ class AttnV41:
         self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
     ) -> torch.Tensor:
         """Index queries, head weights and scores `[m, L]` (§6.2–§6.4). `hw_done`: `_qkv`
-        already projected the head weights into `hw` (its fused pass over x)."""
+        already projected the head weights into `hw` (its fused pass over x) and the index
+        queries into `iq` (its fused pass over cq)."""
         c, ops = self.cfg, self.ops
         m = x.shape[0]
         iq = self.iq[:m]
-        self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
+        if not hw_done:
+            self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
         ops.index_q_chain(iq, cos, sin, pos, iq)  # RoPE → fp4 e8m0 round trip, one kernel
         hw = self.hw[:m]
         if not hw_done:
