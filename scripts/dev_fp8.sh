@@ -3,7 +3,7 @@
 # changed kernels, the FP8 golden checks through the runtime, the decode-step bench.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src:$PWD/tests" PYTHONUNBUFFERED=1 ATTNV41_GOLDEN_DIR="$PWD/.golden"
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ATTNV41_GOLDEN_DIR="$PWD/.golden"
 T0=$(date +%s)
 left() { echo $(( ${BUDGET_S:-560} - ($(date +%s) - T0) )); }
 run() { local name=$1 lim=$2; shift 2; local l; l=$(left); (( lim > l - 10 )) && lim=$((l - 10));
