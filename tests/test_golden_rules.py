@@ -29,7 +29,8 @@ def _jittered_impl(frac: float, shapes: set[tuple[int, int]]):
             bits[flip] += step[flip]
         return out
 
-    def mm_many(x, weights, outs):  # the runtime's fused pass over x, through the same jitter
+    def mm_many(x, weights, outs, scales=None):  # the runtime's fused passes (x, cq), through the same jitter
+        assert scales is None or all(sc is None for sc in scales), "bf16 golden weights only"
         return tuple(mm(x, w, o) for w, o in zip(weights, outs))
 
     ops = dataclasses.replace(TORCH_OPS, name="jittered", mm=mm, mm_many=mm_many)
@@ -63,7 +64,8 @@ def test_wrong_head_weight_scale_still_fails():
             out.mul_(4)
         return out
 
-    def mm_many(x, weights, outs):  # the fused pass over x (wq_a, wkv, weights_proj) takes the same bug
+    def mm_many(x, weights, outs, scales=None):  # the fused pass over x (wq_a, wkv, weights_proj) takes the same bug
+        assert scales is None or all(sc is None for sc in scales), "bf16 golden weights only"
         return tuple(mm(x, w, o) for w, o in zip(weights, outs))
 
     ops = dataclasses.replace(TORCH_OPS, name="broken", mm=mm, mm_many=mm_many)

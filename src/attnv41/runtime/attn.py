@@ -178,6 +178,7 @@ class AttnV41:
         self.sel = torch.empty(M, c.window + c.index_topk, dtype=torch.int32, device=dev)
         self.iq = torch.empty(M, c.index_heads, c.index_head_dim, **bf)
         self.hw = torch.empty(M, c.index_heads, **bf)
+        self.neg_inf = torch.full((), float("-inf"), **bf)  # masks the scores of non-candidate blocks
         self.lat_pre = torch.empty(M, D, **bf)
         self.latent = torch.empty(M, D, **bf)
         self.rows_tmp = torch.empty(M, D, **bf)
@@ -893,7 +894,7 @@ class AttnV41:
                 if role.is_candidate_source:
                     ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb])
                 if role.uses_candidates:
-                    scores.masked_fill_(~plan.cand[:1, :Lb], float("-inf"))
+                    torch.where(plan.cand[:1, :Lb], scores, self.neg_inf, out=scores)  # one kernel
                 k = min(c.index_topk, Lb)
                 ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
                 if k < c.index_topk:
@@ -1017,7 +1018,8 @@ class AttnV41:
         hw = self.hw[:m]
         if not hw_done:
             ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
-        hw.copy_(hw.float() * (c.index_head_dim**-0.5 * c.index_heads**-0.5))
+        # bf16(fp32(hw)·fp32(scale)) in place: one kernel (bf16 ops with a scalar compute in fp32, CPU and CUDA)
+        hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
         return ops.index_scores(iq, hw, keys, vis, out=out)
 
 
