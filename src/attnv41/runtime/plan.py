@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from ..config import AttnV41Cfg
+from ..kernels import plan_meta
 
 __all__ = ["DecodePlan", "bucket_of", "DEFAULT_BUCKET_MIN"]
 
@@ -123,7 +124,16 @@ class DecodePlan:
 
     # ------------------------------------------------------------------ device work
     def derive(self) -> None:
-        """Every metadata buffer from `pos` (device ops only; capturable)."""
+        """Every metadata buffer from `pos` (device ops only; capturable): one Triton
+        kernel on CUDA (`kernels.plan_meta`, the same integers), `derive_torch` elsewhere."""
+        if self.pos.is_cuda and self.ratios:
+            plan_meta.derive(self.pos, self._rs, self._meta, self._done, self.sel0, self.sel)
+            self.derived_at = self.pos_at
+            return
+        self.derive_torch()
+
+    def derive_torch(self) -> None:
+        """`derive` in torch ops (the CPU path; the kernel's twin)."""
         W = self.cfg.window
         p = self.pos.to(torch.int64).view(1, -1)  # [1, B]
         rs = self._rs  # [R, 1]
