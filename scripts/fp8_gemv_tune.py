@@ -3,10 +3,11 @@
 tool, not part of `attnv41 bench`).
 
 For m = 1 (and the production rows at m = 16): each FP8 projection alone through
-`fp8_linear.fp8_mm` with the per-block decode launch ("blocks") and the lane-sum launch of
-`gemv` ("lanes", kernels/gemv_fp8.py), the lanes launch's knobs one at a time (rows per
-program, warps, stages; BK changes the bits), and the fused x → wq_a + wkv (+ the bf16
-indexer.weights_proj) launch against the separate calls. Every variant is first checked:
+`fp8_linear.fp8_mm` (the lane-sum launch of `gemv`, kernels/gemv_fp8.py), its knobs one at
+a time (rows per program, warps, stages; BK changes the bits), and the fused x → wq_a +
+wkv (+ the bf16 indexer.weights_proj) launch against the separate calls. (The per-block
+launch it replaced, compared here until commit 91e58c4: BENCHMARKS.md, 2026-12-01 late
+night.) Every variant is first checked:
 the production lanes rows bit for bit against `gemv.gemv_torch` (the kernel's order in
 torch), launch-shape variants bit for bit against production, the rest against the
 reference `fp8_linear` within the kernel tests' bound; and equal bits on a second call.
@@ -45,14 +46,14 @@ L2_PASS = 128 << 20
 
 
 @contextmanager
-def config(cfg: dict, decode: str = "lanes"):
+def config(cfg: dict):
     c = {**PROD, **cfg}
-    saved = (G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE)
-    G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE = c["acc8"], c["warps"], c["stages"], c["bk8"], decode
+    saved = (G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8])
+    G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8] = c["acc8"], c["warps"], c["stages"], c["bk8"]
     try:
         yield
     finally:
-        G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8], F.DECODE = saved
+        G._ACC_ROWS8, G._WARPS8, G._STAGES, G._BK[FP8] = saved
 
 
 def bad_vs_reference(x, w, s, got) -> int:
@@ -118,10 +119,10 @@ def main(dev: torch.device) -> None:
             outs = [torch.empty(m, N, dtype=BF, device=dev) for _ in range(n)]
             base = dict(name=name, m=m, bytes=nbytes, copies=n)
             prod_out = None
-            for kind, cfg in [("blocks", {}), ("lanes", {})] + [("lanes", c) for c in sweep]:
+            for kind, cfg in [("lanes", {})] + [("lanes", c) for c in sweep]:
                 if cfg and time.time() - t0 > BUDGET_S:
                     continue
-                with config(cfg, kind):
+                with config(cfg):
 
                     def call(i):
                         return F.fp8_mm(xs[i], ws[i][0], ws[i][1], outs[i])
@@ -164,9 +165,7 @@ def main(dev: torch.device) -> None:
                 for w, sc, o in zip(ws[i], scs[i], outs[i]):
                     F.fp8_mm(xs[i], w, sc, o) if sc is not None else G.mm_auto(xs[i], w, o)
 
-            with config({}, "blocks"):
-                record({**base, "kind": "blocks", "cfg": "separate calls"}, [lambda i=i: sep(i) for i in range(n)])
-            with config({}, "lanes"):
+            with config({}):
                 record({**base, "kind": "lanes", "cfg": "separate calls"}, [lambda i=i: sep(i) for i in range(n)])
 
                 def fused_check():

@@ -173,15 +173,6 @@ def test_dequant_equals_the_reference(N, device):
     assert not diff.any(), f"{int(diff.sum())} weights differ; first at {diff.nonzero()[0].tolist()}"
 
 
-def test_plan_is_a_constant_of_the_shape():
-    for N, Kd in ((1280, 5120), (32768, 1280), (512, 5120), (5120, 8192), (4096, 1280), (64, 128)):
-        segs, bkb = K.plan(N, Kd)
-        nkb = Kd // 32
-        assert nkb % (segs * bkb) == 0, f"plan({N}, {Kd}) = {segs, bkb}: segments of whole iterations"
-        assert K.plan(N, Kd) == (segs, bkb)
-    assert K.plan(32768, 1280)[0] == 1  # enough weight tiles: no split
-
-
 @pytest.mark.parametrize(
     "what,kw,msg",
     [
