@@ -621,15 +621,14 @@ class AttnV41:
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring), written into ring[pos % W], and whether the indexer's
-        head weights and queries were projected into `hw` and `iq` on the way (index sources). The one copy of this path:
-        prefill and decode."""
+        head weights and queries were projected into `hw` and `iq` on the way (index
+        sources). The one copy of this path: prefill and decode."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
-        hw_done = False  # whether the indexer's head weights and queries were projected here (into hw, iq)
         # one pass over x: wq_a, wkv (bf16, or FP8 with their scales) and, on index sources, the head weights
         ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
         scales = [w.get("wq_a.scale"), w.get("wkv.scale")]
-        hw_done = w.role.is_index_source
+        hw_done = w.role.is_index_source  # the indexer's head weights and queries projected here (into hw, iq)
         if hw_done:
             ws.append(w["indexer.weights_proj.weight"])
             outs.append(self.hw[:m])
