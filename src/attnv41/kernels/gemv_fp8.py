@@ -77,6 +77,25 @@ if HAVE_TRITON:
         return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB: tl.constexpr, BK: tl.constexpr,
+                EVEN_K: tl.constexpr, EXACT_CAST: tl.constexpr):  # fmt: skip
+        """`xs` of one chunk (module doc), [MB, 1, BK] fp32: x at column offset k0 quantized
+        per 32 columns, times `sx·sw` of the tile's row of scales."""
+        NBK: tl.constexpr = BK // 32
+        kb0 = k0 // 32
+        if EVEN_K:
+            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0)
+        else:
+            k_ok = ((k0 + offs_j) < K)[None, None, :]
+            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
+        # [MB·NBK, 32] blocks → e4m3 values and their scales (act_quant)
+        v, sx = _quant_block(tl.reshape(xv, (MB * NBK, 32)), EXACT_CAST)
+        ss = tl.reshape(tl.reshape(sx, (MB, NBK)) * _e8m0(sb.to(tl.int32))[None, :], (MB * NBK,))
+        return tl.reshape(v * ss[:, None], (MB, 1, BK))
+
+    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm
         stride_xm,
@@ -94,9 +113,14 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        PF: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
-        module doc. BN divides 32, so the tile's rows share one row of scales."""
+        module doc. BN divides 32, so the tile's rows share one row of scales. Launch knobs
+        (free of the bits, as `gemv._lanes`): PF, the next chunk's weight loads issued
+        before this chunk's multiply-adds; PDL, `gdc_wait` after the first weight chunk's
+        loads and before the first read of x or scales."""
         NBK: tl.constexpr = BK // 32
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
@@ -110,21 +134,33 @@ if HAVE_TRITON:
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        for _ in range(IPS):
-            kb0 = k0 // 32
+        if PF:
             if EVEN_K:
-                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
-                sb = tl.load(sw_row + kb0)
+                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0)
             else:
-                k_ok = ((k0 + offs_j) < K)[None, None, :]
-                xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
-                sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-            # [MB·NBK, 32] blocks → e4m3 values and their scales (act_quant)
-            v, sx = _quant_block(tl.reshape(xv, (MB * NBK, 32)), EXACT_CAST)
-            ss = tl.reshape(tl.reshape(sx, (MB, NBK)) * _e8m0(sb.to(tl.int32))[None, :], (MB * NBK,))
-            xs = tl.reshape(v * ss[:, None], (MB, 1, BK))
-            acc = tl.fma(wv, xs, acc)
-            k0 += BK
+                wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0)
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            for i in range(IPS):
+                k1 = k0 + BK
+                more = i + 1 < IPS
+                if EVEN_K:
+                    wn = tl.load(w_rows + k1, mask=n_ok & more, other=0.0)
+                else:
+                    wn = tl.load(w_rows + k1, mask=n_ok & more & ((k1 + offs_j) < K)[None, None, :], other=0.0)
+                xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
+                acc = tl.fma(wv.to(tl.float32), xs, acc)
+                wv = wn
+                k0 = k1
+        else:
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            for _ in range(IPS):
+                if EVEN_K:
+                    wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
+                else:
+                    wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0).to(tl.float32)
+                xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
+                acc = tl.fma(wv, xs, acc)
+                k0 += BK
         return acc

@@ -1,0 +1,119 @@
+"""Where a graph-replayed decode step spends its time (V4.1-Flash geometry, random weights,
+a filled context; CUDA only; a development tool, not part of `attnv41 bench`).
+
+Replays whole-step CUDA graphs (`DecodeGraphs`) under torch.profiler, which records each
+kernel inside a replay, and reports per step: the span from the first kernel's start to
+the last kernel's end, the sum of kernel durations, the idle gaps between consecutive
+kernels (the launch ramp and drain a graph cannot hide), and per kernel name the count,
+total and mean GPU time. That is the step's real breakdown, with the weights cold as
+they are in a step (every kernel alone in `bench` (b) is timed with its own L2 flush).
+
+    python3 scripts/step_profile.py [--context 32768] [--weights bf16|fp8] [--steps 5]
+
+Prints Markdown tables; writes `$OUT/step_profile_<weights>.json` when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attnv41.bench.stack import fill_context
+from attnv41.runtime.graphs import DecodeGraphs
+from attnv41.runtime.stack import RuntimeStack
+from attnv41.synthetic import PRESETS, random_weights, unit_rms_bf16
+
+
+def _short(name: str) -> str:
+    for key in ("gemm", "gemv", "Kernel2", "cutlass", "sm90_xmma"):
+        if key in name and len(name) > 48:
+            return name[:48]
+    return name[:60]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--weights", default="bf16")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    cfg = PRESETS[args.preset](max_tokens=256, max_seq=args.context + 256)
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev)
+    fill_context(stack, args.context, 0)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    xs = unit_rms_bf16(torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen, device=dev))
+    drv = DecodeGraphs(stack)
+    p = args.context
+    for _ in range(4):  # capture and warm replays
+        drv.step(xs, p)
+        p += 1
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            drv.step(xs, p)
+            p += 1
+            sync()
+            if cuda:
+                torch.cuda._sleep(4_000_000)  # steps apart: a gap > 1 ms separates them below
+    ks = sorted(
+        (e.time_range.start, e.time_range.end, _short(e.name))
+        for e in prof.events()
+        if e.device_type == kind and not any(s in e.name.lower() for s in ("memcpy", "memset"))
+    )
+    steps, cur = [], []
+    for k in ks:
+        if cur and k[0] - cur[-1][1] > 1000.0:  # µs
+            steps.append(cur)
+            cur = []
+        cur.append(k)
+    if cur:
+        steps.append(cur)
+    rows, per_name = [], defaultdict(list)
+    for st in steps:
+        span = st[-1][1] - st[0][0]
+        busy = sum(e - s for s, e, _ in st)
+        gaps = [b[0] - a[1] for a, b in zip(st, st[1:])]
+        rows.append(
+            dict(kernels=len(st), span_us=span, busy_us=busy, gap_us=span - busy, median_gap_us=statistics.median(gaps))
+        )
+        names = defaultdict(list)
+        for s, e, n in st:
+            names[n].append(e - s)
+        for n, d in names.items():
+            per_name[n].append((len(d), sum(d)))
+    print(f"\n### decode step under the profiler ({args.weights}, context {args.context}, {len(steps)} steps)\n")
+    print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
+    print("|---|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        print(
+            f"| {i} | {r['kernels']} | {r['span_us']:.0f} | {r['busy_us']:.0f} | {r['gap_us']:.0f} | {r['median_gap_us']:.2f} |"
+        )
+    print("\n| kernel | per step | µs per step | µs each |")
+    print("|---|---|---|---|")
+    agg = []
+    for n, v in per_name.items():
+        cnt = statistics.median(c for c, _ in v)
+        tot = statistics.median(t for _, t in v)
+        agg.append((tot, cnt, n))
+    for tot, cnt, n in sorted(agg, reverse=True):
+        print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"step_profile_{args.weights}.json"), "w") as f:
+            json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
