@@ -38,7 +38,33 @@ SHAPES = {
     "wo_b fp8": (8192, [(5120, FP8)]),
     "x->wq_a+wkv fp8 +weights_proj": (5120, [(1280, FP8), (512, FP8), (32, BF)]),
 }
-KNOBS = ("_XB", "_PF", "_PDL", "_ACC_ROWS", "_ACC_ROWS8", "_WARPS", "_WARPS8")
+KNOBS = ("_XB", "_XB8", "_PF", "_PDL", "_ACC_ROWS", "_ACC_ROWS8", "_WARPS", "_WARPS8", "_TARGET_PROGRAMS")
+# SET=fp8: the fp8 lane loop with x quantized in the weight tile's layout (XB8)
+VARIANTS_FP8 = [
+    {},
+    dict(_XB8=True),
+    dict(_XB8=True, _WARPS8=4),
+    dict(_XB8=True, _ACC_ROWS8=8),
+    dict(_XB8=True, _ACC_ROWS8=8, _WARPS8=1),
+    dict(_XB8=True, _ACC_ROWS8=32, _WARPS8=8),
+    dict(_XB8=True, _PF=True),
+    dict(_XB8=True, _PF=True, _WARPS8=4),
+    dict(_XB8=True, _PF=True, _ACC_ROWS8=8),
+    dict(_XB8=True, _WARPS=2),
+    dict(_XB8=True, _XB=True, _PF=True, _WARPS=2),
+    dict(_XB8=True, _ACC_ROWS8=8, _WARPS=2),
+    # the split rule (changes the bits: checked against gemv_torch under the same plan)
+    dict(_XB8=True, _TARGET_PROGRAMS=512),
+    dict(_XB8=True, _TARGET_PROGRAMS=256),
+    dict(_XB8=True, _TARGET_PROGRAMS=512, _WARPS=2),
+]
+SHAPES_FP8 = {
+    "wq_b fp8": (1280, [(32768, FP8)]),
+    "wo_b fp8": (8192, [(5120, FP8)]),
+    "x->wq_a+wkv fp8 +weights_proj": (5120, [(1280, FP8), (512, FP8), (32, BF)]),
+    "cq->wq_b+indexer.wq_b fp8": (1280, [(32768, FP8), (4096, FP8)]),
+    "indexer.wq_b fp8": (1280, [(4096, FP8)]),
+}
 VARIANTS = [
     {},
     dict(_XB=True),
@@ -105,14 +131,18 @@ def main(dev: torch.device) -> None:
             t = timer.time_graph(fns)
             row.update(us=t.median_ms * 1e3)
             row["pct_copy"] = 100 * row["bytes"] / (t.median_ms * 1e-3) / 1e9 / copy_gbps
-            print(f"{row['name']:34s} {row['cfg']:44s} {row['us']:8.2f} us {row['pct_copy']:5.1f}% copy", flush=True)
+            print(
+                f"{row['name']:34s} {row['cfg']:44s} {row['us']:8.2f} us {row['pct_copy']:5.1f}% copy segs {row.get('segs')}",
+                flush=True,
+            )
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
             traceback.print_exc()
             print(f"{row['name']:34s} {row['cfg']:44s} FAILED {row['error']}", flush=True)
         rows.append(row)
 
-    for name, (K, specs) in SHAPES.items():
+    fp8_set = os.environ.get("SET") == "fp8"
+    for name, (K, specs) in (SHAPES_FP8 if fp8_set else SHAPES).items():
         one = [weight(N, K, dt) for N, dt in specs]
         nb = nbytes_of(one, K)
         n = max(2, min(16, -(-L2_PASS // nb)))
@@ -130,7 +160,7 @@ def main(dev: torch.device) -> None:
         torch.cuda.synchronize()
         ref = [o.clone() for o in outs[0]]
         seen = set()
-        for cfg in VARIANTS:
+        for cfg in VARIANTS_FP8 if fp8_set else VARIANTS:
             if cfg and time.time() - t0 > BUDGET_S:
                 continue
             # the knobs that act on these weights (XB, ACC_ROWS, WARPS: bf16 and fp32 weights
@@ -140,7 +170,7 @@ def main(dev: torch.device) -> None:
             if not has16:
                 drop |= {"_XB", "_ACC_ROWS", "_WARPS"}
             if not has8:
-                drop |= {"_ACC_ROWS8"}
+                drop |= {"_ACC_ROWS8", "_XB8"}
             if has16 or not has8:
                 drop |= {"_WARPS8"}
             cfg = {k: v for k, v in cfg.items() if k not in drop}
@@ -149,12 +179,18 @@ def main(dev: torch.device) -> None:
             seen.add(tuple(sorted(cfg.items())))
             row = dict(name=name, cfg=label(cfg), bytes=nb, copies=n)
             with knobs(cfg):
+                row["segs"] = [G.plan(w.shape[0], K, w.dtype)[1] for w, _ in one]
+            with knobs(cfg):
                 try:
                     for o in outs[0]:
                         o.fill_(float("nan"))
                     call(0)
                     torch.cuda.synchronize()
-                    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(ref, outs[0]))
+                    want = ref
+                    if "_TARGET_PROGRAMS" in cfg:  # another split: the order twin under this plan
+                        want = [torch.empty_like(o) for o in outs[0]]
+                        G.gemv_torch(xs[0], [w for w, _ in sets[0]], want, [s for _, s in sets[0]])
+                    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, outs[0]))
                 except Exception as e:
                     traceback.print_exc()
                     same, row["error"] = False, f"{type(e).__name__}: {e}"[:300]
@@ -166,6 +202,8 @@ def main(dev: torch.device) -> None:
                 record(row, [lambda i=i: call(i) for i in range(n)])
         torch.cuda.empty_cache()
 
+    if fp8_set:
+        return summary(rows, t0, p, copy_gbps)
     # one layer's GEMVs back to back (x pass, wq_b, wo_a grouped, wo_b), bf16 weights
     copies = 4
     lay = []
@@ -215,10 +253,14 @@ def main(dev: torch.device) -> None:
                 )
                 record(row, [lambda i=i: layer(i, between) for i in range(copies)])
 
+    summary(rows, t0, p, copy_gbps)
+
+
+def summary(rows, t0, p, copy_gbps) -> None:
     print("\n== summary (µs, % of copy bandwidth)")
     for r in rows:
         if "us" in r:
-            print(f"| {r['name']} | {r['cfg']} | {r['us']:.2f} | {r['pct_copy']:.1f} |")
+            print(f"| {r['name']} | {r['cfg']} | {r['us']:.2f} | {r['pct_copy']:.1f} | {r.get('segs')} |")
     print(f"\n{time.time() - t0:.0f} s in all")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gemv_knobs.json"), "w") as f:

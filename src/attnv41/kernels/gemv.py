@@ -94,7 +94,7 @@ _WARPS, _STAGES = 4, 3
 # Launch knobs of the lane loop (`_lanes`): XB x in the weight tile's layout, PF the next
 # chunk in flight, PDL programmatic dependent launch (weights read before the previous
 # kernel ends; GPU only). Free of the bits.
-_XB, _PF, _PDL = False, False, False
+_XB, _XB8, _PF, _PDL = False, False, False, False
 
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
@@ -307,7 +307,8 @@ if HAVE_TRITON:
         LOG2_BK8: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
-        XB: tl.constexpr,  # launch knobs (`_lanes`), free of the bits
+        XB: tl.constexpr,  # launch knobs (`_lanes`, `gemv_fp8.fp8_lanes`), free of the bits
+        XB8: tl.constexpr,
         PF: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -326,7 +327,7 @@ if HAVE_TRITON:
                 if ws[i].dtype.element_ty == tl.float8e4nv:
                     acc = fp8_lanes(
                         x_ptr, stride_xm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PF=PF, PDL=PDL,
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, XB=XB8, PF=PF, PDL=PDL,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -513,7 +514,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None):
         x, x.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
-        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), **_knobs(),
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), XB8=_XB8, **_knobs(),
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs

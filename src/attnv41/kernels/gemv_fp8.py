@@ -96,6 +96,26 @@ if HAVE_TRITON:
         return tl.reshape(v * ss[:, None], (MB, 1, BK))
 
     @triton.jit
+    def _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, EVEN_K: tl.constexpr, EXACT_CAST: tl.constexpr):  # fmt: skip
+        """`_fp8_xs` computed in the weight tile's shape [MB, BN, BK] (x_rows: pointers of that
+        shape, stride 0 over the rows): the same values for every row, in the weight loads'
+        layout, so nothing is converted through shared memory."""
+        NBK: tl.constexpr = BK // 32
+        kb0 = k0 // 32
+        if EVEN_K:
+            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0)
+        else:
+            k_ok = ((k0 + offs_j) < K)[None, None, :]
+            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
+        # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
+        v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
+        ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+        return tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
+
+    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm
         stride_xm,
@@ -113,6 +133,7 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        XB: tl.constexpr,
         PF: tl.constexpr,
         PDL: tl.constexpr,
     ):
@@ -128,7 +149,10 @@ if HAVE_TRITON:
         offs_b = tl.arange(0, NBK)
         t_ok = (offs_t < M)[:, None, None]
         n_ok = (offs_n < N)[None, :, None]
-        x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]  # [MB, 1, BK]
+        if XB:  # [MB, BN, BK], stride 0 over the rows
+            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
+        else:  # [MB, 1, BK]
+            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]  # [1, BN, BK]
         nkb = K // 32
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
@@ -148,7 +172,10 @@ if HAVE_TRITON:
                     wn = tl.load(w_rows + k1, mask=n_ok & more, other=0.0)
                 else:
                     wn = tl.load(w_rows + k1, mask=n_ok & more & ((k1 + offs_j) < K)[None, None, :], other=0.0)
-                xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
+                if XB:
+                    xs = _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BN, BK, EVEN_K, EXACT_CAST)
+                else:
+                    xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
                 acc = tl.fma(wv.to(tl.float32), xs, acc)
                 wv = wn
                 k0 = k1
@@ -160,7 +187,10 @@ if HAVE_TRITON:
                     wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
                 else:
                     wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0).to(tl.float32)
-                xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
+                if XB:
+                    xs = _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BN, BK, EVEN_K, EXACT_CAST)
+                else:
+                    xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
                 acc = tl.fma(wv, xs, acc)
                 k0 += BK
         return acc
