@@ -99,36 +99,6 @@ def test_rows_independent_of_m_and_launch_shape(Kd, device, monkeypatch):
         _same_bits(f"BN8 = {acc8}, {warps} warps", _run(x[:1], w, s, device), full[:1])
 
 
-KNOBS = [dict(_PF=True), dict(_PF=True, _PDL=True), dict(_XB8=True), dict(_XB8=True, _PF=True, _XB=True)]
-
-
-@pytest.mark.parametrize("knobs", KNOBS, ids=["pf", "pf-pdl", "xb8", "xb8-pf-xb"])
-@pytest.mark.parametrize(
-    "m,Kd,N",
-    [(1, 256, 64), (1, 2048, 64), (5, 1024, 40), (3, 96, 8)],
-    ids=["m1-K256", "m1-K2048-split", "m5-K1024", "m3-K96-ragged"],
-)
-def test_launch_knobs_keep_the_bits(m, Kd, N, knobs, device, monkeypatch):
-    """The lane loop's launch knobs (x quantized in the weight tile's layout, the next
-    weight chunk in flight, programmatic dependent launch) give production's bits; alone
-    and with a bf16 weight in the same launch; K not a multiple of the chunk (96)."""
-    gen = _gen("knobs", m, Kd)
-    x, w, s = _inputs(gen, m, N, Kd)
-    wb = torch.randn(24, Kd, generator=gen).to(BF)
-
-    def run():
-        outs = tuple(torch.full((m, n), float("nan"), dtype=BF, device=device) for n in (N, 24))
-        G.gemv(x.to(device), (w.to(device), wb.to(device)), outs, (s.to(device), None))
-        return outs
-
-    want = (_run(x, w, s, device), *run())
-    for k, v in knobs.items():
-        monkeypatch.setattr(G, k, v)
-    got = (_run(x, w, s, device), *run())
-    for name, a, b in zip(("fp8 alone", "fp8 fused", "bf16 fused"), got, want):
-        _same_bits(f"{knobs}: {name}", a, b)
-
-
 def test_fused_with_bf16_weights_equals_alone(device):
     """x → two fp8 weights and a bf16 one in one launch: each output's bits as alone."""
     gen = _gen("fused")

@@ -91,10 +91,6 @@ _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
-# Launch knobs of the lane loop (`_lanes`): XB x in the weight tile's layout, PF the next
-# chunk in flight, PDL programmatic dependent launch (weights read before the previous
-# kernel ends; GPU only). Free of the bits.
-_XB, _XB8, _PF, _PDL = False, False, False, False
 
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
@@ -127,16 +123,6 @@ def _launch(m: int) -> tuple[int, int, int]:
     return mb, max(_ACC_ROWS // mb, 1), min(max(_ACC_ROWS8 // mb, 1), BLOCK)
 
 
-def _knobs() -> dict:
-    """The lane loop's launch knobs as kernel arguments (PDL off in the interpreter, which
-    has no grid dependency control)."""
-    pdl = _PDL and not interpreting()
-    knobs = dict(XB=_XB, PF=_PF, PDL=pdl)
-    if pdl:
-        knobs["launch_pdl"] = True
-    return knobs
-
-
 def prepare(device: torch.device | str) -> None:
     """Allocate the arrival counters on `device` (zeros). Done by the first call; call it
     before capturing a CUDA graph whose first GEMV is inside the capture."""
@@ -162,69 +148,30 @@ if HAVE_TRITON:
     def _lanes(
         x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb,
         IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        XB: tl.constexpr, PF: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block) of a bf16 or
-        fp32 weight (module doc, step 1). The launch knobs (free of the bits): XB, x loaded
-        through pointers of the weight tile's shape (stride 0 over its rows), so the loads
-        take the weight loads' layout and the multiply-add needs no layout conversion (a
-        shared-memory round trip with barriers per chunk); PF, the next chunk's loads
-        issued before this chunk's multiply-adds (two chunks in flight per program); PDL,
-        `gdc_wait` (programmatic dependent launch) after the first weight chunk's loads and
-        before the first read of x, so that a launch overlapping the previous kernel's tail
-        reads nothing that kernel writes."""
+        fp32 weight (module doc, step 1)."""
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         offs_j = tl.arange(0, BK)
         t_ok = (offs_t < M)[:, None, None]
         n_ok = (offs_n < N)[None, :, None]
-        # [MB, 1 or BN, BK] token rows and [1, BN, BK] weight rows at chunk offset 0: loaded
-        # as 3-D blocks so that the multiply-add keeps the loads' (coalesced) layout
-        if XB:
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
-        else:
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
+        # [MB, 1, BK] token rows and [1, BN, BK] weight rows at chunk offset 0: loaded as
+        # 3-D blocks so that the multiply-add keeps the loads' (coalesced) layout
+        x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        if PF:
+        for _ in range(IPS):
             if EVEN_K:
-                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0)
+                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
             else:
-                wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            if EVEN_K:
-                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0)
-            else:
-                xv = tl.load(x_rows + k0, mask=t_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0)
-            for i in range(IPS):
-                k1 = k0 + BK
-                more = i + 1 < IPS
-                if EVEN_K:
-                    xn = tl.load(x_rows + k1, mask=t_ok & more, other=0.0)
-                    wn = tl.load(w_rows + k1, mask=n_ok & more, other=0.0)
-                else:
-                    k_ok = ((k1 + offs_j) < K)[None, None, :] & more
-                    xn = tl.load(x_rows + k1, mask=t_ok & k_ok, other=0.0)
-                    wn = tl.load(w_rows + k1, mask=n_ok & k_ok, other=0.0)
-                acc = tl.fma(wv.to(tl.float32), xv.to(tl.float32), acc)
-                wv = wn
-                xv = xn
-                k0 = k1
-        else:
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            for _ in range(IPS):
-                if EVEN_K:
-                    xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
-                    wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
-                else:
-                    k_ok = ((k0 + offs_j) < K)[None, None, :]
-                    xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
-                    wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
-                acc = tl.fma(wv, xv, acc)
-                k0 += BK
+                k_ok = ((k0 + offs_j) < K)[None, None, :]
+                xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
+            acc = tl.fma(wv, xv, acc)
+            k0 += BK
         return acc
 
     @triton.jit
@@ -271,10 +218,10 @@ if HAVE_TRITON:
     def _gemv_tile(
         x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
         SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
-        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, XB: tl.constexpr, PF: tl.constexpr, PDL: tl.constexpr,
+        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr,
     ):  # fmt: skip
         """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-4)."""
-        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K, XB, PF, PDL)
+        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
         _finish(acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK)
 
     @triton.jit
@@ -307,13 +254,7 @@ if HAVE_TRITON:
         LOG2_BK8: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
-        XB: tl.constexpr,  # launch knobs (`_lanes`, `gemv_fp8.fp8_lanes`), free of the bits
-        XB8: tl.constexpr,
-        PF: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -327,7 +268,7 @@ if HAVE_TRITON:
                 if ws[i].dtype.element_ty == tl.float8e4nv:
                     acc = fp8_lanes(
                         x_ptr, stride_xm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, XB=XB8, PF=PF, PDL=PDL,
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -337,13 +278,13 @@ if HAVE_TRITON:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K, XB=XB, PF=PF, PDL=PDL,
+                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K,
                     )  # fmt: skip
                 else:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K, XB=XB, PF=PF, PDL=PDL,
+                        BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K,
                     )  # fmt: skip
 
     @triton.jit
@@ -369,12 +310,7 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
-        XB: tl.constexpr,
-        PF: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -384,7 +320,7 @@ if HAVE_TRITON:
             o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
             part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
             local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
-            BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K, XB=XB, PF=PF, PDL=PDL,
+            BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
         )  # fmt: skip
 
 
@@ -514,7 +450,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None):
         x, x.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
-        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), XB8=_XB8, **_knobs(),
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(),
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs
@@ -555,7 +491,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
     _group_gemv_kernel[(G * tiles * segs * ntb,)](
         o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
-        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, **_knobs(), num_warps=_WARPS, num_stages=_STAGES,
+        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, num_warps=_WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return out
 

@@ -77,45 +77,6 @@ if HAVE_TRITON:
         return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB: tl.constexpr, BK: tl.constexpr,
-                EVEN_K: tl.constexpr, EXACT_CAST: tl.constexpr):  # fmt: skip
-        """`xs` of one chunk (module doc), [MB, 1, BK] fp32: x at column offset k0 quantized
-        per 32 columns, times `sx·sw` of the tile's row of scales."""
-        NBK: tl.constexpr = BK // 32
-        kb0 = k0 // 32
-        if EVEN_K:
-            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
-            sb = tl.load(sw_row + kb0)
-        else:
-            k_ok = ((k0 + offs_j) < K)[None, None, :]
-            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
-            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-        # [MB·NBK, 32] blocks → e4m3 values and their scales (act_quant)
-        v, sx = _quant_block(tl.reshape(xv, (MB * NBK, 32)), EXACT_CAST)
-        ss = tl.reshape(tl.reshape(sx, (MB, NBK)) * _e8m0(sb.to(tl.int32))[None, :], (MB * NBK,))
-        return tl.reshape(v * ss[:, None], (MB, 1, BK))
-
-    @triton.jit
-    def _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, EVEN_K: tl.constexpr, EXACT_CAST: tl.constexpr):  # fmt: skip
-        """`_fp8_xs` computed in the weight tile's shape [MB, BN, BK] (x_rows: pointers of that
-        shape, stride 0 over the rows): the same values for every row, in the weight loads'
-        layout, so nothing is converted through shared memory."""
-        NBK: tl.constexpr = BK // 32
-        kb0 = k0 // 32
-        if EVEN_K:
-            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
-            sb = tl.load(sw_row + kb0)
-        else:
-            k_ok = ((k0 + offs_j) < K)[None, None, :]
-            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
-            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-        # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
-        v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
-        ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
-        return tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
-
-    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm
         stride_xm,
@@ -133,15 +94,17 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
-        XB: tl.constexpr,
-        PF: tl.constexpr,
-        PDL: tl.constexpr,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
-        module doc. BN divides 32, so the tile's rows share one row of scales. Launch knobs
-        (free of the bits, as `gemv._lanes`): PF, the next chunk's weight loads issued
-        before this chunk's multiply-adds; PDL, `gdc_wait` after the first weight chunk's
-        loads and before the first read of x or scales."""
+        module doc. BN divides 32, so the tile's rows share one row of scales.
+
+        x is loaded and quantized in the weight tile's shape [MB, BN, BK] (pointers with
+        stride 0 over the rows): every row gets the same values, in the weight loads'
+        layout, so the multiply-add needs no layout conversion. (Quantizing a [MB, 1, BK]
+        chunk and broadcasting it took a shared-memory round trip with about 13 barriers per
+        chunk in sm_90 SASS; on the H200 this form runs wq_b 20.4 → 16.9 µs, wo_b 26.6 →
+        22.5, x → wq_a + wkv + weights_proj 12.9 → 8.0; BENCHMARKS.md, 2026-12-02.) The
+        compiler keeps one copy per thread of the values its rows share."""
         NBK: tl.constexpr = BK // 32
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
@@ -149,48 +112,31 @@ if HAVE_TRITON:
         offs_b = tl.arange(0, NBK)
         t_ok = (offs_t < M)[:, None, None]
         n_ok = (offs_n < N)[None, :, None]
-        if XB:  # [MB, BN, BK], stride 0 over the rows
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
-        else:  # [MB, 1, BK]
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
-        w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]  # [1, BN, BK]
+        # [MB, BN, BK] token rows (stride 0 over the weight rows) and [1, BN, BK] weight rows
+        x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
+        w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
         nkb = K // 32
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        if PF:
+        for _ in range(IPS):
+            kb0 = k0 // 32
+            # the weight chunk loaded before x: in the other order Triton 3.6 gave x's load a
+            # layout whose quantization was repeated for each row a thread holds (4× the
+            # work; tests/kernels/test_gemv_sass.py checks the compiled form)
             if EVEN_K:
-                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0)
+                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
+                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0)
             else:
-                wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            for i in range(IPS):
-                k1 = k0 + BK
-                more = i + 1 < IPS
-                if EVEN_K:
-                    wn = tl.load(w_rows + k1, mask=n_ok & more, other=0.0)
-                else:
-                    wn = tl.load(w_rows + k1, mask=n_ok & more & ((k1 + offs_j) < K)[None, None, :], other=0.0)
-                if XB:
-                    xs = _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BN, BK, EVEN_K, EXACT_CAST)
-                else:
-                    xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
-                acc = tl.fma(wv.to(tl.float32), xs, acc)
-                wv = wn
-                k0 = k1
-        else:
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            for _ in range(IPS):
-                if EVEN_K:
-                    wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
-                else:
-                    wv = tl.load(w_rows + k0, mask=n_ok & ((k0 + offs_j) < K)[None, None, :], other=0.0).to(tl.float32)
-                if XB:
-                    xs = _fp8_xs_tile(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BN, BK, EVEN_K, EXACT_CAST)
-                else:
-                    xs = _fp8_xs(x_rows, sw_row, k0, t_ok, nkb, offs_j, offs_b, K, MB, BK, EVEN_K, EXACT_CAST)
-                acc = tl.fma(wv, xs, acc)
-                k0 += BK
+                k_ok = ((k0 + offs_j) < K)[None, None, :]
+                wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
+                xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
+            # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
+            v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
+            ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+            xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
+            acc = tl.fma(wv, xs, acc)
+            k0 += BK
         return acc
