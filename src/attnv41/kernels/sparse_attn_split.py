@@ -37,18 +37,20 @@ from __future__ import annotations
 import torch
 
 from . import rope
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
     from ._triton import round_bf16
 
-__all__ = ["sparse_attn_split", "sparse_attn_split_torch"]
+__all__ = ["sparse_attn_split", "sparse_attn_split_torch", "prepare"]
 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
 # warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
 # (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
-_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3)
+_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="blocks")
+_LOCKS = 1 << 16
+_counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
 if HAVE_TRITON:
 
@@ -271,6 +273,170 @@ if HAVE_TRITON:
             tl.store(r_row + col[None, :], round_bf16(re), mask=pm)
             tl.store(r_row + col[None, :] + 1, round_bf16(im), mask=pm)
 
+    @triton.jit
+    def _combine_epilogue(
+        mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h, mask_v,
+        D, lo, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+        ROT: tl.constexpr, HALF: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):  # fmt: skip
+        """The sink, o = bf16(acc / den), its store and (ROT) the inverse RoPE of its tail:
+        `_pv_combine_kernel`'s epilogue (see there), for the block-parallel combine."""
+        sink = tl.load(sink_ptr + offs_h64, mask=mask_h, other=0.0)
+        none = mx == float("-inf")
+        den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
+        o = round_bf16(tl.math.div_rn(acc, den[:, None]))
+        o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_v64[None, :] * stride_od
+        om = mask_h[:, None] & mask_v[None, :]
+        tl.store(o_ptrs, o, mask=om)
+        if ROT:
+            r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
+            tl.store(r_ptrs, o, mask=om & (offs_v64 < D - 2 * HALF)[None, :])
+            tl.debug_barrier()
+            k = tl.arange(0, HALF)
+            col = (D - 2 * HALF + 2 * k).to(tl.int64)
+            mine = (col >= lo) & (col < lo + BLOCK_DV)
+            pm = mask_h[:, None] & mine[None, :]
+            p = tl.load(pos_ptr + t).to(tl.int64)
+            c = tl.load(cos_ptr + p * stride_cos + k)
+            sn = -tl.load(sin_ptr + p * stride_sin + k)
+            o_row = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh
+            a = tl.load(o_row + col[None, :] * stride_od, mask=pm, other=0.0).to(tl.float32)
+            b = tl.load(o_row + (col[None, :] + 1) * stride_od, mask=pm, other=0.0).to(tl.float32)
+            re = a * c[None, :] - b * sn[None, :]
+            im = a * sn[None, :] + b * c[None, :]
+            r_row = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh
+            tl.store(r_row + col[None, :], round_bf16(re), mask=pm)
+            tl.store(r_row + col[None, :] + 1, round_bf16(im), mask=pm)
+
+    @triton.jit
+    def _pv_blocks_kernel(
+        win_ptr,
+        comp_ptr,
+        sel_ptr,
+        s_ptr,  # fp32 [m, KB, H, BLOCK_K]
+        bm_ptr,  # fp32 [m, KB, H]
+        pv_ptr,  # fp32 [m, KB, H, D]: each block's weighted rows
+        lock_ptr,  # int32 [m, head blocks, D slices] arrival counters (zero between calls)
+        sink_ptr,
+        out_ptr,
+        rot_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        H,
+        D,
+        K,
+        offset,
+        n_comp,
+        stride_wn,
+        stride_wd,
+        stride_cn,
+        stride_cd,
+        stride_st,
+        stride_sk,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_rt,
+        stride_rh,
+        stride_cos,
+        stride_sin,
+        ROT: tl.constexpr,
+        HALF: tl.constexpr,
+        BLOCK_HC: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        K_BLOCKS: tl.constexpr,
+        KB_P2: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+    ):
+        """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
+        pv = dot(bf16(exp(s − base)), R) for its slice, base the running max at that block
+        (the max of the block maxima so far: exact, so the fused loop's value bit for bit),
+        stored; the last program of a (token, head block, slice) to arrive runs the fused
+        loop's recurrence over the stored pv (den = den·α + Σp, acc = acc·α + pv) and the
+        epilogue. The blocks' gathers and dots run in parallel instead of in sequence."""
+        t = tl.program_id(0).to(tl.int64)
+        kb = tl.program_id(1)
+        n_dv = tl.cdiv(D, BLOCK_DV)
+        hc = tl.program_id(2) // n_dv
+        dv = tl.program_id(2) % n_dv
+
+        # [BLOCK_HC] heads, [BLOCK_DV] columns of this program's slice, [BLOCK_K] entries
+        offs_h = hc * BLOCK_HC + tl.arange(0, BLOCK_HC)
+        offs_v = dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        mask_v = offs_v < D
+        offs_h64 = offs_h.to(tl.int64)
+        offs_v64 = offs_v.to(tl.int64)
+
+        # base: [BLOCK_HC] the running max at block kb = max of the block maxima 0..kb
+        kbs = tl.arange(0, KB_P2)
+        bms = tl.load(
+            bm_ptr + (t * K_BLOCKS + kbs)[None, :] * H + offs_h64[:, None],
+            mask=mask_h[:, None] & (kbs <= kb)[None, :],
+            other=float("-inf"),
+        )
+        run = tl.max(bms, axis=1)
+        base = tl.where(run == float("-inf"), 0.0, run)
+        row = t * K_BLOCKS + kb
+        # s: [BLOCK_HC, BLOCK_K] this block's logits; rows: [BLOCK_K, BLOCK_DV] bf16, absent → 0
+        s = tl.load(
+            s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=float("-inf")
+        )
+        present, from_win, ok, w_base, c_base = _gather_ptrs(
+            win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk, stride_wn,
+            stride_cn,
+        )  # fmt: skip
+        v_ptrs = tl.where(
+            from_win[:, None],
+            w_base[:, None] + offs_v64[None, :] * stride_wd,
+            c_base[:, None] + offs_v64[None, :] * stride_cd,
+        )
+        rows = tl.load(v_ptrs, mask=ok[:, None] & mask_v[None, :], other=0.0)
+        p_bf16 = round_bf16(tl.exp(s - base[:, None]))
+        if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+            pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p_bf16, rows)
+        # [BLOCK_HC, BLOCK_DV] this block's pv, for the combine
+        pv_blk = pv_ptr + (row * H + offs_h64[:, None]) * D + offs_v64[None, :]
+        tl.store(pv_blk, pv, mask=mask_h[:, None] & mask_v[None, :])
+        tl.debug_barrier()  # every thread's pv stored before the release below
+        lock = lock_ptr + t * tl.num_programs(2) + tl.program_id(2)
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+        if arrived == K_BLOCKS - 1:  # the last block of this slice: the recurrence, in block order
+            mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+            den = tl.zeros([BLOCK_HC], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
+            for b in tl.static_range(K_BLOCKS):
+                rb = t * K_BLOCKS + b
+                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
+                sb = tl.load(
+                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                    mask=mask_h[:, None],
+                    other=float("-inf"),
+                )
+                pvb = tl.load(
+                    pv_ptr + (rb * H + offs_h64[:, None]) * D + offs_v64[None, :],
+                    mask=mask_h[:, None] & mask_v[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                new = tl.maximum(mx, bm)
+                nb = tl.where(new == float("-inf"), 0.0, new)
+                alpha = tl.exp(mx - nb)
+                den = den * alpha + tl.sum(tl.exp(sb - nb[:, None]), axis=1)
+                acc = acc * alpha[:, None] + pvb
+                mx = new
+            _combine_epilogue(
+                mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h,
+                mask_v, D, dv * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+                ROT=ROT, HALF=HALF, BLOCK_DV=BLOCK_DV,
+            )  # fmt: skip
+            tl.atomic_xchg(lock, 0)
+
 
 def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
     """o[t, h] = Σ_j softmax_j(τ·q[t,h]·R_j ∪ sink_h) · R_j as bf16 `[m, H, D]`, split over
@@ -337,6 +503,21 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     else:
         cos, sin, pos, o_rot = rot
         half = cos.shape[1]
+    if cfg["combine"] == "blocks":
+        n_slices = triton.cdiv(H, cfg["comb_h"]) * triton.cdiv(D, bdv)
+        if m * n_slices > _LOCKS:
+            raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
+        locks = _counters.buffer(dev)
+        pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
+        _pv_blocks_kernel[(m, kbs, n_slices)](
+            win, comp, sel, s_buf, bm, pv, locks, sink, out, o_rot, cos, sin, pos,
+            H, D, K, offset, n_comp, *strides, *out.stride(), o_rot.stride(0), o_rot.stride(1),
+            cos.stride(0), sin.stride(0),
+            ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, K_BLOCKS=kbs,
+            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(),
+            num_warps=cfg["warps_b"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
+        )  # fmt: skip
+        return out
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
         win,
         comp,
@@ -372,6 +553,12 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         enable_fp_fusion=False,
     )
     return out
+
+
+def prepare(device: torch.device | str) -> None:
+    """Allocate the block-parallel combine's arrival counters on `device` (zeros). Done by
+    the first call; call it before capturing a CUDA graph whose first call is inside it."""
+    _counters.prepare(device)
 
 
 def _check_rot(rot, q) -> None:

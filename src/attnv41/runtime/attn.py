@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..kernels import fp8_linear, gemv
+from ..kernels import fp8_linear, gemv, sparse_attn_split
 from ..reference.rope import rope_freqs, rope_table
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights, expected_tensors
@@ -156,6 +156,8 @@ class AttnV41:
             fp8_linear.prepare(dev)  # its counters exist before any capture
         if self.ops.mm_many is gemv.mm_many and dev.type == "cuda":
             gemv.prepare(dev)
+        if self.ops.sparse_attn_decode is sparse_attn_split.sparse_attn_split and dev.type == "cuda":
+            sparse_attn_split.prepare(dev)  # the block-parallel combine's counters
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (
             t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
