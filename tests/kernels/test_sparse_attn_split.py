@@ -123,6 +123,8 @@ def test_validation(device, arg, bad, match):
     [
         pytest.param(dict(dk=16, bh=16), id="dk16-bh16"),
         pytest.param(dict(comb_h=32, comb_d=16, stages_b=1), id="combine-32x16"),
+        pytest.param(dict(comb_h=32, comb_d=16, combine="blocks", warps_pv=8), id="blocks-32x16"),
+        pytest.param(dict(combine="loop"), id="loop"),
     ],
 )
 def test_tuning_variants(device, tune):
@@ -131,6 +133,43 @@ def test_tuning_variants(device, tune):
     q, win, comp, sel, sink = _inputs(77, m, H, D, K, 16, 12, 90, device)
     got = sparse_attn_split(q, win, comp, sel, 12, sink, 0.125, **tune)
     _assert_close(f"o ({tune})", got, _reference(q, win, comp, sel, 12, sink, 0.125))
+
+
+@pytest.mark.parametrize("m, H, D, K, Nw, offset, Nc", CASES)
+def test_block_combine_equals_loop_combine(device, m, H, D, K, Nw, offset, Nc):
+    """The two combines (block-parallel and sequential) give the same bytes: Σp as the same
+    tree, the same dot tile; the wrapper may pick either by m. With the rope epilogue."""
+    q, win, comp, sel, sink = _inputs(m * 77 + K, m, H, D, K, Nw, offset, Nc, device)
+    gen = torch.Generator().manual_seed(K)
+    ang = torch.rand(40, 8, generator=gen) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 40, (m,), generator=gen, dtype=torch.int32).to(device)
+    got = {}
+    for combine in ("loop", "blocks"):
+        o_rot = torch.full((m, H, D), float("nan"), dtype=torch.bfloat16, device=device)
+        o = sparse_attn_split(q, win, comp, sel, offset, sink, D**-0.5, rot=(cos, sin, pos, o_rot), combine=combine)
+        got[combine] = (o, o_rot)
+    for i, name in enumerate(("o", "o_rot")):
+        a, b = got["loop"][i], got["blocks"][i]
+        n = int((_bits(a) != _bits(b)).sum())
+        assert n == 0, f"{name}: {n} of {a.numel()} elements differ between the loop and block combines"
+
+
+def test_combine_validation(device):
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    with pytest.raises(ValueError, match=r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop'"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, combine="tree")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")
+@pytest.mark.parametrize("m", [1, 3, 8], ids=["m1", "m3", "m8"])
+def test_block_combine_equals_loop_combine_at_flash_shapes(m):
+    """At the Flash shapes (64 heads × 512, 640 entries) on the GPU: the same bytes."""
+    q, win, comp, sel, sink = _inputs(17 + m, m, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
+    a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, combine="loop")
+    b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, combine="blocks")
+    n = int((_bits(a) != _bits(b)).sum())
+    assert n == 0, f"o: {n} of {a.numel()} elements differ between the loop and block combines"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's bits on the GPU")

@@ -9,24 +9,36 @@ batch 1 on an H200); this one spreads the work over programs and keeps the order
 
 1. `_logits_kernel`, grid (m, blocks, head blocks): per 64-entry block, the logits τ·q·Rᵀ
    (fp32, absent → −inf) and their max per head, stored.
-2. `_pv_combine_kernel`, grid (m, head blocks, D slices): the fused loop over the blocks on
-   the stored logits, for a BLOCK_DV-column slice of the weighted rows: running max =
-   max(running max, block max) (exact: equal to the fused loop's bit for bit), p =
-   exp(s − running max), den = den·α + Σp, acc = acc·α + dot(bf16(p), R), the sink last,
-   o = bf16(acc / den).
+2. The fused loop over the blocks on the stored logits, for a BLOCK_DV-column slice of the
+   weighted rows: running max = max(running max, block max) (exact: equal to the fused
+   loop's bit for bit), p = exp(s − running max), den = den·α + Σp, acc = acc·α +
+   dot(bf16(p), R), the sink last, o = bf16(acc / den). Two kernels compute it:
+   - `_pv_combine_kernel`, grid (m, head blocks, D slices): the loop itself, block by block;
+   - `_pv_blocks_kernel`, grid (m, blocks, head blocks × D slices): each block's
+     dot(bf16(p), R) in its own program (the running max at a block is the max of the block
+     maxima so far, so each program has it without the loop), stored as fp32; the last
+     program of a slice to arrive runs the recurrence over the stored products. The
+     gathers and dots run in parallel instead of in sequence (batch 1: 14.2 µs against
+     17.5 on the H200), at the cost of an [m, blocks, H, D] fp32 workspace (batch 64: 166
+     against 108 µs).
+   Both take Σp as a fixed pairwise tree (`_row_sum`) and the same dot tile, so they give
+   the same bits (checked on the GPU at the Flash shapes): the wrapper takes blocks for
+   m ≤ `_BLOCKS_MAX_M` tokens, the loop above, and a token's bits do not depend on which.
 
 So each block's bf16 probabilities are rounded against the same running max as in the
 reference and the fused kernel; what may differ is fp32 summation order only (the logits'
-dot is taken in D chunks; Σp and the weighted rows in other tile shapes). On the H200 at
-the Flash shapes, an earlier three-kernel form of this order differed from the fused
-kernel in 6e-5 of the output elements, by one bf16 ulp; this form passes the same bound
-(`test_differs_from_fused_only_in_fp32_order`: under 1 % of the elements, within one
-bf16 rounding). Chosen by regime, never by m: every decode step (one token per sequence,
-whatever the number of tokens in a call) runs this kernel; prefill runs the fused one
-(whose single program per token holds a [64, 512] accumulator, efficient at large m). A
-token's programs read only its own row of q and sel, and the tile shapes are constants,
-so its bits do not depend on m or on the other tokens of the call; appending −1 entries
-changes no bit (an all-absent block has α = 1 and adds exact zeros).
+dot is taken in D chunks; Σp as a tree and the weighted rows in other tile shapes). On the
+H200 at the Flash shapes the split differs from the fused kernel in 6e-5 of the output
+elements, by one bf16 ulp (`test_differs_from_fused_only_in_fp32_order`: under 1 % of the
+elements, within one bf16 rounding). Chosen by regime, never by m: every decode step (one
+token per sequence, whatever the number of tokens in a call) runs this kernel; prefill
+runs the fused one (whose single program per token holds a [64, 512] accumulator,
+efficient at large m). A token's programs read only its own row of q and sel, and the tile
+shapes are constants, so its bits do not depend on m or on the other tokens of the call;
+appending −1 entries changes no bit (an all-absent block has α = 1 and adds exact zeros).
+
+The block-parallel combine's arrival counters are one buffer per device (`prepare`), as
+the decode GEMV's: two calls must not run at once on different streams.
 
 Workspace per token: the logits (H·64·4 bytes per block: 16 KiB at 64 heads) and the block
 maxima, allocated per call (from the graph's pool under capture).
@@ -48,7 +60,16 @@ __all__ = ["sparse_attn_split", "sparse_attn_split_torch", "prepare"]
 # The launch configuration (tile shapes, warps): constants, never derived from m.
 # warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
 # (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
-_TUNE = dict(bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="blocks")
+# combine: "blocks" (`_pv_blocks_kernel`, warps_pv) or "loop" (`_pv_combine_kernel`,
+# warps_b), the same bits (the GPU tests check it); "auto" takes blocks for m ≤
+# _BLOCKS_MAX_M tokens. H200, context 32K (BENCHMARKS.md, 2026-12-02): batch 1, blocks
+# 14.2 µs against loop 17.5; batch 64, blocks 166 against loop 108 (its [m, blocks, H, D]
+# fp32 workspace: 84 MB at batch 64).
+_TUNE = dict(
+    bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
+)
+_BLOCKS_MAX_M = 4
+_LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
@@ -66,6 +87,16 @@ if HAVE_TRITON:
         w_base = win_ptr + tl.where(from_win, idx, 0) * stride_wn
         c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
         return present, from_win, from_win | from_comp, w_base, c_base
+
+    @triton.jit
+    def _row_sum(p, R: tl.constexpr, C: tl.constexpr, LOG2_C: tl.constexpr):
+        """[R, C] → [R]: Σ over each row as a fixed pairwise tree (entries 2j, 2j+1 → j,
+        log2(C) levels; each level a sum over an axis of 2, one commutative add). Its bits
+        do not depend on the register layout, so the two combines give the same Σp (a
+        plain `tl.sum` follows the layout, which differs between them)."""
+        for lvl in tl.static_range(LOG2_C):
+            p = tl.sum(tl.reshape(p, (R, C >> (lvl + 1), 2)), axis=2)
+        return tl.reshape(p, (R,))
 
     @triton.jit
     def _logits_kernel(
@@ -177,6 +208,7 @@ if HAVE_TRITON:
         BLOCK_HC: tl.constexpr,
         BLOCK_DV: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        LOG2_K: tl.constexpr,
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
     ):
@@ -231,7 +263,7 @@ if HAVE_TRITON:
             base = tl.where(new == float("-inf"), 0.0, new)
             alpha = tl.exp(mx - base)
             p = tl.exp(s - base[:, None])
-            den = den * alpha + tl.sum(p, axis=1)
+            den = den * alpha + _row_sum(p, BLOCK_HC, BLOCK_K, LOG2_K)
             p_bf16 = round_bf16(p)
             if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
                 pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
@@ -346,6 +378,7 @@ if HAVE_TRITON:
         BLOCK_HC: tl.constexpr,
         BLOCK_DV: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        LOG2_K: tl.constexpr,
         K_BLOCKS: tl.constexpr,
         KB_P2: tl.constexpr,
         DOT_FP32: tl.constexpr,
@@ -427,7 +460,7 @@ if HAVE_TRITON:
                 new = tl.maximum(mx, bm)
                 nb = tl.where(new == float("-inf"), 0.0, new)
                 alpha = tl.exp(mx - nb)
-                den = den * alpha + tl.sum(tl.exp(sb - nb[:, None]), axis=1)
+                den = den * alpha + _row_sum(tl.exp(sb - nb[:, None]), BLOCK_HC, BLOCK_K, LOG2_K)
                 acc = acc * alpha[:, None] + pvb
                 mx = new
             _combine_epilogue(
@@ -503,7 +536,10 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     else:
         cos, sin, pos, o_rot = rot
         half = cos.shape[1]
-    if cfg["combine"] == "blocks":
+    combine = cfg["combine"]
+    if combine not in ("auto", "blocks", "loop"):
+        raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
+    if combine == "blocks" or (combine == "auto" and m <= _BLOCKS_MAX_M):
         n_slices = triton.cdiv(H, cfg["comb_h"]) * triton.cdiv(D, bdv)
         if m * n_slices > _LOCKS:
             raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
@@ -513,9 +549,9 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             win, comp, sel, s_buf, bm, pv, locks, sink, out, o_rot, cos, sin, pos,
             H, D, K, offset, n_comp, *strides, *out.stride(), o_rot.stride(0), o_rot.stride(1),
             cos.stride(0), sin.stride(0),
-            ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, K_BLOCKS=kbs,
+            ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
             KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(),
-            num_warps=cfg["warps_b"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
+            num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
         )  # fmt: skip
         return out
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
@@ -546,6 +582,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         BLOCK_HC=cfg["comb_h"],
         BLOCK_DV=bdv,
         BLOCK_K=BLOCK_K,
+        LOG2_K=_LOG2_K,
         K_BLOCKS=kbs,
         DOT_FP32=interpreting(),
         num_warps=cfg["warps_b"],
