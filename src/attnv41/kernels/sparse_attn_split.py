@@ -89,6 +89,11 @@ if HAVE_TRITON:
         return present, from_win, from_win | from_comp, w_base, c_base
 
     @triton.jit
+    def _opaque(x):
+        """x itself through an inline-asm move: no pattern rewrite can see through it."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+    @triton.jit
     def _row_sum(p, R: tl.constexpr, C: tl.constexpr, LOG2_C: tl.constexpr):
         """[R, C] → [R]: Σ over each row as a fixed pairwise tree (entries 2j, 2j+1 → j,
         log2(C) levels; each level a sum over an axis of 2, one commutative add). Its bits
@@ -268,7 +273,10 @@ if HAVE_TRITON:
             if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
                 pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
             else:
-                pv = tl.dot(p_bf16, rows)
+                # a fresh accumulator, as the block-parallel combine's: Triton folds
+                # `acc·α + dot(p, R)` into dot(p, R, acc·α) (the products summed onto the
+                # running sum, other bits), and an opaque copy of the product blocks that
+                pv = _opaque(tl.dot(p_bf16, rows))
             acc = acc * alpha[:, None] + pv
             mx = new
 
