@@ -280,38 +280,11 @@ if HAVE_TRITON:
             acc = acc * alpha[:, None] + pv
             mx = new
 
-        # sink: [BLOCK_HC] fp32, joins the sum last; no key present → den = 1, acc = 0, o = 0
-        sink = tl.load(sink_ptr + offs_h64, mask=mask_h, other=0.0)
-        none = mx == float("-inf")
-        den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
-        o = round_bf16(tl.math.div_rn(acc, den[:, None]))
-        o_ptrs = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh + offs_v64[None, :] * stride_od
-        om = mask_h[:, None] & mask_v[None, :]
-        tl.store(o_ptrs, o, mask=om)
-        if ROT:
-            # The inverse RoPE of o's last 2·HALF values (`rope.apply_rope(o, inverse=True)`'s
-            # math: pair (a, b) → (a·c + b·s, b·c − a·s) in fp32, products rounded before the
-            # sums), written to rot; the leading values are copied. The pairs are read back
-            # from out after a barrier (this program wrote them), as the rope kernel reads them.
-            r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
-            tl.store(r_ptrs, o, mask=om & (offs_v < D - 2 * HALF)[None, :])
-            tl.debug_barrier()
-            # [HALF] pair k of the tail; [BLOCK_HC, HALF] pairs (a, b) = columns lead+2k, lead+2k+1
-            k = tl.arange(0, HALF)
-            col = (D - 2 * HALF + 2 * k).to(tl.int64)
-            mine = (col >= tl.program_id(2) * BLOCK_DV) & (col < tl.program_id(2) * BLOCK_DV + BLOCK_DV)
-            pm = mask_h[:, None] & mine[None, :]
-            p = tl.load(pos_ptr + t).to(tl.int64)
-            c = tl.load(cos_ptr + p * stride_cos + k)
-            sn = -tl.load(sin_ptr + p * stride_sin + k)
-            o_row = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh
-            a = tl.load(o_row + col[None, :] * stride_od, mask=pm, other=0.0).to(tl.float32)
-            b = tl.load(o_row + (col[None, :] + 1) * stride_od, mask=pm, other=0.0).to(tl.float32)
-            re = a * c[None, :] - b * sn[None, :]
-            im = a * sn[None, :] + b * c[None, :]
-            r_row = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh
-            tl.store(r_row + col[None, :], round_bf16(re), mask=pm)
-            tl.store(r_row + col[None, :] + 1, round_bf16(im), mask=pm)
+        _combine_epilogue(
+            mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h,
+            mask_v, D, tl.program_id(2) * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh,
+            stride_cos, stride_sin, ROT=ROT, HALF=HALF, BLOCK_DV=BLOCK_DV,
+        )  # fmt: skip
 
     @triton.jit
     def _combine_epilogue(
@@ -319,8 +292,14 @@ if HAVE_TRITON:
         D, lo, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
         ROT: tl.constexpr, HALF: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):  # fmt: skip
-        """The sink, o = bf16(acc / den), its store and (ROT) the inverse RoPE of its tail:
-        `_pv_combine_kernel`'s epilogue (see there), for the block-parallel combine."""
+        """Both combines' epilogue for one (token, head block, D slice starting at column
+        lo): the sink joins the sum last (no key present → den = 1, acc = 0, o = 0), o =
+        bf16(acc / den) stored, and with ROT the inverse RoPE of o's last 2·HALF values
+        (`rope.apply_rope(o, inverse=True)`'s math: pair (a, b) → (a·c + b·s, b·c − a·s) in
+        fp32, products rounded before the sums) written to rot, the leading values copied.
+        The pairs are read back from out after a barrier (this program wrote them), as the
+        rope kernel reads them."""
+        # sink: [BLOCK_HC] fp32
         sink = tl.load(sink_ptr + offs_h64, mask=mask_h, other=0.0)
         none = mx == float("-inf")
         den = tl.where(none, 1.0, den + tl.exp(sink - tl.where(none, sink, mx)))
@@ -332,6 +311,7 @@ if HAVE_TRITON:
             r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
             tl.store(r_ptrs, o, mask=om & (offs_v64 < D - 2 * HALF)[None, :])
             tl.debug_barrier()
+            # [HALF] pair k of the tail; [BLOCK_HC, HALF] pairs (a, b) = columns lead+2k, lead+2k+1
             k = tl.arange(0, HALF)
             col = (D - 2 * HALF + 2 * k).to(tl.int64)
             mine = (col >= lo) & (col < lo + BLOCK_DV)
