@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 T0=$(date +%s)
-[ "${DO_QUICK:-1}" = 1 ] && OUT="$OUT/quick" TIER=quick SKIP_SANITIZER=1 BUDGET_S=${QUICK_S:-300} bash scripts/device_run.sh > "$OUT/quick.log" 2>&1
+[ "${DO_QUICK:-1}" = 1 ] && OUT="$OUT/quick" TIER=quick SKIP_SANITIZER=1 BUDGET_S=${QUICK_S:-420} bash scripts/device_run.sh > "$OUT/quick.log" 2>&1
 export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ "${DO_ATTN:-1}" = 1 ] && timeout 90 python3 scripts/attn_tune.py --set blocks --batches ${BATCHES:-1,2,4,8,16,64} --context 32768 > "$OUT/attn_tune.log" 2>&1
 timeout 170 python3 -m attnv41 bench --parts ${PARTS:-decode,kernels,peer,index} --contexts 4096,32768,131072 --no-progress --out "$OUT/bench" > "$OUT/bench.log" 2>&1
