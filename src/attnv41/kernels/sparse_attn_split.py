@@ -62,13 +62,13 @@ __all__ = ["sparse_attn_split", "sparse_attn_split_torch", "prepare"]
 # (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
 # combine: "blocks" (`_pv_blocks_kernel`, warps_pv) or "loop" (`_pv_combine_kernel`,
 # warps_b), the same bits (the GPU tests check it); "auto" takes blocks for m ≤
-# _BLOCKS_MAX_M tokens. H200, context 32K (BENCHMARKS.md, 2026-12-02): batch 1, blocks
-# 14.2 µs against loop 17.5; batch 64, blocks 166 against loop 108 (its [m, blocks, H, D]
-# fp32 workspace: 84 MB at batch 64).
+# _BLOCKS_MAX_M tokens. H200, context 32K, µs (BENCHMARKS.md, 2026-12-02), blocks / loop:
+# batch 1 14.5 / 17.4, 2 17.6 / 17.5, 4 22.1 / 17.4, 8 30.5 / 22.2, 64 166.5 / 112.3 (the
+# block form's [m, blocks, H, D] fp32 workspace: 84 MB at batch 64).
 _TUNE = dict(
     bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
 )
-_BLOCKS_MAX_M = 4
+_BLOCKS_MAX_M = 1
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
