@@ -102,8 +102,9 @@ if HAVE_TRITON:
         stride 0 over the rows): every row gets the same values, in the weight loads'
         layout, so the multiply-add needs no layout conversion. (Quantizing a [MB, 1, BK]
         chunk and broadcasting it took a shared-memory round trip with about 13 barriers per
-        chunk in sm_90 SASS; on the H200 this form runs wq_b 20.4 → 16.9 µs, wo_b 26.6 →
-        22.5, x → wq_a + wkv + weights_proj 12.9 → 8.0; BENCHMARKS.md, 2026-12-02.) The
+        chunk in sm_90 SASS. On the H200 the old form ran wq_b 20.4 µs in a sweep with random
+        per-block scales, 15.5 in `bench` (b); this one 16.9 and 15.6: the same speed where
+        the old form was fast, faster where it was not; BENCHMARKS.md, 2026-12-02.) The
         compiler keeps one copy per thread of the values its rows share."""
         NBK: tl.constexpr = BK // 32
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
