@@ -10,28 +10,14 @@ test fails if a change of code or compiler loses it, so that the speed is measur
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-
-
-def _sass(K: int, N: int, dtype: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.path.abspath(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "attnv41.bench.sass", "--K", str(K), "--N", str(N), "--dtype", dtype]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, f"offline sm_90 compile failed:\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
+from kernels.sass_helpers import compiled
 
 
 @pytest.mark.parametrize("K,N,split", [(1280, 32768, False), (8192, 5120, True)], ids=["wq_b", "wo_b-split"])
 def test_fp8_gemv_quantizes_x_once_per_thread_without_barriers(K, N, split):
-    rep = _sass(K, N, "fp8")
+    rep = compiled("gemv", "--K", str(K), "--N", str(N), "--dtype", "fp8")["_gemv_kernel"]
     ops = rep["ops"]
     packs = ops.get("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C", 0)
     bars = ops.get("BAR.SYNC.DEFER_BLOCKING", 0)

@@ -1,11 +1,18 @@
-"""The decode GEMV compiled for sm_90 without a GPU: registers, shared memory, local memory
-and the SASS instruction counts of one launch, from Triton's bundled `ptxas` and
-`cuobjdump`. For checks and sweeps that cost no device time (`tests/kernels/
-test_gemv_sass.py`, `python -m attnv41.bench.sass`).
+"""The decode kernels compiled for sm_90 without a GPU: registers, shared and local memory,
+SASS opcode counts and the Triton GPU IR of each launch, from Triton's bundled `ptxas` and
+`cuobjdump`. For checks that cost no device time (`tests/kernels/test_gemv_sass.py`,
+`tests/kernels/test_sparse_attn_sass.py`) and for refactors of kernel code: dump the SASS
+of two trees and diff it (identical SASS, identical behaviour on the GPU).
 
-Triton compiles for the active driver's target; here a stand-in driver names the H200's
-(CUDA, sm_90, warp 32) for the duration of one `gemv` call, whose launch is replaced by
-`warmup` (compile only). Needs a process where Triton is not interpreting
+    python -m attnv41.bench.sass gemv --K 1280 --N 32768 --dtype fp8
+    python -m attnv41.bench.sass attn --m 1 --combine auto --dump /tmp/sass-new
+    # the same from another revision's tree, then diff the two folders:
+    git worktree add /tmp/rev REV && PYTHONPATH=/tmp/rev/src python -m attnv41.bench.sass attn --dump /tmp/sass-old
+
+Triton compiles for the active driver's target: inside `compile_only()` a stand-in driver
+names the H200's (CUDA, sm_90, warp 32), every Triton launch compiles instead of running
+(`warmup`) and is recorded, and the kernels' host-side device checks and arrival-counter
+buffers accept CPU tensors. Needs a process where Triton is not interpreting
 (`TRITON_INTERPRET` unset): the tests run it in a subprocess.
 """
 
@@ -18,12 +25,13 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 
 import torch
 
-__all__ = ["gemv_sass"]
+__all__ = ["compile_only", "report", "gemv_launches", "attn_launches"]
 
 
 def _bin(name: str) -> str:
@@ -36,9 +44,19 @@ def _bin(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _sm90_driver():
+def compile_only():
+    """Within: Triton launches compile for sm_90 and are appended to the yielded list as
+    (kernel name, CompiledKernel) instead of running; attnv41's kernel wrappers take CPU
+    tensors (their `require_triton` device check and arrival counters are stood in for)."""
+    import triton.runtime.jit as jit  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.runtime import driver  # noqa: PLC0415
+
+    from .. import kernels  # noqa: PLC0415
+    from ..kernels import _triton  # noqa: PLC0415
+
+    if _triton.interpreting():
+        raise RuntimeError("compile_only: TRITON_INTERPRET is set; compile in a process without it")
 
     class _Sm90:
         def get_current_device(self):
@@ -56,41 +74,67 @@ def _sm90_driver():
         def is_active(self):
             return True
 
+    launches: list = []
+    run = jit.JITFunction.run
+
+    def compile_run(self, *args, grid, warmup, **kwargs):
+        k = run(self, *args, grid=grid, warmup=True, **kwargs)
+        launches.append((self.fn.__name__, k))
+        return k
+
+    import importlib  # noqa: PLC0415
+    import pkgutil  # noqa: PLC0415
+
+    mods = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+    patched = [(m, m.require_triton) for m in mods if hasattr(m, "require_triton")]
+    buffer = _triton.ArrivalCounters.buffer
     saved = driver._active  # None until first use; reset_active() would build the CUDA driver
     driver.set_active(_Sm90())
+    jit.JITFunction.run = compile_run
+    for m, _ in patched:
+        m.require_triton = lambda *a: None
+    _triton.ArrivalCounters.buffer = lambda self, device: torch.zeros(self.size, dtype=torch.int32)
     try:
-        yield
+        yield launches
     finally:
         driver._active = saved
+        jit.JITFunction.run = run
+        for m, f in patched:
+            m.require_triton = f
+        _triton.ArrivalCounters.buffer = buffer
 
 
-def _report(cubin: bytes) -> dict:
+def report(kernel, sass_lines: bool = False) -> dict:
+    """A compiled kernel's `{"regs", "smem", "local", "ops"}` (SASS opcode counts), with
+    `sass` (instructions without addresses, for diffs) when asked; `ttgir` always."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
-            f.write(cubin)
+            f.write(kernel.asm["cubin"])
         usage = subprocess.run([_bin("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True)
         sass = subprocess.run([_bin("cuobjdump"), "--dump-sass", path], capture_output=True, text=True)
     if usage.returncode or sass.returncode:
         raise RuntimeError(f"cuobjdump failed: {usage.stderr}{sass.stderr}")
     res = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", usage.stdout)
     ops: Counter = Counter()
+    lines = []
     for line in sass.stdout.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+((?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)[^;]*);", line)
         if m:
-            ops[m.group(1)] += 1
-    return dict(regs=int(res.group(1)), smem=int(res.group(2)), local=int(res.group(3)), ops=dict(ops))
+            ops[m.group(2)] += 1
+            lines.append(m.group(1).strip())
+    out = dict(regs=int(res.group(1)), smem=int(res.group(2)), local=int(res.group(3)), ops=dict(ops))
+    out["ttgir"] = kernel.asm["ttgir"]
+    if sass_lines:
+        out["sass"] = lines
+    return out
 
 
-def gemv_sass(K: int, Ns: list[int], dtype: str, m: int = 1) -> dict:
-    """Compile the `gemv` launch of x `[m, K]` against weights `[N, K]` for each N in Ns
-    (dtype "bf16", "fp32" or "fp8": e4m3 with e8m0 scales) for sm_90 and return its
-    resource usage and SASS opcode counts (`{"regs", "smem", "local", "ops"}`)."""
-    from ..kernels import _triton as T  # noqa: PLC0415
+def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1) -> list:
+    """The `gemv` launch of x `[m, K]` against weights `[N, K]` for each N in Ns (dtype
+    "bf16", "fp32" or "fp8": e4m3 with e8m0 scales), compiled: [(name, kernel)]."""
     from ..kernels import gemv as G  # noqa: PLC0415
 
-    if T.interpreting():
-        raise RuntimeError("gemv_sass: TRITON_INTERPRET is set; compile in a process without it")
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}[dtype]
     x = torch.zeros(m, K, dtype=torch.bfloat16)
     ws, outs, scales = [], [], []
@@ -103,33 +147,59 @@ def gemv_sass(K: int, Ns: list[int], dtype: str, m: int = 1) -> dict:
             ws.append(torch.zeros(N, K, dtype=dt))
             scales.append(None)
             outs.append(torch.zeros(m, N, dtype=dt))
-    got = {}
-    kernel = G._gemv_kernel
-
-    class _Compile:  # `kernel[grid](...)` → compile only
-        def __getitem__(self, grid):
-            return lambda *a, **kw: got.setdefault("k", kernel.warmup(*a, grid=grid, **kw))
-
-    saved = (G._gemv_kernel, G.require_triton, G._counters.buffer)
-    with _sm90_driver():
-        try:
-            G._gemv_kernel = _Compile()
-            G.require_triton = lambda *a: None
-            G._counters.buffer = lambda dev: torch.zeros(G._LOCKS, dtype=torch.int32)
-            G.gemv(x, tuple(ws), tuple(outs), tuple(scales))
-        finally:
-            G._gemv_kernel, G.require_triton, G._counters.buffer = saved
-    return _report(got["k"].asm["cubin"])
+    with compile_only() as launches:
+        G.gemv(x, tuple(ws), tuple(outs), tuple(scales))
+    return launches
 
 
-def main() -> None:
+def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True) -> list:
+    """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
+    entries: window 128 + top-k 512), m tokens, compiled: [(name, kernel)]."""
+    from ..kernels.sparse_attn_split import sparse_attn_split  # noqa: PLC0415
+
+    H, D, K, W, half = 64, 512, 640, 128, 32
+    bf = torch.bfloat16
+    q, win, comp = torch.zeros(m, H, D, dtype=bf), torch.zeros(W, D, dtype=bf), torch.zeros(4096, D, dtype=bf)
+    sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
+    tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
+    with compile_only() as launches:
+        sparse_attn_split(q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, combine=combine)
+    return launches
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--K", type=int, default=1280)
-    ap.add_argument("--N", type=int, nargs="+", default=[32768])
-    ap.add_argument("--dtype", default="fp8", choices=["bf16", "fp32", "fp8"])
-    ap.add_argument("--m", type=int, default=1)
-    args = ap.parse_args()
-    print(json.dumps(gemv_sass(args.K, args.N, args.dtype, args.m)))
+    sub = ap.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("gemv")
+    g.add_argument("--K", type=int, default=1280)
+    g.add_argument("--N", type=int, nargs="+", default=[32768])
+    g.add_argument("--dtype", default="fp8", choices=["bf16", "fp32", "fp8"])
+    g.add_argument("--m", type=int, default=1)
+    a = sub.add_parser("attn")
+    a.add_argument("--m", type=int, default=1)
+    a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
+    for p in (g, a):
+        p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
+        p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
+    args = ap.parse_args(argv)
+    if args.what == "gemv":
+        launches = gemv_launches(args.K, args.N, args.dtype, args.m)
+    else:
+        launches = attn_launches(args.m, args.combine)
+    out = []
+    for name, k in launches:
+        rep = report(k, sass_lines=bool(args.dump))
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, f"{name}.sass"), "w") as f:
+                f.write("\n".join(rep.pop("sass")) + "\n")
+            with open(os.path.join(args.dump, f"{name}.ttgir"), "w") as f:
+                f.write(rep["ttgir"])
+        if not args.ttgir:
+            rep.pop("ttgir")
+        out.append(dict(name=name, **rep))
+    json.dump(out, sys.stdout)
+    print()
 
 
 if __name__ == "__main__":

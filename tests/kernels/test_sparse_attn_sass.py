@@ -1,0 +1,32 @@
+"""The decode attention's two combines keep the same bits only if both take each block's
+dot(bf16(p), R) in a fresh (zero) accumulator: Triton folds `acc·α + dot(p, R)` into
+`dot(p, R, acc·α)` unless the loop form stops it (`sparse_attn_combine._opaque`). The
+wrapper picks the form by m (`sparse_attn_split._BLOCKS_MAX_M`), so a fold would make a
+token's bits depend on m. Checked in the Triton GPU IR of the sm_90 compile (no GPU
+needed), at the Flash shapes; the GPU tests check the bytes themselves."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kernels.sass_helpers import compiled
+
+
+def _dot_accumulators(ttgir: str) -> list[str]:
+    """The definition of each tt.dot's accumulator operand."""
+    defs = dict(re.findall(r"^\s*(%[\w.]+) = (.*)$", ttgir, re.M))
+    accs = re.findall(r"= tt\.dot %[\w.]+, %[\w.]+, (%[\w.]+)", ttgir)
+    return [defs.get(a, f"{a} (a block argument: a loop-carried accumulator)") for a in accs]
+
+
+@pytest.mark.parametrize("m,kernel", [(1, "_pv_blocks_kernel"), (2, "_pv_combine_kernel")], ids=["blocks", "loop"])
+def test_combine_dots_start_from_zero(m, kernel):
+    ks = compiled("attn", "--m", str(m))
+    assert kernel in ks, f"m = {m}: launched {sorted(ks)}; expected {kernel} (the wrapper's m rule changed?)"
+    accs = _dot_accumulators(ks[kernel]["ttgir"])
+    assert accs, f"{kernel}: no tt.dot in its TTGIR"
+    for a in accs:
+        assert a.startswith("arith.constant dense<0.000000e+00>"), f"{kernel}: a dot accumulates onto {a[:120]}"
+    assert ks[kernel]["local"] == 0, f"{kernel}: {ks[kernel]['local']} bytes of local memory (spills)"
