@@ -157,8 +157,10 @@ def test_block_combine_equals_loop_combine(device, m, H, D, K, Nw, offset, Nc):
 
 def test_combine_validation(device):
     q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match=r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop'"):
-        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, combine="tree")
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, combine="tree")
+    assert torch.isnan(out.float()).all(), "out: written by a call that raised"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")

@@ -174,8 +174,16 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
     cfg = dict(_TUNE)
     cfg.update(tune)
+    combine = cfg["combine"]
+    if combine not in ("auto", "blocks", "loop"):
+        raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
+    blocks = combine == "blocks" or (combine == "auto" and m <= _BLOCKS_MAX_M)
     dev = q.device
     block_d = max(16, triton.next_power_of_2(D))
+    bdv = min(block_d, cfg["comb_d"])
+    n_slices = triton.cdiv(H, cfg["comb_h"]) * triton.cdiv(D, bdv)
+    if blocks and m * n_slices > _LOCKS:  # checked before anything is launched
+        raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
     block_h = min(cfg["bh"], max(16, triton.next_power_of_2(H)))
     n_hb = triton.cdiv(H, block_h)
     kbs = max(1, triton.cdiv(K, BLOCK_K))
@@ -209,20 +217,13 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
-    bdv = min(block_d, cfg["comb_d"])
     if rot is None:
         cos = sin = sink
         pos, o_rot, half = sel, out, 1
     else:
         cos, sin, pos, o_rot = rot
         half = cos.shape[1]
-    combine = cfg["combine"]
-    if combine not in ("auto", "blocks", "loop"):
-        raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
-    if combine == "blocks" or (combine == "auto" and m <= _BLOCKS_MAX_M):
-        n_slices = triton.cdiv(H, cfg["comb_h"]) * triton.cdiv(D, bdv)
-        if m * n_slices > _LOCKS:
-            raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
+    if blocks:
         locks = _counters.buffer(dev)
         pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
         _pv_blocks_kernel[(m, kbs, n_slices)](
