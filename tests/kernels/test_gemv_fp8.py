@@ -22,6 +22,7 @@ import torch
 
 from attnv41.kernels import fp8_linear as F
 from attnv41.kernels import gemv as G
+from attnv41.kernels import qdq
 from attnv41.reference.fp8 import act_quant, e8m0_to_float, fp8_linear
 
 BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -148,6 +149,65 @@ def test_every_weight_code_and_extreme_scales(device):
     assert ((got.cpu().double() - ref.double()).abs() <= _bound(x, w, s, ref)).all()
 
 
+@pytest.mark.parametrize("m,N,Kd", [(1, 40, 1280), (5, 96, 2048)], ids=["m1-one-segment", "m5-split"])
+def test_round_trip_input_gives_the_same_bits(m, N, Kd, device):
+    """`xq = fp8_qdq(x)` made outside (the producer's round trip): the fp8 weights read it
+    instead of quantizing x, with the same bits, fused with a bf16 weight (which reads x)
+    and through the runtime's entry points."""
+    from attnv41.reference.qdq import fp8_qdq
+
+    gen = _gen("xq", m, N, Kd)
+    x, w, s = _inputs(gen, m, N, Kd)
+    wb = torch.randn(24, Kd, generator=gen).to(BF)
+    xq = fp8_qdq(x, 32)
+    base = _run(x, w, s, device)
+    _same_bits("xq vs in-kernel quantization", _run(x, w, s, device, xq=xq.to(device)), base)
+    dv = [t.to(device) for t in (x, xq, w, s, wb)]
+    outs = (torch.full((m, N), float("nan"), dtype=BF, device=device), torch.empty(m, 24, dtype=BF, device=device))
+    G.gemv(dv[0], (dv[2], dv[4]), outs, (dv[3], None), xq=dv[1])
+    _same_bits("fused fp8 weight with xq", outs[0], base)
+    alone = torch.empty(m, 24, dtype=BF, device=device)
+    G.gemv(dv[0], (dv[4],), (alone,))
+    _same_bits("fused bf16 weight (reads x, not xq)", outs[1], alone)
+    out = torch.empty(m, N, dtype=BF, device=device)
+    F.fp8_mm(dv[0], dv[2], dv[3], out, xq=dv[1])
+    _same_bits("fp8_mm with xq", out, base)
+    got = (torch.empty(m, N, dtype=BF),)
+    G.mm_many_exact(x, (w,), got, (s,), xq=xq)
+    _same_bits("mm_many_exact with xq vs the reference", got[0], fp8_linear(x, w, s))
+
+
+BAD_XQ = [
+    ("xq of another shape", "shape", "xq:"),
+    ("xq not bf16", "dtype", "xq:"),
+    ("xq without an fp8 weight", "bf16-only", "no weight is torch.float8_e4m3fn"),
+    ("xq with a strided last dim", "stride", "xq.stride(-1)"),
+]
+
+
+@pytest.mark.parametrize("what,edit,msg", BAD_XQ, ids=[b[0] for b in BAD_XQ])
+def test_bad_round_trip_input_rejected(what, edit, msg, device):
+    x, w, s = (t.to(device) for t in _inputs(_gen("bad-xq"), 2, 32, 256))
+    out = torch.full((2, 32), 7.0, dtype=BF, device=device)
+    weights, scales, xq = (w,), (s,), x.clone()
+    if edit == "shape":
+        xq = x[:1].clone()
+    elif edit == "dtype":
+        xq = x.float()
+    elif edit == "bf16-only":
+        weights, scales = (torch.zeros(32, 256, dtype=BF, device=device),), (None,)
+    elif edit == "stride":
+        xq = torch.zeros(256, 2, dtype=BF, device=device).t()
+    for call in (
+        lambda: G.gemv(x, weights, (out,), scales, xq=xq),
+        lambda: G.gemv_torch(x, weights, (out,), scales, xq=xq),
+        lambda: G.mm_many(x, weights, (out,), scales, xq=xq),
+    ):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            call()
+        assert (out == 7.0).all(), f"{what}: the output was written before the error"
+
+
 BAD = [
     ("scale for a bf16 weight", "bf16-scale", "scales[0]"),
     ("fp8 weight without scale", "no-scale", "scales[0]"),
@@ -206,6 +266,8 @@ def test_flash_shapes_on_cuda(m):
         out = torch.empty_like(first)
         G.gemv(x, (w,), (out,), (s,))
         _same_bits(f"{name} second call", out, first)
+        G.gemv(x, (w,), (out,), (s,), xq=qdq.fp8_qdq(x))
+        _same_bits(f"{name} from the round trip xq", out, first)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             G.gemv(x, (w,), (out,), (s,))

@@ -97,6 +97,46 @@ def test_in_place_and_strided_rows(device):
     assert torch.equal(x[:, :32].cpu(), base[:, :32]), "values outside the view untouched"
 
 
+@pytest.mark.parametrize("width,rows", [(1280, 1), (96, 5), (K._MAX_BLOCK + 928, 2)], ids=["w1280", "w96", "chunked"])
+def test_round_trip_output_is_fp8_qdq_of_the_result(width, rows, device):
+    """`qdq_out` gets `fp8_qdq(out)` bit for bit (the kernel's own bf16 result, quantized per
+    32 values), the result itself unchanged by asking for it; the twin likewise."""
+    from attnv41.kernels import qdq
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"qdq{width}".encode()))
+    x = (torch.randn(rows, width, generator=gen) * 3).to(torch.bfloat16).to(device)
+    weight = torch.randn(width, generator=gen).to(device)
+    plain = K.rms_norm(x, weight, 1e-6)
+    q = torch.full_like(x, float("nan"))
+    out = K.rms_norm(x, weight, 1e-6, qdq_out=q)
+    assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+    want = qdq.fp8_qdq_torch(out.cpu())
+    assert torch.equal(q.cpu().view(torch.int16), want.view(torch.int16))
+    q2 = torch.full_like(x, float("nan")).cpu()
+    out2 = K.rms_norm_torch(x.cpu(), weight.cpu(), 1e-6, qdq_out=q2)
+    assert torch.equal(q2.view(torch.int16), qdq.fp8_qdq_torch(out2).view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        pytest.param(dict(qdq_out=torch.zeros(2, 32, dtype=torch.bfloat16)), r"qdq_out: ", id="shape"),
+        pytest.param(dict(qdq_out=torch.zeros(2, 64)), r"qdq_out: ", id="dtype"),
+        pytest.param("x", r"shares storage with x", id="aliases-x"),
+    ],
+)
+def test_round_trip_output_validation(kw, match, device):
+    x = X.clone().to(device)
+    out = torch.full_like(x, 5.0)
+    kw = dict(qdq_out=x) if kw == "x" else {k: v.to(device) for k, v in kw.items()}
+    for fn in (K.rms_norm, K.rms_norm_torch):
+        with pytest.raises(ValueError, match=match):
+            fn(x, W.to(device), 1e-6, out=out, **kw)
+        assert (out == 5.0).all(), "out written before the error"
+    with pytest.raises(ValueError, match="a multiple of 32"):
+        K.rms_norm(x[:, :40], W[:40].to(device), 1e-6, qdq_out=torch.empty(2, 40, dtype=torch.bfloat16, device=device))
+
+
 def test_torch_fallback(device):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(4, 40, generator=gen).to(torch.bfloat16)

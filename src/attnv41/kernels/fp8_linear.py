@@ -52,9 +52,14 @@ __all__ = ["fp8_mm", "fp8_mm_torch", "DECODE_MAX_M", "prepare", "dequant_bf16"]
 DECODE_MAX_M = gemv.DECODE_MAX_M  # tokens per call served by the decode GEMV
 
 
-def fp8_mm_torch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def fp8_mm_torch(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, xq: torch.Tensor | None = None
+) -> torch.Tensor:
     """`out = bf16(x · Wᵀ)` the released FP8 way: x bf16 `[m, K]`, w float8_e4m3fn `[N, K]`,
-    scale float8_e8m0fnu `[ceil(N/32), K/32]`, out bf16 `[m, N]` (see `reference.fp8.fp8_linear`)."""
+    scale float8_e8m0fnu `[ceil(N/32), K/32]`, out bf16 `[m, N]` (see `reference.fp8.fp8_linear`).
+    `xq` (`fp8_mm`'s) is checked and not read: the reference makes the round trip itself."""
+    _check(x, w, scale, out)
+    gemv._check_xq(x, xq, (w,))
     out.copy_(fp8_linear(x, w, scale))
     return out
 
@@ -100,18 +105,24 @@ def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Ten
     return scale.view(torch.uint8)
 
 
-def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def fp8_mm(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, xq: torch.Tensor | None = None
+) -> torch.Tensor:
     """`out = bf16(x · Wᵀ)` the released FP8 way (module doc), written into `out` and
-    returned. Capturable in a CUDA graph (no host sync) once `prepare(device)` ran."""
+    returned. `xq`: None, or bf16 `qdq.fp8_qdq(x)` made by x's producer (trusted to be that
+    round trip); then neither launch quantizes x itself (same bits). Capturable in a CUDA
+    graph (no host sync) once `prepare(device)` ran."""
     sw = _check(x, w, scale, out)
+    gemv._check_xq(x, xq, (w,))
     require_triton("fp8_mm", x, w, out)
     m, K = x.shape
     if m == 0:
         return out
     if m <= DECODE_MAX_M:
-        gemv.gemv(x, (w,), (out,), (sw,))
+        gemv.gemv(x, (w,), (out,), (sw,), xq)
         return out
-    xq = qdq.fp8_qdq(x, out=torch.empty(m, K, dtype=torch.bfloat16, device=x.device))
+    if xq is None:
+        xq = qdq.fp8_qdq(x, out=torch.empty(m, K, dtype=torch.bfloat16, device=x.device))
     torch.mm(xq, dequant_bf16(w, sw).t(), out=out)
     return out
 

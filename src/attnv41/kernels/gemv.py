@@ -228,6 +228,8 @@ if HAVE_TRITON:
     def _gemv_kernel(
         x_ptr,  # bf16 [M, K]
         stride_xm,
+        xq_ptr,  # bf16 [M, K]: fp8_qdq(x), read by fp8 weights when PREQ (x_ptr otherwise)
+        stride_xqm,
         M,
         K,
         ws,  # tuple: weight i, [N_i, K] bf16, fp32 or float8_e4m3fn
@@ -254,6 +256,7 @@ if HAVE_TRITON:
         LOG2_BK8: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
     ):
         pid = tl.program_id(0)
         tb = pid % ntb
@@ -267,8 +270,8 @@ if HAVE_TRITON:
                 lock = lock_ptr + lock_offs[i]
                 if ws[i].dtype.element_ty == tl.float8e4nv:
                     acc = fp8_lanes(
-                        x_ptr, stride_xm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST,
+                        xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -410,15 +413,35 @@ def _check_gemv(x, weights, outs, scales=None):
     return tuple(weights), tuple(outs), tuple(checked)
 
 
-def gemv(x: torch.Tensor, weights, outs, scales=None):
+def _check_xq(x: torch.Tensor, xq, weights) -> None:
+    """`xq` of `gemv`/`mm_many`: None, or bf16 of x's shape on x's device with a contiguous
+    last dim, given only when some weight is fp8 (ValueError otherwise)."""
+    if xq is None:
+        return
+    if not isinstance(xq, torch.Tensor) or xq.dtype != torch.bfloat16 or xq.shape != x.shape:
+        raise ValueError(f"xq: {_desc(xq)}; allowed: None or torch.bfloat16 {tuple(x.shape)} (the shape of x)")
+    if xq.device != x.device:
+        raise ValueError(f"xq.device = {xq.device}; allowed: {x.device} (the device of x)")
+    if xq.shape[-1] > 1 and xq.stride(-1) != 1:
+        raise ValueError(f"xq.stride(-1) = {xq.stride(-1)}; allowed: 1 (contiguous last dim)")
+    if not any(w.dtype == FP8 for w in weights):
+        raise ValueError("xq: given, but no weight is torch.float8_e4m3fn; allowed: None")
+
+
+def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None):
     """`outs[i] = x · weights[i]ᵀ` for every i in one launch (module doc: shapes, dtypes, the
     summation order); returns `outs` as a tuple. `scales`: None, or one entry per weight,
     the e8m0 scales `[ceil(N/32), K/32]` of a float8_e4m3fn weight (the released FP8 linear,
-    kernels/gemv_fp8.py) and None for the others. Each output's bits equal those of a call
-    with that weight alone, for any m. Bad arguments raise ValueError before anything is
-    written; outputs must not overlap one another or x. Capturable once `prepare(device)`
-    ran. The scale bytes are trusted (checked at load: `weights.py` rejects 0xFF)."""
+    kernels/gemv_fp8.py) and None for the others. `xq`: None, or bf16 `[m, K]` holding
+    `qdq.fp8_qdq(x)`, which the fp8 weights then read instead of quantizing x in every
+    program (same bits; trusted to be that round trip: its producer computes it, e.g.
+    `norm.rms_norm(..., qdq_out=)`); only with an fp8 weight. Each output's bits equal those
+    of a call with that weight alone, for any m. Bad arguments raise ValueError before
+    anything is written; outputs must not overlap one another, x or xq. Capturable once
+    `prepare(device)` ran. The scale bytes are trusted (checked at load: `weights.py`
+    rejects 0xFF)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
+    _check_xq(x, xq, weights)
     require_triton("gemv", x, *weights, *outs)
     m, K = x.shape
     mb, bn, bn8 = _launch(m)
@@ -446,11 +469,12 @@ def gemv(x: torch.Tensor, weights, outs, scales=None):
     bk16, bk32, bk8 = _BK[torch.bfloat16], _BK[torch.float32], _BK[FP8]
     even = all(K % _BK[w.dtype] == 0 for w in weights)
     scs = tuple(w if sc is None else sc for w, sc in zip(weights, scales))  # the kernel reads fp8 weights' only
+    xin = x if xq is None else xq  # what the fp8 weights read
     _gemv_kernel[(starts[-1] * ntb,)](
-        x, x.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
+        x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
-        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(),
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None,
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs
@@ -529,27 +553,31 @@ def mm_auto(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     return linear.mm(x, w, out)
 
 
-def mm_many(x: torch.Tensor, weights, outs, scales=None):
+def mm_many(x: torch.Tensor, weights, outs, scales=None, xq=None):
     """`outs[i] = x · weights[i]ᵀ` (an fp8 weight with `scales[i]`: the released FP8 linear):
     one fused `gemv` launch for a decode-sized call, else per weight `linear.mm`, or
-    `fp8_linear.fp8_mm` for an fp8 weight. Returns `outs` as a tuple."""
+    `fp8_linear.fp8_mm` for an fp8 weight. `xq`: None or `fp8_qdq(x)` for the fp8 weights
+    (as `gemv`). Returns `outs` as a tuple."""
     scales = (None,) * len(weights) if scales is None else scales
     if _decode_fits(x, weights, outs):
-        return gemv(x, weights, outs, scales)
+        return gemv(x, weights, outs, scales, xq)
     from . import fp8_linear  # noqa: PLC0415 (fp8_linear imports this module)
 
+    _check_xq(x, xq, weights)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm(x, w, out)
         else:
-            fp8_linear.fp8_mm(x, w, sc, out)
+            fp8_linear.fp8_mm(x, w, sc, out, xq=xq)
     return tuple(outs)
 
 
-def mm_many_exact(x: torch.Tensor, weights, outs, scales=None):
+def mm_many_exact(x: torch.Tensor, weights, outs, scales=None, xq=None):
     """The CPU runtime's `mm_many`: `linear.mm_exact` per weight (fp64 sums, one rounding),
-    the reference `fp8_linear` for an fp8 weight; any m."""
+    the reference `fp8_linear` for an fp8 weight (from x itself: `xq`, checked as `gemv`
+    does, is only the round trip the reference makes); any m."""
     scales = (None,) * len(weights) if scales is None else scales
+    _check_xq(x, xq, weights)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm_exact(x, w, out)
@@ -569,11 +597,11 @@ def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
 # ---------------------------------------------------------------------------- twins
 
 
-def gemv_exact(x: torch.Tensor, weights, outs, scales=None):
+def gemv_exact(x: torch.Tensor, weights, outs, scales=None, xq=None):
     """The CPU runtime's twin: each output by `linear.mm_exact` (fp64 sums, one rounding),
     an fp8 weight's by the reference `fp8_linear`."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
-    return mm_many_exact(x, weights, outs, scales)
+    return mm_many_exact(x, weights, outs, scales, xq)
 
 
 def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -617,11 +645,13 @@ def _ordered(xf: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> tor
     return torch.cat(rows, dim=1)
 
 
-def gemv_torch(x: torch.Tensor, weights, outs, scales=None):
+def gemv_torch(x: torch.Tensor, weights, outs, scales=None, xq=None):
     """`gemv` in torch, in the kernel's summation order: the kernel's bits for bf16 and fp8
     weights (on the GPU and in the interpreter), and the interpreter's for fp32 weights.
-    For tests and small shapes (it builds [m, 256, K] fp32 products at a time)."""
+    For tests and small shapes (it builds [m, 256, K] fp32 products at a time). `xq` is
+    checked as `gemv` does; the terms come from x (the same values)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
+    _check_xq(x, xq, weights)
     for w, out, sc in zip(weights, outs, scales):
         xf = x.float() if sc is None else ordered_terms(x, sc, w.shape[0])
         out.copy_(_ordered(xf, w, plan(w.shape[0], x.shape[1], w.dtype)))

@@ -78,7 +78,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def fp8_lanes(
-        x_ptr,  # bf16 [M, K], row stride stride_xm
+        x_ptr,  # bf16 [M, K], row stride stride_xm: x, or its round trip `fp8_qdq(x)` (PREQ)
         stride_xm,
         w_ptr,  # e4m3 [N, K] contiguous
         sw_ptr,  # uint8 [ceil(N/32), K/32]
@@ -94,6 +94,7 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        PREQ: tl.constexpr,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
         module doc. BN divides 32, so the tile's rows share one row of scales.
@@ -105,7 +106,12 @@ if HAVE_TRITON:
         chunk in sm_90 SASS. On the H200 the old form ran wq_b 20.4 µs in a sweep with random
         per-block scales, 15.5 in `bench` (b); this one 16.9 and 15.6: the same speed where
         the old form was fast, faster where it was not; BENCHMARKS.md, 2026-12-02.) The
-        compiler keeps one copy per thread of the values its rows share."""
+        compiler keeps one copy per thread of the values its rows share.
+
+        PREQ: x_ptr holds `fp8_qdq(x)` (bf16 `q·sx`, exact), computed once by its producer;
+        the term's factor is then `(q·sx)·sw`, the same fp32 value as `q·(sx·sw)` (both
+        exact), without the per-program quantization (about 40 % of the loop's
+        instructions in sm_90 SASS at the production tile, redone by every row tile)."""
         NBK: tl.constexpr = BK // 32
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
@@ -134,10 +140,13 @@ if HAVE_TRITON:
                 wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
                 xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
                 sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-            # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
-            v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
-            ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
-            xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
+            if PREQ:  # [MB, BN, NBK, 32] the round trip q·sx times the weight block's scale
+                sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
+                xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
+            else:  # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
+                v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
+                ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+                xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
             acc = tl.fma(wv, xs, acc)
             k0 += BK
         return acc

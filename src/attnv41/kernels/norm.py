@@ -12,6 +12,11 @@ from `torch.rsqrt`, so the fp32 value before the final bf16 rounding differs by 
 fp32 ulps and may, near a bf16 rounding boundary, land one bf16 ulp away. Compare with
 a tolerance of one bf16 ulp.
 
+`qdq_out` (optional, bf16 of x's shape, width a multiple of 32): also write the FP8
+round trip of the result, `qdq.fp8_qdq(y)` bit for bit (per 32 values, from the bf16 y
+this call stores), in the same kernel: the input an FP8 linear reads next
+(`gemv.gemv(..., xq=)`), without a launch of its own.
+
 `rms_norm_torch` runs the reference twin with the same signature (the CPU path).
 """
 
@@ -22,14 +27,36 @@ import math
 import torch
 
 from ..reference import norm as _ref
+from ..reference import qdq as _ref_qdq
 from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
 
 if HAVE_TRITON:
+    from ._triton import interpreting
+    from .gemv_fp8 import _quant_block
     from .qdq import _bf16_to_f32, _f32_to_bf16_rne
 
 __all__ = ["rms_norm", "rms_norm_torch"]
 
 _MAX_BLOCK = 4096  # widest chunk one program holds; wider rows loop over chunks in two passes
+
+
+def _check_qdq(x: torch.Tensor, out: torch.Tensor, qdq_out) -> None:
+    if qdq_out is None:
+        return
+    if not isinstance(qdq_out, torch.Tensor) or qdq_out.dtype != torch.bfloat16 or qdq_out.shape != x.shape:
+        raise ValueError(
+            f"qdq_out: {getattr(qdq_out, 'dtype', type(qdq_out).__name__)} {tuple(getattr(qdq_out, 'shape', ()))}; "
+            f"allowed: None or torch.bfloat16 {tuple(x.shape)} (the shape of x)"
+        )
+    if qdq_out.device != x.device:
+        raise ValueError(f"qdq_out.device = {qdq_out.device}; allowed: {x.device} (the device of x)")
+    if x.shape[-1] % 32:
+        raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed with qdq_out: a multiple of 32 (fp8 blocks)")
+    if qdq_out.shape[-1] > 1 and qdq_out.stride(-1) != 1:
+        raise ValueError(f"qdq_out.stride(-1) = {qdq_out.stride(-1)}; allowed: 1 (contiguous last dim)")
+    for name, t in (("x", x), ("out", out)):
+        if qdq_out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            raise ValueError(f"qdq_out shares storage with {name}; allowed: a separate tensor")
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None) -> torch.Tensor:
@@ -68,23 +95,39 @@ if HAVE_TRITON:
             return tl.load(ptrs, mask=mask, other=0.0)
 
     @triton.jit
+    def _store_rows(out_row, q_row, cols, cmask, y, QDQ: tl.constexpr, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr):
+        """Store fp32 `y [BLOCK]` rounded to bf16 at out_row + cols and, with QDQ, its fp8
+        round trip per 32 values (`qdq.fp8_qdq` of the stored bf16 values) at q_row + cols."""
+        yb = _f32_to_bf16_rne(y)
+        tl.store(out_row + cols, yb, mask=cmask)
+        if QDQ:
+            # [BLOCK // 32, 32]: masked columns are +0 and never raise a block's amax
+            v, sx = _quant_block(tl.reshape(_bf16_to_f32(yb), (BLOCK // 32, 32)), EXACT_CAST)
+            tl.store(q_row + cols, _f32_to_bf16_rne(tl.reshape(v * sx[:, None], (BLOCK,))), mask=cmask)
+
+    @triton.jit
     def _rms_norm_kernel(
         x_ptr,
         w_ptr,
         out_ptr,
+        q_ptr,  # bf16 round trip of out (QDQ), else any pointer
         width,
         width_f,  # float(width): an int arg equal to 1 would be specialized to a constexpr
         stride_x,
         stride_w,
         stride_out,
+        stride_q,
         eps,
         BLOCK: tl.constexpr,  # power of two, >= width when NUM_CHUNKS == 1
         NUM_CHUNKS: tl.constexpr,  # cdiv(width, BLOCK)
+        QDQ: tl.constexpr,
+        EXACT_CAST: tl.constexpr,
     ):
         # One program per row.
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         out_row = out_ptr + row * stride_out
+        q_row = q_ptr + row * stride_q
         # [BLOCK]
         offs = tl.arange(0, BLOCK)
         if NUM_CHUNKS == 1:
@@ -103,47 +146,71 @@ if HAVE_TRITON:
         r = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))
         if NUM_CHUNKS == 1:
             w = _load_weight(w_ptr + offs * stride_w, mask)
-            tl.store(out_row + offs, _f32_to_bf16_rne(w * (v * r)), mask=mask)
+            _store_rows(out_row, q_row, offs, mask, w * (v * r), QDQ, BLOCK, EXACT_CAST)
         else:
             for c in range(NUM_CHUNKS):
                 cols = c * BLOCK + offs
                 cmask = cols < width
                 v = _bf16_to_f32(tl.load(x_row + cols, mask=cmask, other=0.0))
                 w = _load_weight(w_ptr + cols * stride_w, cmask)
-                tl.store(out_row + cols, _f32_to_bf16_rne(w * (v * r)), mask=cmask)
+                _store_rows(out_row, q_row, cols, cmask, w * (v * r), QDQ, BLOCK, EXACT_CAST)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    qdq_out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`bf16(w ⊙ v / sqrt(mean(v²) + eps))` per row of bf16 `x [rows, width]`, in Triton.
 
     `weight`: fp32 or bf16 `[width]`; `eps`: finite float >= 0; `out`: None or bf16 of
-    x's shape (may be x). Returns `out`. Within one bf16 ulp of the reference.
+    x's shape (may be x). `qdq_out`: None, or bf16 of x's shape (not x or out) that gets
+    `fp8_qdq(out)` (module doc). Returns `out`. Within one bf16 ulp of the reference.
     """
     out = _check(x, weight, eps, out)
+    _check_qdq(x, out, qdq_out)
     require_triton("rms_norm", x, weight, out)
     rows, width = x.shape
     if rows == 0:
         return out
     block = min(triton.next_power_of_2(width), _MAX_BLOCK)
     num_chunks = triton.cdiv(width, block)
+    q = out if qdq_out is None else qdq_out
     _rms_norm_kernel[(rows,)](
         x,
         weight,
         out,
+        q,
         width,
         float(width),
         x.stride(0),
         weight.stride(0),
         out.stride(0),
+        q.stride(0),
         float(eps),
         BLOCK=block,
         NUM_CHUNKS=num_chunks,
+        QDQ=qdq_out is not None,
+        EXACT_CAST=interpreting(),
         num_warps=4 if block <= 1024 else 8,
     )
     return out
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`rms_norm` through the reference twin (any device); same contract, bit-exact with it."""
+def rms_norm_torch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    qdq_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`rms_norm` through the reference twin (any device); same contract, bit-exact with it
+    (`qdq_out` by the reference `fp8_qdq` of the result)."""
     out = _check(x, weight, eps, out)
-    return out.copy_(_ref.rms_norm(x, weight, eps))
+    _check_qdq(x, out, qdq_out)
+    out.copy_(_ref.rms_norm(x, weight, eps))
+    if qdq_out is not None:
+        qdq_out.copy_(_ref_qdq.fp8_qdq(out, 32))
+    return out

@@ -176,6 +176,11 @@ class AttnV41:
         self.o = torch.empty(M, H, D, **bf)
         self.o_rot = torch.empty(M, H, D, **bf)
         self.u = torch.empty(M, c.groups * c.o_rank, **bf)
+        # FP8 round trips of cq and u for decode-sized calls (`_preq`): the FP8 GEMV reads
+        # them instead of quantizing its input in every program (same bits)
+        Mq = min(M, gemv.DECODE_MAX_M)
+        self.c_q = torch.empty(Mq, c.q_rank, **bf)
+        self.u_q = torch.empty(Mq, c.groups * c.o_rank, **bf)
         self.out = torch.empty(M, c.dim, **bf)
         self.sel = torch.empty(M, c.window + c.index_topk, dtype=torch.int32, device=dev)
         self.iq = torch.empty(M, c.index_heads, c.index_head_dim, **bf)
@@ -610,14 +615,24 @@ class AttnV41:
         """The class's fixed selection width (`decode_fixed_topk`)."""
         return self.cfg.window + (self.cfg.index_topk if ratio > 0 else 0)
 
-    def _linear(self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _linear(
+        self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor, xq: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`out = bf16(x · Wᵀ)` for one of the linears `FP8_LINEARS` in its weights' format:
         bf16 → `ops.mm`; FP8 (`<name>.scale` present) → `ops.fp8_mm`, the released math
-        (checked available in `_check_role`)."""
+        (checked available in `_check_role`), reading `xq = fp8_qdq(x)` when given."""
         sc = w.get(name + ".scale")
         if sc is None:
             return self.ops.mm(x, w[name + ".weight"], out=out)
-        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out)
+        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out, xq=xq)
+
+    @staticmethod
+    def _preq(m: int, scales) -> bool:
+        """Whether an input of m tokens read by weights with these `scales` gets its FP8
+        round trip from its producer (`c_q`, `u_q`): a decode-sized call (m ≤
+        gemv.DECODE_MAX_M) with an FP8 weight. The bits are those of the round trip made
+        inside the linear; what changes is who makes it, once."""
+        return m <= gemv.DECODE_MAX_M and any(sc is not None for sc in scales)
 
     def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
@@ -636,7 +651,6 @@ class AttnV41:
             outs.append(self.hw[:m])
             scales.append(None)
         ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
-        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m])
         q = self.q[:m]
         # one pass over cq: wq_b and, on index sources, the index queries (`hw_done` covers both)
         ws, outs, scales = [w["wq_b.weight"]], [q.view(m, H * D)], [w.get("wq_b.scale")]
@@ -644,7 +658,9 @@ class AttnV41:
             ws.append(w["indexer.wq_b.weight"])
             outs.append(self.iq[:m].view(m, -1))
             scales.append(w.get("indexer.wq_b.scale"))
-        ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales))
+        cq_q = self.c_q[:m] if self._preq(m, scales) else None  # cq's FP8 round trip, made by the norm
+        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m], qdq_out=cq_q)
+        ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), xq=cq_q)
         ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
@@ -968,7 +984,9 @@ class AttnV41:
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
-        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out)
+        # u's FP8 round trip once (one small launch), not in each of wo_b's programs
+        uq = ops.fp8_qdq(u, out=self.u_q[:m]) if self._preq(m, [w.get("wo_b.scale")]) else None
+        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out, xq=uq)
 
     def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
         """A prefill's tokens into the compressor: complete groups become rows of the
