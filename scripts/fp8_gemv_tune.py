@@ -2,7 +2,8 @@
 """Sweep of the FP8-weight decode GEMVs at the V4.1-Flash shapes (CUDA only; a development
 tool, not part of `attnv41 bench`).
 
-For m = 1 (and the production rows at m = 16): each FP8 projection alone through
+For m = 1 (and the production rows at m = 16): each FP8 projection alone (and, at m = 1,
+reading the input's round trip `xq` made outside: alone, and after one `fp8_qdq` launch) through
 `fp8_linear.fp8_mm` (the lane-sum launch of `gemv`, kernels/gemv_fp8.py), its knobs one at
 a time (rows per program, warps, stages; BK changes the bits), and the fused x → wq_a +
 wkv (+ the bf16 indexer.weights_proj) launch against the separate calls. (The per-block
@@ -28,6 +29,7 @@ import torch
 from attnv41.bench.common import Timer
 from attnv41.kernels import fp8_linear as F
 from attnv41.kernels import gemv as G
+from attnv41.kernels import qdq
 from attnv41.reference.fp8 import fp8_linear
 
 BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -41,6 +43,10 @@ SHAPES = {
 PROD = dict(acc8=G._ACC_ROWS8, warps=G._WARPS8, stages=G._STAGES, bk8=G._BK[FP8])
 SWEEP = [dict(acc8=32), dict(warps=1), dict(warps=4), dict(acc8=8), dict(acc8=32, warps=4), dict(acc8=8, warps=1),
          dict(stages=1), dict(stages=4), dict(bk8=128), dict(bk8=512)]  # fmt: skip
+# the input's round trip made outside (`xq=`): read as it is ("xq"), or made by one fp8_qdq
+# launch in the same graph ("qdq+xq"), with launch knobs (same bits)
+PREQ_SWEEP = [dict(acc8=32), dict(warps=4), dict(acc8=32, warps=4), dict(acc8=8), dict(warps=1), dict(acc8=32, warps=8)]
+KINDS = os.environ.get("KINDS", "lanes,xq,qdq+xq").split(",")
 BUDGET_S = float(os.environ.get("BUDGET_S", "150"))
 L2_PASS = 128 << 20
 
@@ -118,20 +124,31 @@ def main(dev: torch.device) -> None:
             ws = [fp8_weight(N, K) for _ in range(n)]
             outs = [torch.empty(m, N, dtype=BF, device=dev) for _ in range(n)]
             base = dict(name=name, m=m, bytes=nbytes, copies=n)
+            xqs = [qdq.fp8_qdq(x) for x in xs]
             prod_out = None
-            for kind, cfg in [("lanes", {})] + [("lanes", c) for c in sweep]:
+            runs = [("lanes", {})] + [("lanes", c) for c in sweep if "lanes" in KINDS]
+            if m == 1:
+                runs += [(k, {}) for k in ("xq", "qdq+xq") if k in KINDS]
+                runs += [("xq", c) for c in PREQ_SWEEP if "xq" in KINDS]
+            for kind, cfg in runs:
                 if cfg and time.time() - t0 > BUDGET_S:
                     continue
                 with config(cfg):
 
                     def call(i):
+                        if kind == "xq":
+                            return F.fp8_mm(xs[i], ws[i][0], ws[i][1], outs[i], xq=xqs[i])
+                        if kind == "qdq+xq":
+                            return F.fp8_mm(xs[i], ws[i][0], ws[i][1], outs[i], xq=qdq.fp8_qdq(xs[i], out=xqs[i]))
                         return F.fp8_mm(xs[i], ws[i][0], ws[i][1], outs[i])
 
                     def check():
                         nonlocal prod_out
                         first = call(0).clone()
                         det = torch.equal(first.view(torch.int16), call(0).view(torch.int16))
-                        if kind == "lanes" and not cfg:
+                        if kind in ("xq", "qdq+xq") and "bk8" not in cfg and prod_out is not None:
+                            bad = int((first.view(torch.int16) != prod_out.view(torch.int16)).sum())
+                        elif kind == "lanes" and not cfg:
                             twin = torch.empty_like(first)
                             G.gemv_torch(xs[0], (ws[0][0],), (twin,), (ws[0][1],))
                             prod_out = first
@@ -177,6 +194,21 @@ def main(dev: torch.device) -> None:
 
                 record({**base, "kind": "lanes", "cfg": "one launch"},
                        [lambda i=i: G.gemv(xs[i], ws[i], outs[i], scs[i]) for i in range(n)], fused_check)  # fmt: skip
+                if m == 1:
+                    xqs = [qdq.fp8_qdq(x) for x in xs]
+
+                    def xq_check():
+                        G.gemv(xs[0], ws[0], outs[0], scs[0])
+                        first = [o.clone() for o in outs[0]]
+                        G.gemv(xs[0], ws[0], outs[0], scs[0], xq=xqs[0])
+                        bad = sum(
+                            int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(first, outs[0])
+                        )
+                        return bad, True
+
+                    record({**base, "kind": "qdq+xq", "cfg": "one launch"},
+                           [lambda i=i: G.gemv(xs[i], ws[i], outs[i], scs[i], xq=qdq.fp8_qdq(xs[i], out=xqs[i]))
+                            for i in range(n)], xq_check)  # fmt: skip
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "fp8_gemv_tune.json"), "w") as f:

@@ -130,9 +130,10 @@ def report(kernel, sass_lines: bool = False) -> dict:
     return out
 
 
-def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1) -> list:
+def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = False) -> list:
     """The `gemv` launch of x `[m, K]` against weights `[N, K]` for each N in Ns (dtype
-    "bf16", "fp32" or "fp8": e4m3 with e8m0 scales), compiled: [(name, kernel)]."""
+    "bf16", "fp32" or "fp8": e4m3 with e8m0 scales; `xq`: fp8 weights read the input's
+    round trip made outside), compiled: [(name, kernel)]."""
     from ..kernels import gemv as G  # noqa: PLC0415
 
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}[dtype]
@@ -148,7 +149,7 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1) -> list:
             scales.append(None)
             outs.append(torch.zeros(m, N, dtype=dt))
     with compile_only() as launches:
-        G.gemv(x, tuple(ws), tuple(outs), tuple(scales))
+        G.gemv(x, tuple(ws), tuple(outs), tuple(scales), xq=torch.zeros_like(x) if xq else None)
     return launches
 
 
@@ -175,6 +176,7 @@ def main(argv=None) -> None:
     g.add_argument("--N", type=int, nargs="+", default=[32768])
     g.add_argument("--dtype", default="fp8", choices=["bf16", "fp32", "fp8"])
     g.add_argument("--m", type=int, default=1)
+    g.add_argument("--xq", action="store_true", help="fp8 weights read the input's round trip (gemv's xq=)")
     a = sub.add_parser("attn")
     a.add_argument("--m", type=int, default=1)
     a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
@@ -183,7 +185,7 @@ def main(argv=None) -> None:
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
     args = ap.parse_args(argv)
     if args.what == "gemv":
-        launches = gemv_launches(args.K, args.N, args.dtype, args.m)
+        launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     else:
         launches = attn_launches(args.m, args.combine)
     out = []
