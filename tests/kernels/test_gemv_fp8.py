@@ -100,26 +100,6 @@ def test_rows_independent_of_m_and_launch_shape(Kd, device, monkeypatch):
         _same_bits(f"BN8 = {acc8}, {warps} warps", _run(x[:1], w, s, device), full[:1])
 
 
-@pytest.mark.parametrize("Kd", [1280, 2048], ids=["IPS5", "IPS8"])
-def test_unrolled_loads_give_the_same_bits(Kd, device, monkeypatch):
-    """Two chunks' loads together (UNROLL 2, with the odd tail) and the next chunk's loads
-    ahead (UNROLL 3), from x and from its round trip xq: the bits of the plain loop. One
-    segment per row tile (a target of 1 program), so each program runs the whole K loop."""
-    from attnv41.reference.qdq import fp8_qdq
-
-    monkeypatch.setattr(G, "_TARGET_PROGRAMS", 1)
-    x, w, s = _inputs(_gen("unroll", Kd), 2, 48, Kd)
-    assert G.plan(48, Kd, FP8)[1] == 1
-    base = _run(x, w, s, device)
-    twin = torch.empty(2, 48, dtype=BF)
-    G.gemv_torch(x, (w,), (twin,), (s,))
-    _same_bits("plain loop vs gemv_torch", base, twin)
-    for unroll in (2, 3):
-        monkeypatch.setattr(G, "_UNROLL8", unroll)
-        _same_bits(f"UNROLL {unroll}", _run(x, w, s, device), base)
-        _same_bits(f"UNROLL {unroll} from xq", _run(x, w, s, device, xq=fp8_qdq(x, 32).to(device)), base)
-
-
 def test_fused_with_bf16_weights_equals_alone(device):
     """x → two fp8 weights and a bf16 one in one launch: each output's bits as alone."""
     gen = _gen("fused")

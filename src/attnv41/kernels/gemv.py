@@ -88,7 +88,6 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
 _ACC_ROWS = 16
 _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
-_UNROLL8 = 1  # fp8 weights: chunks whose loads are issued together (1 or 2; same bits)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
@@ -258,7 +257,6 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
-        UNROLL8: tl.constexpr,
     ):
         pid = tl.program_id(0)
         tb = pid % ntb
@@ -274,7 +272,6 @@ if HAVE_TRITON:
                     acc = fp8_lanes(
                         xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
                         BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
-                        UNROLL=UNROLL8,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -477,7 +474,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None):
         x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
-        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, UNROLL8=_UNROLL8,
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None,
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs

@@ -77,42 +77,6 @@ if HAVE_TRITON:
         return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp8_load(w_rows, x_rows, sw_row, k0, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K: tl.constexpr):
-        """One chunk at column k0: the weight bytes [1, BN, BK] (as stored), x [MB, BN, BK]
-        (bf16) and the weight's block scales [NBK] (uint8). The weight chunk is loaded
-        before x: in the other order Triton 3.6 gave x's load a layout whose quantization
-        was repeated for each row a thread holds (4× the work;
-        tests/kernels/test_gemv_sass.py checks the compiled form)."""
-        kb0 = k0 // 32
-        if EVEN_K:
-            wv = tl.load(w_rows + k0, mask=n_ok, other=0.0)
-            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0)
-            sb = tl.load(sw_row + kb0)
-        else:
-            k_ok = ((k0 + offs_j) < K)[None, None, :]
-            wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0)
-            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0)
-            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-        return wv, xv, sb
-
-    @triton.jit
-    def _fp8_fma(
-        acc, wv, xv, sb, MB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NBK: tl.constexpr,
-        EXACT_CAST: tl.constexpr, PREQ: tl.constexpr,
-    ):  # fmt: skip
-        """acc + w·xs for one chunk (step 1 of the module doc), xs from x (or its round trip)."""
-        wv = wv.to(tl.float32)
-        xv = xv.to(tl.float32)
-        if PREQ:  # [MB, BN, NBK, 32] the round trip q·sx times the weight block's scale
-            sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
-            xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
-        else:  # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
-            v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
-            ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
-            xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
-        return tl.fma(wv, xs, acc)
-
-    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm: x, or its round trip `fp8_qdq(x)` (PREQ)
         stride_xm,
@@ -131,7 +95,6 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,
-        UNROLL: tl.constexpr = 1,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
         module doc. BN divides 32, so the tile's rows share one row of scales.
@@ -163,28 +126,27 @@ if HAVE_TRITON:
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        # UNROLL = 2: two chunks' loads issued before their multiply-adds; UNROLL = 3: the
-        # next chunk's loads issued before this chunk's multiply-adds (the last iteration
-        # reloads its own chunk, a cache hit). The chunks still enter each lane chain in
-        # order: the same bits.
-        if UNROLL == 3:
-            wv, xv, sb = _fp8_load(w_rows, x_rows, sw_row, k0, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K)
-            for i in range(IPS):
-                k1 = tl.where(i + 1 < IPS, k0 + BK, k0)
-                wn, xn, sn = _fp8_load(w_rows, x_rows, sw_row, k1, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K)
-                acc = _fp8_fma(acc, wv, xv, sb, MB, BN, BK, NBK, EXACT_CAST, PREQ)
-                wv, xv, sb = wn, xn, sn
-                k0 = k1
-            return acc
-        for _ in range(IPS // UNROLL):
-            wv, xv, sb = _fp8_load(w_rows, x_rows, sw_row, k0, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K)
-            if UNROLL == 2:
-                wv1, xv1, sb1 = _fp8_load(w_rows, x_rows, sw_row, k0 + BK, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K)
-            acc = _fp8_fma(acc, wv, xv, sb, MB, BN, BK, NBK, EXACT_CAST, PREQ)
-            if UNROLL == 2:
-                acc = _fp8_fma(acc, wv1, xv1, sb1, MB, BN, BK, NBK, EXACT_CAST, PREQ)
-            k0 += UNROLL * BK
-        if IPS % UNROLL:
-            wv, xv, sb = _fp8_load(w_rows, x_rows, sw_row, k0, n_ok, t_ok, offs_j, offs_b, K, nkb, EVEN_K)
-            acc = _fp8_fma(acc, wv, xv, sb, MB, BN, BK, NBK, EXACT_CAST, PREQ)
+        for _ in range(IPS):
+            kb0 = k0 // 32
+            # the weight chunk loaded before x: in the other order Triton 3.6 gave x's load a
+            # layout whose quantization was repeated for each row a thread holds (4× the
+            # work; tests/kernels/test_gemv_sass.py checks the compiled form)
+            if EVEN_K:
+                wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
+                xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0)
+            else:
+                k_ok = ((k0 + offs_j) < K)[None, None, :]
+                wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
+                xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
+            if PREQ:  # [MB, BN, NBK, 32] the round trip q·sx times the weight block's scale
+                sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
+                xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
+            else:  # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)
+                v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
+                ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+                xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
+            acc = tl.fma(wv, xs, acc)
+            k0 += BK
         return acc
