@@ -224,3 +224,44 @@ def test_rot_validation(device):
         sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=[cos, cos, pos, q])
     with pytest.raises(ValueError, match=r"pos.shape"):
         sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=(cos, cos, pos[:1], torch.empty_like(q)))
+
+
+@pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16)], ids=str)
+def test_forward_rope_of_q_is_the_rope_op(device, m, H, D, half):
+    """`qrot=(cos, sin, pos)`: the same bits as rotating q with the rope op first (the Triton
+    op on CUDA/the interpreter, and its torch twin for the twin), with both combines; q is
+    not written."""
+    from attnv41.kernels.rope import apply_rope, apply_rope_torch
+
+    q, win, comp, sel, sink = _inputs(57 + D, m, H, D, 130, 16, 12, 60, device)
+    gen = torch.Generator().manual_seed(5)
+    ang = torch.rand(50, half, generator=gen) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 50, (m,), generator=gen, dtype=torch.int32).to(device)
+    q_before = q.clone()
+    q_rot = apply_rope(q, cos, sin, pos)
+    for combine in ("blocks", "loop"):
+        want = sparse_attn_split(q_rot, win, comp, sel, 12, sink, 0.1, combine=combine)
+        got = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1, qrot=(cos, sin, pos), combine=combine)
+        assert torch.equal(_bits(got), _bits(want)), f"{combine}: qrot differs from apply_rope(q) first"
+    assert torch.equal(_bits(q), _bits(q_before)), "q was written"
+    twin = sparse_attn_split_torch(q.cpu(), win.cpu(), comp.cpu(), sel.cpu(), 12, sink.cpu(), 0.1,
+                                   qrot=(cos.cpu(), sin.cpu(), pos.cpu()))  # fmt: skip
+    q_rot_t = apply_rope_torch(q.cpu(), cos.cpu(), sin.cpu(), pos.cpu())
+    assert torch.equal(_bits(twin), _bits(sparse_attn_split_torch(q_rot_t, win.cpu(), comp.cpu(), sel.cpu(), 12,
+                                                                  sink.cpu(), 0.1)))  # fmt: skip
+
+
+def test_qrot_validation(device):
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    cos = torch.ones(8, 4, device=device)
+    pos = torch.zeros(2, dtype=torch.int32, device=device)
+    out = torch.full_like(q, 3.0)
+    for fn in (sparse_attn_split, sparse_attn_split_torch):
+        with pytest.raises(ValueError, match=r"qrot = list; allowed: None or a tuple"):
+            fn(q, win, comp, sel, 4, sink, 0.1, out=out, qrot=[cos, cos, pos])
+        with pytest.raises(ValueError, match=r"pos.shape"):
+            fn(q, win, comp, sel, 4, sink, 0.1, out=out, qrot=(cos, cos, pos[:1]))
+        with pytest.raises(ValueError, match=r"qrot cos.shape\[1\] = 3"):
+            fn(q, win, comp, sel, 4, sink, 0.1, out=out, qrot=(cos[:, :3], cos[:, :3], pos))
+    assert (out == 3.0).all(), "out written before an error"
