@@ -155,8 +155,7 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = Fals
 
 def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True) -> list:
     """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
-    entries: window 128 + top-k 512), m tokens, with the runtime's RoPE of q and inverse
-    RoPE of o when `rot`, compiled: [(name, kernel)]."""
+    entries: window 128 + top-k 512), m tokens, compiled: [(name, kernel)]."""
     from ..kernels.sparse_attn_split import sparse_attn_split  # noqa: PLC0415
 
     H, D, K, W, half = 64, 512, 640, 128, 32
@@ -165,10 +164,7 @@ def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True) -> list:
     sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
     tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
     with compile_only() as launches:
-        sparse_attn_split(
-            q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, qrot=tables[:3] if rot else None,
-            combine=combine,
-        )  # fmt: skip
+        sparse_attn_split(q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, combine=combine)
     return launches
 
 

@@ -54,7 +54,6 @@ from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton,
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
     from .sparse_attn_combine import _gather_ptrs, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_split_torch", "prepare"]
@@ -76,29 +75,6 @@ _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def _rope_q(q_c, q_row, cols64, stride_qd, mask_h, cm, cos_ptr, sin_ptr, pos_ptr, t, stride_cos, stride_sin,
-                D, HALF: tl.constexpr):  # fmt: skip
-        """q's chunk `[BLOCK_H, DK]` (bf16) with its columns in the rope tail (the last 2·HALF
-        of D) rotated by position pos[t]: pairs (2k, 2k+1) of the tail as `rope._rope_kernel`
-        computes them (re = a·c − b·s, im = a·s + b·c in fp32, no FMA contraction: this
-        kernel is compiled without it), rounded to bf16. The pair's other value is loaded
-        again (an L1 hit) so that no value moves between threads."""
-        lead = D - 2 * HALF
-        tail = (cols64 >= lead) & cm  # [DK]
-        k = tl.where(tail, (cols64 - lead) // 2, 0)
-        even = ((cols64 - lead) % 2) == 0
-        p = tl.load(pos_ptr + t).to(tl.int64)
-        c = tl.load(cos_ptr + p * stride_cos + k, mask=tail, other=0.0)[None, :]
-        s = tl.load(sin_ptr + p * stride_sin + k, mask=tail, other=0.0)[None, :]
-        partner = tl.where(even, cols64 + 1, cols64 - 1)
-        q_p = tl.load(q_row + partner[None, :] * stride_qd, mask=mask_h[:, None] & tail[None, :], other=0.0)
-        qf, pf = q_c.to(tl.float32), q_p.to(tl.float32)
-        a = tl.where(even[None, :], qf, pf)
-        b = tl.where(even[None, :], pf, qf)
-        v = tl.where(even[None, :], a * c - b * s, a * s + b * c)
-        return tl.where(tail[None, :], round_bf16(v), q_c)
 
     @triton.jit
     def _logits_kernel(
@@ -123,18 +99,11 @@ if HAVE_TRITON:
         stride_cd,
         stride_st,
         stride_sk,
-        cos_ptr,  # fp32 [max_seq, HALF] (QROT), else any pointer
-        sin_ptr,
-        pos_ptr,  # int [m] positions (QROT)
-        stride_cos,
-        stride_sin,
         BLOCK_H: tl.constexpr,
         D_CHUNKS: tl.constexpr,
         DK: tl.constexpr,
         BLOCK_K: tl.constexpr,
         DOT_FP32: tl.constexpr,
-        QROT: tl.constexpr,  # q's last 2·HALF values rotated here (`rope.apply_rope`, bit for bit)
-        HALF: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
@@ -158,11 +127,11 @@ if HAVE_TRITON:
             cols = c * DK + offs_c
             cm = cols < D
             cols64 = cols.to(tl.int64)
-            q_row = q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh
-            q_c = tl.load(q_row + cols64[None, :] * stride_qd, mask=mask_h[:, None] & cm[None, :], other=0.0)
-            if QROT:
-                q_c = _rope_q(q_c, q_row, cols64, stride_qd, mask_h, cm, cos_ptr, sin_ptr, pos_ptr, t,
-                              stride_cos, stride_sin, D, HALF)  # fmt: skip
+            q_c = tl.load(
+                q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols64[None, :] * stride_qd,
+                mask=mask_h[:, None] & cm[None, :],
+                other=0.0,
+            )
             r_ptrs = tl.where(
                 from_win[:, None],
                 w_base[:, None] + cols64[None, :] * stride_wd,
@@ -182,21 +151,17 @@ if HAVE_TRITON:
         tl.store(bm_ptr + row * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
 
 
-def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, qrot=None, **tune) -> torch.Tensor:
+def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
     """o[t, h] = Σ_j softmax_j(τ·q[t,h]·R_j ∪ sink_h) · R_j as bf16 `[m, H, D]`, split over
     the selection's 64-entry blocks (the decode regime); contract as
     `sparse_attn.sparse_attn`, order in this module's docstring.
 
     rot: None, or `(cos, sin, pos, o_rot)`: also write `rope.apply_rope(o, cos, sin, pos,
     inverse=True)` into o_rot (bf16 `[m, H, D]`, last dim contiguous), bit for bit, in the
-    kernel's epilogue (the layer's output projection reads o_rot). qrot: None, or `(cos,
-    sin, pos)`: q is taken as `rope.apply_rope(q, cos, sin, pos)` (bit for bit; q itself is
-    not written), rotated where the first kernel loads it: the layer's q RoPE without a
-    launch of its own. `tune` is for the tuning script only (tile shapes and warps; the
-    order stays the reference's)."""
+    kernel's epilogue (the layer's output projection reads o_rot). `tune` is for the tuning
+    script only (tile shapes and warps; the order stays the reference's)."""
     _validate(q, win, comp, sel, offset, sink, scale, out)
     _check_rot(rot, q)
-    _check_qrot(qrot, q)
     require_triton("sparse_attn_split", q, win, sel, sink)
     m, H, D = q.shape
     K = sel.shape[1]
@@ -226,7 +191,6 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"])
     strides = (*win.stride(), *comp.stride(), *sel.stride())
-    qcos, qsin, qpos = (sink, sink, sel) if qrot is None else qrot
     _logits_kernel[(m, kbs, n_hb)](
         q,
         win,
@@ -242,18 +206,11 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         float(scale),
         *q.stride(),
         *strides,
-        qcos,
-        qsin,
-        qpos,
-        qcos.stride(0),
-        qsin.stride(0),
         BLOCK_H=block_h,
         D_CHUNKS=triton.cdiv(D, dk),
         DK=dk,
         BLOCK_K=BLOCK_K,
         DOT_FP32=interpreting(),
-        QROT=qrot is not None,
-        HALF=1 if qrot is None else qcos.shape[1],
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
@@ -345,28 +302,10 @@ def _check_rot(rot, q) -> None:
         raise ValueError(f"rot cos.shape[1] = {half}; allowed: a power of two")
 
 
-def _check_qrot(qrot, q) -> None:
-    """`qrot` is None or (cos, sin, pos) fitting q, its tables' half width a power of two
-    (ValueError naming the field)."""
-    if qrot is None:
-        return
-    if not isinstance(qrot, tuple) or len(qrot) != 3:
-        raise ValueError(f"qrot = {type(qrot).__name__}; allowed: None or a tuple (cos, sin, pos)")
-    cos, sin, pos = qrot
-    rope._check(q, cos, sin, pos, None)  # the rope op's own checks (tables, positions)
-    half = cos.shape[1]
-    if half & (half - 1):
-        raise ValueError(f"qrot cos.shape[1] = {half}; allowed: a power of two")
-
-
-def sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale, out=None, rot=None, qrot=None) -> torch.Tensor:
-    """The twin on any device: with `qrot`, q rotated first (`rope.apply_rope_torch`, into a
-    temporary); the reference order itself (`sparse_attn.sparse_attn_torch`); then, with
-    `rot`, `rope.apply_rope_torch(o, cos, sin, pos, inverse=True, out=o_rot)`."""
+def sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
+    """The twin on any device: the reference order itself (`sparse_attn.sparse_attn_torch`),
+    then, with `rot`, `rope.apply_rope_torch(o, cos, sin, pos, inverse=True, out=o_rot)`."""
     _check_rot(rot, q)
-    _check_qrot(qrot, q)
-    if qrot is not None:
-        q = rope.apply_rope_torch(q, *qrot, out=torch.empty_like(q))
     o = sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=out)
     if rot is not None:
         cos, sin, pos, o_rot = rot

@@ -176,9 +176,11 @@ class AttnV41:
         self.o = torch.empty(M, H, D, **bf)
         self.o_rot = torch.empty(M, H, D, **bf)
         self.u = torch.empty(M, c.groups * c.o_rank, **bf)
-        # cq's FP8 round trip for decode-sized calls (`_preq`), made by q_norm's kernel: the
-        # FP8 GEMV reads it instead of quantizing cq in every program (same bits)
-        self.c_q = torch.empty(min(M, gemv.DECODE_MAX_M), c.q_rank, **bf)
+        # FP8 round trips of cq and u for decode-sized calls (`_preq`): the FP8 GEMV reads
+        # them instead of quantizing its input in every program (same bits)
+        Mq = min(M, gemv.DECODE_MAX_M)
+        self.c_q = torch.empty(Mq, c.q_rank, **bf)
+        self.u_q = torch.empty(Mq, c.groups * c.o_rank, **bf)
         self.out = torch.empty(M, c.dim, **bf)
         self.sel = torch.empty(M, c.window + c.index_topk, dtype=torch.int32, device=dev)
         self.iq = torch.empty(M, c.index_heads, c.index_head_dim, **bf)
@@ -577,10 +579,6 @@ class AttnV41:
         self.plan.set_pos(p)
         rows = shared.compress_kv if r > 0 else None
         out = self._decode_kernels(w, st, x, rows, keys, self.plan.bucket(p))
-        # the step leaves q unrotated (its attention rotates q as it loads it): rotated here
-        # for the record, after the attention read it
-        cos, sin = self._tables(r)
-        self.ops.apply_rope(self.q[:1], cos, sin, self.plan.pos, out=self.q[:1])
         st.next_pos = p + 1
         self._advance(shared, role.layer, p, 1)
         self._ticket = None  # a decode_prep before this call can no longer be run
@@ -617,26 +615,27 @@ class AttnV41:
         """The class's fixed selection width (`decode_fixed_topk`)."""
         return self.cfg.window + (self.cfg.index_topk if ratio > 0 else 0)
 
-    def _linear(self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _linear(
+        self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor, xq: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`out = bf16(x · Wᵀ)` for one of the linears `FP8_LINEARS` in its weights' format:
         bf16 → `ops.mm`; FP8 (`<name>.scale` present) → `ops.fp8_mm`, the released math
-        (checked available in `_check_role`)."""
+        (checked available in `_check_role`), reading `xq = fp8_qdq(x)` when given."""
         sc = w.get(name + ".scale")
         if sc is None:
             return self.ops.mm(x, w[name + ".weight"], out=out)
-        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out)
+        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out, xq=xq)
 
     @staticmethod
     def _preq(m: int, scales) -> bool:
         """Whether an input of m tokens read by weights with these `scales` gets its FP8
-        round trip from its producer (`c_q`): a decode-sized call (m ≤
+        round trip from its producer (`c_q`, `u_q`): a decode-sized call (m ≤
         gemv.DECODE_MAX_M) with an FP8 weight. The bits are those of the round trip made
         inside the linear; what changes is who makes it, once."""
         return m <= gemv.DECODE_MAX_M and any(sc is not None for sc in scales)
 
-    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor, rope_q: bool = True):
-        """§4 for m tokens at `pos`: the q latent `cq`, the queries `q` (rotated; with
-        `rope_q=False` not yet: the decode attention rotates them where it loads them), the
+    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor):
+        """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring), written into ring[pos % W], and whether the indexer's
         head weights and queries were projected into `hw` and `iq` on the way (index
@@ -662,8 +661,7 @@ class AttnV41:
         cq_q = self.c_q[:m] if self._preq(m, scales) else None  # cq's FP8 round trip, made by the norm
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m], qdq_out=cq_q)
         ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), xq=cq_q)
-        if rope_q:
-            ops.apply_rope(q, cos, sin, pos, out=q)
+        ops.apply_rope(q, cos, sin, pos, out=q)
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
         ops.kv_chain(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite)
@@ -888,7 +886,7 @@ class AttnV41:
         r, W = role.ratio, c.window
         pos = plan.pos
         cos, sin = self._tables(r)
-        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring, rope_q=False)
+        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
@@ -920,11 +918,8 @@ class AttnV41:
                     sel[:, W + k :].fill_(-1)
         # The decode regime's attention (split over the selection on CUDA): every decode
         # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
-        # q's RoPE where the attention loads q, the inverse RoPE of o in its epilogue
-        rot, qrot = (cos, sin, pos, self.o_rot[:1]), (cos, sin, pos)
-        o = ops.sparse_attn_decode(
-            q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot, qrot=qrot
-        )
+        rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue
+        o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot)
         return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
@@ -989,10 +984,9 @@ class AttnV41:
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
-        # u's round trip stays inside wo_b's GEMV: one fp8_qdq launch before it measured
-        # slower than the programs' own quantization (23.1 against 22.5 µs, BENCHMARKS.md
-        # 2026-12-02, second entry)
-        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out)
+        # u's FP8 round trip once (one small launch), not in each of wo_b's programs
+        uq = ops.fp8_qdq(u, out=self.u_q[:m]) if self._preq(m, [w.get("wo_b.scale")]) else None
+        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out, xq=uq)
 
     def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
         """A prefill's tokens into the compressor: complete groups become rows of the
