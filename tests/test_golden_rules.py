@@ -12,9 +12,18 @@ import torch
 
 from attnv41.golden import GoldenFile, reference_impl, replay, runtime_impl
 from attnv41.kernels import linear
+from attnv41.kernels.rope import apply_rope_torch
 from attnv41.runtime.ops import TORCH_OPS
 from attnv41.runtime.stack import RuntimeStack
 from helpers import golden_path, random_inputs, random_weights, small_cfg
+
+
+def _rope_out(outs, rope) -> None:
+    """The `rope=` part of an `Ops.mm_many` (output i rotated in place after the products)."""
+    if rope is not None:
+        i, D, cos, sin, pos = rope
+        o = outs[i].view(outs[i].shape[0], -1, D)
+        apply_rope_torch(o, cos, sin, pos, out=o)
 
 
 def _jittered_impl(frac: float, shapes: set[tuple[int, int]]):
@@ -29,9 +38,11 @@ def _jittered_impl(frac: float, shapes: set[tuple[int, int]]):
             bits[flip] += step[flip]
         return out
 
-    def mm_many(x, weights, outs, scales=None):  # the runtime's fused passes (x, cq), through the same jitter
+    def mm_many(x, weights, outs, scales=None, xq=None, rope=None):  # the runtime's fused passes (x, cq), jittered
         assert scales is None or all(sc is None for sc in scales), "bf16 golden weights only"
-        return tuple(mm(x, w, o) for w, o in zip(weights, outs))
+        res = tuple(mm(x, w, o) for w, o in zip(weights, outs))
+        _rope_out(outs, rope)
+        return res
 
     ops = dataclasses.replace(TORCH_OPS, name="jittered", mm=mm, mm_many=mm_many)
     return lambda cfg, w, ik, dev: RuntimeStack(cfg, w, device=dev, index_keys=ik, ops=ops)
@@ -64,9 +75,11 @@ def test_wrong_head_weight_scale_still_fails():
             out.mul_(4)
         return out
 
-    def mm_many(x, weights, outs, scales=None):  # the fused pass over x (wq_a, wkv, weights_proj) takes the same bug
+    def mm_many(x, weights, outs, scales=None, xq=None, rope=None):  # the fused pass over x takes the same bug
         assert scales is None or all(sc is None for sc in scales), "bf16 golden weights only"
-        return tuple(mm(x, w, o) for w, o in zip(weights, outs))
+        res = tuple(mm(x, w, o) for w, o in zip(weights, outs))
+        _rope_out(outs, rope)
+        return res
 
     ops = dataclasses.replace(TORCH_OPS, name="broken", mm=mm, mm_many=mm_many)
     rep = replay(g, "released", lambda cfg, w, ik, dev: RuntimeStack(cfg, w, device=dev, index_keys=ik, ops=ops))

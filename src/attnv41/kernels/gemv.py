@@ -21,6 +21,12 @@ plan(N, K, d)`; K is cut into SEGS segments of IPS = ceil(K/BK)/SEGS chunks of B
      levels); lane 0 holds the sum.
   3. the total: seg_0 + seg_1 + … + seg_{SEGS−1}, left to right.
   4. `round_bf16` (nearest even) for bf16 outputs; fp32 outputs as they are.
+  5. (`rope=`, one bf16 output) the values in each head's RoPE tail rotated as
+     `rope.apply_rope` rotates them: pairs (2k, 2k+1) of the tail, re = a·c − b·s and
+     im = a·s + b·c in fp32 without FMA contraction (the launch is compiled without it;
+     the lane chains' `tl.fma` are explicit), each rounded to bf16. A row tile holds
+     whole pairs (BN even, tiles start at even rows). The runtime's q RoPE: no launch of
+     its own.
 Nothing of that depends on m, on the other tokens, on the other weights of the launch, on
 the launch's tile shape (BN rows × MB tokens per program, warps, stages) or on the SM
 count: every step is elementwise or a fixed tree written out (`tl.sum` only over axes of
@@ -49,6 +55,7 @@ import torch
 
 from ..reference.fp8 import BLOCK, fp8_linear
 from . import linear
+from . import rope as _rope
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
 from .gemv_fp8 import ordered_terms
 
@@ -175,6 +182,34 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
+    def _store(out, total, ok, toks, offs_n, rope, ROPE: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr):
+        """Store the [MB, BN] fp32 sums (bf16 outputs rounded); with ROPE, the values in each
+        head's rope tail then rotated as `rope.apply_rope` does (module doc, step 5)."""
+        if out.dtype.element_ty == tl.bfloat16:
+            y = round_bf16(total)
+            if ROPE:
+                cos_ptr, sin_ptr, pos_ptr, stride_cos, stride_sin, D, HALF = rope
+                lead = D - 2 * HALF
+                # [MB, BN/2] pairs (rows 2i, 2i+1 of the tile; the tile starts at an even row)
+                a, b = tl.split(tl.reshape(y.to(tl.float32), (MB, BN // 2, 2)))
+                n_even, n_odd = tl.split(tl.reshape(offs_n, (BN // 2, 2)))
+                j = n_even % D  # the pair's first column in its head
+                tail = j >= lead
+                k = tl.where(tail, (j - lead) // 2, 0)
+                p = tl.load(pos_ptr + toks[1], mask=toks[0], other=0).to(tl.int64)  # [MB] positions (toks: mask, index)
+                m2 = tail[None, :] & toks[0][:, None]
+                c = tl.load(cos_ptr + p[:, None] * stride_cos + k[None, :], mask=m2, other=1.0)
+                s = tl.load(sin_ptr + p[:, None] * stride_sin + k[None, :], mask=m2, other=0.0)
+                re = a * c - b * s
+                im = a * s + b * c
+                rot = tl.reshape(tl.join(round_bf16(re), round_bf16(im)), (MB, BN))
+                keep = tl.reshape(tl.join(tail, tail), (BN,))  # [BN] rows in a rope tail
+                y = tl.where(keep[None, :], rot, y)
+            tl.store(out, y, mask=ok)
+        else:
+            tl.store(out, total, mask=ok)
+
+    @triton.jit
     def _finish(
         acc,  # [MB, BN, BK] lane sums
         out_ptr,  # bf16 or fp32 [M, N], row stride stride_om
@@ -183,8 +218,9 @@ if HAVE_TRITON:
         lock_ptr,  # int32 [tiles, ntb] arrival counters of this weight (segs > 1)
         M, N, tile, seg, tb, ntb,
         SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr,
+        rope=None, ROPE: tl.constexpr = False,
     ):  # fmt: skip
-        """Steps 2-4 of the module doc: the lane tree, the segments in order, the store."""
+        """Steps 2-5 of the module doc: the lane tree, the segments in order, the store."""
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         # [MB, BN] this segment's sums
@@ -203,26 +239,22 @@ if HAVE_TRITON:
                 total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
                 for s in range(1, SEGS):
                     total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
-                if out_ptr.dtype.element_ty == tl.bfloat16:
-                    tl.store(out, round_bf16(total), mask=ok)
-                else:
-                    tl.store(out, total, mask=ok)
+                _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
                 tl.atomic_xchg(lock, 0)
         else:
-            if out_ptr.dtype.element_ty == tl.bfloat16:
-                tl.store(out, round_bf16(total), mask=ok)
-            else:
-                tl.store(out, total, mask=ok)
+            _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
 
     @triton.jit
     def _gemv_tile(
         x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
         SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
-        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr,
+        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
     ):  # fmt: skip
-        """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-4)."""
+        """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-5)."""
         acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
-        _finish(acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK)
+        _finish(
+            acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK, rope, ROPE
+        )
 
     @triton.jit
     def _gemv_kernel(
@@ -242,6 +274,7 @@ if HAVE_TRITON:
         part_offs,  # tuple: first partial of weight i
         part_ptr,  # fp32 workspace
         lock_ptr,  # int32 counters
+        rope,  # tuple (cos, sin, pos, stride_cos, stride_sin, D, HALF) for weight ROPE_I's output (step 5)
         ntb,  # token blocks
         SEGSS: tl.constexpr,  # tuple: SEGS of weight i
         IPSS: tl.constexpr,  # tuple: chunks per segment of weight i
@@ -257,6 +290,7 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
+        ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
     ):
         pid = tl.program_id(0)
         tb = pid % ntb
@@ -275,7 +309,7 @@ if HAVE_TRITON:
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
-                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8,
+                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i,
                     )  # fmt: skip
                 elif ws[i].dtype.element_ty == tl.float32:
                     _gemv_tile(
@@ -287,7 +321,7 @@ if HAVE_TRITON:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K,
+                        BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K, rope=rope, ROPE=ROPE_I == i,
                     )  # fmt: skip
 
     @triton.jit
@@ -428,7 +462,26 @@ def _check_xq(x: torch.Tensor, xq, weights) -> None:
         raise ValueError("xq: given, but no weight is torch.float8_e4m3fn; allowed: None")
 
 
-def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None):
+def _check_rope(x: torch.Tensor, rope, weights, outs):
+    """`rope` of `gemv`/`mm_many`: None or (i, head_dim, cos, sin, pos) fitting weight i's
+    output (ValueError naming the field); returns it with pos checked by the rope op."""
+    if rope is None:
+        return None
+    if not isinstance(rope, tuple) or len(rope) != 5:
+        raise ValueError(f"rope = {type(rope).__name__}; allowed: None or a tuple (i, head_dim, cos, sin, pos)")
+    i, D, cos, sin, pos = rope
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(weights):
+        raise ValueError(f"rope i = {i!r}; allowed: 0..{len(weights) - 1} (a weight index)")
+    if outs[i].dtype != torch.bfloat16:
+        raise ValueError(f"rope i = {i}: outs[{i}].dtype = {outs[i].dtype}; allowed: a bf16 output")
+    N = weights[i].shape[0]
+    if isinstance(D, bool) or not isinstance(D, int) or D < 2 or D % 2 or N % D:
+        raise ValueError(f"rope head_dim = {D!r}; allowed: an even int >= 2 dividing N = {N} (weights[{i}])")
+    _rope.check(outs[i].view(outs[i].shape[0], N // D, D), cos, sin, pos, None)
+    return rope
+
+
+def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """`outs[i] = x · weights[i]ᵀ` for every i in one launch (module doc: shapes, dtypes, the
     summation order); returns `outs` as a tuple. `scales`: None, or one entry per weight,
     the e8m0 scales `[ceil(N/32), K/32]` of a float8_e4m3fn weight (the released FP8 linear,
@@ -437,11 +490,14 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None):
     program (same bits; trusted to be that round trip: its producer computes it, e.g.
     `norm.rms_norm(..., qdq_out=)`); only with an fp8 weight. Each output's bits equal those
     of a call with that weight alone, for any m. Bad arguments raise ValueError before
-    anything is written; outputs must not overlap one another, x or xq. Capturable once
-    `prepare(device)` ran. The scale bytes are trusted (checked at load: `weights.py`
-    rejects 0xFF)."""
+    anything is written; outputs must not overlap one another, x or xq. `rope`: None, or
+    `(i, head_dim, cos, sin, pos)`: output i, viewed as heads of `head_dim` values, is
+    stored rotated as `rope.apply_rope(out_i, cos, sin, pos)` would rotate it (step 5 of
+    the module doc, bit for bit). Capturable once `prepare(device)` ran. The scale bytes are
+    trusted (checked at load: `weights.py` rejects 0xFF)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
     _check_xq(x, xq, weights)
+    rope = _check_rope(x, rope, weights, outs)
     require_triton("gemv", x, *weights, *outs)
     m, K = x.shape
     mb, bn, bn8 = _launch(m)
@@ -470,11 +526,17 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None):
     even = all(K % _BK[w.dtype] == 0 for w in weights)
     scs = tuple(w if sc is None else sc for w, sc in zip(weights, scales))  # the kernel reads fp8 weights' only
     xin = x if xq is None else xq  # what the fp8 weights read
+    if rope is None:
+        rope_i, rargs = -1, (x, x, x, 0, 0, 2, 1)  # any pointers: nothing reads them
+    else:
+        rope_i, D, cos, sin, pos = rope
+        rargs = (cos, sin, pos, cos.stride(0), sin.stride(0), D, cos.shape[1])
     _gemv_kernel[(starts[-1] * ntb,)](
         x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
-        tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
+        tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
-        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None,
+        BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
+        enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
     )  # fmt: skip
     return outs
@@ -553,36 +615,50 @@ def mm_auto(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     return linear.mm(x, w, out)
 
 
-def mm_many(x: torch.Tensor, weights, outs, scales=None, xq=None):
+def _rope_after(outs, rope, apply) -> None:
+    """Step 5 as a separate op (`apply`: `rope.apply_rope` or its twin), in place."""
+    if rope is not None:
+        i, D, cos, sin, pos = rope
+        o = outs[i].view(outs[i].shape[0], -1, D)
+        apply(o, cos, sin, pos, out=o)
+
+
+def mm_many(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """`outs[i] = x · weights[i]ᵀ` (an fp8 weight with `scales[i]`: the released FP8 linear):
     one fused `gemv` launch for a decode-sized call, else per weight `linear.mm`, or
-    `fp8_linear.fp8_mm` for an fp8 weight. `xq`: None or `fp8_qdq(x)` for the fp8 weights
-    (as `gemv`). Returns `outs` as a tuple."""
+    `fp8_linear.fp8_mm` for an fp8 weight. `xq`: None or `fp8_qdq(x)` for the fp8 weights;
+    `rope`: None or (i, head_dim, cos, sin, pos), output i rotated (as `gemv`; outside the
+    GEMV by `rope.apply_rope`, the same bits). Returns `outs` as a tuple."""
     scales = (None,) * len(weights) if scales is None else scales
     if _decode_fits(x, weights, outs):
-        return gemv(x, weights, outs, scales, xq)
+        return gemv(x, weights, outs, scales, xq, rope)
     from . import fp8_linear  # noqa: PLC0415 (fp8_linear imports this module)
 
     _check_xq(x, xq, weights)
+    rope = _check_rope(x, rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm(x, w, out)
         else:
             fp8_linear.fp8_mm(x, w, sc, out, xq=xq)
+    _rope_after(outs, rope, _rope.apply_rope)
     return tuple(outs)
 
 
-def mm_many_exact(x: torch.Tensor, weights, outs, scales=None, xq=None):
+def mm_many_exact(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """The CPU runtime's `mm_many`: `linear.mm_exact` per weight (fp64 sums, one rounding),
     the reference `fp8_linear` for an fp8 weight (from x itself: `xq`, checked as `gemv`
-    does, is only the round trip the reference makes); any m."""
+    does, is only the round trip the reference makes), then `rope` by the rope op's twin;
+    any m."""
     scales = (None,) * len(weights) if scales is None else scales
     _check_xq(x, xq, weights)
+    rope = _check_rope(x, rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm_exact(x, w, out)
         else:
             out.copy_(fp8_linear(x, w, sc))
+    _rope_after(outs, rope, _rope.apply_rope_torch)
     return tuple(outs)
 
 
@@ -597,11 +673,11 @@ def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
 # ---------------------------------------------------------------------------- twins
 
 
-def gemv_exact(x: torch.Tensor, weights, outs, scales=None, xq=None):
+def gemv_exact(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """The CPU runtime's twin: each output by `linear.mm_exact` (fp64 sums, one rounding),
-    an fp8 weight's by the reference `fp8_linear`."""
+    an fp8 weight's by the reference `fp8_linear`; `rope` by the rope op's twin."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
-    return mm_many_exact(x, weights, outs, scales, xq)
+    return mm_many_exact(x, weights, outs, scales, xq, rope)
 
 
 def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -645,16 +721,19 @@ def _ordered(xf: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> tor
     return torch.cat(rows, dim=1)
 
 
-def gemv_torch(x: torch.Tensor, weights, outs, scales=None, xq=None):
+def gemv_torch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """`gemv` in torch, in the kernel's summation order: the kernel's bits for bf16 and fp8
     weights (on the GPU and in the interpreter), and the interpreter's for fp32 weights.
     For tests and small shapes (it builds [m, 256, K] fp32 products at a time). `xq` is
-    checked as `gemv` does; the terms come from x (the same values)."""
+    checked as `gemv` does; the terms come from x (the same values). `rope` by the rope
+    op's twin (the kernel's step 5 gives its bits)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
     _check_xq(x, xq, weights)
+    rope = _check_rope(x, rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         xf = x.float() if sc is None else ordered_terms(x, sc, w.shape[0])
         out.copy_(_ordered(xf, w, plan(w.shape[0], x.shape[1], w.dtype)))
+    _rope_after(outs, rope, _rope.apply_rope_torch)
     return outs
 
 

@@ -184,3 +184,6 @@ if HAVE_TRITON:
                 w64 = w.to(tl.int64)
                 y = tl.load(x_row[:, None] + w64[None, :], mask=w_ok, other=0.0)
                 tl.store(o_row[:, None] + w64[None, :], y, mask=w_ok)
+
+
+check = _check  # the argument checks, for kernels that apply this rotation in their epilogue (gemv)

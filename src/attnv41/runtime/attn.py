@@ -658,10 +658,13 @@ class AttnV41:
             ws.append(w["indexer.wq_b.weight"])
             outs.append(self.iq[:m].view(m, -1))
             scales.append(w.get("indexer.wq_b.scale"))
-        cq_q = self.c_q[:m] if self._preq(m, scales) else None  # cq's FP8 round trip, made by the norm
-        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m], qdq_out=cq_q)
-        ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), xq=cq_q)
-        ops.apply_rope(q, cos, sin, pos, out=q)
+        # cq's FP8 round trip made by the norm for FP8 weights (the keywords only then: op
+        # tables written for bf16 weights need not take them)
+        pq = dict(qdq_out=self.c_q[:m]) if self._preq(m, scales) else {}
+        cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m], **pq)
+        # q's RoPE as wq_b's output is stored (the decode GEMV's epilogue; else the rope op after)
+        xq = dict(xq=pq["qdq_out"]) if pq else {}
+        ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), rope=(0, D, cos, sin, pos), **xq)
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
         ops.kv_chain(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite)

@@ -19,7 +19,10 @@ __all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
 class Ops:
     name: str
     mm: Callable
-    mm_many: Callable  # several weights reading one input: one launch where the GEMV serves it
+    # several weights reading one input: one launch where the GEMV serves it; `xq=` the
+    # input's FP8 round trip (for FP8 weights), `rope=(i, head_dim, cos, sin, pos)` output i
+    # rotated (in the GEMV's epilogue, else by the rope op after the products)
+    mm_many: Callable
     group_mm: Callable
     rms_norm: Callable
     apply_rope: Callable
