@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ATTNV41_GOLDEN_DIR="$PWD/.golden"
 T0=$(date +%s)
 [ "${DO_SWEEP:-1}" = 1 ] && KINDS=${KINDS:-xq,qdq+xq} BUDGET_S=${SWEEP_S:-100} OUT="$OUT" timeout 150 python3 scripts/fp8_gemv_tune.py > "$OUT/sweep.log" 2>&1
 echo "sweep done $(( $(date +%s) - T0 )) s" >> "$OUT/times.txt"
