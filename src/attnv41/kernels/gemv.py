@@ -190,21 +190,22 @@ if HAVE_TRITON:
             if ROPE:
                 cos_ptr, sin_ptr, pos_ptr, stride_cos, stride_sin, D, HALF = rope
                 lead = D - 2 * HALF
-                # [MB, BN/2] pairs (rows 2i, 2i+1 of the tile; the tile starts at an even row)
-                a, b = tl.split(tl.reshape(y.to(tl.float32), (MB, BN // 2, 2)))
+                # [BN/2] pairs (rows 2i, 2i+1 of the tile; the tile starts at an even row)
                 n_even, n_odd = tl.split(tl.reshape(offs_n, (BN // 2, 2)))
                 j = n_even % D  # the pair's first column in its head
                 tail = j >= lead
-                k = tl.where(tail, (j - lead) // 2, 0)
-                p = tl.load(pos_ptr + toks[1], mask=toks[0], other=0).to(tl.int64)  # [MB] positions (toks: mask, index)
-                m2 = tail[None, :] & toks[0][:, None]
-                c = tl.load(cos_ptr + p[:, None] * stride_cos + k[None, :], mask=m2, other=1.0)
-                s = tl.load(sin_ptr + p[:, None] * stride_sin + k[None, :], mask=m2, other=0.0)
-                re = a * c - b * s
-                im = a * s + b * c
-                rot = tl.reshape(tl.join(round_bf16(re), round_bf16(im)), (MB, BN))
-                keep = tl.reshape(tl.join(tail, tail), (BN,))  # [BN] rows in a rope tail
-                y = tl.where(keep[None, :], rot, y)
+                if tl.max(tail.to(tl.int32), axis=0) > 0:  # only tiles holding rope rows load and rotate
+                    a, b = tl.split(tl.reshape(y.to(tl.float32), (MB, BN // 2, 2)))
+                    k = tl.where(tail, (j - lead) // 2, 0)
+                    p = tl.load(pos_ptr + toks[1], mask=toks[0], other=0).to(tl.int64)  # [MB] (toks: mask, index)
+                    m2 = tail[None, :] & toks[0][:, None]
+                    c = tl.load(cos_ptr + p[:, None] * stride_cos + k[None, :], mask=m2, other=1.0)
+                    s = tl.load(sin_ptr + p[:, None] * stride_sin + k[None, :], mask=m2, other=0.0)
+                    re = a * c - b * s
+                    im = a * s + b * c
+                    rot = tl.reshape(tl.join(round_bf16(re), round_bf16(im)), (MB, BN))
+                    keep = tl.reshape(tl.join(tail, tail), (BN,))  # [BN] rows in a rope tail
+                    y = tl.where(keep[None, :], rot, y)
             tl.store(out, y, mask=ok)
         else:
             tl.store(out, total, mask=ok)
