@@ -191,7 +191,7 @@ if HAVE_TRITON:
                 cos_ptr, sin_ptr, pos_ptr, stride_cos, stride_sin, D, HALF = rope
                 lead = D - 2 * HALF
                 # [BN/2] pairs (rows 2i, 2i+1 of the tile; the tile starts at an even row)
-                n_even, n_odd = tl.split(tl.reshape(offs_n, (BN // 2, 2)))
+                n_even, _ = tl.split(tl.reshape(offs_n, (BN // 2, 2)))
                 j = n_even % D  # the pair's first column in its head
                 tail = j >= lead
                 if tl.max(tail.to(tl.int32), axis=0) > 0:  # only tiles holding rope rows load and rotate
@@ -463,7 +463,7 @@ def _check_xq(x: torch.Tensor, xq, weights) -> None:
         raise ValueError("xq: given, but no weight is torch.float8_e4m3fn; allowed: None")
 
 
-def _check_rope(x: torch.Tensor, rope, weights, outs):
+def _check_rope(rope, weights, outs):
     """`rope` of `gemv`/`mm_many`: None or (i, head_dim, cos, sin, pos) fitting weight i's
     output (ValueError naming the field); returns it with pos checked by the rope op."""
     if rope is None:
@@ -498,7 +498,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     trusted (checked at load: `weights.py` rejects 0xFF)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
     _check_xq(x, xq, weights)
-    rope = _check_rope(x, rope, weights, outs)
+    rope = _check_rope(rope, weights, outs)
     require_triton("gemv", x, *weights, *outs)
     m, K = x.shape
     mb, bn, bn8 = _launch(m)
@@ -526,6 +526,8 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     bk16, bk32, bk8 = _BK[torch.bfloat16], _BK[torch.float32], _BK[FP8]
     even = all(K % _BK[w.dtype] == 0 for w in weights)
     scs = tuple(w if sc is None else sc for w, sc in zip(weights, scales))  # the kernel reads fp8 weights' only
+    if rope is not None and (bn % 2 or bn8 % 2):  # step 5 rotates pairs inside one row tile
+        raise ValueError(f"rope with row tiles of {bn} / {bn8} rows; allowed: even tiles (the launch shape)")
     xin = x if xq is None else xq  # what the fp8 weights read
     if rope is None:
         rope_i, rargs = -1, (x, x, x, 0, 0, 2, 1)  # any pointers: nothing reads them
@@ -636,7 +638,7 @@ def mm_many(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     from . import fp8_linear  # noqa: PLC0415 (fp8_linear imports this module)
 
     _check_xq(x, xq, weights)
-    rope = _check_rope(x, rope, weights, outs)
+    rope = _check_rope(rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm(x, w, out)
@@ -653,7 +655,7 @@ def mm_many_exact(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     any m."""
     scales = (None,) * len(weights) if scales is None else scales
     _check_xq(x, xq, weights)
-    rope = _check_rope(x, rope, weights, outs)
+    rope = _check_rope(rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         if sc is None:
             linear.mm_exact(x, w, out)
@@ -730,7 +732,7 @@ def gemv_torch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     op's twin (the kernel's step 5 gives its bits)."""
     weights, outs, scales = _check_gemv(x, weights, outs, scales)
     _check_xq(x, xq, weights)
-    rope = _check_rope(x, rope, weights, outs)
+    rope = _check_rope(rope, weights, outs)
     for w, out, sc in zip(weights, outs, scales):
         xf = x.float() if sc is None else ordered_terms(x, sc, w.shape[0])
         out.copy_(_ordered(xf, w, plan(w.shape[0], x.shape[1], w.dtype)))

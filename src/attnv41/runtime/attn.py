@@ -176,11 +176,9 @@ class AttnV41:
         self.o = torch.empty(M, H, D, **bf)
         self.o_rot = torch.empty(M, H, D, **bf)
         self.u = torch.empty(M, c.groups * c.o_rank, **bf)
-        # FP8 round trips of cq and u for decode-sized calls (`_preq`): the FP8 GEMV reads
-        # them instead of quantizing its input in every program (same bits)
-        Mq = min(M, gemv.DECODE_MAX_M)
-        self.c_q = torch.empty(Mq, c.q_rank, **bf)
-        self.u_q = torch.empty(Mq, c.groups * c.o_rank, **bf)
+        # cq's FP8 round trip for decode-sized calls (`_preq`), made by q_norm's kernel: the
+        # FP8 GEMV reads it instead of quantizing cq in every program (same bits)
+        self.c_q = torch.empty(min(M, gemv.DECODE_MAX_M), c.q_rank, **bf)
         self.out = torch.empty(M, c.dim, **bf)
         self.sel = torch.empty(M, c.window + c.index_topk, dtype=torch.int32, device=dev)
         self.iq = torch.empty(M, c.index_heads, c.index_head_dim, **bf)
@@ -615,21 +613,19 @@ class AttnV41:
         """The class's fixed selection width (`decode_fixed_topk`)."""
         return self.cfg.window + (self.cfg.index_topk if ratio > 0 else 0)
 
-    def _linear(
-        self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor, xq: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def _linear(self, w: AttnV41LayerWeights, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """`out = bf16(x · Wᵀ)` for one of the linears `FP8_LINEARS` in its weights' format:
         bf16 → `ops.mm`; FP8 (`<name>.scale` present) → `ops.fp8_mm`, the released math
-        (checked available in `_check_role`), reading `xq = fp8_qdq(x)` when given."""
+        (checked available in `_check_role`)."""
         sc = w.get(name + ".scale")
         if sc is None:
             return self.ops.mm(x, w[name + ".weight"], out=out)
-        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out, xq=xq)
+        return self.ops.fp8_mm(x, w[name + ".weight"], sc, out=out)
 
     @staticmethod
     def _preq(m: int, scales) -> bool:
         """Whether an input of m tokens read by weights with these `scales` gets its FP8
-        round trip from its producer (`c_q`, `u_q`): a decode-sized call (m ≤
+        round trip from its producer (`c_q`): a decode-sized call (m ≤
         gemv.DECODE_MAX_M) with an FP8 weight. The bits are those of the round trip made
         inside the linear; what changes is who makes it, once."""
         return m <= gemv.DECODE_MAX_M and any(sc is not None for sc in scales)
@@ -987,9 +983,10 @@ class AttnV41:
         G, gw = c.groups, c.group_width
         u = self.u[:m]
         ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
-        # u's FP8 round trip once (one small launch), not in each of wo_b's programs
-        uq = ops.fp8_qdq(u, out=self.u_q[:m]) if self._preq(m, [w.get("wo_b.scale")]) else None
-        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out, xq=uq)
+        # u's round trip stays inside wo_b's GEMV: an fp8_qdq launch before it measured slower
+        # than the programs' own quantization (23.1 against 22.7 µs; BENCHMARKS.md, 2026-12-02,
+        # second entry)
+        return self._linear(w, "wo_b", u, self.out[:m] if out is None else out)
 
     def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
         """A prefill's tokens into the compressor: complete groups become rows of the
