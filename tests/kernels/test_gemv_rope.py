@@ -134,3 +134,20 @@ def test_flash_wq_b_on_cuda(fp8):
     torch.cuda.synchronize()
     assert torch.equal(_bits(got[0]), _bits(want)), "graph-replayed rope epilogue differs from apply_rope"
     assert torch.equal(_bits(got[1]), _bits(plain[1]))
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_rotated_token_independent_of_m(fp8, device):
+    """A token's rotated output: the same bytes alone and inside m = 5 (positions per token)."""
+    gen = _gen("m", fp8)
+    H, D, half, K = 2, 64, 16, 512
+    x = torch.randn(5, K, generator=gen).to(BF).to(device)
+    w, s = (t if t is None else t.to(device) for t in _weight(gen, H * D, K, fp8))
+    cos, sin = _tables(gen, half, device)
+    pos = torch.tensor([3, 60, 0, 17, 42], dtype=torch.int32, device=device)
+    full = torch.empty(5, H * D, dtype=BF, device=device)
+    G.gemv(x, (w,), (full,), (s,), rope=(0, D, cos, sin, pos))
+    for t in (0, 3, 4):
+        one = torch.empty(1, H * D, dtype=BF, device=device)
+        G.gemv(x[t : t + 1], (w,), (one,), (s,), rope=(0, D, cos, sin, pos[t : t + 1]))
+        assert torch.equal(_bits(one), _bits(full[t : t + 1])), f"token {t} alone vs in m = 5"
