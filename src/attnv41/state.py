@@ -54,9 +54,15 @@ class AttnV41LayerState:
                 self.comp_g = torch.full((r, cfg.head_dim), float("-inf"), dtype=torch.float32, device=dev)
         self.n_rows = 0
         self.next_pos = 0
+        # What `AttnV41.rollback` needs after a continuation of at most `window` tokens
+        # (allocated by the first such call): the ring before it, the compressor inputs of
+        # its groups, the positions it spans and the shared state's call count after it.
+        self.undo: dict | None = None
 
     def reset(self) -> None:
         """Forget the sequence (a new one starts at position 0)."""
+        if self.undo is not None:
+            self.undo.clear()
         self.ring.zero_()
         if self.comp_g is not None:
             self.comp_a.zero_()
@@ -103,6 +109,7 @@ class SharedV41:
         self.cfg = cfg
         self.topk_idxs = torch.full((cfg.max_tokens, cfg.index_topk), -1, dtype=torch.int32, device=dev)
         self.topk_version = 0  # +1 on every publish, never reset: tells a changed selection apart
+        self.calls = 0  # +1 on every layer call (or graph step) bookkept, never reset: dates undo logs
         self.reset()
 
     def reset(self) -> None:

@@ -140,7 +140,7 @@ def _fresh(mid):
 BAD_CALLS = {
     "m_zero": (0, lambda x: x[:0], 14, "m = 0; allowed: 1..64"),
     "m_over_max_tokens": (0, lambda x: torch.zeros(65, x.shape[1], dtype=torch.bfloat16), 0, "allowed: 1..64"),
-    "decode_two_tokens": (0, lambda x: x[:2], 14, "allowed: m = 1"),
+    "continuation_skips_a_position": (0, lambda x: x[:2], 15, "allowed: 0 (a new sequence) or 14"),
     "past_max_seq": (0, lambda x: x[:1], 64, "allowed: 0..63"),
     "dtype": (0, lambda x: x[:1].float(), 14, "x.dtype = torch.float32; allowed: torch.bfloat16"),
     "shape": (0, lambda x: x[:1, :32], 14, "x.shape = (1, 32); allowed: [m, 64]"),

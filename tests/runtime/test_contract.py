@@ -337,6 +337,7 @@ def test_check_finite_raises_before_any_write(setup):
     # decode_prep advanced the order state (its body may replay from a graph); nothing else changed
     assert snap_now[1]["last_layer"] == 0
     rt.shared.last_layer, rt.shared.step_pos, rt.shared.step_end = 5, 13, 14
+    rt.shared.calls = before[1]["calls"]
     _assert_unchanged(before, rt)
     assert rt.attn.nonfinite_count() == 0
     with pytest.raises(TypeError, match="check_finite = 1; allowed: True or False"):

@@ -30,19 +30,29 @@ __all__ = [
 
 
 def window_selection(out: torch.Tensor, m: int, start_pos: int, window: int) -> torch.Tensor:
-    """Write a prefill's window selection into `out[:m, :min(m, window)]` (int32) and return
-    it: row t holds chunk rows `max(0, t−W+1) …`, −1 past t. A decode token's window part
-    is derived on the device from its position (`DecodePlan.derive`), not here."""
-    if start_pos != 0:
-        raise ValueError(
-            f"start_pos = {start_pos}; allowed: 0 (a prefill; decode window slots come from DecodePlan.derive)"
-        )
+    """Write the window part of a selection into `out[:m, :width]` (int32) and return it.
+
+    start_pos 0 (a prefill): row t holds chunk rows `max(0, t−W+1) …`, −1 past t, width
+    `min(m, W)`. start_pos > 0 (a continuation of m tokens): the rows attended are the
+    context `ctx` = positions `max(0, start_pos−W+1) … start_pos+m−1`; column c of the
+    token at position p holds position `p−W+1+c` as an index into ctx, −1 where that is
+    negative, width W: the decode layout (`reference.layer._window_selection`). A decode
+    token's window part is derived on the device from its position (`DecodePlan.derive`)."""
+    if start_pos < 0:
+        raise ValueError(f"start_pos = {start_pos}; allowed: >= 0")
     dev = out.device
-    width = min(m, window)
-    t = torch.arange(m, device=dev, dtype=torch.int32)[:, None]
-    idx = (t - window + 1).clamp_min(0) + torch.arange(width, device=dev, dtype=torch.int32)[None, :]
-    view = out[:m, :width]
-    view.copy_(torch.where(idx <= t, idx, torch.full_like(idx, -1)))
+    if start_pos == 0:
+        width = min(m, window)
+        t = torch.arange(m, device=dev, dtype=torch.int32)[:, None]
+        idx = (t - window + 1).clamp_min(0) + torch.arange(width, device=dev, dtype=torch.int32)[None, :]
+        view = out[:m, :width]
+        view.copy_(torch.where(idx <= t, idx, torch.full_like(idx, -1)))
+        return view
+    base = max(0, start_pos - window + 1)
+    t = torch.arange(start_pos - window + 1, start_pos - window + 1 + m, device=dev, dtype=torch.int32)[:, None]
+    q = t + torch.arange(window, device=dev, dtype=torch.int32)[None, :]
+    view = out[:m, :window]
+    view.copy_(torch.where(q >= 0, q - base, torch.full_like(q, -1)))
     return view
 
 

@@ -3,8 +3,10 @@
 This is attention-v41.md step by step in plain PyTorch. It is the oracle the fast
 runtime is checked against, and it imports nothing from the runtime or the kernels.
 
-Regimes: a prefill of m tokens from position 0, and single-token decode at any
-later position. Per-layer state (`RefLayerState`) and the per-sequence shared state
+Regimes: a prefill of m tokens from position 0, single-token decode at any later
+position, and a continuation: m tokens at a later position (a chunk of a prompt, or
+draft tokens to verify), which presents each token's window as decode does, so every
+token of it equals the token-by-token decode bit for bit (attention-v41.md §10). Per-layer state (`RefLayerState`) and the per-sequence shared state
 (`RefShared`, what source layers publish) are explicit arguments; nothing is kept at
 module level. Weights are a mapping from the released module's parameter names
 (`wq_a.weight`, `compressor.wkv.weight`, `indexer.wq_b.weight`, `attn_sink`, ...) to
@@ -137,7 +139,7 @@ class RefTrace:
     """What one reference layer call computed (the golden files' tensor names)."""
 
     q: torch.Tensor  # bf16 [m, H, D], after RoPE
-    kv_win: torch.Tensor  # bf16: prefill [m, D] chunk rows; decode [window, D] the ring
+    kv_win: torch.Tensor  # bf16: prefill [m, D] chunk rows; decode [window, D] the ring; continuation ctx rows
     sel: torch.Tensor  # int32 [m, window_cols + k]
     o: torch.Tensor  # bf16 [m, H, D], before the inverse rotation
     out: torch.Tensor  # bf16 [m, dim]
@@ -176,7 +178,16 @@ def _wo_a(w: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _window_selection(cfg: AttnV41Cfg, m: int, start_pos: int, device) -> torch.Tensor:
-    """The window part of the selection (attention-v41.md §4.5), int32."""
+    """The window part of the selection (attention-v41.md §4.5), int32.
+
+    Prefill from 0: the released layout (chunk rows, −1 past t, width min(m, W)). One
+    decode token: the ring, oldest first (slot indices). A continuation (m > 1 at
+    start_pos > 0) attends over its context rows `ctx` = positions `base … start_pos+m−1`
+    (`base = max(0, start_pos−W+1)`: the ring's rows before the call, then the call's
+    own): column c of token p holds position `p−W+1+c` as an index into `ctx`, −1 where
+    that position is negative. That is the decode layout (the ring oldest first holds
+    exactly these positions in these columns), so the attention's blocks of 64 see the
+    same entries in the same places and the bits equal decode's."""
     W = cfg.window
     if start_pos == 0:
         width = min(m, W)
@@ -184,8 +195,20 @@ def _window_selection(cfg: AttnV41Cfg, m: int, start_pos: int, device) -> torch.
         idx = (t - W + 1).clamp_min(0) + torch.arange(width, device=device)[None, :]
         return torch.where(idx <= t, idx, -1).to(torch.int32)
     p = start_pos
-    slots = (torch.arange(W, device=device) + p % W + 1) % W  # oldest first
-    return torch.where(slots <= p, slots, -1).to(torch.int32)[None, :]
+    if m == 1:
+        slots = (torch.arange(W, device=device) + p % W + 1) % W  # oldest first
+        return torch.where(slots <= p, slots, -1).to(torch.int32)[None, :]
+    base = max(0, p - W + 1)
+    q = torch.arange(p, p + m, device=device)[:, None] - W + 1 + torch.arange(W, device=device)[None, :]
+    return torch.where(q >= 0, q - base, -1).to(torch.int32)
+
+
+def _context_rows(cfg: AttnV41Cfg, st: RefLayerState, start_pos: int) -> torch.Tensor:
+    """A continuation's earlier window rows, positions `max(0, start_pos−W+1) … start_pos−1`
+    in order, read from the ring before the call writes it."""
+    W = cfg.window
+    pos = torch.arange(max(0, start_pos - W + 1), start_pos, device=st.ring.device)
+    return st.ring[pos % W].clone()
 
 
 def _compress(
@@ -234,7 +257,8 @@ def layer_forward(
     index_keys: str = "own",
 ) -> RefTrace:
     """One layer's attention for the m tokens of `x` (bf16 `[m, dim]`, the normed input)
-    at positions `start_pos … start_pos+m−1`: a prefill from 0, or one decode token.
+    at positions `start_pos … start_pos+m−1`: a prefill from 0, one decode token, or a
+    continuation (m > 1 tokens after position 0, see `_window_selection`).
 
     A call at `start_pos == 0` resets this layer's state; the caller resets `shared`
     once per new sequence (`RefStack` does it before layer 0).
@@ -242,8 +266,6 @@ def layer_forward(
     m = x.shape[0]
     if index_keys not in INDEX_KEY_MODES:
         raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
-    if start_pos != 0 and m != 1:
-        raise ValueError(f"m = {m} at start_pos = {start_pos}; allowed: a prefill from 0, or m = 1 (decode)")
     if not 1 <= start_pos + m <= cfg.max_seq:
         raise ValueError(f"positions {start_pos}..{start_pos + m - 1}; allowed: 0..{cfg.max_seq - 1}")
     if start_pos == 0:
@@ -258,12 +280,17 @@ def layer_forward(
     q = apply_rope(project(w, "wq_b", c).view(m, H, D), cos, sin, positions)
     kv = rms_norm(project(w, "wkv", x), _w(w, "kv_norm.weight"), cfg.norm_eps)
     kv = fp8_qdq(apply_rope(kv, cos, sin, positions))
+    cont = start_pos > 0 and m > 1
+    before = _context_rows(cfg, st, start_pos) if cont else None
     keep = min(m, W)
     st.ring[(positions[m - keep :] % W)] = kv[m - keep :]
     if start_pos == 0:
-        window_rows, offset = kv, m
+        window_rows = kv
+    elif cont:
+        window_rows = torch.cat([before, kv])
     else:
-        window_rows, offset = st.ring.clone(), W
+        window_rows = st.ring.clone()
+    offset = window_rows.shape[0]
     sel_parts = [_window_selection(cfg, m, start_pos, dev)]
     trace = {"q": q, "kv_win": window_rows}
     rows = [window_rows]

@@ -189,9 +189,13 @@ class AttnV41:
         self.rows_tmp = torch.empty(M, D, **bf)
         self.k_pre = torch.empty(M, c.index_head_dim, **bf)
         self.k_rows = torch.empty(M, c.index_head_dim, **bf)
-        self.comp_a = torch.empty(M, D, dtype=torch.float32, device=dev)
-        self.comp_g = torch.empty(M, D, dtype=torch.float32, device=dev)
-        self.pooled = torch.empty(max(M // 2, 1), D, dtype=torch.float32, device=dev)
+        # a call's compressor inputs, after the group in progress before it (< max ratio tokens)
+        r_max = max(c.compress_ratios)
+        self.comp_a = torch.empty(M + r_max, D, dtype=torch.float32, device=dev)
+        self.comp_g = torch.empty(M + r_max, D, dtype=torch.float32, device=dev)
+        self.pooled = torch.empty(M // 2 + 1, D, dtype=torch.float32, device=dev)
+        # a continuation's window rows: the ring's earlier rows, then the call's own
+        self.ctx = torch.empty(M + c.window - 1, D, **bf)
         self._empty_rows = torch.zeros(0, D, **bf)
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
@@ -298,8 +302,6 @@ class AttnV41:
             raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int")
         if start_pos < 0:
             raise ValueError(f"start_pos = {start_pos}; allowed: >= 0")
-        if start_pos > 0 and m != 1:
-            raise ValueError(f"m = {m} at start_pos = {start_pos}; allowed: m = 1 (decode) or start_pos = 0 (prefill)")
         if start_pos + m > c.max_seq:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + m - 1}; allowed: 0..{c.max_seq - 1} (max_seq = {c.max_seq})"
@@ -466,52 +468,81 @@ class AttnV41:
         """The host bookkeeping of a layer call that ran (or, for a prepared decode step,
         will run): the sequence's order state."""
         shared.last_layer, shared.step_pos, shared.step_end = layer, start_pos, start_pos + m
+        shared.calls += 1
 
     # ------------------------------------------------------------------ forward
     def forward(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
     ) -> AttnV41Run:
         """One layer's attention for the m tokens of `x` (bf16 `[m, dim]`, the normed input)
-        at positions `start_pos …`: a prefill from 0 (`m <= max_tokens`) or one decode token.
+        at positions `start_pos …` (`m <= max_tokens`): a prefill from 0, one decode
+        token, or a continuation: m > 1 tokens after position 0 (a chunk of a prompt, or
+        draft tokens to verify). A continuation presents every token's window as decode
+        does (`select.window_selection`) and runs the decode regime's attention, so each
+        of its tokens equals the token-by-token decode; on the CPU bit for bit. A
+        continuation of at most `window` tokens keeps what `rollback` needs to return the
+        sequence to any position inside it.
 
         Host synchronisation points: none. A prefill's widths and slices follow from `m`,
         which the host knows. A decode token runs the device-driven step that
-        `decode_prep`/`decode_body` and `DecodeGraphs` run (the same kernels, reading
+        `decode_prep`/`decode_body` and `DecodePlan` run (the same kernels, reading
         the position and everything derived from it from `plan`); the host keeps only
         its bookkeeping (counts, the order of layers and steps) and slices the returned
         views to the visible lengths.
         """
         self._check(w, st, shared, x, start_pos)
-        if start_pos > 0:
+        if start_pos > 0 and x.shape[0] == 1:
             return self._forward_decode(w, st, shared, x, start_pos)
+        return self._forward_tokens(w, st, shared, x, start_pos)
+
+    def _forward_tokens(
+        self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, s: int
+    ) -> AttnV41Run:
+        """`forward` of a prefill (s = 0) or a continuation (s > 0, m > 1), checked."""
         c, ops = self.cfg, self.ops
         role = w.role
         i, r, m = role.layer, role.ratio, x.shape[0]
         W = c.window
-        if i == 0:
-            shared.reset()
-        st.reset()
-        st.seq_id = shared.seq_id
-        if role.is_kv_source:
-            shared.sources[i] = st
-        pos = self.iota[:m]
+        cont = s > 0
+        if not cont:
+            if i == 0:
+                shared.reset()
+            st.reset()
+            st.seq_id = shared.seq_id
+            if role.is_kv_source:
+                shared.sources[i] = st
+        pos = self.iota[s : s + m]
         cos, sin = self._tables(r)
+        log = cont and m <= W  # what rollback needs, taken before anything is written
+        if log:
+            self._log_undo(st, s, m)
+        elif st.undo is not None:
+            st.undo.clear()
+        n_prev = min(s, W - 1)  # a continuation's earlier window rows, read before the ring is written
+        if cont:
+            slots = torch.remainder(self.iota[s - n_prev : s], W)
+            torch.index_select(st.ring, 0, slots, out=self.ctx[:n_prev])
 
         # §4: q, kv and the window
         cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, m, st.ring)
-        win, offset = kv, m
-        wsel = ops.window_selection(self.sel, m, 0, W)
+        if cont:
+            win = self.ctx[: n_prev + m]
+            win[n_prev:].copy_(kv)
+        else:
+            win = kv
+        offset = win.shape[0]
+        wsel = ops.window_selection(self.sel, m, s, W)
         n_wc = wsel.shape[1]
 
         run_extra: dict = {}
         comp = self._empty_rows
         k = 0
         if r > 0:
-            L = m // r
+            L = (s + m) // r
             vis = torch.div(pos + 1, r, rounding_mode="floor")
             new_rows = 0
             if role.is_kv_source:
-                new_rows = self._compress(w, st, x)
+                new_rows = self._compress(w, st, x, s)
                 shared.compress_kv, shared.compress_ratio, shared.n_compressed = st.compress_kv, r, st.n_rows
                 run_extra["compress_kv"] = st.compress_kv[:L]
                 run_extra["index_k"] = st.index_k[:L]
@@ -522,13 +553,13 @@ class AttnV41:
                     scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
                     if role.is_candidate_source:
                         shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
-                        shared.candidates_pos = 0
+                        shared.candidates_pos = s
                         run_extra["candidates"] = shared.candidates
                     if role.uses_candidates:
                         scores = scores.masked_fill(~shared.candidates, float("-inf"))
                     kk = min(c.index_topk, L)
                     ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
-                    shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, 0
+                    shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, s
                     shared.topk_version += 1
                     run_extra["index_score"] = scores
                     run_extra["index_k_owner"] = shared.index_k_owner
@@ -542,16 +573,22 @@ class AttnV41:
         width = self._width(r)
         self.sel[:m, n_wc + k : width].fill_(-1)
 
-        # §7: sparse attention with the sink
-        o = ops.sparse_attn(
-            q, win, comp, self.sel[:m, :width], offset, w["attn_sink"], c.head_dim**-0.5, out=self.o[:m]
-        )
+        # §7: sparse attention with the sink; §8: inverse RoPE, grouped low-rank output.
+        # A continuation takes the decode regime's attention (with the inverse RoPE in its
+        # epilogue), so its tokens' bits are decode's.
+        sink, scale = w["attn_sink"], c.head_dim**-0.5
+        if cont:
+            rot = (cos, sin, pos, self.o_rot[:m])
+            o = ops.sparse_attn_decode(q, win, comp, self.sel[:m, :width], offset, sink, scale, out=self.o[:m], rot=rot)
+            out = self._output(w, o, pos, cos, sin, m, rotated=True)
+        else:
+            o = ops.sparse_attn(q, win, comp, self.sel[:m, :width], offset, sink, scale, out=self.o[:m])
+            out = self._output(w, o, pos, cos, sin, m)
 
-        # §8: inverse RoPE, grouped low-rank output
-        out = self._output(w, o, pos, cos, sin, m)
-
-        st.next_pos = m
-        self._advance(shared, i, 0, m)
+        st.next_pos = s + m
+        self._advance(shared, i, s, m)
+        if log:
+            st.undo["calls"] = shared.calls
         self._ticket = None  # a decode_prep before this call can no longer be run
         return AttnV41Run(
             q=q,
@@ -566,6 +603,99 @@ class AttnV41:
             out=out,
             **run_extra,
         )
+
+    # ------------------------------------------------------------------ rollback
+    def _log_undo(self, st: AttnV41LayerState, s: int, m: int) -> None:
+        """Before a continuation of m <= window tokens at s writes anything: the ring as it
+        is (its slots of positions ≥ any rollback target are restored from it). The
+        compressor's inputs of the call's groups are logged by `_compress`."""
+        c = self.cfg
+        u = st.undo
+        if u is None:
+            u = st.undo = {}
+        if "ring" not in u:
+            u["ring"] = torch.empty_like(st.ring)
+            if st.comp_a is not None:
+                rows = c.window + st.role.ratio - 1
+                u["a"] = torch.empty(rows, c.head_dim, dtype=torch.float32, device=self.device)
+                u["g"] = torch.empty_like(u["a"])
+        u["ring"].copy_(st.ring)
+        u["span"] = (s, s + m)
+        u["calls"] = -1  # set once the call has run
+        if st.comp_a is not None:
+            u["a0"] = (s // st.role.ratio) * st.role.ratio  # the position of u["a"][0]
+
+    def rollback(self, states, shared: SharedV41, pos: int) -> None:
+        """Return a sequence to position `pos`, as if it had run only up to `pos − 1`:
+        the next step starts at `pos`. For speculative decoding: verify k draft tokens
+        in one continuation (`forward` with m = k at the next position), keep the
+        accepted prefix, roll back to the first rejected one.
+
+        states: the sequence's layer states, all `n_layers` in order; shared: its shared
+        state. Allowed: `pos` inside the sequence's last step when that step was a
+        continuation of at most `window` tokens (m > 1 after position 0; it kept an
+        undo log), `s ≤ pos ≤` the current end; again after a rollback, down to s.
+        `index_keys="own"` only (in released mode which keys a layer scores depends on
+        the history). What is restored: the window ring's slots of positions ≥ pos,
+        the compressor's row count and its group in progress; rows past the new count
+        stay in the caches, unread (never visible), and are rewritten as positions
+        advance. Everything is checked before anything changes; a refused call changes
+        nothing. Eager only (host bookkeeping; not during graph capture)."""
+        self._check_live("rollback")
+        self._check_shared(shared)
+        c, n = self.cfg, self.cfg.n_layers
+        if not isinstance(states, (list, tuple)) or len(states) != n:
+            got = f"a {type(states).__name__}" + (f" of {len(states)}" if isinstance(states, (list, tuple)) else "")
+            raise ValueError(f"states is {got}; allowed: the sequence's {n} layer states, in layer order")
+        for i, st in enumerate(states):
+            self._check_state(st, c.roles[i])
+            self._check_bound(st, shared)
+        if isinstance(pos, bool) or not isinstance(pos, int):
+            raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+        if self.index_keys != "own":
+            raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
+        if shared.last_layer != n - 1:
+            raise ValueError(
+                f"rollback during a step (layer {shared.last_layer} ran last); allowed: after layer {n - 1}"
+            )
+        end = shared.step_end
+        if pos == end:
+            return
+        logs = [st.undo or {} for st in states]
+        span = logs[-1].get("span")
+        calls = logs[-1].get("calls", -1)
+        ok = calls == shared.calls and all(
+            u.get("span") == span and u.get("calls") == calls - (n - 1 - i) for i, u in enumerate(logs)
+        )
+        if not ok:
+            raise ValueError(
+                f"rollback to {pos}: the last step (positions {shared.step_pos}..{end - 1}) kept no undo log; "
+                f"allowed: pos = {end} (no change), or a position inside the last step when it was a "
+                f"continuation of 2..{c.window} tokens"
+            )
+        s = span[0]
+        if not s <= pos <= end:
+            raise ValueError(f"pos = {pos}; allowed: {s}..{end} (inside the last continuation, up to the current end)")
+        W = c.window
+        slots = torch.remainder(self.iota[pos:end], W).long()
+        for st in states:
+            u = st.undo
+            st.ring.index_copy_(0, slots, u["ring"].index_select(0, slots))
+            r = st.role.ratio
+            if st.role.is_kv_source:
+                st.n_rows = pos // r
+                if r >= 2:
+                    g0 = (pos // r) * r
+                    h, a0 = pos - g0, u["a0"]
+                    st.comp_a[:h].copy_(u["a"][g0 - a0 : pos - a0])
+                    st.comp_g[:h].copy_(u["g"][g0 - a0 : pos - a0])
+                    st.comp_g[h:].fill_(float("-inf"))
+            st.next_pos = pos
+        r = shared.compress_ratio
+        shared.n_compressed = pos // r if r else 0
+        shared.topk_pos = shared.candidates_pos = -1  # nothing published is for the next step
+        shared.step_pos, shared.step_end = pos - 1, pos
+        self._ticket = None
 
     def _forward_decode(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, p: int
@@ -988,38 +1118,50 @@ class AttnV41:
         # second entry)
         return self._linear(w, "wo_b", u, self.out[:m] if out is None else out)
 
-    def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor) -> int:
-        """A prefill's tokens into the compressor: complete groups become rows of the
-        layer's caches (§5, §6.1), the remainder stays in its state. Returns the number
+    def _compress(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, s: int) -> int:
+        """The call's tokens (positions s …) into the compressor: with the group in
+        progress before s (in the state's slots), complete groups become rows
+        `s // r …` of the layer's caches (§5, §6.1); the remainder stays in its state
+        (slot p mod r; the gate scores of the other slots −∞, their values those of the
+        last completed group, as the token-by-token path leaves them). Returns the number
         of rows added."""
         c, ops = self.cfg, self.ops
         r, m, D = st.role.ratio, x.shape[0], c.head_dim
+        j0 = s // r
         if r == 1:
             n = m
             ops.mm(x, w["compressor.wkv.weight"], out=self.lat_pre[:n])
         else:
-            a, g = self.comp_a[:m], self.comp_g[:m]
-            ops.mm(x, w["compressor.wkv.weight"], out=a)  # fp32 weights: fp32 math
-            ops.mm(x, w["compressor.wgate.weight"], out=g)
-            n = m // r
+            h = s - j0 * r  # tokens of the group in progress, already in slots 0 … h−1
+            a, g = self.comp_a[: h + m], self.comp_g[: h + m]
+            a[:h].copy_(st.comp_a[:h])
+            g[:h].copy_(st.comp_g[:h])
+            ops.mm(x, w["compressor.wkv.weight"], out=a[h:])  # fp32 weights: fp32 math
+            ops.mm(x, w["compressor.wgate.weight"], out=g[h:])
+            if st.undo is not None and "a" in st.undo:
+                st.undo["a"][: h + m].copy_(a)
+                st.undo["g"][: h + m].copy_(g)
+            n = (h + m) // r
+            rem = h + m - n * r
             pooled = ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D), out=self.pooled[:n])
-            rem = m - n * r
             st.comp_a[:rem].copy_(a[n * r :])
             st.comp_g[:rem].copy_(g[n * r :])
             if n == 0:
                 return 0
+            st.comp_a[rem:].copy_(a[(n - 1) * r + rem : n * r])
+            st.comp_g[rem:].fill_(float("-inf"))
             self.lat_pre[:n].copy_(pooled)
         latent = ops.rms_norm(self.lat_pre[:n], w["compressor.norm.weight"], c.norm_eps, out=self.latent[:n])
-        row_pos = torch.mul(self.iota[:n], r, out=self.row_pos[:n])
+        row_pos = torch.mul(self.iota[j0 : j0 + n], r, out=self.row_pos[:n])
         rows = ops.apply_rope(
             latent.view(n, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:n].view(n, 1, D)
         )
-        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[:n], nonfinite=self.nonfinite)
+        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n], nonfinite=self.nonfinite)
         kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:n])
         kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:n])
         ops.apply_rope(kr.view(n, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(n, 1, -1))
-        ops.fp4_e8m0_qdq(kr, out=st.index_k[:n], nonfinite=self.nonfinite)
-        st.n_rows = n
+        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n], nonfinite=self.nonfinite)
+        st.n_rows = j0 + n
         return n
 
     def _index_scores(

@@ -53,3 +53,7 @@ class RuntimeStack:
             run = self.layer(i, xs[i], start_pos)
             outs.append(run.out.clone() if keep else run)
         return outs
+
+    def rollback(self, pos: int) -> None:
+        """`AttnV41.rollback` of this stack's sequence to `pos`."""
+        self.attn.rollback(self.states, self.shared, pos)
