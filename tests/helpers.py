@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnv41.config import AttnV41Cfg
 from attnv41.synthetic import random_inputs, random_weights  # noqa: F401  (re-exported for tests)
@@ -62,3 +63,42 @@ def small_cfg(**kw) -> AttnV41Cfg:
     )
     base.update(kw)
     return AttnV41Cfg(**base)
+
+
+TRACE = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k", "index_score", "candidates")
+
+
+def assert_same_run(ref, run, where):
+    """A reference trace and a runtime run hold the same bytes in every field of `TRACE`."""
+    for n in TRACE:
+        a, b = getattr(ref, n), getattr(run, n)
+        if a is None:
+            assert b is None or n in ("index_score",), f"{where} {n}: runtime produced it, reference not"
+            continue
+        assert b is not None, f"{where} {n}: missing from the runtime"
+        a, b = a.cpu(), b.cpu()
+        assert a.shape == b.shape, f"{where} {n}: shape {tuple(b.shape)} vs {tuple(a.shape)}"
+        assert torch.equal(a.to(b.dtype), b), f"{where} {n}: differs, max {(a.double() - b.double()).abs().max()}"
+    assert ref.index_k_owner == run.index_k_owner, where
+
+
+def stack_snapshot(rt):
+    """Every state tensor (cloned) and host field of a `RuntimeStack`."""
+    snap = [
+        {k: v.clone() for k, v in s.tensors().items()} | {"n_rows": s.n_rows, "next_pos": s.next_pos} for s in rt.states
+    ]
+    return snap, rt.shared.snapshot()
+
+
+def same_snapshot(a, b):
+    (sa, ha), (sb, hb) = a, b
+    for x, y in zip(sa, sb):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k], k
+    assert ha.keys() == hb.keys()
+    for k in ha:
+        if isinstance(ha[k], torch.Tensor):
+            assert torch.equal(ha[k], hb[k]), k
+        else:
+            assert ha[k] == hb[k], k

@@ -10,9 +10,10 @@ from attnv41.golden import GoldenFile, replay, runtime_impl
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import AttnV41, RuntimeStack
 from attnv41.weights import AttnV41LayerWeights
+from helpers import assert_same_run as _assert_same
 from helpers import golden_path, random_inputs, random_weights, small_cfg
-
-TRACE = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k", "index_score", "candidates")
+from helpers import same_snapshot as _same_snapshot
+from helpers import stack_snapshot as _snapshot
 
 
 @pytest.mark.parametrize("variant", ["released", "intended"])
@@ -21,19 +22,6 @@ def test_runtime_matches_golden(name, variant):
     rep = replay(GoldenFile(golden_path(name)), variant, runtime_impl, impl_name="runtime")
     assert rep.n_compared > 0 and rep.n_skipped == 0
     assert rep.ok, "\n".join(rep.failures())
-
-
-def _assert_same(ref, run, where):
-    for n in TRACE:
-        a, b = getattr(ref, n), getattr(run, n)
-        if a is None:
-            assert b is None or n in ("index_score",), f"{where} {n}: runtime produced it, reference not"
-            continue
-        assert b is not None, f"{where} {n}: missing from the runtime"
-        a, b = a.cpu(), b.cpu()
-        assert a.shape == b.shape, f"{where} {n}: shape {tuple(b.shape)} vs {tuple(a.shape)}"
-        assert torch.equal(a.to(b.dtype), b), f"{where} {n}: differs, max {(a.double() - b.double()).abs().max()}"
-    assert ref.index_k_owner == run.index_k_owner, where
 
 
 def _run_both(cfg, n, decode_steps, seed, index_keys, bucket_min=None):
@@ -97,27 +85,6 @@ def test_candidate_mask_bites():
 
 
 # ---------------------------------------------------------------------------- errors
-
-
-def _snapshot(rt: RuntimeStack):
-    snap = [
-        {k: v.clone() for k, v in s.tensors().items()} | {"n_rows": s.n_rows, "next_pos": s.next_pos} for s in rt.states
-    ]
-    return snap, rt.shared.snapshot()
-
-
-def _same_snapshot(a, b):
-    (sa, ha), (sb, hb) = a, b
-    for x, y in zip(sa, sb):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k], k
-    assert ha.keys() == hb.keys()
-    for k in ha:
-        if isinstance(ha[k], torch.Tensor):
-            assert torch.equal(ha[k], hb[k]), k
-        else:
-            assert ha[k] == hb[k], k
 
 
 @pytest.fixture(scope="module")
