@@ -293,6 +293,117 @@ def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
 runtime_split_impl.weights_dtypes = WEIGHTS_DTYPES
 
 
+class _ChunkTrace:
+    """One layer's trace of a prompt run in chunks, assembled in the one-shot prefill's
+    encoding (chunk rows = positions, compressed entries at offset n) so the file's
+    prefill tensors compare against it unchanged."""
+
+    def __init__(self):
+        self.q = self.kv_win = self.sel = self.o = self.out = None
+        self.compress_kv = self.index_k = self.index_score = self.candidates = None
+        self.index_k_owner = None
+
+
+class ChunkedPrefill:
+    """A golden implementation (`inner`: reference or runtime) whose prefill runs in
+    chunks of `chunk` tokens: the first through `layer` at position 0, the others as
+    continuations (m > 1 after 0; a last chunk of one token is a decode step). Each
+    layer's calls are assembled into one trace in the one-shot prefill's encoding:
+    q, o, out and the window rows concatenated; the selection as positions (the window
+    part ascending, −1 padded to min(n, window); compressed entries at offset n, −1
+    padded to the one-shot width); scores padded with −∞ and the candidate mask by its
+    blocks to the one-shot row count; caches and the key owner as the last chunk left
+    them. Decode regimes go to `inner` unchanged."""
+
+    def __init__(self, inner, cfg: AttnV41Cfg, chunk: int):
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"prefill chunk = {chunk!r}; allowed: an int >= 1")
+        self.inner, self.cfg, self.chunk = inner, cfg, chunk
+        self.attn = getattr(inner, "attn", None) or getattr(getattr(inner, "stack", None), "attn", None)
+        if hasattr(inner, "decode_step"):
+            self.decode_step = inner.decode_step
+
+    def layer(self, i: int, x: torch.Tensor, start_pos: int):
+        return self.inner.layer(i, x, start_pos)
+
+    def prefill_step(self, xs) -> list[_ChunkTrace]:
+        cfg = self.cfg
+        n = xs[0].shape[0]
+        parts: list[list] = [[] for _ in range(cfg.n_layers)]
+        for s in range(0, n, self.chunk):
+            e = min(n, s + self.chunk)
+            for i in range(cfg.n_layers):
+                tr = self.inner.layer(i, xs[i][s:e], s)
+                parts[i].append((s, e, {k: _cpu_clone(getattr(tr, k, None)) for k in _CHUNK_FIELDS}))
+        return [self._assemble(i, parts[i], n) for i in range(cfg.n_layers)]
+
+    def _assemble(self, i: int, parts, n: int) -> _ChunkTrace:
+        cfg, W = self.cfg, self.cfg.window
+        r = cfg.roles[i].ratio
+        L = n // r if r else 0
+        k = min(cfg.index_topk, L)
+        out = _ChunkTrace()
+        for f in ("q", "o", "out"):
+            setattr(out, f, torch.cat([p[2][f] for p in parts]))
+        rows, sels, scores, cands = [], [], [], []
+        for s, e, t in parts:
+            m = e - s
+            decode = s > 0 and m == 1
+            kv = t["kv_win"]
+            rows.append(kv[s % W : s % W + 1] if decode else kv[-m:])
+            wc = W if s > 0 else min(m, W)
+            off = W if decode else kv.shape[0]
+            base = 0 if s == 0 else max(0, s - W + 1)
+            for row in range(m):
+                p = s + row
+                vals = t["sel"][row].tolist()
+                if decode:
+                    win = [p - W + 1 + c for c, v in enumerate(vals[:wc]) if v >= 0]
+                else:
+                    win = [v + base for v in vals[:wc] if v >= 0]
+                win = sorted(win) + [-1] * (min(n, W) - len(win))
+                comp = [v - off + n if v >= 0 else -1 for v in vals[wc:]]
+                sels.append(win + comp + [-1] * (k - len(comp)))
+            # a chunk with no visible row yet scores nothing: −∞ (no candidate) in the one-shot rows
+            sc = torch.full((m, L), float("-inf"), dtype=torch.bfloat16)
+            if t["index_score"] is not None:
+                sc[:, : t["index_score"].shape[1]] = t["index_score"]
+            scores.append((t["index_score"] is not None, sc))
+            B = cfg.cand_block
+            blocks = torch.zeros(m, -(-L // B), dtype=torch.bool)
+            if t["candidates"] is not None:
+                c = t["candidates"]
+                blocks[:, : -(-c.shape[1] // B)] = c[:, ::B]  # a block's mask value, from its first position
+            cands.append((t["candidates"] is not None, blocks.repeat_interleave(B, dim=1)[:, :L]))
+        out.kv_win = torch.cat(rows)
+        out.sel = torch.tensor(sels, dtype=torch.int32)
+        last = parts[-1][2]
+        out.compress_kv, out.index_k, out.index_k_owner = last["compress_kv"], last["index_k"], last["index_k_owner"]
+        if any(made for made, _ in scores):
+            out.index_score = torch.cat([v for _, v in scores])
+        if any(made for made, _ in cands):
+            out.candidates = torch.cat([v for _, v in cands])
+        return out
+
+
+_CHUNK_FIELDS = (
+    "q",
+    "o",
+    "out",
+    "kv_win",
+    "sel",
+    "index_score",
+    "candidates",
+    "compress_kv",
+    "index_k",
+    "index_k_owner",
+)
+
+
+def _cpu_clone(v):
+    return v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
+
+
 IMPLS = {"reference": reference_impl, "runtime": runtime_impl, "runtime-split": runtime_split_impl}
 
 
@@ -303,8 +414,10 @@ def replay(
     device: str | torch.device = "cpu",
     impl_name: str = "reference",
     on_layer: Callable[[LayerReport], None] | None = None,
+    prefill_chunk: int | None = None,
 ) -> ReplayReport:
-    """Run every regime of `golden` in order through a fresh implementation and compare."""
+    """Run every regime of `golden` in order through a fresh implementation and compare.
+    `prefill_chunk`: run the prefill in chunks of that many tokens (`ChunkedPrefill`)."""
     if variant not in golden.variants:
         raise GoldenFormatError(f"variant = {variant!r}; allowed: {golden.variants}")
     cfg = golden.cfg
@@ -317,6 +430,8 @@ def replay(
     golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
     weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]
     impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
+    if prefill_chunk is not None:
+        impl = ChunkedPrefill(impl, cfg, prefill_chunk)
     report = ReplayReport(golden.name, variant, impl_name)
     rows_prefill = golden.prefill_rows
     keys: dict[int, torch.Tensor] = {}  # per kv source: our index-key rows as last reported
@@ -335,6 +450,8 @@ def replay(
         # A split-decode implementation runs a whole decode step at once (CUDA graphs
         # span several layers); its traces are then compared layer by layer.
         step_traces = impl.decode_step(xs, start) if start > 0 and hasattr(impl, "decode_step") else None
+        if start == 0 and hasattr(impl, "prefill_step"):
+            step_traces = impl.prefill_step(xs)
         for i in range(cfg.n_layers):
             role = cfg.roles[i]
             tr = step_traces[i] if step_traces is not None else impl.layer(i, xs[i], start)
