@@ -191,3 +191,52 @@ def test_rollback_to_the_current_end_is_a_no_op():
     before = _snapshot(rt)
     rt.rollback(13)
     _same_snapshot(before, _snapshot(rt))
+
+
+# ---------------------------------------------------------------------------- CUDA
+
+
+def _live_state(rt):
+    """The state a later step reads: rings, row counts, the compressor's group in progress
+    (its filled slots and which are empty), and the visible cache rows."""
+    out = []
+    for st in rt.states:
+        d = {"ring": st.ring.cpu().clone(), "n": (st.n_rows, st.next_pos)}
+        if st.role.is_kv_source:
+            d["rows"] = st.compress_kv[: st.n_rows].cpu().clone()
+            d["keys"] = st.index_k[: st.n_rows].cpu().clone()
+            if st.comp_a is not None:
+                h = st.next_pos % st.role.ratio
+                d["a"], d["g"] = st.comp_a[:h].cpu().clone(), st.comp_g.cpu().clone()
+        out.append(d)
+    return out
+
+
+@pytest.mark.gpu
+def test_rollback_on_cuda_restores_the_state_bit_for_bit():
+    """On CUDA: a rejected verify of 7 tokens, rolled back to its start, leaves every live
+    state tensor as it was before; then a continuation of 12 tokens and a decode step
+    match the CPU runtime within the bf16 tolerance."""
+    from attnv41.testing import compare_bf16
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg = small_cfg(window=16, compress_ratios=(0, 4, 4, 1, 1, 1), max_seq=96, max_tokens=96)
+    w, xs, drafts = random_weights(cfg, 31), random_inputs(cfg, 96, 32), random_inputs(cfg, 96, 33)
+    gpu, cpu = RuntimeStack(cfg, w, device="cuda"), RuntimeStack(cfg, w)
+    for rt in (gpu, cpu):
+        _outs(rt, xs, 0, 21)
+    before = _live_state(gpu)
+    gpu.step([d[21:28].cuda() for d in drafts], 21)
+    gpu.rollback(21)
+    after = _live_state(gpu)
+    for i, (a, b) in enumerate(zip(before, after)):
+        for k in a:
+            same = torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+            assert same, f"L{i} {k}"
+    for s, m in ((21, 12), (33, 1)):
+        og = gpu.step([x[s : s + m].cuda() for x in xs], s, keep=True)
+        oc = cpu.step([x[s : s + m] for x in xs], s, keep=True)
+        for i in range(cfg.n_layers):
+            c = compare_bf16(f"out L{i} [{s}, {s + m})", og[i].cpu(), oc[i])
+            assert c.ok, c
