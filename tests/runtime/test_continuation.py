@@ -200,14 +200,14 @@ def _live_state(rt):
     """The state a later step reads: rings, row counts, the compressor's group in progress
     (its filled slots and which are empty), and the visible cache rows."""
     out = []
-    for st in rt.states:
-        d = {"ring": st.ring.cpu().clone(), "n": (st.n_rows, st.next_pos)}
-        if st.role.is_kv_source:
-            d["rows"] = st.compress_kv[: st.n_rows].cpu().clone()
-            d["keys"] = st.index_k[: st.n_rows].cpu().clone()
-            if st.comp_a is not None:
-                h = st.next_pos % st.role.ratio
-                d["a"], d["g"] = st.comp_a[:h].cpu().clone(), st.comp_g.cpu().clone()
+    for ls in rt.states:
+        d = {"ring": ls.ring.cpu().clone(), "n": (ls.n_rows, ls.next_pos)}
+        if ls.role.is_kv_source:
+            d["rows"] = ls.compress_kv[: ls.n_rows].cpu().clone()
+            d["keys"] = ls.index_k[: ls.n_rows].cpu().clone()
+            if ls.comp_a is not None:
+                h = ls.next_pos % ls.role.ratio
+                d["a"], d["g"] = ls.comp_a[:h].cpu().clone(), ls.comp_g.cpu().clone()
         out.append(d)
     return out
 
