@@ -224,8 +224,8 @@ def test_rollback_on_cuda_restores_the_state_bit_for_bit():
     cfg = small_cfg(window=16, compress_ratios=(0, 4, 4, 1, 1, 1), max_seq=96, max_tokens=96)
     w, xs, drafts = random_weights(cfg, 31), random_inputs(cfg, 96, 32), random_inputs(cfg, 96, 33)
     gpu, cpu = RuntimeStack(cfg, w, device="cuda"), RuntimeStack(cfg, w)
-    for rt in (gpu, cpu):
-        _outs(rt, xs, 0, 21)
+    gpu.step([x[:21].cuda() for x in xs], 0)
+    cpu.step([x[:21] for x in xs], 0)
     before = _live_state(gpu)
     gpu.step([d[21:28].cuda() for d in drafts], 21)
     gpu.rollback(21)
