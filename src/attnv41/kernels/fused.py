@@ -159,7 +159,8 @@ def _check_norm_chain(x_name: str, x, norm_w, eps, cos, sin, pos_name: str, pos,
 def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite) -> None:
     _check_norm_chain("kv_pre", kv_pre, norm_w, eps, cos, sin, "pos", pos, _qdq.FP8_BLOCK)
     _check_out("kv_out", kv_out, kv_pre, "kv_pre")
-    _check_cache("ring", ring, kv_pre.shape[1], kv_pre.device)
+    if ring is not None:  # None: the rows only (a batched step writes its rings after attention)
+        _check_cache("ring", ring, kv_pre.shape[1], kv_pre.device)
     _check_count(nonfinite, kv_pre.device)
 
 
@@ -407,7 +408,7 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -
     kv_pre: bf16 `[m, D]`, D a multiple of 32, ≤ 4096; norm_w: fp32/bf16 `[D]`; eps:
     finite ≥ 0; cos, sin: fp32 `[max_seq, rope_dim/2]`, rope_dim ≤ D; pos: int32/int64
     `[m]`, each in 0..max_seq−1 (not checked: a host sync); kv_out: bf16 `[m, D]` (may be
-    kv_pre); ring: bf16 `[window, D]`; nonfinite: None or the int64 `[1]` counter, += the
+    kv_pre); ring: bf16 `[window, D]`, or None (no ring write); nonfinite: None or the int64 `[1]` counter, += the
     non-finite values entering the fp8 round trip. Returns kv_out. The same bytes as
     rms_norm → apply_rope → fp8_qdq → ring_write (Triton), see the module docstring.
     """
@@ -436,7 +437,8 @@ def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=N
     _norm.rms_norm_torch(kv_pre, norm_w, eps, out=kv_out)
     _rope.apply_rope_torch(kv_out.view(m, 1, D), cos, sin, pos, out=kv_out.view(m, 1, D))
     _qdq.fp8_qdq_torch(kv_out, out=kv_out, nonfinite=nonfinite)
-    _ring.ring_write_torch(ring, kv_out, pos)
+    if ring is not None:
+        _ring.ring_write_torch(ring, kv_out, pos)
     return kv_out
 
 

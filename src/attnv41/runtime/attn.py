@@ -357,10 +357,13 @@ class AttnV41:
     def _check_layer(self, w: AttnV41LayerWeights, st: AttnV41LayerState) -> None:
         """Weights and state of one layer: roles, config, and every tensor's name, shape,
         dtype and device (re-checked whenever a tensor of `w` was replaced)."""
-        c = self.cfg
         self._check_role(w)
-        role = w.role
-        self._check_state(st, role)
+        self._check_state(st, w.role)
+        self._check_weights(w)
+
+    def _check_weights(self, w: AttnV41LayerWeights) -> None:
+        """Every tensor's name, shape, dtype and device (role checked before)."""
+        c, role = self.cfg, w.role
         # Kept on the weights object (not here: the runtime must not keep dropped weights alive)
         seen = w.__dict__.get("_checked_by")
         if seen is not None and seen[0] is self and seen[1] is w.tensors:

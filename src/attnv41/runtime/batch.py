@@ -1,0 +1,464 @@
+"""Batched steps over many sequences: a pool of sequence slots with paged caches.
+
+`SeqPool` holds every sequence's state: per layer a window ring per slot (one flat
+`[slots·window + max_tokens, head_dim]` tensor whose last `max_tokens` rows stage the
+step's own window rows), per ratio ≥ 2 kv source the compressor's group in progress per
+slot, and per kv source a compressed-KV and an index-key pool of fixed-size blocks
+(`block_rows` rows each) addressed through one block table per ratio (`tables[r]`,
+int32 `[slots, max_blocks]`, −1 where unallocated). Blocks are handed out from a free
+list as sequences grow and returned when a slot is released or restarted.
+
+`BatchV41` runs one layer for all the tokens of a step: B sequences, each contributing
+m_i ≥ 1 tokens at positions s_i … (a prefill from 0, a decode token, a continuation), all
+in one `[T, dim]` input with the sequences' tokens contiguous and in order. `begin`
+validates the step's metadata and allocates the blocks it needs, then `forward` runs
+layers 0 … n_layers − 1 in order; after the last the slots' lengths advance.
+
+Each token is computed as the single-sequence runtime computes it (`AttnV41.forward` of
+its sequence alone with the same chunking): the same window layout (the released prefill
+layout for a call from 0, the decode layout otherwise), the same selection, the same
+rows; on the CPU the bytes are the same (tested). How:
+
+- The projections, norms, RoPE and round trips run once over all T tokens (row-wise ops).
+- A token's window rows are physical rows of the layer's ring tensor: positions before
+  its sequence's call from the slot's ring, positions inside the call from the staging
+  rows (the call's own kv), so a chunk never reads a ring slot it overwrote; the rings
+  are written after the attention.
+- Selections are physical rows of the pools (`row = table[slot, j // B]·B + j % B`, after
+  the ring tensor's rows), so sparse attention reads the paged pools in place with the
+  decode regime's kernel (`ops.sparse_attn_decode`).
+- The compressor pools each sequence's groups (its state plus its tokens), and index
+  scoring and top-k run per sequence over its keys gathered in logical order (a loop
+  over sequences: host-known counts; device-side paged kernels are future work).
+
+Limits of this version: `index_keys="own"` only (in released mode which keys a layer
+scores depends on each sequence's history); no rollback and no CUDA graphs for batched
+steps yet; on CUDA a prefill token runs the decode attention kernel (bits within the
+golden tolerance of `AttnV41.forward`'s fused prefill kernel, not equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import AttnV41Cfg
+from ..weights import AttnV41LayerWeights
+from .attn import AttnV41
+
+__all__ = ["SeqPool", "BatchV41", "BatchStep"]
+
+
+class SeqPool:
+    """Slots, rings, compressor states and paged caches for `n_slots` sequences (module
+    docstring). `blocks`: blocks per ratio (default: enough for every slot at max_seq)."""
+
+    def __init__(
+        self,
+        cfg: AttnV41Cfg,
+        n_slots: int,
+        device: torch.device | str = "cpu",
+        block_rows: int = 64,
+        blocks: dict[int, int] | None = None,
+    ):
+        if isinstance(n_slots, bool) or not isinstance(n_slots, int) or n_slots < 1:
+            raise ValueError(f"n_slots = {n_slots!r}; allowed: an int >= 1")
+        if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+            raise ValueError(f"block_rows = {block_rows!r}; allowed: an int >= 1")
+        dev = torch.device(device)
+        c = cfg
+        self.cfg, self.n_slots, self.block_rows, self.device = cfg, n_slots, block_rows, dev
+        W, D, B = c.window, c.head_dim, block_rows
+        self.ratios = sorted({c.roles[i].ratio for i in c.kv_source_layers})
+        self.max_blocks = {r: -(-(-(-c.max_seq // r)) // B) for r in self.ratios}
+        blocks = dict(blocks or {})
+        for r in blocks:
+            if r not in self.ratios:
+                raise ValueError(f"blocks for ratio {r}; allowed: the kv sources' ratios {self.ratios}")
+        self.n_blocks = {r: blocks.get(r, n_slots * self.max_blocks[r]) for r in self.ratios}
+        for r, n in self.n_blocks.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"blocks[{r}] = {n!r}; allowed: an int >= 1")
+        self.tables = {
+            r: torch.full((n_slots, self.max_blocks[r]), -1, dtype=torch.int32, device=dev) for r in self.ratios
+        }
+        self.blocks_of: dict[int, list[list[int]]] = {r: [[] for _ in range(n_slots)] for r in self.ratios}
+        self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
+        self.length = [0] * n_slots  # tokens each slot holds (its next position)
+        bf = dict(dtype=torch.bfloat16, device=dev)
+        self.ring_rows = n_slots * W  # the staging rows follow
+        self.ring = [torch.zeros(n_slots * W + c.max_tokens, D, **bf) for _ in range(c.n_layers)]
+        self.comp_a: dict[int, torch.Tensor] = {}
+        self.comp_g: dict[int, torch.Tensor] = {}
+        self.compress_kv: dict[int, torch.Tensor] = {}
+        self.index_k: dict[int, torch.Tensor] = {}
+        for i in c.kv_source_layers:
+            r = c.roles[i].ratio
+            self.compress_kv[i] = torch.zeros(self.n_blocks[r] * B, D, **bf)
+            self.index_k[i] = torch.zeros(self.n_blocks[r] * B, c.index_head_dim, **bf)
+            if r >= 2:
+                self.comp_a[i] = torch.zeros(n_slots, r, D, dtype=torch.float32, device=dev)
+                self.comp_g[i] = torch.full((n_slots, r, D), float("-inf"), dtype=torch.float32, device=dev)
+
+    def rows_needed(self, r: int, length: int) -> int:
+        """Cache rows a sequence of `length` tokens holds at ratio r (complete groups)."""
+        return length // r
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence and return its blocks."""
+        self._check_slot(slot)
+        for r in self.ratios:
+            self.free_blocks[r].extend(reversed(self.blocks_of[r][slot]))
+            self.blocks_of[r][slot] = []
+            self.tables[r][slot].fill_(-1)
+        self.length[slot] = 0
+
+    def _check_slot(self, slot) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot = {slot!r}; allowed: 0..{self.n_slots - 1}")
+
+    def physical(self, r: int, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Physical pool rows of logical rows `rows` (int, ≥ 0, or −1 kept) of `slots`."""
+        B = self.block_rows
+        j = rows.long().clamp_min(0)
+        blk = self.tables[r][slots.long(), j // B].long()
+        return torch.where(rows >= 0, blk * B + j % B, -1)
+
+    def cache_rows(self, layer: int, slot: int, n: int, keys: bool = False) -> torch.Tensor:
+        """A kv source's first n cache rows of a slot, in logical order (a gather)."""
+        r = self.cfg.roles[layer].ratio
+        rows = torch.arange(n, device=self.device)
+        phys = self.physical(r, torch.full_like(rows, slot), rows)
+        return (self.index_k if keys else self.compress_kv)[layer][phys]
+
+
+@dataclass
+class BatchStep:
+    """One validated step: the sequences (slot, first position, token count) and the
+    device metadata derived from them once (positions, window selections, ring writes)."""
+
+    slots: list[int]
+    starts: list[int]
+    lens: list[int]
+    offsets: list[int]  # first token of each sequence in the step's [T] rows
+    T: int
+    pos: torch.Tensor  # int32 [T]
+    tok_slot: torch.Tensor  # int32 [T]
+    win_sel: torch.Tensor  # int32 [T, window]: physical ring rows, −1 absent, columns as the regime lays them
+    win_width: torch.Tensor  # int64 [T]: where the compressed part starts (min(m, W) for a prefill, else W)
+    ring_dst: torch.Tensor  # int64: ring rows written after attention
+    ring_src: torch.Tensor  # int64: the step rows written there
+    next_layer: int = 0
+
+
+class BatchV41:
+    """The runtime for batched steps over a `SeqPool` (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: AttnV41Cfg,
+        device: torch.device | str = "cpu",
+        n_slots: int = 8,
+        block_rows: int = 64,
+        blocks: dict[int, int] | None = None,
+        ops=None,
+    ):
+        self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
+        self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
+        self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks)
+        M = cfg.max_tokens
+        self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
+        self.cand_pub: list[torch.Tensor | None] = []  # the candidate source's mask, per sequence
+        self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
+        self._step: BatchStep | None = None
+
+    # ------------------------------------------------------------------ the step
+    def begin(self, slots, starts, lens) -> BatchStep:
+        """Validate a step and allocate its blocks (all or nothing). slots: distinct pool
+        slots; starts[i]: 0 (a new sequence in that slot) or the slot's length; lens[i] ≥ 1
+        tokens; Σ lens ≤ max_tokens; starts[i] + lens[i] ≤ max_seq."""
+        c, pool = self.cfg, self.pool
+        if self._step is not None and 0 < self._step.next_layer < c.n_layers:
+            raise ValueError(
+                f"begin during a step (layer {self._step.next_layer} runs next); allowed: after layer {c.n_layers - 1}"
+            )
+        for name, v in (("slots", slots), ("starts", starts), ("lens", lens)):
+            if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+                raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
+        if not len(slots) == len(starts) == len(lens) or not slots:
+            raise ValueError(
+                f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count, at least 1"
+            )
+        for s in slots:
+            pool._check_slot(s)
+        if len(set(slots)) != len(slots):
+            dup = sorted({s for s in slots if list(slots).count(s) > 1})
+            raise ValueError(f"slots {dup} appear twice in one step; allowed: each slot at most once")
+        for slot, s, m in zip(slots, starts, lens):
+            if m < 1:
+                raise ValueError(f"slot {slot}: lens = {m}; allowed: >= 1")
+            if s != 0 and s != pool.length[slot]:
+                raise ValueError(
+                    f"slot {slot}: start = {s}; allowed: 0 (a new sequence) or {pool.length[slot]} (its next position)"
+                )
+            if s + m > c.max_seq:
+                raise ValueError(f"slot {slot}: positions {s}..{s + m - 1}; allowed: 0..{c.max_seq - 1} (max_seq)")
+        T = sum(lens)
+        if T > c.max_tokens:
+            raise ValueError(f"{T} tokens in the step; allowed: 1..{c.max_tokens} (max_tokens)")
+        B = pool.block_rows
+        for r in pool.ratios:
+            need = 0
+            for slot, s, m in zip(slots, starts, lens):
+                have = 0 if s == 0 else len(pool.blocks_of[r][slot])
+                need += max(0, -(-pool.rows_needed(r, s + m + r - 1) // B) - have)
+            free = len(pool.free_blocks[r]) + sum(len(pool.blocks_of[r][sl]) for sl, s in zip(slots, starts) if s == 0)
+            if need > free:
+                raise ValueError(
+                    f"the step needs {need} more blocks of ratio {r}; allowed: at most the {free} free "
+                    f"(release finished slots, or build the pool with more blocks)"
+                )
+        # nothing below can fail: allocate and build the metadata
+        for slot, s, m in zip(slots, starts, lens):
+            if s == 0:
+                pool.release(slot)
+                for i in pool.comp_g:
+                    pool.comp_g[i][slot].fill_(float("-inf"))
+                    pool.comp_a[i][slot].zero_()
+            for r in pool.ratios:
+                want = -(-pool.rows_needed(r, s + m + r - 1) // B)  # room for the group in progress
+                mine = pool.blocks_of[r][slot]
+                while len(mine) < want:
+                    blk = pool.free_blocks[r].pop()
+                    pool.tables[r][slot, len(mine)] = blk
+                    mine.append(blk)
+        self._step = self._metadata(list(slots), list(starts), list(lens))
+        return self._step
+
+    def _metadata(self, slots, starts, lens) -> BatchStep:
+        c, pool, dev = self.cfg, self.pool, self.device
+        W = c.window
+        offsets, t0 = [], 0
+        for m in lens:
+            offsets.append(t0)
+            t0 += m
+        T = t0
+        pos = torch.cat([torch.arange(s, s + m, dtype=torch.int32) for s, m in zip(starts, lens)])
+        tok_slot = torch.cat([torch.full((m,), sl, dtype=torch.int32) for sl, m in zip(slots, lens)])
+        start = torch.cat([torch.full((m,), s, dtype=torch.int64) for s, m in zip(starts, lens)])
+        off = torch.cat([torch.full((m,), o, dtype=torch.int64) for o, m in zip(offsets, lens)])
+        mm = torch.cat([torch.full((m,), m, dtype=torch.int64) for m in lens])
+        p = pos.long()[:, None]
+        col = torch.arange(W, dtype=torch.int64)[None, :]
+        prefill = (start == 0)[:, None]
+        # released prefill layout: positions max(0, p−W+1) + c, −1 past p, width min(m, W);
+        # decode layout: position p−W+1+c, −1 where negative, width W
+        q = torch.where(prefill, (p - W + 1).clamp_min(0) + col, p - W + 1 + col)
+        width = torch.where(prefill[:, 0], mm.clamp_max(W), torch.full_like(mm, W))
+        present = (q >= 0) & (q <= p) & (col < width[:, None])
+        in_call = q >= start[:, None]
+        ring_row = tok_slot.long()[:, None] * W + q.remainder(W)
+        stage_row = pool.ring_rows + off[:, None] + (q - start[:, None])
+        win = torch.where(present, torch.where(in_call, stage_row, ring_row), -1).to(torch.int32)
+        # ring writes after attention: the last min(m, W) tokens of each sequence
+        keep = pos.long() >= (start + mm - W)
+        idx = torch.arange(T)[keep]
+        ring_dst = tok_slot.long()[keep] * W + pos.long()[keep].remainder(W)
+        return BatchStep(
+            slots,
+            starts,
+            lens,
+            offsets,
+            T,
+            pos.to(dev),
+            tok_slot.to(dev),
+            win.to(dev),
+            width.to(dev),
+            ring_dst.to(dev),
+            idx.to(dev),
+        )
+
+    def forward(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> torch.Tensor:
+        """Layer `w.role.layer` (the step's next) for the step's T tokens (bf16 `[T, dim]`,
+        sequences contiguous in `step` order). Returns `[T, dim]` bf16, a view valid until
+        the next call."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        role = w.role
+        i, r = role.layer, role.ratio
+        if step is not self._step or step.next_layer != i:
+            want = "none (call begin)" if self._step is None else f"layer {self._step.next_layer} of the last begin"
+            raise ValueError(f"layer {i} of a step; allowed: {want}")
+        m_x = attn._check_x(x)
+        if m_x != step.T:
+            raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
+        attn._check_role(w)
+        attn._check_weights(w)
+        T, W, D = step.T, c.window, c.head_dim
+        pos = step.pos
+        cos, sin = attn._tables(r)
+        cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, None)
+        ring = pool.ring[i]
+        ring[pool.ring_rows : pool.ring_rows + T].copy_(kv)
+        sel = self.sel_buf[:T]
+        sel.fill_(-1)
+        sel[:, :W].copy_(step.win_sel)
+        comp = attn._empty_rows
+        if r > 0:
+            src = _latest(c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].ratio == r)
+            if role.is_kv_source:
+                self._compress(w, x, step)
+            if role.is_index_source:
+                self._select(
+                    w,
+                    cq,
+                    x,
+                    step,
+                    _latest(
+                        c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].is_index_source and c.roles[j].ratio == r
+                    ),
+                    cos,
+                    sin,
+                    hw_done,
+                )
+            isrc = _latest(c, i, lambda j: c.roles[j].is_index_source and c.roles[j].ratio == r)
+            logical = self.sel_pub[isrc]
+            phys = pool.physical(r, step.tok_slot[:, None].expand_as(logical), logical)
+            phys = torch.where(phys >= 0, phys + ring.shape[0], -1).to(torch.int32)
+            # the compressed part starts at the token's window width
+            K = c.index_topk
+            colk = torch.arange(W + K, device=self.device)[None, :] - step.win_width[:, None]
+            take = (colk >= 0) & (colk < K)
+            comp_part = torch.gather(phys, 1, colk.clamp(0, K - 1))
+            sel.copy_(torch.where(take, comp_part, torch.where(colk < 0, sel, -1)))
+            comp = pool.compress_kv[src]
+        width = attn._width(r)
+        rot = (cos, sin, pos, attn.o_rot[:T])
+        o = ops.sparse_attn_decode(
+            q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
+        )
+        out = attn._output(w, o, pos, cos, sin, T, rotated=True)
+        ring.index_copy_(0, step.ring_dst, kv.index_select(0, step.ring_src))
+        step.next_layer += 1
+        if step.next_layer == c.n_layers:
+            for slot, s, m in zip(step.slots, step.starts, step.lens):
+                pool.length[slot] = s + m
+        return out
+
+    def step(self, weights, xs, slots, starts, lens, keep: bool = True) -> list[torch.Tensor]:
+        """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each
+        layer's output (cloned with `keep`)."""
+        st = self.begin(slots, starts, lens)
+        return [
+            (lambda y: y.clone() if keep else y)(self.forward(weights[i], xs[i], st)) for i in range(self.cfg.n_layers)
+        ]
+
+    # ------------------------------------------------------------------ pieces
+    def _compress(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
+        """The step's tokens into layer i's compressor per sequence (its group in progress
+        first); completed groups into the pools at their physical rows (one fused chain
+        each for the rows and the index keys, over every sequence's new rows)."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        i, r, D = w.role.layer, w.role.ratio, c.head_dim
+        rows_logical, row_slot, lat = [], [], []
+        if r == 1:
+            lat_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.lat_pre[: step.T])
+            for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
+                rows_logical.append(torch.arange(s, s + m))
+                row_slot.append(torch.full((m,), slot))
+            n_all = step.T
+        else:
+            a_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.comp_a[: step.T])
+            g_all = ops.mm(x, w["compressor.wgate.weight"], out=attn.comp_g[: step.T])
+            sa, sg = pool.comp_a[i], pool.comp_g[i]
+            for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
+                j0 = s // r
+                h = s - j0 * r
+                a = torch.cat([sa[slot, :h], a_all[o : o + m]])
+                g = torch.cat([sg[slot, :h], g_all[o : o + m]])
+                n = (h + m) // r
+                rem = h + m - n * r
+                sa[slot, :rem].copy_(a[n * r :])
+                sg[slot, :rem].copy_(g[n * r :])
+                if n == 0:
+                    continue
+                sa[slot, rem:].copy_(a[(n - 1) * r + rem : n * r])
+                sg[slot, rem:].fill_(float("-inf"))
+                lat.append(ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D)))
+                rows_logical.append(torch.arange(j0, j0 + n))
+                row_slot.append(torch.full((n,), slot))
+            n_all = sum(len(t) for t in rows_logical)
+            if n_all == 0:
+                return
+            lat_all = attn.lat_pre[:n_all]
+            lat_all.copy_(torch.cat(lat))
+        logical = torch.cat(rows_logical).to(self.device)
+        slots = torch.cat(row_slot).to(self.device)
+        phys = pool.physical(r, slots, logical)
+        row_pos = (logical * r).to(torch.int32)
+        latent = ops.compress_kv_chain(
+            lat_all,
+            w["compressor.norm.weight"],
+            c.norm_eps,
+            attn.yarn_cos,
+            attn.yarn_sin,
+            row_pos,
+            phys,
+            attn.latent[:n_all],
+            pool.compress_kv[i],
+            attn.nonfinite,
+        )
+        kp = ops.mm(latent, w["indexer.wk.weight"], out=attn.k_pre[:n_all])
+        ops.index_k_chain(
+            kp,
+            w["indexer.k_norm.weight"],
+            c.norm_eps,
+            attn.yarn_cos,
+            attn.yarn_sin,
+            row_pos,
+            phys,
+            pool.index_k[i],
+            attn.nonfinite,
+        )
+
+    def _select(self, w, cq, x, step: BatchStep, keys_layer: int, cos, sin, hw_done: bool) -> None:
+        """An index source's queries, then per sequence its scores over its visible keys,
+        the candidate mask or its use, and the top-k (logical rows, −1 padded)."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        i, r = w.role.layer, w.role.ratio
+        T = step.T
+        iq, hw = attn.iq[:T], attn.hw[:T]
+        if not hw_done:
+            attn._linear(w, "indexer.wq_b", cq, iq.view(T, -1))
+            ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
+        ops.index_q_chain(iq, cos, sin, step.pos, iq)
+        hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
+        K = c.index_topk
+        pub = torch.full((T, K), -1, dtype=torch.int32, device=self.device)
+        if w.role.is_candidate_source:
+            self.cand_pub = [None] * len(step.slots)
+        for b, (slot, s, m, o) in enumerate(zip(step.slots, step.starts, step.lens, step.offsets)):
+            L = (s + m) // r
+            if L == 0:
+                continue
+            keys = pool.cache_rows(keys_layer, slot, L, keys=True)
+            pos = step.pos[o : o + m]
+            vis = torch.div(pos + 1, r, rounding_mode="floor")
+            scores = ops.index_scores(iq[o : o + m], hw[o : o + m], keys, vis)
+            if w.role.is_candidate_source:
+                self.cand_pub[b] = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
+            if w.role.uses_candidates:
+                scores = scores.masked_fill(~self.cand_pub[b], float("-inf"))
+            k = min(K, L)
+            pub[o : o + m, :k] = ops.topk_select(
+                scores, vis, k, 0, out=torch.empty(m, k, dtype=torch.int32, device=self.device)
+            )
+        self.sel_pub[i] = pub
+
+
+def _latest(cfg: AttnV41Cfg, i: int, pred) -> int:
+    """The latest layer j ≤ i with pred(j) (the static wiring of published state)."""
+    for j in range(i, -1, -1):
+        if pred(j):
+            return j
+    raise ValueError(f"layer {i}: no earlier layer publishes what it reads")
