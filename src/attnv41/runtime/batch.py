@@ -71,7 +71,7 @@ class SeqPool:
         self.cfg, self.n_slots, self.block_rows, self.device = cfg, n_slots, block_rows, dev
         W, D, B = c.window, c.head_dim, block_rows
         self.ratios = sorted({c.roles[i].ratio for i in c.kv_source_layers})
-        self.max_blocks = {r: -(-(-(-c.max_seq // r)) // B) for r in self.ratios}
+        self.max_blocks = {r: _cdiv(_cdiv(c.max_seq, r), B) for r in self.ratios}
         blocks = dict(blocks or {})
         for r in blocks:
             if r not in self.ratios:
@@ -212,7 +212,7 @@ class BatchV41:
             need = 0
             for slot, s, m in zip(slots, starts, lens):
                 have = 0 if s == 0 else len(pool.blocks_of[r][slot])
-                need += max(0, -(-pool.rows_needed(r, s + m + r - 1) // B) - have)
+                need += max(0, _cdiv(pool.rows_needed(r, s + m + r - 1), B) - have)
             free = len(pool.free_blocks[r]) + sum(len(pool.blocks_of[r][sl]) for sl, s in zip(slots, starts) if s == 0)
             if need > free:
                 raise ValueError(
@@ -227,7 +227,7 @@ class BatchV41:
                     pool.comp_g[i][slot].fill_(float("-inf"))
                     pool.comp_a[i][slot].zero_()
             for r in pool.ratios:
-                want = -(-pool.rows_needed(r, s + m + r - 1) // B)  # room for the group in progress
+                want = _cdiv(pool.rows_needed(r, s + m + r - 1), B)  # room for the group in progress
                 mine = pool.blocks_of[r][slot]
                 while len(mine) < want:
                     blk = pool.free_blocks[r].pop()
@@ -294,7 +294,7 @@ class BatchV41:
             raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
         attn._check_role(w)
         attn._check_weights(w)
-        T, W, D = step.T, c.window, c.head_dim
+        T, W = step.T, c.window
         pos = step.pos
         cos, sin = attn._tables(r)
         cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, None)
@@ -363,7 +363,7 @@ class BatchV41:
         rows_logical, row_slot, lat = [], [], []
         if r == 1:
             lat_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.lat_pre[: step.T])
-            for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
+            for slot, s, m in zip(step.slots, step.starts, step.lens):
                 rows_logical.append(torch.arange(s, s + m))
                 row_slot.append(torch.full((m,), slot))
             n_all = step.T
@@ -454,6 +454,10 @@ class BatchV41:
                 scores, vis, k, 0, out=torch.empty(m, k, dtype=torch.int32, device=self.device)
             )
         self.sel_pub[i] = pub
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _latest(cfg: AttnV41Cfg, i: int, pred) -> int:
