@@ -1,0 +1,188 @@
+"""Batched steps (`BatchV41` over a `SeqPool`) on the CPU: each sequence's outputs and
+cache rows equal its own single-sequence run (`RuntimeStack`, the same chunking) bit for
+bit, whatever else is in the batch; paged placement changes nothing; bad metadata is
+refused with the allowed range and changes nothing."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnv41.runtime import RuntimeStack
+from attnv41.runtime.batch import BatchV41
+from attnv41.weights import AttnV41LayerWeights
+from helpers import random_inputs, random_weights, small_cfg
+
+RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 4, 4, 1, 1, 1), (0, 1, 1, 1, 1, 1)]
+
+
+def _setup(ratios, window, seed, n_slots, block_rows, blocks=None, topk=6):
+    cfg = small_cfg(window=window, index_topk=topk, compress_ratios=ratios, max_seq=64, max_tokens=64)
+    w = random_weights(cfg, seed)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(cfg.n_layers)]
+    xs = [random_inputs(cfg, 64, seed + 100 + k) for k in range(n_slots)]
+    return cfg, w, wts, xs, BatchV41(cfg, n_slots=n_slots, block_rows=block_rows, blocks=blocks)
+
+
+def _schedule(rng, n_slots, steps, max_len=60):
+    """Steps of (slots, starts, lens): random subsets, prefills of 1-12 tokens, decode
+    tokens, chunks and verify-sized calls, and restarts of a slot at 0."""
+    length, out = [0] * n_slots, []
+    for _ in range(steps):
+        slots = rng.sample(range(n_slots), rng.randint(1, n_slots))
+        starts, lens = [], []
+        for sl in slots:
+            restart = length[sl] and rng.random() < 0.1
+            s = 0 if restart else length[sl]
+            m = rng.randint(1, 12) if s == 0 else rng.choice([1, 1, 1, 2, 3, 5, 9])
+            m = max(1, min(m, max_len - s))
+            if s + m > max_len:
+                s, m = 0, rng.randint(1, 12)
+            starts.append(s)
+            lens.append(m)
+            length[sl] = s + m
+        out.append((slots, starts, lens))
+    return out
+
+
+def _run(cfg, w, wts, xs, bt, schedule, compare=True):
+    """Run the schedule batched; with `compare`, each sequence also alone. Returns the
+    batched outputs per step."""
+    seqs = {}
+    got = []
+    for slots, starts, lens in schedule:
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        outs = bt.step(wts, bx, slots, starts, lens)
+        got.append(outs)
+        if not compare:
+            continue
+        o = 0
+        for sl, s, m in zip(slots, starts, lens):
+            if s == 0:
+                seqs[sl] = RuntimeStack(cfg, w)
+            ref = seqs[sl].step([x[s : s + m] for x in xs[sl]], s, keep=True)
+            for i in range(cfg.n_layers):
+                assert torch.equal(ref[i], outs[i][o : o + m]), f"slot {sl} [{s}, {s + m}) L{i}"
+            o += m
+    if compare:
+        for sl, rt in seqs.items():
+            for i in cfg.kv_source_layers:
+                n = rt.states[i].n_rows
+                assert torch.equal(bt.pool.cache_rows(i, sl, n), rt.states[i].compress_kv[:n]), f"slot {sl} L{i} rows"
+                assert torch.equal(bt.pool.cache_rows(i, sl, n, keys=True), rt.states[i].index_k[:n]), f"L{i} keys"
+    return got
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS),
+    window=st.sampled_from([4, 8, 16]),
+    block_rows=st.sampled_from([1, 3, 4, 64]),
+    seed=st.integers(0, 10_000),
+)
+def test_batched_equals_each_sequence_alone(ratios, window, block_rows, seed):
+    cfg, w, wts, xs, bt = _setup(ratios, window, seed, 4, block_rows)
+    _run(cfg, w, wts, xs, bt, _schedule(random.Random(seed), 4, 8))
+
+
+def test_paged_placement_changes_nothing():
+    """The same schedule over a pool whose blocks are handed out in a scrambled order
+    gives the same bytes as in-order placement."""
+    sched = _schedule(random.Random(3), 3, 10)
+    cfg, w, wts, xs, a = _setup((0, 2, 2, 1, 1, 1), 8, 3, 3, 2)
+    *_, b = _setup((0, 2, 2, 1, 1, 1), 8, 3, 3, 2)
+    for r in b.pool.free_blocks:
+        random.Random(r).shuffle(b.pool.free_blocks[r])
+    ga, gb = _run(cfg, w, wts, xs, a, sched, compare=False), _run(cfg, w, wts, xs, b, sched, compare=False)
+    assert any(not torch.equal(a.pool.tables[r], b.pool.tables[r]) for r in a.pool.ratios)
+    for sa, sb in zip(ga, gb):
+        assert all(torch.equal(u, v) for u, v in zip(sa, sb))
+
+
+def _pool_snapshot(bt):
+    p = bt.pool
+    return {
+        "length": list(p.length),
+        "free": {r: list(v) for r, v in p.free_blocks.items()},
+        "owned": {r: [list(b) for b in v] for r, v in p.blocks_of.items()},
+        "tensors": [t.clone() for t in (*p.tables.values(), *p.ring, *p.compress_kv.values(), *p.index_k.values())]
+        + [t.clone() for t in (*p.comp_a.values(), *p.comp_g.values())],
+    }
+
+
+def _same_pool(a, b):
+    for k in ("length", "free", "owned"):
+        assert a[k] == b[k], k
+    assert all(torch.equal(x, y) for x, y in zip(a["tensors"], b["tensors"]))
+
+
+@pytest.fixture
+def mid_batch():
+    cfg, w, wts, xs, bt = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 9, 1: 15})
+    _run(cfg, w, wts, xs, bt, [([0, 1], [0, 0], [9, 5]), ([1, 0], [5, 9], [1, 2])], compare=False)
+    return cfg, wts, xs, bt
+
+
+def _x(cfg, T):
+    return [torch.zeros(T, cfg.dim, dtype=torch.bfloat16) for _ in range(cfg.n_layers)]
+
+
+REFUSED = {
+    "slot_out_of_range": (lambda bt, cfg, wts: bt.begin([3], [0], [1]), "slot = 3; allowed: 0..2"),
+    "slot_twice": (lambda bt, cfg, wts: bt.begin([1, 1], [6, 6], [1, 1]), "slots [1] appear twice"),
+    "skipped_position": (
+        lambda bt, cfg, wts: bt.begin([0], [12], [1]),
+        "start = 12; allowed: 0 (a new sequence) or 11",
+    ),
+    "zero_tokens": (lambda bt, cfg, wts: bt.begin([0], [11], [0]), "lens = 0; allowed: >= 1"),
+    "past_max_seq": (lambda bt, cfg, wts: bt.begin([0], [11], [60]), "positions 11..70; allowed: 0..63"),
+    "too_many_tokens": (
+        lambda bt, cfg, wts: bt.begin([2, 0], [0, 0], [40, 30]),
+        "70 tokens in the step; allowed: 1..64",
+    ),
+    "counts_differ": (lambda bt, cfg, wts: bt.begin([0, 1], [11], [1, 1]), "2 slots, 1 starts, 2 lens"),
+    "not_ints": (lambda bt, cfg, wts: bt.begin([0], [11.0], [1]), "starts = [11.0]; allowed: a list of ints"),
+    "out_of_blocks": (
+        lambda bt, cfg, wts: bt.begin([2], [0], [44]),
+        "the step needs 11 more blocks of ratio 1; allowed: at most the 10 free",
+    ),
+    "layer_out_of_order": (
+        lambda bt, cfg, wts: bt.forward(wts[1], _x(cfg, 1)[1], bt.begin([0], [11], [1])),
+        "layer 1 of a step; allowed: layer 0 of the last begin",
+    ),
+    "rows_differ": (
+        lambda bt, cfg, wts: bt.forward(wts[0], _x(cfg, 2)[0], bt.begin([0], [11], [1])),
+        "x has 2 rows; allowed: the step's 1 tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED), ids=list(REFUSED))
+def test_bad_metadata_is_refused_and_changes_nothing(mid_batch, case):
+    cfg, wts, xs, bt = mid_batch
+    call, msg = REFUSED[case]
+    before = _pool_snapshot(bt)
+    with pytest.raises((ValueError, TypeError)) as e:
+        call(bt, cfg, wts)
+    assert msg in str(e.value), str(e.value)
+    _same_pool(before, _pool_snapshot(bt))
+
+
+def test_begin_during_a_step_is_refused(mid_batch):
+    cfg, wts, xs, bt = mid_batch
+    stp = bt.begin([0], [11], [1])
+    bt.forward(wts[0], _x(cfg, 1)[0], stp)
+    with pytest.raises(ValueError, match="begin during a step \\(layer 1 runs next\\); allowed: after layer 5"):
+        bt.begin([1], [6], [1])
+
+
+def test_release_returns_the_blocks(mid_batch):
+    cfg, wts, xs, bt = mid_batch
+    free = {r: len(v) for r, v in bt.pool.free_blocks.items()}
+    owned = {r: len(bt.pool.blocks_of[r][0]) for r in bt.pool.ratios}
+    bt.pool.release(0)
+    assert bt.pool.length[0] == 0
+    assert {r: len(v) for r, v in bt.pool.free_blocks.items()} == {r: free[r] + owned[r] for r in free}
+    assert all((bt.pool.tables[r][0] == -1).all() for r in bt.pool.ratios)
