@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from .compare import KINDS, LayerReport, ReplayReport
-from .golden import IMPLS, VARIANTS, GoldenFile, GoldenFormatError, bundled_golden_path, replay
+from .golden import IMPLS, VARIANTS, GoldenFile, GoldenFormatError, bundled_golden_path, replay, replay_batched
 
 COLS = tuple(k for k in KINDS)
 SHORT = {
@@ -84,6 +84,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if chunk is not None and chunk < 1:
         print(f"attnv41 check: --prefill-chunk {chunk}; allowed: >= 1", file=sys.stderr)
         return 2
+    if args.batch is not None:
+        return _check_batched(args, golden, chunk)
     if chunk is not None and args.variant == "both":
         # In released mode a chunk that completes no group of a Full layer scores against
         # the keys another layer published last (attention-v41.md §9): chunked and one-shot
@@ -129,6 +131,44 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {impl}{chunked}, "
         f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s"
+    )
+    return 0 if failed == 0 else 1
+
+
+def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | None) -> int:
+    """`check --batch N`: the golden sequence in one slot of batched steps (BatchV41) beside
+    N − 1 random sequences, then alone (batch 1): the golden rules, and the golden slot's
+    bytes identical between the two runs."""
+    n = args.batch
+    if n < 1:
+        print(f"attnv41 check: --batch {n}; allowed: >= 1", file=sys.stderr)
+        return 2
+    if args.variant == "released":
+        print("attnv41 check: --batch runs the intended variant only (own index keys)", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("attnv41 check: --device cuda requested but torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+    t0 = time.perf_counter()
+    with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):
+        rep, n_cmp, bad = replay_batched(golden, device=args.device, batch=n, chunk=chunk, seed=args.seed)
+    _print_report(rep, sys.stdout)
+    problems = rep.problems()
+    for p in problems:
+        print(f"-- {golden.name}/intended: FAIL: {p}")
+    for b in bad[:20]:
+        print(f"-- batch invariance: FAIL: {b} differs from the batch-1 run")
+    failed = rep.n_failed + len(problems) + len(bad)
+    verdict = "PASS" if failed == 0 else "FAIL"
+    chunked = "" if chunk is None else f", prefill in chunks of {chunk}"
+    print(
+        f"\n{verdict}: {golden.path.name} ({golden.name}), intended, batched runtime, batch {n}{chunked}, "
+        f"device {args.device}: {rep.n_compared} tensors compared, {rep.n_failed} failed, {rep.n_skipped} skipped; "
+        f"batch invariance: {n_cmp} traced tensors against the batch-1 run, {len(bad)} differ; "
+        f"{time.perf_counter() - t0:.1f} s"
     )
     return 0 if failed == 0 else 1
 
@@ -291,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the prefill in chunks of C tokens (continuations after the first) and compare it, "
         "reassembled, with the one-shot prefill's tensors",
     )
+    c.add_argument(
+        "--batch",
+        type=int,
+        metavar="N",
+        help="run the golden sequence in one slot of batched steps (BatchV41, paged caches) beside N-1 "
+        "random sequences at other positions and lengths, then alone: the golden rules, and its bytes "
+        "identical to the batch-1 run (intended variant; --impl is not used)",
+    )
+    c.add_argument("--seed", type=int, default=0, help="with --batch: draws the other sequences and the order")
     c.set_defaults(func=cmd_check)
     d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")
     d.add_argument(

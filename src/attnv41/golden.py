@@ -335,55 +335,58 @@ class ChunkedPrefill:
             for i in range(cfg.n_layers):
                 tr = self.inner.layer(i, xs[i][s:e], s)
                 parts[i].append((s, e, {k: _cpu_clone(getattr(tr, k, None)) for k in _CHUNK_FIELDS}))
-        return [self._assemble(i, parts[i], n) for i in range(cfg.n_layers)]
+        return [assemble_chunks(cfg, i, parts[i], n) for i in range(cfg.n_layers)]
 
-    def _assemble(self, i: int, parts, n: int) -> _ChunkTrace:
-        cfg, W = self.cfg, self.cfg.window
-        r = cfg.roles[i].ratio
-        L = n // r if r else 0
-        k = min(cfg.index_topk, L)
-        out = _ChunkTrace()
-        for f in ("q", "o", "out"):
-            setattr(out, f, torch.cat([p[2][f] for p in parts]))
-        rows, sels, scores, cands = [], [], [], []
-        for s, e, t in parts:
-            m = e - s
-            decode = s > 0 and m == 1
-            kv = t["kv_win"]
-            rows.append(kv[s % W : s % W + 1] if decode else kv[-m:])
-            wc = W if s > 0 else min(m, W)
-            off = W if decode else kv.shape[0]
-            base = 0 if s == 0 else max(0, s - W + 1)
-            for row in range(m):
-                p = s + row
-                vals = t["sel"][row].tolist()
-                if decode:
-                    win = [p - W + 1 + c for c, v in enumerate(vals[:wc]) if v >= 0]
-                else:
-                    win = [v + base for v in vals[:wc] if v >= 0]
-                win = sorted(win) + [-1] * (min(n, W) - len(win))
-                comp = [v - off + n if v >= 0 else -1 for v in vals[wc:]]
-                sels.append(win + comp + [-1] * (k - len(comp)))
-            # a chunk with no visible row yet scores nothing: −∞ (no candidate) in the one-shot rows
-            sc = torch.full((m, L), float("-inf"), dtype=torch.bfloat16)
-            if t["index_score"] is not None:
-                sc[:, : t["index_score"].shape[1]] = t["index_score"]
-            scores.append((t["index_score"] is not None, sc))
-            B = cfg.cand_block
-            blocks = torch.zeros(m, -(-L // B), dtype=torch.bool)
-            if t["candidates"] is not None:
-                c = t["candidates"]
-                blocks[:, : -(-c.shape[1] // B)] = c[:, ::B]  # a block's mask value, from its first position
-            cands.append((t["candidates"] is not None, blocks.repeat_interleave(B, dim=1)[:, :L]))
-        out.kv_win = torch.cat(rows)
-        out.sel = torch.tensor(sels, dtype=torch.int32)
-        last = parts[-1][2]
-        out.compress_kv, out.index_k, out.index_k_owner = last["compress_kv"], last["index_k"], last["index_k_owner"]
-        if any(made for made, _ in scores):
-            out.index_score = torch.cat([v for _, v in scores])
-        if any(made for made, _ in cands):
-            out.candidates = torch.cat([v for _, v in cands])
-        return out
+
+def assemble_chunks(cfg: AttnV41Cfg, i: int, parts, n: int) -> _ChunkTrace:
+    """Layer i's calls over a prompt of n tokens, `parts` = [(start, end, fields)] in
+    `AttnV41.forward`'s encoding, as one trace in the one-shot prefill's (`ChunkedPrefill`)."""
+    W = cfg.window
+    r = cfg.roles[i].ratio
+    L = n // r if r else 0
+    k = min(cfg.index_topk, L)
+    out = _ChunkTrace()
+    for f in ("q", "o", "out"):
+        setattr(out, f, torch.cat([p[2][f] for p in parts]))
+    rows, sels, scores, cands = [], [], [], []
+    for s, e, t in parts:
+        m = e - s
+        decode = s > 0 and m == 1
+        kv = t["kv_win"]
+        rows.append(kv[s % W : s % W + 1] if decode else kv[-m:])
+        wc = W if s > 0 else min(m, W)
+        off = W if decode else kv.shape[0]
+        base = 0 if s == 0 else max(0, s - W + 1)
+        for row in range(m):
+            p = s + row
+            vals = t["sel"][row].tolist()
+            if decode:
+                win = [p - W + 1 + c for c, v in enumerate(vals[:wc]) if v >= 0]
+            else:
+                win = [v + base for v in vals[:wc] if v >= 0]
+            win = sorted(win) + [-1] * (min(n, W) - len(win))
+            comp = [v - off + n if v >= 0 else -1 for v in vals[wc:]]
+            sels.append(win + comp + [-1] * (k - len(comp)))
+        # a chunk with no visible row yet scores nothing: −∞ (no candidate) in the one-shot rows
+        sc = torch.full((m, L), float("-inf"), dtype=torch.bfloat16)
+        if t["index_score"] is not None:
+            sc[:, : t["index_score"].shape[1]] = t["index_score"]
+        scores.append((t["index_score"] is not None, sc))
+        B = cfg.cand_block
+        blocks = torch.zeros(m, -(-L // B), dtype=torch.bool)
+        if t["candidates"] is not None:
+            c = t["candidates"]
+            blocks[:, : -(-c.shape[1] // B)] = c[:, ::B]  # a block's mask value, from its first position
+        cands.append((t["candidates"] is not None, blocks.repeat_interleave(B, dim=1)[:, :L]))
+    out.kv_win = torch.cat(rows)
+    out.sel = torch.tensor(sels, dtype=torch.int32)
+    last = parts[-1][2]
+    out.compress_kv, out.index_k, out.index_k_owner = last["compress_kv"], last["index_k"], last["index_k_owner"]
+    if any(made for made, _ in scores):
+        out.index_score = torch.cat([v for _, v in scores])
+    if any(made for made, _ in cands):
+        out.candidates = torch.cat([v for _, v in cands])
+    return out
 
 
 _CHUNK_FIELDS = (
@@ -404,6 +407,119 @@ def _cpu_clone(v):
     return v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
 
 
+class _Trace:
+    """A trace from a dict of `AttnV41Run` field names (absent fields None)."""
+
+    def __init__(self, fields: dict):
+        for k in _CHUNK_FIELDS:
+            setattr(self, k, fields.get(k))
+
+
+class BatchedGolden:
+    """The golden file's sequence in one slot of a batched step (`BatchV41`) beside
+    `batch − 1` other sequences of random tokens at other positions and lengths: fresh
+    prompts, decode tokens, chunks, restarts when one reaches max_seq. The prefill runs
+    whole or in chunks of `chunk` tokens (the others' tokens in the same steps); its
+    calls are assembled in the one-shot encoding (`assemble_chunks`), the decode steps
+    compared as they are. Every trace of the golden slot is kept in `log`, so two runs
+    (batch N and batch 1) can be compared byte for byte. Intended variant only (own
+    index keys). `seed` draws the other sequences, the slot and the order in each step."""
+
+    def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device, batch: int, chunk=None, seed: int = 0):
+        import random
+
+        from .runtime.batch import BatchV41
+        from .synthetic import random_inputs
+        from .weights import AttnV41LayerWeights
+
+        if index_keys != "own":
+            raise GoldenFormatError(f"a batched replay with index_keys = {index_keys!r}; allowed: 'own' (intended)")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch = {batch!r}; allowed: an int >= 1")
+        self.cfg, self.chunk, self.batch = cfg, chunk, batch
+        self.rng = random.Random(seed)
+        self.bt = BatchV41(cfg, device, n_slots=batch, block_rows=8)
+        self.attn = self.bt.attn
+        self.weights = [
+            AttnV41LayerWeights.from_state_dict(cfg.roles[i], weights[i], cfg=cfg, device=self.attn.device)
+            for i in range(cfg.n_layers)
+        ]
+        self.slot = self.rng.randrange(batch)
+        self.bt.trace_slot = self.slot
+        self.others = {
+            sl: random_inputs(cfg, cfg.max_seq, seed + 1000 + sl, device=self.attn.device)
+            for sl in range(batch)
+            if sl != self.slot
+        }
+        self.log: list[dict] = []
+
+    def layer(self, i: int, x: torch.Tensor, start_pos: int):
+        raise RuntimeError("a batched replay runs whole steps (prefill_step, decode_step)")
+
+    def _step(self, xs, s: int, m: int) -> list[dict]:
+        c, pool = self.cfg, self.bt.pool
+        room = c.max_tokens - m
+        slots, starts, lens, inputs = [self.slot], [s], [m], [xs]
+        for sl in sorted(self.others):
+            if room == 0:
+                break
+            ln = pool.length[sl]
+            if ln == 0 or ln + 1 > c.max_seq or self.rng.random() < 0.05:
+                st, n = 0, self.rng.randint(1, max(1, min(c.max_seq // 2, room)))
+            else:
+                st, n = ln, self.rng.choice([1, 1, 1, 2, 3, 5])
+            n = max(1, min(n, room, c.max_seq - st))
+            room -= n
+            slots.append(sl)
+            starts.append(st)
+            lens.append(n)
+            inputs.append([x[st : st + n] for x in self.others[sl]])
+        order = list(range(len(slots)))
+        self.rng.shuffle(order)
+        slots, starts, lens, inputs = ([v[j] for j in order] for v in (slots, starts, lens, inputs))
+        step = self.bt.begin(slots, starts, lens)
+        traces = []
+        for i in range(c.n_layers):
+            self.bt.forward(self.weights[i], torch.cat([inp[i] for inp in inputs]), step)
+            t = {k: _cpu_clone(self.bt.trace.get(k)) for k in _CHUNK_FIELDS}
+            traces.append(t)
+            self.log.append(t)
+        return traces
+
+    def prefill_step(self, xs) -> list[_ChunkTrace]:
+        cfg = self.cfg
+        n = xs[0].shape[0]
+        size = n if self.chunk is None else self.chunk
+        parts: list[list] = [[] for _ in range(cfg.n_layers)]
+        for s in range(0, n, size):
+            e = min(n, s + size)
+            for i, t in enumerate(self._step([x[s:e] for x in xs], s, e - s)):
+                parts[i].append((s, e, t))
+        return [assemble_chunks(cfg, i, parts[i], n) for i in range(cfg.n_layers)]
+
+    def decode_step(self, xs, start_pos: int) -> list[_Trace]:
+        return [_Trace(t) for t in self._step(xs, start_pos, xs[0].shape[0])]
+
+
+def batch_invariance(a: BatchedGolden, b: BatchedGolden) -> tuple[int, list[str]]:
+    """Compare the golden slot's traces of two batched replays (e.g. batch N and batch 1)
+    byte for byte: (tensors compared, descriptions of those that differ)."""
+    if len(a.log) != len(b.log):
+        return 0, [f"{len(a.log)} against {len(b.log)} layer calls"]
+    n, bad = 0, []
+    for j, (x, y) in enumerate(zip(a.log, b.log)):
+        for k in sorted(set(x) | set(y)):
+            u, v = x.get(k), y.get(k)
+            n += 1
+            if isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor):
+                same = u.shape == v.shape and u.dtype == v.dtype and torch.equal(u, v)
+            else:
+                same = u == v
+            if not same:
+                bad.append(f"call {j} (layer {j % a.cfg.n_layers}) {k}")
+    return n, bad
+
+
 IMPLS = {"reference": reference_impl, "runtime": runtime_impl, "runtime-split": runtime_split_impl}
 
 
@@ -415,9 +531,11 @@ def replay(
     impl_name: str = "reference",
     on_layer: Callable[[LayerReport], None] | None = None,
     prefill_chunk: int | None = None,
+    impl=None,
 ) -> ReplayReport:
     """Run every regime of `golden` in order through a fresh implementation and compare.
-    `prefill_chunk`: run the prefill in chunks of that many tokens (`ChunkedPrefill`)."""
+    `prefill_chunk`: run the prefill in chunks of that many tokens (`ChunkedPrefill`).
+    `impl`: an implementation already built (`BatchedGolden`) instead of `make_impl`'s."""
     if variant not in golden.variants:
         raise GoldenFormatError(f"variant = {variant!r}; allowed: {golden.variants}")
     cfg = golden.cfg
@@ -429,8 +547,9 @@ def replay(
         )
     golden_w = [golden.weights(i) for i in range(cfg.n_layers)]
     weights = [{k: v.to(device) for k, v in w.items()} for w in golden_w]
-    impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
-    if prefill_chunk is not None:
+    if impl is None:
+        impl = make_impl(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device)
+    if prefill_chunk is not None and not isinstance(impl, BatchedGolden):
         impl = ChunkedPrefill(impl, cfg, prefill_chunk)
     report = ReplayReport(golden.name, variant, impl_name)
     rows_prefill = golden.prefill_rows
@@ -481,3 +600,21 @@ def replay(
     if attn is not None:
         report.nonfinite = attn.nonfinite_count()
     return report
+
+
+def replay_batched(
+    golden: GoldenFile, device="cpu", batch: int = 8, chunk: int | None = None, seed: int = 0
+) -> tuple[ReplayReport, int, list[str]]:
+    """`replay` of the intended variant through `BatchedGolden` (the golden sequence among
+    `batch − 1` others), then the same sequence alone (batch 1, the same chunking):
+    returns the report, the tensors compared between the two runs and those that differ
+    (batch invariance)."""
+    cfg = golden.cfg
+    weights = [{k: v.to(device) for k, v in golden.weights(i).items()} for i in range(cfg.n_layers)]
+    runs = []
+    for n in (batch, 1):
+        impl = BatchedGolden(cfg, weights, INDEX_KEYS_FOR_VARIANT["intended"], device, n, chunk, seed)
+        rep = replay(golden, "intended", device=device, impl_name=f"runtime-batch{n}", impl=impl)
+        runs.append((rep, impl))
+    n, bad = batch_invariance(runs[0][1], runs[1][1])
+    return runs[0][0], n, bad

@@ -172,6 +172,12 @@ class BatchV41:
         self.cand_pub: list[torch.Tensor | None] = []  # the candidate source's mask, per sequence
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
+        # Tracing (tests, `attnv41 check --batch`): with `trace_slot` set, every layer call
+        # leaves `trace` = what that slot's sequence computed, in the single-sequence
+        # runtime's encoding (`AttnV41Run`'s fields; see `_trace`).
+        self.trace_slot: int | None = None
+        self.trace: dict | None = None
+        self._scores: dict = {}  # the traced slot's index scores of this layer
 
     # ------------------------------------------------------------------ the step
     def begin(self, slots, starts, lens) -> BatchStep:
@@ -338,12 +344,69 @@ class BatchV41:
             q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
         )
         out = attn._output(w, o, pos, cos, sin, T, rotated=True)
+        traced = self.trace_slot is not None and self.trace_slot in step.slots
+        if traced:
+            self._trace(w, step, q, kv, o, out, sel)
         ring.index_copy_(0, step.ring_dst, kv.index_select(0, step.ring_src))
+        if (
+            traced
+            and step.starts[step.slots.index(self.trace_slot)] > 0
+            and step.lens[step.slots.index(self.trace_slot)] == 1
+        ):
+            self.trace["kv_win"] = ring[self.trace_slot * W : (self.trace_slot + 1) * W].clone()  # decode: the ring
         step.next_layer += 1
         if step.next_layer == c.n_layers:
             for slot, s, m in zip(step.slots, step.starts, step.lens):
                 pool.length[slot] = s + m
         return out
+
+    def _trace(self, w, step: BatchStep, q, kv, o, out, sel) -> None:
+        """The traced slot's layer call in `AttnV41.forward`'s encoding: window rows (a
+        prefill: its own rows; a continuation: the ring's earlier rows, then its own; a
+        decode token: the ring after its write, filled in by the caller) and the
+        selection as indices into them (compressed rows at `offset`), the top-k width
+        k = min(index_topk, L); q, o, out; on kv sources the cache rows [:L], on index
+        sources the scores and the key owner, on the candidate source the mask."""
+        c, pool = self.cfg, self.pool
+        i, r, W = w.role.layer, w.role.ratio, c.window
+        b = step.slots.index(self.trace_slot)
+        slot, s, m, o0 = step.slots[b], step.starts[b], step.lens[b], step.offsets[b]
+        rows = slice(o0, o0 + m)
+        p = torch.arange(s, s + m)[:, None]
+        col = torch.arange(W)[None, :]
+        if s == 0:
+            wc, qpos = min(m, W), (p - W + 1).clamp_min(0) + col
+            win_rows, enc = kv[rows].clone(), qpos
+        else:
+            wc, qpos = W, p - W + 1 + col
+            base = max(0, s - W + 1)
+            prev = torch.arange(base, s, device=self.device)
+            before = pool.ring[i][slot * W + prev.remainder(W)]
+            win_rows = torch.cat([before, kv[rows]])
+            enc = qpos.remainder(W) if m == 1 else qpos - base
+        present = step.win_sel[rows].cpu() >= 0
+        win = torch.where(present, enc, -1)[:, :wc].to(torch.int32)
+        t = {"q": q[rows].clone(), "o": o[rows].clone(), "out": out[rows].clone(), "kv_win": win_rows}
+        L = (s + m) // r if r else 0
+        k = min(c.index_topk, L)
+        offset = W if (s > 0 and m == 1) else win_rows.shape[0]
+        comp = torch.empty(m, 0, dtype=torch.int32)
+        if r > 0 and k > 0:
+            isrc = _latest(c, i, lambda j: c.roles[j].is_index_source and c.roles[j].ratio == r)
+            logical = self.sel_pub[isrc][rows, :k].cpu()
+            comp = torch.where(logical >= 0, logical + offset, -1).to(torch.int32)
+        t["sel"] = torch.cat([win, comp], dim=1)
+        if w.role.is_kv_source:
+            t["compress_kv"] = pool.cache_rows(i, slot, L)
+            t["index_k"] = pool.cache_rows(i, slot, L, keys=True)
+        if w.role.is_index_source and L > 0:
+            t["index_score"] = self._scores.pop(i)
+            t["index_k_owner"] = _latest(
+                c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].is_index_source and c.roles[j].ratio == r
+            )
+        if w.role.is_candidate_source and L > 0:
+            t["candidates"] = self.cand_pub[b].clone()
+        self.trace = t
 
     def step(self, weights, xs, slots, starts, lens, keep: bool = True) -> list[torch.Tensor]:
         """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each
@@ -449,6 +512,8 @@ class BatchV41:
                 self.cand_pub[b] = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
             if w.role.uses_candidates:
                 scores = scores.masked_fill(~self.cand_pub[b], float("-inf"))
+            if slot == self.trace_slot:
+                self._scores[i] = scores.clone()
             k = min(K, L)
             pub[o : o + m, :k] = ops.topk_select(
                 scores, vis, k, 0, out=torch.empty(m, k, dtype=torch.int32, device=self.device)
