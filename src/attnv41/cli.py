@@ -227,6 +227,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prefill=args.prefill,
         index_lengths=args.index_lengths,
         batches=args.batches,
+        batch_sizes=args.batch_sizes,
+        batch_contexts=args.batch_contexts,
         preset=args.preset,
         device=args.device,
         checkpoint=args.checkpoint,
@@ -373,13 +375,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--parts",
-        default="kernels,decode,prefill,peer,index",
-        help="comma-separated subset of kernels,decode,prefill,peer,index (default: all)",
+        default="kernels,decode,prefill,peer,index,batch",
+        help="comma-separated subset of kernels,decode,prefill,peer,index,batch (default: all)",
     )
     b.add_argument("--contexts", type=_ints, help="decode contexts (default 4096,32768,131072 on a GPU)")
     b.add_argument("--prefill", type=_ints, help="prefill lengths (default 2048,8192 on a GPU)")
     b.add_argument("--index-lengths", type=_ints, help="index top-k positions (default 4096 ... 1048576 on a GPU)")
     b.add_argument("--batches", type=_ints, help="batches for the peer comparison (default 1,64 on a GPU)")
+    b.add_argument(
+        "--batch-sizes", type=_ints, help="part batch: sequences per decode step (default 1,8,64,256 on a GPU)"
+    )
+    b.add_argument("--batch-contexts", type=_ints, help="part batch: contexts (default 4096,32768 on a GPU)")
     b.add_argument(
         "--preset",
         choices=("auto", "flash", "small"),

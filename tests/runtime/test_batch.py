@@ -186,3 +186,27 @@ def test_release_returns_the_blocks(mid_batch):
     assert bt.pool.length[0] == 0
     assert {r: len(v) for r, v in bt.pool.free_blocks.items()} == {r: free[r] + owned[r] for r in free}
     assert all((bt.pool.tables[r][0] == -1).all() for r in bt.pool.ratios)
+
+
+@pytest.mark.gpu
+def test_batched_on_cuda_matches_the_cpu():
+    """A schedule of mixed steps on CUDA against the same on the CPU, within the bf16
+    tolerance (selections may differ at near-ties on the GPU: a tiny config with few
+    rows per block keeps that rare; a failure names the step, slot and layer)."""
+    from attnv41.testing import compare_bf16
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg = small_cfg(window=8, compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=64, max_tokens=64)
+    w = random_weights(cfg, 41)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(cfg.n_layers)]
+    wg = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device="cuda") for i in range(cfg.n_layers)]
+    xs = [random_inputs(cfg, 64, 141 + k) for k in range(4)]
+    cpu, gpu = BatchV41(cfg, n_slots=4, block_rows=4), BatchV41(cfg, "cuda", n_slots=4, block_rows=4)
+    for j, (slots, starts, lens) in enumerate(_schedule(random.Random(41), 4, 8)):
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        oc = cpu.step(wts, bx, slots, starts, lens)
+        og = gpu.step(wg, [x.cuda() for x in bx], slots, starts, lens)
+        for i in range(cfg.n_layers):
+            c = compare_bf16(f"step {j} L{i}", og[i].cpu(), oc[i])
+            assert c.ok, c

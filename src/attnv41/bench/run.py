@@ -37,7 +37,7 @@ from .common import environment, format_table, markdown_table, measure_ceilings
 
 __all__ = ["BenchOptions", "run_bench", "PARTS", "WEIGHT_CHOICES", "write_outputs"]
 
-PARTS = ("kernels", "decode", "prefill", "peer", "index")
+PARTS = ("kernels", "decode", "prefill", "peer", "index", "batch")
 WEIGHT_CHOICES = ("both", *WEIGHT_FORMATS)
 
 GPU_DEFAULTS = dict(
@@ -45,8 +45,17 @@ GPU_DEFAULTS = dict(
     prefill=(2048, 8192),
     index_lengths=(4096, 16384, 65536, 262144, 1048576),
     batches=(1, 64),
+    batch_sizes=(1, 8, 64, 256),
+    batch_contexts=(4096, 32768),
 )
-CPU_DEFAULTS = dict(contexts=(128, 512), prefill=(64, 128), index_lengths=(4096, 16384), batches=(1, 4))
+CPU_DEFAULTS = dict(
+    contexts=(128, 512),
+    prefill=(64, 128),
+    index_lengths=(4096, 16384),
+    batches=(1, 4),
+    batch_sizes=(1, 4),
+    batch_contexts=(128,),
+)
 
 
 @dataclass
@@ -56,6 +65,8 @@ class BenchOptions:
     prefill: Sequence[int] | None = None
     index_lengths: Sequence[int] | None = None
     batches: Sequence[int] | None = None
+    batch_sizes: Sequence[int] | None = None  # part "batch": sequences per step
+    batch_contexts: Sequence[int] | None = None  # part "batch": contexts of its decode rows
     preset: str = "auto"
     device: str = "auto"
     checkpoint: str | None = None
@@ -268,8 +279,26 @@ def run_bench(
 
         return bench_index_topk(geo, dev, ceil, opts.index_lengths, reps=3 if opts.quick else 30, seed=opts.seed)
 
+    def batch():
+        from .batch import bench_batch
+
+        fmt = "bf16" if "bf16" in stack_fmts else stack_fmts[0]
+        b = bench_batch(
+            stack(fmt),
+            opts.batch_contexts,
+            opts.batch_sizes,
+            ceil,
+            steps=3 if opts.quick else 10,
+            chunk=2048 if dev.type == "cuda" else 32,
+            seed=opts.seed,
+        )
+        count()
+        res["batch_prefill"] = b["prefill"]
+        return b["decode"]
+
     # One part failing does not stop the others; its error is kept and the command fails.
-    for name, fn in (("kernels", kernels), ("decode", decode), ("prefill", prefill), ("peer", peer), ("index", index)):
+    parts = (("kernels", kernels), ("decode", decode), ("prefill", prefill), ("peer", peer), ("index", index))
+    for name, fn in (*parts, ("batch", batch)):
         if name not in opts.parts:
             continue
         t = time.perf_counter()
@@ -303,6 +332,7 @@ def _peer_estimate(res: dict, cfg) -> None:
 
 
 def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
+    from .batch import BATCH_COLUMNS, CHUNK_COLUMNS
     from .index import INDEX_COLS
     from .kernels import KERNEL_COLS
     from .peer import PEER_COLS
@@ -316,6 +346,8 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
         ("peer", "(c) sparse attention vs FlashMLA legacy sparse decode", PEER_COLS),
         ("index", "(d) index scores + top-k, one query", INDEX_COLS),
         ("prefill", "(e) prefill through 40 layers", PREFILL_COLS),
+        ("batch", "(f) batched decode steps through BatchV41 (eager), one token per sequence", BATCH_COLUMNS),
+        ("batch_prefill", "(g) chunked prefill of one prompt through BatchV41", CHUNK_COLUMNS),
     ):
         if res.get(key):
             fmts = list(dict.fromkeys(r["weights"] for r in res[key] if r.get("weights")))

@@ -105,6 +105,29 @@ class SeqPool:
         """Cache rows a sequence of `length` tokens holds at ratio r (complete groups)."""
         return length // r
 
+    def assume(self, slot: int, length: int) -> None:
+        """Give a slot a sequence of `length` tokens without running it (benchmarks,
+        tests): the blocks its caches need are allocated, the contents are whatever the
+        pools hold. The next step of the slot starts at `length`."""
+        self._check_slot(slot)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.cfg.max_seq:
+            raise ValueError(f"length = {length!r}; allowed: 0..{self.cfg.max_seq}")
+        need = {r: _cdiv(self.rows_needed(r, length + r - 1), self.block_rows) for r in self.ratios}
+        for r, n in need.items():
+            more = n - len(self.blocks_of[r][slot])
+            if more > len(self.free_blocks[r]):
+                raise ValueError(
+                    f"slot {slot}: {n} blocks of ratio {r} for {length} tokens; allowed: at most "
+                    f"{len(self.free_blocks[r]) + len(self.blocks_of[r][slot])}"
+                )
+        for r, n in need.items():
+            mine = self.blocks_of[r][slot]
+            while len(mine) < n:
+                blk = self.free_blocks[r].pop()
+                self.tables[r][slot, len(mine)] = blk
+                mine.append(blk)
+        self.length[slot] = length
+
     def release(self, slot: int) -> None:
         """Forget the slot's sequence and return its blocks."""
         self._check_slot(slot)

@@ -1,0 +1,122 @@
+"""Batched decode steps and chunked prefill through `BatchV41` (issue 14): ms per step
+against the floor and tokens/s at several batch sizes and contexts.
+
+Floor of a batched decode step: every weight read once plus, per sequence, the bytes
+its own decode step moves besides the weights (`stack.decode_step_bytes`: window,
+selected rows, index keys, compressor, activations), over the copy bandwidth measured in
+the same run. The contexts are set up without running them: each slot gets the blocks
+for `context` tokens (`SeqPool.assume`) and the index-key pools random values, so the
+top-k works on distinct scores; the steps then run at positions context, context + 1, …
+Steps run eagerly (batched steps have no CUDA graphs yet), so host time is included:
+`host ms` is the step's wall time on the host, `ms/step` the device time between events
+around the whole step.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..runtime.batch import BatchV41
+from .common import Ceilings, floor_ms
+from .stack import decode_step_bytes
+
+__all__ = ["bench_batch", "BATCH_COLUMNS", "CHUNK_COLUMNS"]
+
+BATCH_COLUMNS = (
+    ("context", "context"),
+    ("batch", "batch"),
+    ("weights", "weights"),
+    ("ms", "ms/step"),
+    ("host_ms", "host ms"),
+    ("tok_s", "tok/s"),
+    ("floor_ms", "floor ms"),
+    ("x_floor", "x floor"),
+)
+CHUNK_COLUMNS = (("prompt", "prompt"), ("chunk", "chunk"), ("weights", "weights"), ("ms", "ms"), ("tok_s", "tok/s"))
+
+
+def _batch(stack, n_slots: int, max_seq: int, max_tokens: int) -> BatchV41:
+    cfg = stack.cfg.replace(max_seq=max_seq, max_tokens=max_tokens)
+    return BatchV41(cfg, stack.attn.device, n_slots=n_slots)
+
+
+def bench_batch(
+    stack,
+    contexts: Sequence[int],
+    batches: Sequence[int],
+    ceil: Ceilings,
+    steps: int = 10,
+    chunk: int = 2048,
+    seed: int = 0,
+) -> dict[str, list[dict]]:
+    """Rows for each (context, batch): decode steps of `batch` sequences at `context`;
+    and per context a chunked prefill of one `context`-token prompt in chunks of `chunk`.
+    `stack`: a `RuntimeStack` whose weights (and format) are used."""
+    dev = stack.attn.device
+    cuda = dev.type == "cuda"
+    fmt = stack.weights[0].format
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    rows, chunks = [], []
+    for ctx in contexts:
+        for B in batches:
+            bt = _batch(stack, B, ctx + steps + 3, max(B, 1))
+            for sl in range(B):
+                bt.pool.assume(sl, ctx)
+            for k in bt.pool.index_k.values():
+                k.normal_(generator=gen)
+            xs = [torch.randn(B, stack.cfg.dim, generator=gen, device=dev).to(torch.bfloat16) for _ in stack.weights]
+            dev_ms, host_ms = [], []
+            for s in range(steps + 2):  # two warm-up steps
+                pos = ctx + s
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                t0 = time.perf_counter()
+                bt.step(stack.weights, xs, list(range(B)), [pos] * B, [1] * B, keep=False)
+                if cuda:
+                    e1.record()
+                    torch.cuda.synchronize(dev)
+                if s >= 2:
+                    host_ms.append((time.perf_counter() - t0) * 1e3)
+                    dev_ms.append(e0.elapsed_time(e1) if cuda else host_ms[-1])
+            nb = decode_step_bytes(stack.cfg, stack.weights, ctx)
+            total = nb["weights"] + B * (nb["total"] - nb["weights"])
+            fl = floor_ms(total, 0.0, ceil)
+            ms = sorted(dev_ms)[len(dev_ms) // 2]
+            rows.append(
+                dict(
+                    context=ctx,
+                    batch=B,
+                    weights=fmt,
+                    ms=ms,
+                    host_ms=sorted(host_ms)[len(host_ms) // 2],
+                    tok_s=B / (ms * 1e-3),
+                    floor_ms=fl,
+                    x_floor=ms / fl,
+                    bytes=total,
+                )
+            )
+            del bt
+            gc.collect()
+        # chunked prefill of one prompt of ctx tokens
+        c = min(chunk, ctx)
+        bt = _batch(stack, 1, ctx, c)
+        xs = [torch.randn(ctx, stack.cfg.dim, generator=gen, device=dev).to(torch.bfloat16) for _ in stack.weights]
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for s in range(0, ctx, c):
+            m = min(c, ctx - s)
+            bt.step(stack.weights, [x[s : s + m] for x in xs], [0], [s], [m], keep=False)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        ms = (time.perf_counter() - t0) * 1e3
+        chunks.append(dict(prompt=ctx, chunk=c, weights=fmt, ms=ms, tok_s=ctx / (ms * 1e-3)))
+        del bt
+        gc.collect()
+    return {"decode": rows, "prefill": chunks}
