@@ -153,6 +153,27 @@ def test_kv_chain(m, positions, window, kind, device):
     assert_same_bytes("ring vs torch chain", rg[slots], rg_b[slots])
 
 
+def test_kv_chain_without_a_ring(device):
+    """ring=None (the batched step writes its rings after attention): the same rows and
+    count, no cache write, in both forms."""
+    gen = _gen("kv-no-ring")
+    x = _rows(gen, 5, D, "random").to(device)
+    w = (1 + 0.3 * torch.randn(D, generator=gen)).to(device)
+    pos = torch.tensor([7, 8, 9, 10, 11], device=device)
+    cos, sin = _tables(device)
+    kv_a, rg, cnt_a = _poisoned((5, D), device), _cache(gen, WINDOW, D, device), _counter(device)
+    F.kv_chain(x, w, 1e-6, cos, sin, pos, kv_a, rg, cnt_a)
+    kv, cnt = _poisoned((5, D), device), _counter(device)
+    assert F.kv_chain(x, w, 1e-6, cos, sin, pos, kv, None, cnt) is kv
+    assert_same_bytes("kv_out without a ring", kv, kv_a)
+    assert_same_count("kv_chain without a ring", cnt, cnt_a)
+    kv_t = _poisoned((5, D), "cpu")
+    F.kv_chain_torch(x.cpu(), w.cpu(), 1e-6, cos.cpu(), sin.cpu(), pos.cpu(), kv_t, None, None)
+    ref = _poisoned((5, D), "cpu")
+    F.kv_chain_torch(x.cpu(), w.cpu(), 1e-6, cos.cpu(), sin.cpu(), pos.cpu(), ref, rg.cpu().clone(), None)
+    assert_same_bytes("torch kv_out without a ring", kv_t, ref)
+
+
 def test_kv_chain_in_place(device):
     """kv_out may be kv_pre itself."""
     gen = _gen("kv-in-place")

@@ -413,7 +413,7 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -
     rms_norm → apply_rope → fp8_qdq → ring_write (Triton), see the module docstring.
     """
     _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite)
-    require_triton("kv_chain", kv_pre, kv_out, ring)
+    require_triton("kv_chain", *(t for t in (kv_pre, kv_out, ring) if t is not None))
     _launch(
         kv_pre[:, None],
         _MODE_FP8,
