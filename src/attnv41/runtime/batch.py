@@ -31,10 +31,17 @@ rows; on the CPU the bytes are the same (tested). How:
   scoring and top-k run per sequence over its keys gathered in logical order (a loop
   over sequences: host-known counts; device-side paged kernels are future work).
 
+On CUDA the op table is `ops.TRITON_BATCH_OPS`: every projection runs the GEMV in row
+chunks of 16 tokens, so a token's bits do not depend on the other tokens of the step
+(cuBLAS picks its algorithm by the row count); the other kernels are batch-invariant as
+they are. `attnv41 check --batch` checks it on the golden files.
+
 Limits of this version: `index_keys="own"` only (in released mode which keys a layer
 scores depends on each sequence's history); no rollback and no CUDA graphs for batched
-steps yet; on CUDA a prefill token runs the decode attention kernel (bits within the
-golden tolerance of `AttnV41.forward`'s fused prefill kernel, not equal).
+steps yet; steps run eagerly with per-sequence loops on the host, so they are slow (the
+bench's part "batch"); projections on the CUDA cores; on CUDA a prefill token runs the
+decode attention kernel and the GEMV (bits within the golden tolerance of
+`AttnV41.forward`'s prefill, not equal).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import torch
 from ..config import AttnV41Cfg
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
+from .ops import TRITON_BATCH_OPS
 
 __all__ = ["SeqPool", "BatchV41", "BatchStep"]
 
@@ -187,6 +195,8 @@ class BatchV41:
         blocks: dict[int, int] | None = None,
         ops=None,
     ):
+        if ops is None and torch.device(device).type == "cuda":
+            ops = TRITON_BATCH_OPS  # batch-invariant projections
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
         self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks)

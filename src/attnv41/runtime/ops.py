@@ -3,6 +3,7 @@ torch twins on the CPU (so the runtime runs and is tested without a GPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
-__all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS"]
+__all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS", "TRITON_BATCH_OPS"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,19 @@ TRITON_OPS = Ops(
     compress_kv_chain=fused.compress_kv_chain,
     index_k_chain=fused.index_k_chain,
     index_q_chain=fused.index_q_chain,
+)
+
+
+# The batched runtime on CUDA (runtime/batch.py): every projection through the GEMV in row
+# chunks, so a token's bits never depend on the step's other tokens (cuBLAS picks its
+# algorithm by m); the rest as TRITON_OPS (their kernels are batch-invariant already).
+TRITON_BATCH_OPS = dataclasses.replace(
+    TRITON_OPS,
+    name="triton-batch",
+    mm=gemv.mm_invariant,
+    mm_many=gemv.mm_many_invariant,
+    group_mm=gemv.group_mm_invariant,
+    fp8_mm=gemv.fp8_mm_invariant,
 )
 
 
