@@ -14,7 +14,7 @@ from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 if HAVE_TRITON:
     from ._triton import round_bf16
 
-__all__ = ["index_scores", "index_scores_torch"]
+__all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
 _INT = (torch.int32, torch.int64)
 _BLOCK_L = 64  # keys per program
@@ -102,6 +102,9 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         weights.stride(1),
         keys.stride(0),
         out.stride(0),
+        visible,  # unused pointers (PAGED False)
+        visible,
+        0,
         H=H,
         D=d,
         H_P=max(16, triton.next_power_of_2(H)),  # tl.dot needs >= 16 rows
@@ -110,8 +113,91 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
+        PAGED=False,
+        BLOCK_ROWS=1,
     )
     return out
+
+
+# --------------------------------------------------------------- paged (many sequences)
+
+
+def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width, out) -> None:
+    if pool.dim() != 2:
+        raise ValueError(f"keys.shape = {tuple(pool.shape)}; allowed: [rows, d] (the index-key pool)")
+    _check(iq, weights, pool, visible, None)
+    m = iq.shape[0]
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"block_rows = {block_rows!r}; allowed: an int >= 1")
+    if table.dtype not in _INT or table.dim() != 2 or table.device != iq.device:
+        raise ValueError(
+            f"block_table = {table.dtype} {tuple(table.shape)} on {table.device}; allowed: int32/int64 "
+            f"[sequences, blocks] on {iq.device}"
+        )
+    if table.stride(1) != 1:
+        raise ValueError(f"block_table.stride(1) = {table.stride(1)}; allowed: 1")
+    if tok_slot.dtype not in _INT or tuple(tok_slot.shape) != (m,) or tok_slot.device != iq.device:
+        raise ValueError(
+            f"tok_slot = {tok_slot.dtype} {tuple(tok_slot.shape)} on {tok_slot.device}; allowed: int32/int64 [{m}] "
+            f"on {iq.device}"
+        )
+    cap = table.shape[1] * block_rows
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= cap:
+        raise ValueError(f"width = {width!r}; allowed: 1..{cap} (block_table.shape[1] · block_rows)")
+    if out is not None and (out.dtype != torch.bfloat16 or tuple(out.shape) != (m, width) or out.device != iq.device):
+        raise ValueError(
+            f"out = {out.dtype} {tuple(out.shape)} on {out.device}; allowed: torch.bfloat16 [{m}, {width}] on {iq.device}"
+        )
+    if out is not None and width > 1 and out.stride(1) != 1:
+        raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
+
+
+def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None):
+    """`index_scores` for the tokens of many sequences in one launch, each over its own
+    sequence's keys in a paged pool: token t scores logical rows j < width of sequence
+    `tok_slot[t]`, whose row j lives at pool row `block_table[tok_slot[t], j // block_rows]
+    · block_rows + j % block_rows`. keys: bf16 `[rows, d]` (the pool); block_table:
+    int `[sequences, blocks]`; tok_slot, visible: int `[m]`; out: None or bf16 `[m,
+    width]`. Rows j ≥ visible[t] are −∞ and neither their table entries nor their keys
+    are read (a table entry of an unallocated block may hold anything, e.g. −1). Each
+    entry's bits are those of `index_scores` of the token over its sequence's keys."""
+    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+    require_triton("index_scores_paged", iq, weights, keys, visible, block_table, tok_slot)
+    m, H, d = iq.shape
+    if out is None:
+        out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
+    if m == 0:
+        return out
+    grid = (m, triton.cdiv(width, _BLOCK_L))
+    _index_scores_kernel[grid](
+        iq, weights, keys, visible, out, width,
+        iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
+        block_table, tok_slot, block_table.stride(0),
+        H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=_BLOCK_L,
+        DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows,
+    )  # fmt: skip
+    return out
+
+
+def index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None):
+    """Twin of `index_scores_paged` (same contract): per run of tokens of one sequence,
+    the reference scores over its first `width` logical key rows, gathered through the
+    table (entries of unallocated blocks read as row 0: their scores are −∞ anyway)."""
+    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+    m = iq.shape[0]
+    res = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device) if out is None else out
+    slots = tok_slot.tolist()
+    j = torch.arange(width, device=iq.device)
+    a = 0
+    while a < m:
+        b = a
+        while b < m and slots[b] == slots[a]:
+            b += 1
+        blk = block_table[slots[a], j // block_rows].long().clamp_min(0)
+        rows = keys[blk * block_rows + j % block_rows]
+        res[a:b] = _ref.index_scores(iq[a:b], weights[a:b], rows, visible[a:b])
+        a = b
+    return res
 
 
 if HAVE_TRITON:
@@ -130,12 +216,17 @@ if HAVE_TRITON:
         s_w_h,
         s_k,
         s_out,
+        tbl_ptr,
+        slot_ptr,
+        s_tbl,
         H: tl.constexpr,
         D: tl.constexpr,
         H_P: tl.constexpr,
         D_P: tl.constexpr,
         BLOCK_L: tl.constexpr,
         DOT_F32: tl.constexpr,
+        PAGED: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
     ):
         # program (t, lb): token t, keys lb·BLOCK_L … +BLOCK_L−1, all heads
         t = tl.program_id(0).to(tl.int64)
@@ -157,7 +248,14 @@ if HAVE_TRITON:
         # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
         # scores are −∞ whatever they hold), so a wide L costs no key traffic
         k_ok = j_ok & (j64 < vis)
-        k = tl.load(k_ptr + j64[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        if PAGED:
+            # logical row j of the token's sequence: block table[slot, j // B], row j % B
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+            rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+        else:
+            rows = j64
+        k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         # [H_P] head weights (padded heads are 0, so they add 0)
         w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
         # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU

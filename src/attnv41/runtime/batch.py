@@ -27,9 +27,11 @@ rows; on the CPU the bytes are the same (tested). How:
 - Selections are physical rows of the pools (`row = table[slot, j // B]·B + j % B`, after
   the ring tensor's rows), so sparse attention reads the paged pools in place with the
   decode regime's kernel (`ops.sparse_attn_decode`).
-- The compressor pools each sequence's groups (its state plus its tokens), and index
-  scoring and top-k run per sequence over its keys gathered in logical order (a loop
-  over sequences: host-known counts; device-side paged kernels are future work).
+- Index scores run for every token in one launch over the paged key pool
+  (`ops.index_scores_paged`), then the fixed-width candidate mask and top-k (the decode
+  step's exact kernels) over the step's widest visible count.
+- The compressor pools each sequence's groups (its state plus its tokens) in a loop over
+  the sequences on the host (host-known counts; a device-side form is future work).
 
 On CUDA the op table is `ops.TRITON_BATCH_OPS`: every projection runs the GEMV in row
 chunks of 16 tokens, so a token's bits do not depend on the other tokens of the step
@@ -202,7 +204,7 @@ class BatchV41:
         self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks)
         M = cfg.max_tokens
         self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
-        self.cand_pub: list[torch.Tensor | None] = []  # the candidate source's mask, per sequence
+        self.cand_pub: torch.Tensor | None = None  # the candidate source's mask [T, width] of this step
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
         # Tracing (tests, `attnv41 check --batch`): with `trace_slot` set, every layer call
@@ -438,7 +440,7 @@ class BatchV41:
                 c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].is_index_source and c.roles[j].ratio == r
             )
         if w.role.is_candidate_source and L > 0:
-            t["candidates"] = self.cand_pub[b].clone()
+            t["candidates"] = self.cand_pub[o0 : o0 + m, :L].clone()
         self.trace = t
 
     def step(self, weights, xs, slots, starts, lens, keep: bool = True) -> list[torch.Tensor]:
@@ -518,8 +520,11 @@ class BatchV41:
         )
 
     def _select(self, w, cq, x, step: BatchStep, keys_layer: int, cos, sin, hw_done: bool) -> None:
-        """An index source's queries, then per sequence its scores over its visible keys,
-        the candidate mask or its use, and the top-k (logical rows, −1 padded)."""
+        """An index source's queries; then for every token at once: its scores over its
+        sequence's keys in the paged pool (`ops.index_scores_paged`, the step's widest
+        visible count as the width, −∞ past each token's own), the candidate mask or its
+        use, and the fixed-width top-k (logical rows ascending, −1 tail). Each token's
+        result equals its sequence's alone (the fixed-width forms' contract)."""
         c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
         i, r = w.role.layer, w.role.ratio
         T = step.T
@@ -531,27 +536,30 @@ class BatchV41:
         hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
         K = c.index_topk
         pub = torch.full((T, K), -1, dtype=torch.int32, device=self.device)
-        if w.role.is_candidate_source:
-            self.cand_pub = [None] * len(step.slots)
-        for b, (slot, s, m, o) in enumerate(zip(step.slots, step.starts, step.lens, step.offsets)):
-            L = (s + m) // r
-            if L == 0:
-                continue
-            keys = pool.cache_rows(keys_layer, slot, L, keys=True)
-            pos = step.pos[o : o + m]
-            vis = torch.div(pos + 1, r, rounding_mode="floor")
-            scores = ops.index_scores(iq[o : o + m], hw[o : o + m], keys, vis)
-            if w.role.is_candidate_source:
-                self.cand_pub[b] = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
-            if w.role.uses_candidates:
-                scores = scores.masked_fill(~self.cand_pub[b], float("-inf"))
-            if slot == self.trace_slot:
-                self._scores[i] = scores.clone()
-            k = min(K, L)
-            pub[o : o + m, :k] = ops.topk_select(
-                scores, vis, k, 0, out=torch.empty(m, k, dtype=torch.int32, device=self.device)
-            )
         self.sel_pub[i] = pub
+        widths = [(s + m) // r for s, m in zip(step.starts, step.lens)]
+        Lw = max(widths)
+        if Lw == 0:
+            if w.role.is_candidate_source:
+                self.cand_pub = None
+            return
+        vis = torch.div(step.pos + 1, r, rounding_mode="floor")
+        scores = ops.index_scores_paged(
+            iq, hw, pool.index_k[keys_layer], pool.tables[r], step.tok_slot, pool.block_rows, vis, Lw
+        )
+        if w.role.is_candidate_source:
+            self.cand_pub = ops.candidate_mask_fixed(
+                scores, vis, c.cand_blocks, c.cand_block, out=torch.empty(T, Lw, dtype=torch.bool, device=self.device)
+            )
+        if w.role.uses_candidates:
+            scores = torch.where(self.cand_pub, scores, attn.neg_inf)
+        k = min(K, Lw)
+        ops.topk_fixed(scores, vis, k, 0, out=pub[:, :k])
+        if self.trace_slot in step.slots:
+            b = step.slots.index(self.trace_slot)
+            o, m, L = step.offsets[b], step.lens[b], widths[b]
+            if L > 0:
+                self._scores[i] = scores[o : o + m, :L].clone()
 
 
 def _cdiv(a: int, b: int) -> int:

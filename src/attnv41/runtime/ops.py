@@ -33,6 +33,7 @@ class Ops:
     ring_write: Callable
     compress_pool: Callable
     index_scores: Callable
+    index_scores_paged: Callable  # many sequences' tokens over a paged key pool (runtime/batch.py)
     sparse_attn: Callable  # prefill regime
     sparse_attn_decode: Callable  # decode regime (every decode token, whatever m); rot= fuses the inverse RoPE
     candidate_mask: Callable
@@ -60,6 +61,7 @@ TORCH_OPS = Ops(
     ring_write=ring.ring_write_torch,
     compress_pool=compressor.compress_pool_torch,
     index_scores=indexer.index_scores_torch,
+    index_scores_paged=indexer.index_scores_paged_torch,
     sparse_attn=sparse.sparse_attn_torch,
     sparse_attn_decode=sparse_split.sparse_attn_split_torch,  # the reference order: the CPU path stays bit for bit
     candidate_mask=select.candidate_mask,
@@ -87,6 +89,7 @@ TRITON_OPS = Ops(
     ring_write=ring.ring_write,
     compress_pool=compressor.compress_pool,
     index_scores=indexer.index_scores,
+    index_scores_paged=indexer.index_scores_paged,
     sparse_attn=sparse.sparse_attn,
     sparse_attn_decode=sparse_split.sparse_attn_split,
     candidate_mask=select.candidate_mask,

@@ -1,0 +1,83 @@
+"""`index_scores_paged`: the tokens of several sequences scored in one launch over a
+paged key pool equal, byte for byte, `index_scores` of each sequence over its keys laid
+out contiguously (the kernel's bits do not depend on where a key row lives); the torch
+twin equals the reference per sequence; unallocated table entries past a token's visible
+rows are never read."""
+
+import pytest
+import torch
+
+from attnv41.kernels import indexer as I
+from attnv41.reference import indexer as ref
+
+BF = torch.bfloat16
+
+
+def _case(device, seed=0, H=4, d=64, B=4, lens=(1, 3, 2), rows=(5, 13, 9), width=16):
+    gen = torch.Generator().manual_seed(seed)
+    S = len(lens)
+    n_blocks = sum(-(-r // B) for r in rows) + 3
+    perm = torch.randperm(n_blocks, generator=gen)
+    table = torch.full((S, -(-width // B)), -1, dtype=torch.int32)
+    k = 0
+    for s_, r in enumerate(rows):
+        for b in range(-(-r // B)):
+            table[s_, b] = perm[k]
+            k += 1
+    pool = torch.randn(n_blocks * B, d, generator=gen).to(BF)
+    T = sum(lens)
+    iq = torch.randn(T, H, d, generator=gen).to(BF)
+    w = torch.randn(T, H, generator=gen).to(BF)
+    tok_slot = torch.cat([torch.full((m,), s_, dtype=torch.int32) for s_, m in enumerate(lens)])
+    vis = torch.cat([torch.randint(0, r + 1, (m,), generator=gen) for m, r in zip(lens, rows)]).to(torch.int32)
+    vis[0] = rows[0]  # one token sees all its sequence's rows
+    dev = [t.to(device) for t in (iq, w, pool, table, tok_slot, vis)]
+    return dev, lens, rows, B, width
+
+
+def _contiguous(pool, table, s_, n, B):
+    j = torch.arange(n, device=pool.device)
+    return pool[table[s_, j // B].long() * B + j % B]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paged_equals_each_sequence_alone(seed, device):
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, seed)
+    out = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width)
+    a = 0
+    for s_, (m, r) in enumerate(zip(lens, rows)):
+        keys = _contiguous(pool, table, s_, r, B)
+        one = I.index_scores(iq[a : a + m], w[a : a + m], keys, vis[a : a + m])
+        assert torch.equal(out[a : a + m, :r].cpu().view(torch.int16), one.cpu().view(torch.int16)), f"seq {s_}"
+        assert torch.isneginf(out[a : a + m, r:].float()).all(), "past a sequence's rows: −∞"
+        a += m
+
+
+def test_twin_equals_the_reference(device):
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case("cpu", 5)
+    got = I.index_scores_paged_torch(iq, w, pool, table, tok_slot, B, vis, width)
+    a = 0
+    for s_, m in enumerate(lens):
+        keys = _contiguous(pool, table.clamp_min(0), s_, width, B)
+        exp = ref.index_scores(iq[a : a + m], w[a : a + m], keys, vis[a : a + m])
+        assert torch.equal(got[a : a + m], exp), f"seq {s_}"
+        a += m
+
+
+@pytest.mark.parametrize(
+    "change, msg",
+    [
+        (dict(width=0), "width = 0; allowed: 1..16"),
+        (dict(width=17), "width = 17; allowed: 1..16"),
+        (dict(block_rows=0), "block_rows = 0; allowed: an int >= 1"),
+        (dict(tok_slot=torch.zeros(2, dtype=torch.int32)), "tok_slot = torch.int32 (2,)"),
+        (dict(table=torch.zeros(3, 4)), "block_table = torch.float32"),
+    ],
+)
+def test_bad_arguments(change, msg, device):
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device)
+    a = dict(table=table, tok_slot=tok_slot, block_rows=B, width=width)
+    a.update({k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in change.items()})
+    for fn in (I.index_scores_paged, I.index_scores_paged_torch):
+        with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
+            fn(iq, w, pool, a["table"], a["tok_slot"], a["block_rows"], vis, a["width"])
