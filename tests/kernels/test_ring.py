@@ -122,3 +122,17 @@ def _bad_cases():
 def test_validation(fn, args, name):
     with pytest.raises(ValueError, match=re.escape(name)):
         fn(*args)
+
+
+def test_slot_write_matches_its_twin(device):
+    """`slot_write` (the ops' cache write by slot mapping): −1 skips, the rest copied exactly."""
+    from attnv41.kernels import ring as R
+
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randn(12, 40, generator=g).to(torch.bfloat16)
+    rows = torch.randn(5, 40, generator=g).to(torch.bfloat16)
+    slots = torch.tensor([3, -1, 11, 0, -1], dtype=torch.int32)
+    a = R.slot_write(cache.clone().to(device), rows.to(device), slots.to(device)).cpu()
+    b = R.slot_write_torch(cache.clone(), rows, slots)
+    assert torch.equal(a, b)
+    assert torch.equal(b[[3, 11, 0]], rows[[0, 2, 3]]) and torch.equal(b[[1, 2]], cache[[1, 2]])

@@ -11,7 +11,7 @@ import torch
 
 from ._triton import HAVE_TRITON, require_triton, tl, triton
 
-__all__ = ["ring_write", "ring_write_torch"]
+__all__ = ["slot_write", "slot_write_torch", "ring_write", "ring_write_torch"]
 
 _INT = (torch.int32, torch.int64)
 
@@ -82,7 +82,59 @@ def ring_write(ring: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> tor
     return ring
 
 
+def _check_slots(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    if cache.dim() != 2 or rows.dim() != 2 or rows.shape[1] != cache.shape[1]:
+        raise ValueError(
+            f"cache {tuple(cache.shape)}, rows {tuple(rows.shape)}; allowed: [N, D] and [m, D] with the same D"
+        )
+    if rows.dtype != cache.dtype or rows.device != cache.device:
+        raise ValueError(
+            f"rows {rows.dtype} on {rows.device}; allowed: the cache's dtype and device ({cache.dtype}, {cache.device})"
+        )
+    if cache.stride(1) != 1 or rows.stride(1) != 1:
+        raise ValueError("cache and rows: allowed: contiguous rows (stride(1) = 1)")
+    if slots.dtype not in (torch.int32, torch.int64) or tuple(slots.shape) != (rows.shape[0],):
+        raise ValueError(f"slot_mapping = {slots.dtype} {tuple(slots.shape)}; allowed: int32/int64 [{rows.shape[0]}]")
+    if slots.device != cache.device:
+        raise ValueError(f"slot_mapping.device = {slots.device}; allowed: {cache.device}")
+
+
+def slot_write(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """`cache[slots[i]] = rows[i]` for every i with `slots[i] >= 0` (−1: the token writes
+    nothing, e.g. padding); the slots ≥ 0 must be distinct and < N (not checked: a host
+    sync). An exact copy, any dtype; returns the cache. No host synchronisation."""
+    _check_slots(cache, rows, slots)
+    require_triton("slot_write", cache, rows, slots)
+    m, D = rows.shape
+    if m == 0 or D == 0:
+        return cache
+    block_d = min(triton.next_power_of_2(D), 1024)
+    _slot_write_kernel[(m, triton.cdiv(D, block_d))](
+        cache, rows, slots, D, cache.stride(0), rows.stride(0), BLOCK_D=block_d
+    )
+    return cache
+
+
+def slot_write_torch(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Twin of `slot_write` (same contract; synchronises on CUDA: a boolean mask)."""
+    _check_slots(cache, rows, slots)
+    keep = slots >= 0
+    cache.index_copy_(0, slots[keep].long(), rows[keep])
+    return cache
+
+
 if HAVE_TRITON:
+
+    @triton.jit
+    def _slot_write_kernel(cache_ptr, rows_ptr, slot_ptr, D, s_cache, s_rows, BLOCK_D: tl.constexpr):
+        # program (i, db): row i, channels db·BLOCK_D … +BLOCK_D−1; nothing for slot −1
+        i = tl.program_id(0).to(tl.int64)
+        db = tl.program_id(1)
+        slot = tl.load(slot_ptr + i).to(tl.int64)
+        d = (db * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
+        ok = (d < D) & (slot >= 0)
+        v = tl.load(rows_ptr + i * s_rows + d, mask=ok, other=0.0)
+        tl.store(cache_ptr + slot * s_cache + d, v, mask=ok)
 
     @triton.jit
     def _ring_write_kernel(
