@@ -210,3 +210,59 @@ def test_batched_on_cuda_matches_the_cpu():
         for i in range(cfg.n_layers):
             c = compare_bf16(f"step {j} L{i}", og[i].cpu(), oc[i])
             assert c.ok, c
+
+
+@settings(max_examples=10, deadline=None)
+@given(ratios=st.sampled_from(RATIOS), block_rows=st.sampled_from([1, 4]), seed=st.integers(0, 10_000))
+def test_batched_verify_and_rollback_equal_each_sequence_alone(ratios, block_rows, seed):
+    """Steps where slots verify 2..window draft tokens and then roll back to a random
+    position inside them (others decode meanwhile), against each sequence alone with
+    `RuntimeStack.rollback`: the same bytes in every output and in the cache rows."""
+    rng = random.Random(seed)
+    cfg, w, wts, xs, bt = _setup(ratios, 8, seed, 3, block_rows)
+    seqs = [RuntimeStack(cfg, w) for _ in range(3)]
+    length = [0, 0, 0]
+    for j in range(9):
+        slots = rng.sample(range(3), rng.randint(1, 3))
+        starts, lens = [], []
+        for sl in slots:
+            m = rng.randint(1, 9) if length[sl] == 0 else rng.choice([1, 2, 3, 5, 8])
+            m = min(m, 60 - length[sl])
+            starts.append(length[sl])
+            lens.append(max(m, 1))
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        outs = bt.step(wts, bx, slots, starts, lens)
+        o = 0
+        for sl, s, m in zip(slots, starts, lens):
+            ref = seqs[sl].step([x[s : s + m] for x in xs[sl]], s, keep=True)
+            for i in range(cfg.n_layers):
+                assert torch.equal(ref[i], outs[i][o : o + m]), f"step {j} slot {sl} L{i}"
+            o += m
+            length[sl] = s + m
+            if s > 0 and m >= 2 and rng.random() < 0.7:
+                back = rng.randint(s, s + m)
+                bt.rollback(sl, back)
+                seqs[sl].rollback(back)
+                length[sl] = back
+                assert bt.pool.length[sl] == back
+
+
+def test_batched_rollback_refusals(mid_batch):
+    cfg, wts, xs, bt = mid_batch  # slot 0 at 11 (its last step: 2 tokens at 9), slot 1 at 6 (1 token)
+    before = _pool_snapshot(bt)
+    for call, msg in (
+        (lambda: bt.rollback(0, 8), "slot 0: pos = 8; allowed: 9..11"),
+        (lambda: bt.rollback(0, 12), "slot 0: pos = 12; allowed: 9..11"),
+        (lambda: bt.rollback(1, 5), "slot 1: rollback to 5: its last step kept no undo log; allowed: pos = 6"),
+        (lambda: bt.rollback(2, 1), "slot 2: rollback to 1: its last step kept no undo log; allowed: pos = 0"),
+        (lambda: bt.rollback(3, 0), "slot = 3; allowed: 0..2"),
+        (lambda: bt.rollback(0, 9.0), "pos is a float; allowed: int"),
+    ):
+        with pytest.raises((ValueError, TypeError)) as e:
+            call()
+        assert msg in str(e.value), str(e.value)
+        _same_pool(before, _pool_snapshot(bt))
+    stp = bt.begin([1], [6], [1])
+    bt.forward(wts[0], _x(cfg, 1)[0], stp)
+    with pytest.raises(ValueError, match="rollback during a step \\(layer 1 runs next\\)"):
+        bt.rollback(0, 10)

@@ -38,9 +38,11 @@ chunks of 16 tokens, so a token's bits do not depend on the other tokens of the 
 (cuBLAS picks its algorithm by the row count); the other kernels are batch-invariant as
 they are. `attnv41 check --batch` checks it on the golden files.
 
+`rollback(slot, pos)` returns a slot to a position inside its last step when that step
+was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
+
 Limits of this version: `index_keys="own"` only (in released mode which keys a layer
-scores depends on each sequence's history); no rollback and no CUDA graphs for batched
-steps yet; steps run eagerly with per-sequence loops on the host, so they are slow (the
+scores depends on each sequence's history); no CUDA graphs for batched steps yet; steps run eagerly with per-sequence loops on the host, so they are slow (the
 bench's part "batch"); projections on the CUDA cores; on CUDA a prefill token runs the
 decode attention kernel and the GEMV (bits within the golden tolerance of
 `AttnV41.forward`'s prefill, not equal).
@@ -183,6 +185,8 @@ class BatchStep:
     ring_dst: torch.Tensor  # int64: ring rows written after attention
     ring_src: torch.Tensor  # int64: the step rows written there
     next_layer: int = 0
+    logged: tuple[int, ...] = ()  # slots whose call is a continuation of 2..window tokens (undo logs kept)
+    id: int = 0
 
 
 class BatchV41:
@@ -212,6 +216,11 @@ class BatchV41:
         # runtime's encoding (`AttnV41Run`'s fields; see `_trace`).
         self.trace_slot: int | None = None
         self.trace: dict | None = None
+        # rollback (`rollback`): per slot the undo log of its last step when that step was a
+        # continuation of 2..window tokens; the step that last touched each slot
+        self.undo: dict[int, dict] = {}
+        self.last_step = [0] * n_slots
+        self._steps = 0
         self._scores: dict = {}  # the traced slot's index scores of this layer
 
     # ------------------------------------------------------------------ the step
@@ -275,6 +284,16 @@ class BatchV41:
                     pool.tables[r][slot, len(mine)] = blk
                     mine.append(blk)
         self._step = self._metadata(list(slots), list(starts), list(lens))
+        self._steps += 1
+        self._step.id = self._steps
+        W = c.window
+        self._step.logged = tuple(sl for sl, s, m in zip(slots, starts, lens) if s > 0 and 2 <= m <= W)
+        for sl, s, m in zip(slots, starts, lens):
+            self.last_step[sl] = self._step.id
+            if sl in self._step.logged:
+                self.undo[sl] = {"span": (s, s + m), "step": self._step.id, "done": False, "ring": {}, "a": {}}
+            else:
+                self.undo.pop(sl, None)
         return self._step
 
     def _metadata(self, slots, starts, lens) -> BatchStep:
@@ -382,6 +401,8 @@ class BatchV41:
         traced = self.trace_slot is not None and self.trace_slot in step.slots
         if traced:
             self._trace(w, step, q, kv, o, out, sel)
+        for sl in step.logged:  # the slot's ring before this step writes it
+            self.undo[sl]["ring"][i] = ring[sl * W : (sl + 1) * W].clone()
         ring.index_copy_(0, step.ring_dst, kv.index_select(0, step.ring_src))
         if (
             traced
@@ -393,7 +414,49 @@ class BatchV41:
         if step.next_layer == c.n_layers:
             for slot, s, m in zip(step.slots, step.starts, step.lens):
                 pool.length[slot] = s + m
+            for sl in step.logged:
+                self.undo[sl]["done"] = True
         return out
+
+    def rollback(self, slot: int, pos: int) -> None:
+        """Return a slot's sequence to position `pos` (its next step starts there), as
+        `AttnV41.rollback` does for one sequence: allowed when the slot's last step was a
+        continuation of 2..window tokens at s > 0 (draft tokens verified), for s ≤ pos ≤
+        its length, again after a rollback; not during a step. Restores the slot's ring
+        slots of positions ≥ pos and its compressor's group in progress; blocks stay
+        allocated (rows past the new count are unread). Refused calls change nothing."""
+        c, pool = self.cfg, self.pool
+        pool._check_slot(slot)
+        if isinstance(pos, bool) or not isinstance(pos, int):
+            raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+        if self._step is not None and 0 < self._step.next_layer < c.n_layers:
+            raise ValueError(
+                f"rollback during a step (layer {self._step.next_layer} runs next); allowed: between steps"
+            )
+        end = pool.length[slot]
+        if pos == end:
+            return
+        u = self.undo.get(slot)
+        if u is None or not u["done"] or u["step"] != self.last_step[slot]:
+            raise ValueError(
+                f"slot {slot}: rollback to {pos}: its last step kept no undo log; allowed: pos = {end} (no change), "
+                f"or a position inside its last step when that was a continuation of 2..{c.window} tokens"
+            )
+        s = u["span"][0]
+        if not s <= pos <= end:
+            raise ValueError(f"slot {slot}: pos = {pos}; allowed: {s}..{end} (inside its last continuation)")
+        W = c.window
+        rows = slot * W + torch.remainder(torch.arange(pos, end, device=self.device), W)
+        for i, ring in enumerate(pool.ring):
+            ring.index_copy_(0, rows, u["ring"][i].index_select(0, rows - slot * W))
+        for i, (a0, a, g) in u["a"].items():
+            r = c.roles[i].ratio
+            g0 = (pos // r) * r
+            h = pos - g0
+            pool.comp_a[i][slot, :h].copy_(a[g0 - a0 : pos - a0])
+            pool.comp_g[i][slot, :h].copy_(g[g0 - a0 : pos - a0])
+            pool.comp_g[i][slot, h:].fill_(float("-inf"))
+        pool.length[slot] = pos
 
     def _trace(self, w, step: BatchStep, q, kv, o, out, sel) -> None:
         """The traced slot's layer call in `AttnV41.forward`'s encoding: window rows (a
@@ -474,6 +537,8 @@ class BatchV41:
                 h = s - j0 * r
                 a = torch.cat([sa[slot, :h], a_all[o : o + m]])
                 g = torch.cat([sg[slot, :h], g_all[o : o + m]])
+                if slot in step.logged:  # the group inputs from position j0·r on
+                    self.undo[slot]["a"][i] = (j0 * r, a.clone(), g.clone())
                 n = (h + m) // r
                 rem = h + m - n * r
                 sa[slot, :rem].copy_(a[n * r :])
