@@ -30,8 +30,9 @@ rows; on the CPU the bytes are the same (tested). How:
 - Index scores run for every token in one launch over the paged key pool
   (`ops.index_scores_paged`), then the fixed-width candidate mask and top-k (the decode
   step's exact kernels) over the step's widest visible count.
-- The compressor pools each sequence's groups (its state plus its tokens) in a loop over
-  the sequences on the host (host-known counts; a device-side form is future work).
+- The compressor pools every sequence's groups (its state plus its tokens) at once:
+  index tensors built once per step on the host (`_compress_plan`), then a gather, one
+  pooling launch and the fused row and key chains per kv source.
 
 On CUDA the op table is `ops.TRITON_BATCH_OPS`: every projection runs the GEMV in row
 chunks of 16 tokens, so a token's bits do not depend on the other tokens of the step
@@ -515,58 +516,92 @@ class BatchV41:
         ]
 
     # ------------------------------------------------------------------ pieces
+    def _compress_plan(self, step: BatchStep, r: int) -> dict:
+        """The step's compressor bookkeeping for ratio r (the same for every kv source of
+        that ratio; built once per step on the host, then index tensors on the device).
+
+        Per sequence the rows `combined` = its group in progress (state slots 0 … h−1),
+        then its tokens; its first n·r combined rows are n complete groups. `comb` gathers
+        combined from [state rows (slot·r + j) | the step's rows (S·r + t)]; `groups`
+        picks every complete group's rows from combined; `dst`/`src` write the new state
+        (the remainder into slots 0 … rem−1; after a completion the last group's values
+        into the others, whose gate scores `dead` become −∞, as the one-sequence path
+        leaves them); `logical`/`slots` name each new cache row."""
+        plans = step.__dict__.setdefault("_plans", {})
+        if r in plans:
+            return plans[r]
+        S = self.pool.n_slots
+        comb, groups, dst, src, dead, logical, slots, logs = [], [], [], [], [], [], [], {}
+        for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
+            j0 = s // r
+            h = s - j0 * r
+            c0 = len(comb)
+            comb += [slot * r + j for j in range(h)] + [S * r + o + t for t in range(m)]
+            n, rem = (h + m) // r, (h + m) % r
+            groups += range(c0, c0 + n * r)
+            dst += [slot * r + j for j in range(rem)]
+            src += [c0 + n * r + j for j in range(rem)]
+            if n > 0:
+                dst += [slot * r + j for j in range(rem, r)]
+                src += [c0 + (n - 1) * r + j for j in range(rem, r)]
+                dead += [slot * r + j for j in range(rem, r)]
+            logical += range(j0, j0 + n)
+            slots += [slot] * n
+            if slot in step.logged:
+                logs[slot] = (j0 * r, c0, h + m)
+
+        def t(v):
+            return torch.tensor(v, dtype=torch.int64, device=self.device)
+
+        plan = dict(comb=t(comb), groups=t(groups), dst=t(dst), src=t(src), dead=t(dead), n=len(logical), logs=logs)
+        if logical:
+            lg = t(logical)
+            plan["phys"] = self.pool.physical(r, t(slots), lg)
+            plan["row_pos"] = (lg * r).to(torch.int32)
+        plans[r] = plan
+        return plan
+
     def _compress(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
-        """The step's tokens into layer i's compressor per sequence (its group in progress
-        first); completed groups into the pools at their physical rows (one fused chain
-        each for the rows and the index keys, over every sequence's new rows)."""
+        """The step's tokens into layer i's compressor, every sequence at once (each after
+        its group in progress: `_compress_plan`); completed groups into the pools at their
+        physical rows (one fused chain each for the rows and the index keys)."""
         c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
         i, r, D = w.role.layer, w.role.ratio, c.head_dim
-        rows_logical, row_slot, lat = [], [], []
+        T = step.T
         if r == 1:
-            lat_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.lat_pre[: step.T])
-            for slot, s, m in zip(step.slots, step.starts, step.lens):
-                rows_logical.append(torch.arange(s, s + m))
-                row_slot.append(torch.full((m,), slot))
-            n_all = step.T
+            lat_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.lat_pre[:T])
+            plan = step.__dict__.setdefault("_plans", {}).get(1)
+            if plan is None:
+                lg = torch.cat([torch.arange(s, s + m) for s, m in zip(step.starts, step.lens)]).to(self.device)
+                plan = dict(n=T, phys=pool.physical(1, step.tok_slot.long(), lg), row_pos=lg.to(torch.int32))
+                step._plans[1] = plan
         else:
-            a_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.comp_a[: step.T])
-            g_all = ops.mm(x, w["compressor.wgate.weight"], out=attn.comp_g[: step.T])
-            sa, sg = pool.comp_a[i], pool.comp_g[i]
-            for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
-                j0 = s // r
-                h = s - j0 * r
-                a = torch.cat([sa[slot, :h], a_all[o : o + m]])
-                g = torch.cat([sg[slot, :h], g_all[o : o + m]])
-                if slot in step.logged:  # the group inputs from position j0·r on
-                    self.undo[slot]["a"][i] = (j0 * r, a.clone(), g.clone())
-                n = (h + m) // r
-                rem = h + m - n * r
-                sa[slot, :rem].copy_(a[n * r :])
-                sg[slot, :rem].copy_(g[n * r :])
-                if n == 0:
-                    continue
-                sa[slot, rem:].copy_(a[(n - 1) * r + rem : n * r])
-                sg[slot, rem:].fill_(float("-inf"))
-                lat.append(ops.compress_pool(a[: n * r].view(n, r, D), g[: n * r].view(n, r, D)))
-                rows_logical.append(torch.arange(j0, j0 + n))
-                row_slot.append(torch.full((n,), slot))
-            n_all = sum(len(t) for t in rows_logical)
-            if n_all == 0:
+            plan = self._compress_plan(step, r)
+            a_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.comp_a[:T])
+            g_all = ops.mm(x, w["compressor.wgate.weight"], out=attn.comp_g[:T])
+            sa, sg = pool.comp_a[i].view(-1, D), pool.comp_g[i].view(-1, D)
+            a = torch.cat([sa, a_all]).index_select(0, plan["comb"])
+            g = torch.cat([sg, g_all]).index_select(0, plan["comb"])
+            for slot, (a0, c0, ln) in plan["logs"].items():  # the group inputs from position a0 on
+                self.undo[slot]["a"][i] = (a0, a[c0 : c0 + ln].clone(), g[c0 : c0 + ln].clone())
+            sa.index_copy_(0, plan["dst"], a.index_select(0, plan["src"]))
+            sg.index_copy_(0, plan["dst"], g.index_select(0, plan["src"]))
+            sg.index_fill_(0, plan["dead"], float("-inf"))
+            n = plan["n"]
+            if n == 0:
                 return
-            lat_all = attn.lat_pre[:n_all]
-            lat_all.copy_(torch.cat(lat))
-        logical = torch.cat(rows_logical).to(self.device)
-        slots = torch.cat(row_slot).to(self.device)
-        phys = pool.physical(r, slots, logical)
-        row_pos = (logical * r).to(torch.int32)
+            grp = plan["groups"]
+            lat_all = attn.lat_pre[:n]
+            lat_all.copy_(ops.compress_pool(a.index_select(0, grp).view(n, r, D), g.index_select(0, grp).view(n, r, D)))
+        n_all = plan["n"]
         latent = ops.compress_kv_chain(
             lat_all,
             w["compressor.norm.weight"],
             c.norm_eps,
             attn.yarn_cos,
             attn.yarn_sin,
-            row_pos,
-            phys,
+            plan["row_pos"],
+            plan["phys"],
             attn.latent[:n_all],
             pool.compress_kv[i],
             attn.nonfinite,
@@ -578,8 +613,8 @@ class BatchV41:
             c.norm_eps,
             attn.yarn_cos,
             attn.yarn_sin,
-            row_pos,
-            phys,
+            plan["row_pos"],
+            plan["phys"],
             pool.index_k[i],
             attn.nonfinite,
         )
