@@ -488,7 +488,7 @@ class AttnV41:
 
         Host synchronisation points: none. A prefill's widths and slices follow from `m`,
         which the host knows. A decode token runs the device-driven step that
-        `decode_prep`/`decode_body` and `DecodePlan` run (the same kernels, reading
+        `decode_prep`/`decode_body` and `DecodeGraphs` run (the same kernels, reading
         the position and everything derived from it from `plan`); the host keeps only
         its bookkeeping (counts, the order of layers and steps) and slices the returned
         views to the visible lengths.

@@ -114,9 +114,19 @@ class SeqPool:
                 self.comp_a[i] = torch.zeros(n_slots, r, D, dtype=torch.float32, device=dev)
                 self.comp_g[i] = torch.full((n_slots, r, D), float("-inf"), dtype=torch.float32, device=dev)
 
-    def rows_needed(self, r: int, length: int) -> int:
-        """Cache rows a sequence of `length` tokens holds at ratio r (complete groups)."""
-        return length // r
+    def blocks_for(self, r: int, length: int) -> int:
+        """Blocks of ratio r a sequence of `length` tokens needs: ⌈length / r⌉ rows (its
+        complete groups and the one in progress)."""
+        return _cdiv(_cdiv(length, r), self.block_rows)
+
+    def _grow(self, slot: int, length: int) -> None:
+        """Allocate the slot's blocks up to `length` tokens (checked by the caller)."""
+        for r in self.ratios:
+            mine = self.blocks_of[r][slot]
+            while len(mine) < self.blocks_for(r, length):
+                blk = self.free_blocks[r].pop()
+                self.tables[r][slot, len(mine)] = blk
+                mine.append(blk)
 
     def assume(self, slot: int, length: int) -> None:
         """Give a slot a sequence of `length` tokens without running it (benchmarks,
@@ -125,20 +135,14 @@ class SeqPool:
         self._check_slot(slot)
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.cfg.max_seq:
             raise ValueError(f"length = {length!r}; allowed: 0..{self.cfg.max_seq}")
-        need = {r: _cdiv(self.rows_needed(r, length + r - 1), self.block_rows) for r in self.ratios}
-        for r, n in need.items():
-            more = n - len(self.blocks_of[r][slot])
-            if more > len(self.free_blocks[r]):
+        for r in self.ratios:
+            n, have = self.blocks_for(r, length), len(self.blocks_of[r][slot])
+            if n - have > len(self.free_blocks[r]):
                 raise ValueError(
                     f"slot {slot}: {n} blocks of ratio {r} for {length} tokens; allowed: at most "
-                    f"{len(self.free_blocks[r]) + len(self.blocks_of[r][slot])}"
+                    f"{len(self.free_blocks[r]) + have}"
                 )
-        for r, n in need.items():
-            mine = self.blocks_of[r][slot]
-            while len(mine) < n:
-                blk = self.free_blocks[r].pop()
-                self.tables[r][slot, len(mine)] = blk
-                mine.append(blk)
+        self._grow(slot, length)
         self.length[slot] = length
 
     def release(self, slot: int) -> None:
@@ -148,6 +152,9 @@ class SeqPool:
             self.free_blocks[r].extend(reversed(self.blocks_of[r][slot]))
             self.blocks_of[r][slot] = []
             self.tables[r][slot].fill_(-1)
+        for i in self.comp_g:  # no group in progress
+            self.comp_a[i][slot].zero_()
+            self.comp_g[i][slot].fill_(float("-inf"))
         self.length[slot] = 0
 
     def _check_slot(self, slot) -> None:
@@ -258,12 +265,11 @@ class BatchV41:
         T = sum(lens)
         if T > c.max_tokens:
             raise ValueError(f"{T} tokens in the step; allowed: 1..{c.max_tokens} (max_tokens)")
-        B = pool.block_rows
         for r in pool.ratios:
             need = 0
             for slot, s, m in zip(slots, starts, lens):
                 have = 0 if s == 0 else len(pool.blocks_of[r][slot])
-                need += max(0, _cdiv(pool.rows_needed(r, s + m + r - 1), B) - have)
+                need += max(0, pool.blocks_for(r, s + m) - have)
             free = len(pool.free_blocks[r]) + sum(len(pool.blocks_of[r][sl]) for sl, s in zip(slots, starts) if s == 0)
             if need > free:
                 raise ValueError(
@@ -274,16 +280,7 @@ class BatchV41:
         for slot, s, m in zip(slots, starts, lens):
             if s == 0:
                 pool.release(slot)
-                for i in pool.comp_g:
-                    pool.comp_g[i][slot].fill_(float("-inf"))
-                    pool.comp_a[i][slot].zero_()
-            for r in pool.ratios:
-                want = _cdiv(pool.rows_needed(r, s + m + r - 1), B)  # room for the group in progress
-                mine = pool.blocks_of[r][slot]
-                while len(mine) < want:
-                    blk = pool.free_blocks[r].pop()
-                    pool.tables[r][slot, len(mine)] = blk
-                    mine.append(blk)
+            pool._grow(slot, s + m)
         self._step = self._metadata(list(slots), list(starts), list(lens))
         self._steps += 1
         self._step.id = self._steps
