@@ -266,3 +266,36 @@ def test_batched_rollback_refusals(mid_batch):
     bt.forward(wts[0], _x(cfg, 1)[0], stp)
     with pytest.raises(ValueError, match="rollback during a step \\(layer 1 runs next\\)"):
         bt.rollback(0, 10)
+
+
+@settings(max_examples=8, deadline=None)
+@given(ratios=st.sampled_from(RATIOS), block_rows=st.sampled_from([1, 4]), seed=st.integers(0, 10_000))
+def test_fixed_shape_steps_equal_each_sequence_alone(ratios, block_rows, seed):
+    """Steps begun with a context bucket (index widths bucket // ratio), and decode-only
+    steps (the fixed-shape compressor: every group pooled, in progress or not): the same
+    bytes as each sequence alone."""
+    cfg, w, wts, xs, bt = _setup(ratios, 8, seed, 3, block_rows)
+    rng = random.Random(seed)
+    seqs = [RuntimeStack(cfg, w) for _ in range(3)]
+    length = [0, 0, 0]
+    for j in range(10):
+        if j == 0 or rng.random() < 0.3:
+            slots = rng.sample(range(3), rng.randint(1, 3))
+            lens = [rng.randint(1, 6) if length[sl] == 0 else rng.choice([1, 3]) for sl in slots]
+        else:
+            slots = [sl for sl in range(3) if length[sl] > 0]
+            lens = [1] * len(slots)
+        starts = [length[sl] for sl in slots]
+        bucket = 16 * -(-max(s + m for s, m in zip(starts, lens)) // 16)
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        step = bt.begin(slots, starts, lens, bucket=bucket)
+        outs = [bt.forward(wts[i], bx[i], step).clone() for i in range(cfg.n_layers)]
+        o = 0
+        for sl, s, m in zip(slots, starts, lens):
+            ref = seqs[sl].step([x[s : s + m] for x in xs[sl]], s, keep=True)
+            for i in range(cfg.n_layers):
+                assert torch.equal(ref[i], outs[i][o : o + m]), f"step {j} ({step.decode_only}) slot {sl} L{i}"
+            o += m
+            length[sl] = s + m
+    with pytest.raises(ValueError, match="bucket = 3; allowed: "):
+        bt.begin([0], [length[0]], [1], bucket=3)

@@ -195,6 +195,8 @@ class BatchStep:
     next_layer: int = 0
     logged: tuple[int, ...] = ()  # slots whose call is a continuation of 2..window tokens (undo logs kept)
     id: int = 0
+    bucket: int | None = None  # index widths bucket // ratio (fixed shapes), else the widest visible count
+    decode_only: bool = False  # every sequence one token after position 0: the fixed-shape compressor
 
 
 class BatchV41:
@@ -232,10 +234,14 @@ class BatchV41:
         self._scores: dict = {}  # the traced slot's index scores of this layer
 
     # ------------------------------------------------------------------ the step
-    def begin(self, slots, starts, lens) -> BatchStep:
+    def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
         """Validate a step and allocate its blocks (all or nothing). slots: distinct pool
         slots; starts[i]: 0 (a new sequence in that slot) or the slot's length; lens[i] ≥ 1
-        tokens; Σ lens ≤ max_tokens; starts[i] + lens[i] ≤ max_seq."""
+        tokens; Σ lens ≤ max_tokens; starts[i] + lens[i] ≤ max_seq. bucket: None, or a
+        context length ≥ every starts[i] + lens[i] (≤ max_seq): index sources then score
+        `bucket // ratio` keys per token (masked past each token's visible ones; the same
+        bits), so the step's shapes follow from (T, bucket) only: what a captured step
+        needs."""
         c, pool = self.cfg, self.pool
         if self._step is not None and 0 < self._step.next_layer < c.n_layers:
             raise ValueError(
@@ -265,6 +271,12 @@ class BatchV41:
         T = sum(lens)
         if T > c.max_tokens:
             raise ValueError(f"{T} tokens in the step; allowed: 1..{c.max_tokens} (max_tokens)")
+        if bucket is not None:
+            top = max(s + m for s, m in zip(starts, lens))
+            if isinstance(bucket, bool) or not isinstance(bucket, int) or not top <= bucket <= c.max_seq:
+                raise ValueError(
+                    f"bucket = {bucket!r}; allowed: {top}..{c.max_seq} (the step's last position + 1 .. max_seq)"
+                )
         for r in pool.ratios:
             need = 0
             for slot, s, m in zip(slots, starts, lens):
@@ -282,6 +294,8 @@ class BatchV41:
                 pool.release(slot)
             pool._grow(slot, s + m)
         self._step = self._metadata(list(slots), list(starts), list(lens))
+        self._step.bucket = bucket
+        self._step.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
         self._steps += 1
         self._step.id = self._steps
         W = c.window
@@ -365,7 +379,7 @@ class BatchV41:
         if r > 0:
             src = _latest(c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].ratio == r)
             if role.is_kv_source:
-                self._compress(w, x, step)
+                (self._compress_decode if step.decode_only and role.ratio >= 2 else self._compress)(w, x, step)
             if role.is_index_source:
                 self._select(
                     w,
@@ -513,6 +527,74 @@ class BatchV41:
         ]
 
     # ------------------------------------------------------------------ pieces
+    def _compress_decode(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
+        """A decode-only step's compressor (ratio ≥ 2) at fixed shapes, as the one-sequence
+        decode step runs it (`AttnV41._compress_step`): each token into its slot's state at
+        p mod r, every sequence's group pooled (complete or not) and written at cache row
+        ⌊p/r⌋ (in progress: past the visible rows, unread, rewritten until it completes),
+        the gate scores of completed groups reset to −∞. The same bytes as `_compress`."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        i, r, D, T = w.role.layer, w.role.ratio, c.head_dim, step.T
+        plan = step.__dict__.setdefault("_plans", {}).get(("decode", r))
+        if plan is None:
+            p = step.pos.long()
+            sl = step.tok_slot.long()
+            plan = dict(
+                state=sl * r + p % r,
+                groups=(sl[:, None] * r + torch.arange(r, device=self.device)[None, :]).reshape(-1),
+                done=((p + 1) % r == 0)[:, None],
+                phys=pool.physical(r, sl, p // r),
+                row_pos=((p // r) * r).to(torch.int32),
+            )
+            step._plans[("decode", r)] = plan
+        a_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.comp_a[:T])
+        g_all = ops.mm(x, w["compressor.wgate.weight"], out=attn.comp_g[:T])
+        sa, sg = pool.comp_a[i].view(-1, D), pool.comp_g[i].view(-1, D)
+        sa.index_copy_(0, plan["state"], a_all)
+        sg.index_copy_(0, plan["state"], g_all)
+        grp = plan["groups"]
+        pooled = ops.compress_pool(
+            sa.index_select(0, grp).view(T, r, D), sg.index_select(0, grp).view(T, r, D), out=attn.comp_a[:T]
+        )
+        sgv = pool.comp_g[i]
+        sgv.index_copy_(
+            0,
+            step.tok_slot.long(),
+            sgv.index_select(0, step.tok_slot.long()).masked_fill(plan["done"][:, :, None], float("-inf")),
+        )
+        attn.lat_pre[:T].copy_(pooled)
+        self._compressed_rows(w, attn.lat_pre[:T], plan)
+
+    def _compressed_rows(self, w: AttnV41LayerWeights, lat: torch.Tensor, plan: dict) -> None:
+        """New compressed rows (pooled, bf16) → norm → RoPE → fp4 → the pool at `phys`, and
+        their index keys (`indexer.wk` → norm → RoPE → fp4), one fused chain each."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        i, n = w.role.layer, lat.shape[0]
+        latent = ops.compress_kv_chain(
+            lat,
+            w["compressor.norm.weight"],
+            c.norm_eps,
+            attn.yarn_cos,
+            attn.yarn_sin,
+            plan["row_pos"],
+            plan["phys"],
+            attn.latent[:n],
+            pool.compress_kv[i],
+            attn.nonfinite,
+        )
+        kp = ops.mm(latent, w["indexer.wk.weight"], out=attn.k_pre[:n])
+        ops.index_k_chain(
+            kp,
+            w["indexer.k_norm.weight"],
+            c.norm_eps,
+            attn.yarn_cos,
+            attn.yarn_sin,
+            plan["row_pos"],
+            plan["phys"],
+            pool.index_k[i],
+            attn.nonfinite,
+        )
+
     def _compress_plan(self, step: BatchStep, r: int) -> dict:
         """The step's compressor bookkeeping for ratio r (the same for every kv source of
         that ratio; built once per step on the host, then index tensors on the device).
@@ -590,31 +672,7 @@ class BatchV41:
             grp = plan["groups"]
             lat_all = attn.lat_pre[:n]
             lat_all.copy_(ops.compress_pool(a.index_select(0, grp).view(n, r, D), g.index_select(0, grp).view(n, r, D)))
-        n_all = plan["n"]
-        latent = ops.compress_kv_chain(
-            lat_all,
-            w["compressor.norm.weight"],
-            c.norm_eps,
-            attn.yarn_cos,
-            attn.yarn_sin,
-            plan["row_pos"],
-            plan["phys"],
-            attn.latent[:n_all],
-            pool.compress_kv[i],
-            attn.nonfinite,
-        )
-        kp = ops.mm(latent, w["indexer.wk.weight"], out=attn.k_pre[:n_all])
-        ops.index_k_chain(
-            kp,
-            w["indexer.k_norm.weight"],
-            c.norm_eps,
-            attn.yarn_cos,
-            attn.yarn_sin,
-            plan["row_pos"],
-            plan["phys"],
-            pool.index_k[i],
-            attn.nonfinite,
-        )
+        self._compressed_rows(w, lat_all, plan)
 
     def _select(self, w, cq, x, step: BatchStep, keys_layer: int, cos, sin, hw_done: bool) -> None:
         """An index source's queries; then for every token at once: its scores over its
@@ -635,7 +693,7 @@ class BatchV41:
         pub = torch.full((T, K), -1, dtype=torch.int32, device=self.device)
         self.sel_pub[i] = pub
         widths = [(s + m) // r for s, m in zip(step.starts, step.lens)]
-        Lw = max(widths)
+        Lw = max(widths) if step.bucket is None else step.bucket // r
         if Lw == 0:
             if w.role.is_candidate_source:
                 self.cand_pub = None
