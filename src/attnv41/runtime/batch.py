@@ -518,10 +518,10 @@ class BatchV41:
             t["candidates"] = self.cand_pub[o0 : o0 + m, :L].clone()
         self.trace = t
 
-    def step(self, weights, xs, slots, starts, lens, keep: bool = True) -> list[torch.Tensor]:
+    def step(self, weights, xs, slots, starts, lens, keep: bool = True, bucket: int | None = None) -> list:
         """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each
         layer's output (cloned with `keep`)."""
-        st = self.begin(slots, starts, lens)
+        st = self.begin(slots, starts, lens, bucket=bucket)
         return [
             (lambda y: y.clone() if keep else y)(self.forward(weights[i], xs[i], st)) for i in range(self.cfg.n_layers)
         ]
