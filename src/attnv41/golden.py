@@ -418,7 +418,8 @@ class _Trace:
 class BatchedGolden:
     """The golden file's sequence in one slot of a batched step (`BatchV41`) beside
     `batch − 1` other sequences of random tokens at other positions and lengths: fresh
-    prompts, decode tokens, chunks, restarts when one reaches max_seq. The prefill runs
+    prompts, decode tokens, chunks (half of them then rolled back inside, as a rejected
+    verify), restarts when one reaches max_seq. The prefill runs
     whole or in chunks of `chunk` tokens (the others' tokens in the same steps); its
     calls are assembled in the one-shot encoding (`assemble_chunks`), the decode steps
     compared as they are. Every trace of the golden slot is kept in `log`, so two runs
@@ -484,6 +485,10 @@ class BatchedGolden:
             t = {k: _cpu_clone(self.bt.trace.get(k)) for k in _CHUNK_FIELDS}
             traces.append(t)
             self.log.append(t)
+        # other sequences that verified draft tokens keep some of them: roll back inside
+        for sl, st, n in zip(slots, starts, lens):
+            if sl != self.slot and st > 0 and 2 <= n <= c.window and self.rng.random() < 0.5:
+                self.bt.rollback(sl, st + self.rng.randint(0, n - 1))
         return traces
 
     def prefill_step(self, xs) -> list[_ChunkTrace]:
