@@ -218,6 +218,26 @@ class BatchV41:
         self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks)
         M = cfg.max_tokens
         self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
+        # Static wiring of what each ratio>0 layer reads (attention-v41.md §2, own index keys):
+        # (the kv source whose rows it attends, the index keys it scores, the index source
+        # whose selection it attends with), all the latest such layer of its ratio.
+        self.wiring: dict[int, tuple[int, int | None, int]] = {}
+        for i, role in enumerate(cfg.roles):
+            r = role.ratio
+            if r > 0:
+                self.wiring[i] = (
+                    _latest(cfg, i, lambda j, r=r: cfg.roles[j].is_kv_source and cfg.roles[j].ratio == r),
+                    _latest(
+                        cfg,
+                        i,
+                        lambda j, r=r: (
+                            cfg.roles[j].is_kv_source and cfg.roles[j].is_index_source and cfg.roles[j].ratio == r
+                        ),
+                    )
+                    if role.is_index_source
+                    else None,
+                    _latest(cfg, i, lambda j, r=r: cfg.roles[j].is_index_source and cfg.roles[j].ratio == r),
+                )
         self.cand_pub: torch.Tensor | None = None  # the candidate source's mask [T, width] of this step
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
@@ -377,23 +397,11 @@ class BatchV41:
         sel[:, :W].copy_(step.win_sel)
         comp = attn._empty_rows
         if r > 0:
-            src = _latest(c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].ratio == r)
+            src, keys_layer, isrc = self.wiring[i]
             if role.is_kv_source:
                 (self._compress_decode if step.decode_only and role.ratio >= 2 else self._compress)(w, x, step)
             if role.is_index_source:
-                self._select(
-                    w,
-                    cq,
-                    x,
-                    step,
-                    _latest(
-                        c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].is_index_source and c.roles[j].ratio == r
-                    ),
-                    cos,
-                    sin,
-                    hw_done,
-                )
-            isrc = _latest(c, i, lambda j: c.roles[j].is_index_source and c.roles[j].ratio == r)
+                self._select(w, cq, x, step, keys_layer, cos, sin, hw_done)
             logical = self.sel_pub[isrc]
             phys = pool.physical(r, step.tok_slot[:, None].expand_as(logical), logical)
             phys = torch.where(phys >= 0, phys + ring.shape[0], -1).to(torch.int32)
@@ -502,8 +510,7 @@ class BatchV41:
         offset = W if (s > 0 and m == 1) else win_rows.shape[0]
         comp = torch.empty(m, 0, dtype=torch.int32)
         if r > 0 and k > 0:
-            isrc = _latest(c, i, lambda j: c.roles[j].is_index_source and c.roles[j].ratio == r)
-            logical = self.sel_pub[isrc][rows, :k].cpu()
+            logical = self.sel_pub[self.wiring[i][2]][rows, :k].cpu()
             comp = torch.where(logical >= 0, logical + offset, -1).to(torch.int32)
         t["sel"] = torch.cat([win, comp], dim=1)
         if w.role.is_kv_source:
@@ -511,9 +518,7 @@ class BatchV41:
             t["index_k"] = pool.cache_rows(i, slot, L, keys=True)
         if w.role.is_index_source and L > 0:
             t["index_score"] = self._scores.pop(i)
-            t["index_k_owner"] = _latest(
-                c, i, lambda j: c.roles[j].is_kv_source and c.roles[j].is_index_source and c.roles[j].ratio == r
-            )
+            t["index_k_owner"] = self.wiring[i][1]
         if w.role.is_candidate_source and L > 0:
             t["candidates"] = self.cand_pub[o0 : o0 + m, :L].clone()
         self.trace = t
