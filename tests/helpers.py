@@ -102,3 +102,15 @@ def same_snapshot(a, b):
             assert torch.equal(ha[k], hb[k]), k
         else:
             assert ha[k] == hb[k], k
+
+
+def split_sizes(sizes, n: int) -> list[int]:
+    """Chunk sizes covering n tokens: `sizes` in order, each cut to what is left, and the
+    remainder as a last chunk."""
+    out, left = [], n
+    for c in sizes:
+        if left == 0:
+            break
+        out.append(min(c, left))
+        left -= out[-1]
+    return out + ([left] if left else [])

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnv41.reference.layer import RefStack, _window_selection
-from helpers import random_inputs, random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg, split_sizes
 
 FIELDS = ("q", "o", "out")
 
@@ -50,19 +50,7 @@ def _assert_states_equal(a: RefStack, b: RefStack):
 
 
 def _chunks_strategy(n):
-    return st.lists(st.integers(1, n), min_size=1, max_size=8).map(lambda cs: _fit(cs, n))
-
-
-def _fit(cs, n):
-    out, left = [], n
-    for c in cs:
-        if left == 0:
-            break
-        out.append(min(c, left))
-        left -= out[-1]
-    if left:
-        out.append(left)
-    return out
+    return st.lists(st.integers(1, n), min_size=1, max_size=8).map(lambda cs: split_sizes(cs, n))
 
 
 GEOMETRIES = [

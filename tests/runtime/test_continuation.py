@@ -12,21 +12,11 @@ from hypothesis import strategies as st
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
 from helpers import assert_same_run as _assert_same
-from helpers import random_inputs, random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg, split_sizes
 from helpers import same_snapshot as _same_snapshot
 from helpers import stack_snapshot as _snapshot
 
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
-
-
-def _split(sizes, n):
-    out, left = [], n
-    for c in sizes:
-        if left == 0:
-            break
-        out.append(min(c, left))
-        left -= out[-1]
-    return out + ([left] if left else [])
 
 
 @settings(max_examples=20, deadline=None)
@@ -47,7 +37,7 @@ def test_runtime_continuations_equal_reference_bit_for_bit(n, sizes, window, top
     ref = RefStack(cfg, w, index_keys=index_keys)
     rt = RuntimeStack(cfg, w, index_keys=index_keys, bucket_min=4)
     s = 0
-    for c in _split(sizes, n):
+    for c in split_sizes(sizes, n):
         for i in range(cfg.n_layers):
             _assert_same(ref.layer(i, xs[i][s : s + c], s), rt.layer(i, xs[i][s : s + c], s), f"[{s}, {s + c}) L{i}")
         s += c
