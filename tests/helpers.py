@@ -114,3 +114,17 @@ def split_sizes(sizes, n: int) -> list[int]:
         out.append(min(c, left))
         left -= out[-1]
     return out + ([left] if left else [])
+
+
+def paged_table(gen, rows, block_rows: int, width: int, spare: int = 2):
+    """A block table for sequences of `rows` key rows each, their blocks scattered over a
+    pool of the blocks they need plus `spare` (int32 `[len(rows), ⌈width/B⌉]`, −1 where
+    unallocated); returns (table, pool blocks)."""
+    B = block_rows
+    n_blocks = sum(-(-r // B) for r in rows) + spare
+    perm = iter(torch.randperm(n_blocks, generator=gen).tolist())
+    table = torch.full((len(rows), -(-width // B)), -1, dtype=torch.int32)
+    for s, r in enumerate(rows):
+        for b in range(-(-r // B)):
+            table[s, b] = next(perm)
+    return table, n_blocks

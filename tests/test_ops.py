@@ -13,6 +13,7 @@ from attnv41.reference.norm import rms_norm
 from attnv41.reference.qdq import fp4_e4m3_qdq
 from attnv41.reference.rope import apply_rope, rope_freqs, rope_table
 from attnv41.reference.sparse_attn import sparse_attn as ref_attn
+from helpers import paged_table
 
 OPS = torch.ops.attnv41
 BF = torch.bfloat16
@@ -34,14 +35,7 @@ def _attn_args(seed=0, m=3, H=4, D=64, n_win=10, n_comp=20, K=24):
 
 def _paged_args(seed=0, lens=(2, 1, 3), rows=(7, 12, 3), B=4, H=2, d=32, width=12, k=5):
     g = _gen(seed)
-    n_blocks = sum(-(-r // B) for r in rows) + 2
-    perm = torch.randperm(n_blocks, generator=g)
-    table = torch.full((len(rows), -(-width // B)), -1, dtype=torch.int32)
-    j = 0
-    for s, r in enumerate(rows):
-        for b in range(-(-r // B)):
-            table[s, b] = perm[j]
-            j += 1
+    table, n_blocks = paged_table(g, rows, B, width)
     keys = torch.randn(n_blocks * B, d, generator=g).to(BF)
     T = sum(lens)
     iq = torch.randn(T, H, d, generator=g).to(BF)

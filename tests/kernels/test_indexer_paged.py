@@ -9,21 +9,14 @@ import torch
 
 from attnv41.kernels import indexer as I
 from attnv41.reference import indexer as ref
+from helpers import paged_table
 
 BF = torch.bfloat16
 
 
 def _case(device, seed=0, H=4, d=64, B=4, lens=(1, 3, 2), rows=(5, 13, 9), width=16):
     gen = torch.Generator().manual_seed(seed)
-    S = len(lens)
-    n_blocks = sum(-(-r // B) for r in rows) + 3
-    perm = torch.randperm(n_blocks, generator=gen)
-    table = torch.full((S, -(-width // B)), -1, dtype=torch.int32)
-    k = 0
-    for s_, r in enumerate(rows):
-        for b in range(-(-r // B)):
-            table[s_, b] = perm[k]
-            k += 1
+    table, n_blocks = paged_table(gen, rows, B, width, spare=3)
     pool = torch.randn(n_blocks * B, d, generator=gen).to(BF)
     T = sum(lens)
     iq = torch.randn(T, H, d, generator=gen).to(BF)
