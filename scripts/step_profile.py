@@ -8,7 +8,10 @@ kernels (the launch ramp and drain a graph cannot hide), and per kernel name the
 total and mean GPU time. That is the step's real breakdown, with the weights cold as
 they are in a step (every kernel alone in `bench` (b) is timed with its own L2 flush).
 
-    python3 scripts/step_profile.py [--context 32768] [--weights bf16|fp8] [--steps 5]
+    python3 scripts/step_profile.py [--context 32768] [--weights bf16|fp8] [--steps 5] [--batch B]
+
+`--batch B`: a batched decode step of B sequences instead (`BatchV41` driven by
+`BatchGraphs`, every slot's pools assumed filled to the context with random index keys).
 
 Prints Markdown tables; writes `$OUT/step_profile_<weights>.json` when OUT is set.
 """
@@ -43,6 +46,7 @@ def main() -> None:
     ap.add_argument("--weights", default="bf16")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=0, help="B > 0: a BatchGraphs step of B sequences")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -51,18 +55,39 @@ def main() -> None:
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     cfg = PRESETS[args.preset](max_tokens=256, max_seq=args.context + 256)
     stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev)
-    fill_context(stack, args.context, 0)
     gen = torch.Generator(device=dev).manual_seed(7)
-    xs = unit_rms_bf16(torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen, device=dev))
-    drv = DecodeGraphs(stack)
+    if args.batch > 0:
+        from attnv41.runtime.batch import BatchV41
+        from attnv41.runtime.batch_graphs import BatchGraphs
+
+        B = args.batch
+        bt = BatchV41(cfg.replace(max_tokens=B), dev, n_slots=B)
+        for sl in range(B):
+            bt.pool.assume(sl, args.context)
+        for k in bt.pool.index_k.values():
+            k.normal_(generator=gen)
+        drv = BatchGraphs(bt, stack.weights, sizes=(B,))
+        xs = drv.x_in[:, :B]
+        xs.copy_(unit_rms_bf16(torch.randn(xs.shape, generator=gen, device=dev)))
+
+        def one(p):
+            drv.step(xs, list(range(B)))
+    else:
+        fill_context(stack, args.context, 0)
+        xs = unit_rms_bf16(torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen, device=dev))
+        drv = DecodeGraphs(stack)
+
+        def one(p):
+            drv.step(xs, p)
+
     p = args.context
     for _ in range(4):  # capture and warm replays
-        drv.step(xs, p)
+        one(p)
         p += 1
     sync()
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
-            drv.step(xs, p)
+            one(p)
             p += 1
             sync()
             if cuda:
@@ -93,7 +118,8 @@ def main() -> None:
             names[n].append(e - s)
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
-    print(f"\n### decode step under the profiler ({args.weights}, context {args.context}, {len(steps)} steps)\n")
+    what = f"batch {args.batch}, " if args.batch else ""
+    print(f"\n### decode step under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
@@ -111,7 +137,7 @@ def main() -> None:
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"step_profile_{args.weights}.json"), "w") as f:
+        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}.json"), "w") as f:
             json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
 
 

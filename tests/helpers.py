@@ -128,3 +128,38 @@ def paged_table(gen, rows, block_rows: int, width: int, spare: int = 2):
         for b in range(-(-r // B)):
             table[s, b] = next(perm)
     return table, n_blocks
+
+
+def pool_snapshot(bt, real: bool = False) -> dict:
+    """A `BatchV41`'s pool: host bookkeeping and copies of every tensor; `real`: only the
+    caller's slots' parts (not the pad slot's ring rows, state and spare block)."""
+    p = bt.pool
+    S, W, B = p.n_slots, bt.cfg.window, p.block_rows
+
+    def cut(kind, t, r=None):
+        if not real:
+            return t.clone()
+        if kind == "ring":
+            return t[: S * W].clone()
+        if kind == "state":
+            return t[:S].clone()
+        return t[: p.n_blocks[r] * B].clone()  # pools: the spare block is the last
+
+    ratio = {i: bt.cfg.roles[i].ratio for i in p.compress_kv}
+    tensors = [cut("state", t) for t in p.tables.values()] + [cut("ring", t) for t in p.ring]
+    tensors += [cut("pool", t, ratio[i]) for d in (p.compress_kv, p.index_k) for i, t in d.items()]
+    tensors += [cut("state", t) for d in (p.comp_a, p.comp_g) for t in d.values()]
+    return {
+        "length": list(p.length),
+        "free": {r: list(v) for r, v in p.free_blocks.items()},
+        "owned": {r: [list(b) for b in v] for r, v in p.blocks_of.items()},
+        "tensors": tensors,
+    }
+
+
+def same_pool(a: dict, b: dict) -> None:
+    for k in ("length", "free", "owned"):
+        assert a[k] == b[k], k
+    assert len(a["tensors"]) == len(b["tensors"])
+    for j, (x, y) in enumerate(zip(a["tensors"], b["tensors"])):
+        assert torch.equal(x.cpu(), y.cpu()), f"pool tensor {j}"

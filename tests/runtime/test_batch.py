@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from attnv41.runtime import RuntimeStack
 from attnv41.runtime.batch import BatchV41
 from attnv41.weights import AttnV41LayerWeights
-from helpers import random_inputs, random_weights, small_cfg
+from helpers import pool_snapshot, random_inputs, random_weights, same_pool, small_cfg
 
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 4, 4, 1, 1, 1), (0, 1, 1, 1, 1, 1)]
 
@@ -101,23 +101,6 @@ def test_paged_placement_changes_nothing():
         assert all(torch.equal(u, v) for u, v in zip(sa, sb))
 
 
-def _pool_snapshot(bt):
-    p = bt.pool
-    return {
-        "length": list(p.length),
-        "free": {r: list(v) for r, v in p.free_blocks.items()},
-        "owned": {r: [list(b) for b in v] for r, v in p.blocks_of.items()},
-        "tensors": [t.clone() for t in (*p.tables.values(), *p.ring, *p.compress_kv.values(), *p.index_k.values())]
-        + [t.clone() for t in (*p.comp_a.values(), *p.comp_g.values())],
-    }
-
-
-def _same_pool(a, b):
-    for k in ("length", "free", "owned"):
-        assert a[k] == b[k], k
-    assert all(torch.equal(x, y) for x, y in zip(a["tensors"], b["tensors"]))
-
-
 @pytest.fixture
 def mid_batch():
     cfg, w, wts, xs, bt = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 9, 1: 15})
@@ -163,11 +146,11 @@ REFUSED = {
 def test_bad_metadata_is_refused_and_changes_nothing(mid_batch, case):
     cfg, wts, xs, bt = mid_batch
     call, msg = REFUSED[case]
-    before = _pool_snapshot(bt)
+    before = pool_snapshot(bt)
     with pytest.raises((ValueError, TypeError)) as e:
         call(bt, cfg, wts)
     assert msg in str(e.value), str(e.value)
-    _same_pool(before, _pool_snapshot(bt))
+    same_pool(before, pool_snapshot(bt))
 
 
 def test_begin_during_a_step_is_refused(mid_batch):
@@ -249,7 +232,7 @@ def test_batched_verify_and_rollback_equal_each_sequence_alone(ratios, block_row
 
 def test_batched_rollback_refusals(mid_batch):
     cfg, wts, xs, bt = mid_batch  # slot 0 at 11 (its last step: 2 tokens at 9), slot 1 at 6 (1 token)
-    before = _pool_snapshot(bt)
+    before = pool_snapshot(bt)
     for call, msg in (
         (lambda: bt.rollback(0, 8), "slot 0: pos = 8; allowed: 9..11"),
         (lambda: bt.rollback(0, 12), "slot 0: pos = 12; allowed: 9..11"),
@@ -261,7 +244,7 @@ def test_batched_rollback_refusals(mid_batch):
         with pytest.raises((ValueError, TypeError)) as e:
             call()
         assert msg in str(e.value), str(e.value)
-        _same_pool(before, _pool_snapshot(bt))
+        same_pool(before, pool_snapshot(bt))
     stp = bt.begin([1], [6], [1])
     bt.forward(wts[0], _x(cfg, 1)[0], stp)
     with pytest.raises(ValueError, match="rollback during a step \\(layer 1 runs next\\)"):

@@ -93,26 +93,32 @@ class SeqPool:
         for r, n in self.n_blocks.items():
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"blocks[{r}] = {n!r}; allowed: an int >= 1")
-        self.tables = {
-            r: torch.full((n_slots, self.max_blocks[r]), -1, dtype=torch.int32, device=dev) for r in self.ratios
-        }
+        # One more slot than the caller's: the pad slot (`pad_slot` = n_slots), where the
+        # padding tokens of a captured step's batch-size bucket compute (`BatchGraphs`);
+        # its table points every entry at one spare block per ratio (the last), so the pad
+        # tokens' reads and writes never touch a sequence's memory. Nothing reads its results.
+        S1 = n_slots + 1
+        self.pad_slot, self.state_slots = n_slots, S1
+        self.tables = {r: torch.full((S1, self.max_blocks[r]), -1, dtype=torch.int32, device=dev) for r in self.ratios}
+        for r in self.ratios:
+            self.tables[r][n_slots].fill_(self.n_blocks[r])  # the spare block
         self.blocks_of: dict[int, list[list[int]]] = {r: [[] for _ in range(n_slots)] for r in self.ratios}
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
         bf = dict(dtype=torch.bfloat16, device=dev)
-        self.ring_rows = n_slots * W  # the staging rows follow
-        self.ring = [torch.zeros(n_slots * W + c.max_tokens, D, **bf) for _ in range(c.n_layers)]
+        self.ring_rows = S1 * W  # the staging rows follow
+        self.ring = [torch.zeros(S1 * W + c.max_tokens, D, **bf) for _ in range(c.n_layers)]
         self.comp_a: dict[int, torch.Tensor] = {}
         self.comp_g: dict[int, torch.Tensor] = {}
         self.compress_kv: dict[int, torch.Tensor] = {}
         self.index_k: dict[int, torch.Tensor] = {}
         for i in c.kv_source_layers:
             r = c.roles[i].ratio
-            self.compress_kv[i] = torch.zeros(self.n_blocks[r] * B, D, **bf)
-            self.index_k[i] = torch.zeros(self.n_blocks[r] * B, c.index_head_dim, **bf)
+            self.compress_kv[i] = torch.zeros((self.n_blocks[r] + 1) * B, D, **bf)
+            self.index_k[i] = torch.zeros((self.n_blocks[r] + 1) * B, c.index_head_dim, **bf)
             if r >= 2:
-                self.comp_a[i] = torch.zeros(n_slots, r, D, dtype=torch.float32, device=dev)
-                self.comp_g[i] = torch.full((n_slots, r, D), float("-inf"), dtype=torch.float32, device=dev)
+                self.comp_a[i] = torch.zeros(S1, r, D, dtype=torch.float32, device=dev)
+                self.comp_g[i] = torch.full((S1, r, D), float("-inf"), dtype=torch.float32, device=dev)
 
     def blocks_for(self, r: int, length: int) -> int:
         """Blocks of ratio r a sequence of `length` tokens needs: ⌈length / r⌉ rows (its
@@ -252,6 +258,9 @@ class BatchV41:
         self.last_step = [0] * n_slots
         self._steps = 0
         self._scores: dict = {}  # the traced slot's index scores of this layer
+        self._cols = torch.arange(cfg.window, device=self.device)[None, :]
+        self._rows = torch.arange(M, device=self.device)
+        self._colk = torch.arange(cfg.window + cfg.index_topk, device=self.device)[None, :]
 
     # ------------------------------------------------------------------ the step
     def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
@@ -262,6 +271,17 @@ class BatchV41:
         `bucket // ratio` keys per token (masked past each token's visible ones; the same
         bits), so the step's shapes follow from (T, bucket) only: what a captured step
         needs."""
+        self._check_begin(slots, starts, lens, bucket)
+        # nothing below can fail: allocate and build the metadata
+        self._allocate(slots, starts, lens)
+        st = self._metadata(list(slots), list(starts), list(lens))
+        st.bucket = bucket
+        st.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
+        self._register(st)
+        return st
+
+    def _check_begin(self, slots, starts, lens, bucket) -> None:
+        """Everything `begin` refuses (it raises; nothing changes)."""
         c, pool = self.cfg, self.pool
         if self._step is not None and 0 < self._step.next_layer < c.n_layers:
             raise ValueError(
@@ -308,25 +328,51 @@ class BatchV41:
                     f"the step needs {need} more blocks of ratio {r}; allowed: at most the {free} free "
                     f"(release finished slots, or build the pool with more blocks)"
                 )
-        # nothing below can fail: allocate and build the metadata
+
+    def _allocate(self, slots, starts, lens) -> None:
+        """A checked step's blocks (a new sequence first returns its slot's old ones)."""
+        pool = self.pool
         for slot, s, m in zip(slots, starts, lens):
             if s == 0:
                 pool.release(slot)
             pool._grow(slot, s + m)
-        self._step = self._metadata(list(slots), list(starts), list(lens))
-        self._step.bucket = bucket
-        self._step.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
+
+    def _register(self, st: BatchStep) -> None:
+        """The step becomes the current one: its id, the slots' last step, undo logs for
+        its continuations of 2..window tokens (the others' logs dropped)."""
+        W = self.cfg.window
+        self._step = st
+        st.next_layer = 0
         self._steps += 1
-        self._step.id = self._steps
-        W = c.window
-        self._step.logged = tuple(sl for sl, s, m in zip(slots, starts, lens) if s > 0 and 2 <= m <= W)
-        for sl, s, m in zip(slots, starts, lens):
-            self.last_step[sl] = self._step.id
-            if sl in self._step.logged:
-                self.undo[sl] = {"span": (s, s + m), "step": self._step.id, "done": False, "ring": {}, "a": {}}
+        st.id = self._steps
+        st.logged = tuple(sl for sl, s, m in zip(st.slots, st.starts, st.lens) if s > 0 and 2 <= m <= W)
+        for sl, s, m in zip(st.slots, st.starts, st.lens):
+            self.last_step[sl] = st.id
+            if sl in st.logged:
+                self.undo[sl] = {"span": (s, s + m), "step": st.id, "done": False, "ring": {}, "a": {}}
             else:
                 self.undo.pop(sl, None)
-        return self._step
+
+    def _finish(self, st: BatchStep) -> None:
+        """After the step's last layer: the slots' lengths advance, its undo logs complete."""
+        for slot, s, m in zip(st.slots, st.starts, st.lens):
+            self.pool.length[slot] = s + m
+        for sl in st.logged:
+            self.undo[sl]["done"] = True
+
+    def _derive_decode(self, st: BatchStep) -> None:
+        """A decode-only step's window selection and ring writes from its device `pos` and
+        `tok_slot` (in place; capturable): what `_metadata` builds on the host for one
+        token per sequence after position 0 (decode layout: position p − W + 1 + c, the
+        last column the token's own staging row, −1 before position 0)."""
+        W, pool = self.cfg.window, self.pool
+        p, sl = st.pos.long(), st.tok_slot.long()
+        q = p[:, None] - (W - 1) + self._cols
+        ring_row = sl[:, None] * W + q.remainder(W)
+        stage = (pool.ring_rows + self._rows[: st.T])[:, None]
+        win = torch.where(q < 0, -1, torch.where(self._cols == W - 1, stage, ring_row))
+        st.win_sel.copy_(win)
+        st.ring_dst.copy_(sl * W + p.remainder(W))
 
     def _metadata(self, slots, starts, lens) -> BatchStep:
         c, pool, dev = self.cfg, self.pool, self.device
@@ -375,9 +421,8 @@ class BatchV41:
         """Layer `w.role.layer` (the step's next) for the step's T tokens (bf16 `[T, dim]`,
         sequences contiguous in `step` order). Returns `[T, dim]` bf16, a view valid until
         the next call."""
-        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
-        role = w.role
-        i, r = role.layer, role.ratio
+        c, attn = self.cfg, self.attn
+        i = w.role.layer
         if step is not self._step or step.next_layer != i:
             want = "none (call begin)" if self._step is None else f"layer {self._step.next_layer} of the last begin"
             raise ValueError(f"layer {i} of a step; allowed: {want}")
@@ -386,6 +431,17 @@ class BatchV41:
             raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
         attn._check_role(w)
         attn._check_weights(w)
+        out = self._layer(w, x, step)
+        if step.next_layer == c.n_layers:
+            self._finish(step)
+        return out
+
+    def _layer(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep, out: torch.Tensor | None = None):
+        """`forward`'s device work for checked arguments (capturable for a decode-only step
+        with a bucket and no trace); `out`: where the output goes (default a buffer)."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        role = w.role
+        i, r = role.layer, role.ratio
         T, W = step.T, c.window
         pos = step.pos
         cos, sin = attn._tables(r)
@@ -407,7 +463,7 @@ class BatchV41:
             phys = torch.where(phys >= 0, phys + ring.shape[0], -1).to(torch.int32)
             # the compressed part starts at the token's window width
             K = c.index_topk
-            colk = torch.arange(W + K, device=self.device)[None, :] - step.win_width[:, None]
+            colk = self._colk - step.win_width[:, None]
             take = (colk >= 0) & (colk < K)
             comp_part = torch.gather(phys, 1, colk.clamp(0, K - 1))
             sel.copy_(torch.where(take, comp_part, torch.where(colk < 0, sel, -1)))
@@ -417,7 +473,7 @@ class BatchV41:
         o = ops.sparse_attn_decode(
             q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
         )
-        out = attn._output(w, o, pos, cos, sin, T, rotated=True)
+        out = attn._output(w, o, pos, cos, sin, T, out=out, rotated=True)
         traced = self.trace_slot is not None and self.trace_slot in step.slots
         if traced:
             self._trace(w, step, q, kv, o, out, sel)
@@ -431,11 +487,6 @@ class BatchV41:
         ):
             self.trace["kv_win"] = ring[self.trace_slot * W : (self.trace_slot + 1) * W].clone()  # decode: the ring
         step.next_layer += 1
-        if step.next_layer == c.n_layers:
-            for slot, s, m in zip(step.slots, step.starts, step.lens):
-                pool.length[slot] = s + m
-            for sl in step.logged:
-                self.undo[sl]["done"] = True
         return out
 
     def rollback(self, slot: int, pos: int) -> None:
@@ -614,7 +665,7 @@ class BatchV41:
         plans = step.__dict__.setdefault("_plans", {})
         if r in plans:
             return plans[r]
-        S = self.pool.n_slots
+        S = self.pool.state_slots
         comb, groups, dst, src, dead, logical, slots, logs = [], [], [], [], [], [], [], {}
         for slot, s, m, o in zip(step.slots, step.starts, step.lens, step.offsets):
             j0 = s // r
@@ -655,9 +706,9 @@ class BatchV41:
         if r == 1:
             lat_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.lat_pre[:T])
             plan = step.__dict__.setdefault("_plans", {}).get(1)
-            if plan is None:
-                lg = torch.cat([torch.arange(s, s + m) for s, m in zip(step.starts, step.lens)]).to(self.device)
-                plan = dict(n=T, phys=pool.physical(1, step.tok_slot.long(), lg), row_pos=lg.to(torch.int32))
+            if plan is None:  # a token's row is its position (from the device metadata: capturable)
+                lg = step.pos.long()
+                plan = dict(n=T, phys=pool.physical(1, step.tok_slot.long(), lg), row_pos=step.pos)
                 step._plans[1] = plan
         else:
             plan = self._compress_plan(step, r)

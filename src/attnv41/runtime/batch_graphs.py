@@ -1,0 +1,248 @@
+"""Whole batched decode steps as CUDA graphs, one per (batch-size bucket, context bucket).
+
+`BatchGraphs` drives the decode steps of a `BatchV41`: every sequence of a step
+contributes one token at its next position (≥ 1: a sequence starts with an eager
+`BatchV41.step`, a prefill or its chunks). As engines do, it captures per batch-size
+bucket: a step of B sequences runs in the graph of the smallest size T ≥ B of `sizes`,
+its T − B padding tokens computing in the pool's pad slot (`SeqPool.pad_slot`: position 1,
+zero inputs, a spare block per ratio; nothing reads what they compute). Index sources
+score `bucket // ratio` keys, bucket = `bucket_of(the step's last position, max_seq,
+bucket_min)` (a power of two, as `DecodeGraphs`). A graph's shapes follow from (T, bucket)
+only, so there is one graph per pair, captured on the pair's first step: that step runs
+eagerly on a side stream (the warm-up: it compiles the kernels for the shapes and is the
+step itself), then capture (which runs nothing); replays from the next step on. All
+graphs share one memory pool. Before each replay the weights' tensors are compared with
+those a graph baked; a change recaptures (`recaptures`).
+
+Per step the host checks the call (all or nothing: a refused step changes nothing),
+allocates the blocks sequences grow into (block-table entries written on the device, no
+sync), uploads the step's metadata (each token's position and slot: one copy of 2·T
+int32, from pinned memory, non-blocking) and replays. The graph derives the window
+selections and ring writes from that metadata (`BatchV41._derive_decode`), then runs
+every layer: layer i reads `x_in[i, :T]` and writes `y[i, :T]`. Nothing waits for the
+device.
+
+A token's bytes are those the eager `BatchV41.step` gives it: graphs, padding and the
+context bucket change no bits (the batch-invariance contract of the batched op table;
+tested against eager steps on the CPU without graphs and on CUDA with them). On the CPU
+(or `use_graphs=False`) the same body runs eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..weights import AttnV41LayerWeights
+from .batch import BatchStep, BatchV41
+from .graphs import _Captured
+from .plan import DEFAULT_BUCKET_MIN, bucket_of
+
+__all__ = ["BatchGraphs", "default_sizes"]
+
+PAD_POS = 1  # the padding tokens' position (a decode position: ≥ 1)
+
+
+def default_sizes(n_slots: int, max_tokens: int) -> tuple[int, ...]:
+    """Powers of two up to the first ≥ n_slots (the most sequences a step can hold),
+    capped at max_tokens."""
+    cap = min(1 << (n_slots - 1).bit_length(), max_tokens)
+    out, t = [], 1
+    while t < cap:
+        out.append(t)
+        t *= 2
+    return tuple(out) + (cap,)
+
+
+class BatchGraphs:
+    """Decode steps of a `BatchV41` over `weights` (one `AttnV41LayerWeights` per layer,
+    in order), captured per (size, context bucket) (module docstring).
+
+    `step(xs, slots)` returns `y[:, :B]` (`[n_layers, B, dim]` bf16, valid until the next
+    step). `captures`, `recaptures`: graphs captured; `capture_s[key]`: host seconds of
+    each capture (its warm-up step included); `last_host_s`: host time of the last step
+    (checks, bookkeeping, upload, replay; no device sync)."""
+
+    def __init__(
+        self,
+        batch: BatchV41,
+        weights: Sequence[AttnV41LayerWeights],
+        sizes: Sequence[int] | None = None,
+        use_graphs: bool | None = None,
+        bucket_min: int = DEFAULT_BUCKET_MIN,
+    ):
+        if not isinstance(batch, BatchV41):
+            raise TypeError(f"batch is a {type(batch).__name__}; allowed: a BatchV41")
+        cfg = batch.cfg
+        self.batch, self.cfg = batch, cfg
+        cuda = batch.device.type == "cuda"
+        self.use_graphs = cuda if use_graphs is None else bool(use_graphs)
+        if self.use_graphs and not cuda:
+            raise ValueError(f"use_graphs = True on {batch.device}; allowed: a CUDA device")
+        weights = list(weights)
+        if len(weights) != cfg.n_layers:
+            raise ValueError(f"{len(weights)} layers' weights; allowed: exactly n_layers = {cfg.n_layers}")
+        for i, w in enumerate(weights):
+            if not isinstance(w, AttnV41LayerWeights) or w.role.layer != i:
+                got = f"layer {w.role.layer}'s" if isinstance(w, AttnV41LayerWeights) else type(w).__name__
+                raise ValueError(f"weights[{i}] is {got}; allowed: layer {i}'s AttnV41LayerWeights")
+            batch.attn._check_role(w)
+            batch.attn._check_weights(w)
+        self.weights = weights
+        if sizes is None:
+            sizes = default_sizes(batch.pool.n_slots, cfg.max_tokens)
+        sizes = tuple(sizes)
+        if not sizes or any(
+            isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= cfg.max_tokens for t in sizes
+        ):
+            raise ValueError(f"sizes = {sizes!r}; allowed: ints in 1..{cfg.max_tokens} (max_tokens), at least one")
+        self.sizes = tuple(sorted(set(sizes)))
+        if isinstance(bucket_min, bool) or not isinstance(bucket_min, int) or bucket_min < 1:
+            raise ValueError(f"bucket_min = {bucket_min!r}; allowed: an int >= 1")
+        self.bucket_min = bucket_min
+        dev, T = batch.device, self.sizes[-1]
+        self.x_in = torch.zeros(cfg.n_layers, T, cfg.dim, dtype=torch.bfloat16, device=dev)
+        self.y = torch.zeros(cfg.n_layers, T, cfg.dim, dtype=torch.bfloat16, device=dev)
+        self._meta = torch.zeros(2, T, dtype=torch.int32, device=dev)  # per token: position, slot
+        self._steps: dict[int, BatchStep] = {}
+        self._graphs: dict[tuple[int, int], _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.captures = 0
+        self.recaptures = 0
+        self.capture_s: dict[tuple[int, int], float] = {}
+        self.last_host_s = 0.0
+
+    def size_for(self, n: int) -> int:
+        """The captured size a step of n sequences runs in."""
+        for t in self.sizes:
+            if t >= n:
+                return t
+        raise ValueError(f"{n} sequences in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, xs, slots: Sequence[int]) -> torch.Tensor:
+        """One decode token for each of `slots` (distinct, each holding a sequence) at its
+        next position, through every layer. xs: `[n_layers, B, dim]` bf16 on the batch's
+        device (layer i's inputs, in `slots` order), or `x_in[:, :B]` itself (no copy).
+        All or nothing: a refused call raises and changes no state."""
+        t0 = time.perf_counter()
+        bt, pool, c = self.batch, self.batch.pool, self.cfg
+        if not isinstance(slots, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in slots):
+            raise TypeError(f"slots = {slots!r}; allowed: a list of ints")
+        B = len(slots)
+        if B == 0:
+            raise ValueError(f"slots = {slots!r}; allowed: at least one slot")
+        T = self.size_for(B)
+        for s in slots:
+            pool._check_slot(s)
+        starts = [pool.length[s] for s in slots]
+        for s, p in zip(slots, starts):
+            if p < 1:
+                raise ValueError(
+                    f"slot {s} holds no sequence (length 0); allowed: slots holding one (start it with BatchV41.step)"
+                )
+        if bt.trace_slot is not None:
+            raise ValueError(f"batch.trace_slot = {bt.trace_slot}; allowed: None (graph steps are not traced)")
+        same = xs is self.x_in or (
+            isinstance(xs, torch.Tensor)
+            and xs.data_ptr() == self.x_in.data_ptr()
+            and xs.shape == (c.n_layers, B, c.dim)
+            and xs.stride() == self.x_in.stride()
+        )
+        if not same:
+            if not isinstance(xs, torch.Tensor):
+                raise TypeError(f"xs is a {type(xs).__name__}; allowed: a [{c.n_layers}, {B}, {c.dim}] bf16 tensor")
+            if tuple(xs.shape) != (c.n_layers, B, c.dim):
+                raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{c.n_layers}, {B}, {c.dim}]")
+            bt.attn._check_x(xs[0])  # dtype, device
+        ones = [1] * B
+        bucket = bucket_of(max(starts), c.max_seq, self.bucket_min)
+        bt._check_begin(list(slots), starts, ones, bucket)
+        for w in self.weights:  # cached: the same dict holding the same tensors
+            bt.attn._check_weights(w)
+        # nothing below can fail
+        if not same:
+            self.x_in[:, :B].copy_(xs)
+        if T > B:
+            self.x_in[:, B:T].zero_()
+        bt._allocate(slots, starts, ones)
+        cuda = bt.device.type == "cuda"
+        host = torch.tensor(
+            [starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)], dtype=torch.int32
+        )
+        if cuda:
+            host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
+        self._meta[:, :T].copy_(host, non_blocking=cuda)
+        st = self._step_for(T)
+        st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, ones, list(range(B)), bucket
+        bt._register(st)
+        if not self.use_graphs:
+            self._body(st)
+        else:
+            key = (T, bucket)
+            baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in self.weights)
+            cap = self._graphs.get(key)
+            if cap is None or cap.baked != baked:
+                if cap is not None:
+                    self.recaptures += 1
+                t1 = time.perf_counter()
+                self._warm_up(st)
+                self._graphs[key] = cap = self._capture(st, baked)
+                self.capture_s[key] = time.perf_counter() - t1
+            else:
+                cap.graph.replay()
+        st.next_layer = c.n_layers
+        bt._finish(st)
+        self.last_host_s = time.perf_counter() - t0
+        return self.y[:, :B]
+
+    def _step_for(self, T: int) -> BatchStep:
+        """The persistent step of size T: its tensors are views of buffers the graphs bake."""
+        st = self._steps.get(T)
+        if st is None:
+            c, dev = self.cfg, self.batch.device
+            st = BatchStep(
+                slots=[],
+                starts=[],
+                lens=[],
+                offsets=[],
+                T=T,
+                pos=self._meta[0, :T],
+                tok_slot=self._meta[1, :T],
+                win_sel=torch.full((T, c.window), -1, dtype=torch.int32, device=dev),
+                win_width=torch.full((T,), c.window, dtype=torch.int64, device=dev),
+                ring_dst=torch.zeros(T, dtype=torch.int64, device=dev),
+                ring_src=torch.arange(T, dtype=torch.int64, device=dev),
+                decode_only=True,
+            )
+            self._steps[T] = st
+        return st
+
+    def _body(self, st: BatchStep) -> None:
+        """The whole step's device work from the uploaded metadata (capturable)."""
+        bt = self.batch
+        st.__dict__.pop("_plans", None)  # the compressor's index plans: derived in the body
+        st.next_layer = 0
+        bt._derive_decode(st)
+        for i, w in enumerate(self.weights):
+            bt._layer(w, self.x_in[i, : st.T], st, out=self.y[i, : st.T])
+
+    def _warm_up(self, st: BatchStep) -> None:
+        """The step itself, eagerly on a side stream (compiles, settles the allocator)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._body(st)
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _capture(self, st: BatchStep, baked: tuple) -> _Captured:
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, pool=self._pool):
+                self._body(st)
+        except Exception as e:  # an error, never a silent eager fallback
+            raise RuntimeError(f"CUDA graph capture of the batched decode step ({st.T}, {st.bucket}) failed: {e}") from e
+        self.captures += 1
+        return _Captured(g, baked)

@@ -1,0 +1,171 @@
+"""`BatchGraphs`: decode steps of a batch, padded to a size bucket, against the eager
+`BatchV41.step` of the same steps on a twin batch: the same bytes in every output and in
+the pool (the callers' slots; the pad slot's contents are nobody's). On the CPU the
+captured body runs eagerly; on CUDA (gpu marker) it is captured and replayed."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnv41.runtime import BatchGraphs, BatchV41
+from attnv41.runtime.batch_graphs import default_sizes
+from attnv41.weights import AttnV41LayerWeights
+from helpers import pool_snapshot, random_inputs, random_weights, same_pool, small_cfg
+
+RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
+
+
+def _twins(ratios, window, seed, n_slots, block_rows, device="cpu"):
+    cfg = small_cfg(window=window, index_topk=6, compress_ratios=ratios, max_seq=128, max_tokens=64)
+    w = random_weights(cfg, seed)
+    wts = [
+        AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=device) for i in range(cfg.n_layers)
+    ]
+    a = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
+    b = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
+    return cfg, wts, a, b
+
+
+def _x(cfg, gen, T, device):
+    return torch.randn(cfg.n_layers, T, cfg.dim, generator=gen).to(torch.bfloat16).to(device)
+
+
+def _drive(cfg, wts, a, b, g, rng, steps, device):
+    """Prompts in every slot (eager, both twins), then `steps` steps: mostly decode steps
+    of a random subset (graphs on `a`, eager on `b`), sometimes an eager continuation of
+    2-4 tokens on both. Asserts equal outputs at each step and equal pools at the end."""
+    gen = torch.Generator().manual_seed(rng.randint(0, 1 << 30))
+    n = a.pool.n_slots
+    lens = [rng.randint(1, 12) for _ in range(n)]
+    x = _x(cfg, gen, sum(lens), device)
+    for bt in (a, b):
+        bt.step(wts, list(x), list(range(n)), [0] * n, lens)
+    for j in range(steps):
+        slots = rng.sample(range(n), rng.randint(1, n))
+        starts = [a.pool.length[s] for s in slots]
+        if rng.random() < 0.2:  # an eager continuation between graph steps
+            m = [rng.randint(2, 4) for _ in slots]
+            xc = _x(cfg, gen, sum(m), device)
+            oa = a.step(wts, list(xc), slots, starts, m)
+            ob = b.step(wts, list(xc), slots, starts, m)
+            assert all(torch.equal(u, v) for u, v in zip(oa, ob)), f"step {j}: continuation"
+            continue
+        xd = _x(cfg, gen, len(slots), device)
+        ya = g.step(xd, slots)
+        yb = b.step(wts, list(xd), slots, starts, [1] * len(slots))
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} L{i}"
+    same_pool(pool_snapshot(a, real=True), pool_snapshot(b, real=True))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS),
+    window=st.sampled_from([4, 8]),
+    block_rows=st.sampled_from([1, 4]),
+    sizes=st.sampled_from([(1, 2, 4), (4,), (3, 4)]),
+    seed=st.integers(0, 10_000),
+)
+def test_padded_decode_steps_equal_eager_steps(ratios, window, block_rows, sizes, seed):
+    """Steps of 1..4 sequences padded to the sizes bucket, context buckets from 8 up
+    (bucket_min 8, max_seq 128), eager continuations interleaved."""
+    cfg, wts, a, b = _twins(ratios, window, seed, 4, block_rows)
+    g = BatchGraphs(a, wts, sizes=sizes, bucket_min=8)
+    _drive(cfg, wts, a, b, g, random.Random(seed), 12, "cpu")
+
+
+def test_default_sizes():
+    assert default_sizes(1, 64) == (1,)
+    assert default_sizes(5, 64) == (1, 2, 4, 8)
+    assert default_sizes(64, 64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_sizes(100, 96) == (1, 2, 4, 8, 16, 32, 64, 96)
+
+
+@pytest.fixture
+def started():
+    cfg, wts, a, _ = _twins((0, 2, 2, 1, 1, 1), 8, 7, 3, 4)
+    x = _x(cfg, torch.Generator().manual_seed(7), 9, "cpu")
+    a.step(wts, list(x), [0, 1], [0, 0], [5, 4])  # slot 2 holds nothing
+    return cfg, wts, a, BatchGraphs(a, wts, sizes=(1, 2), bucket_min=8)
+
+
+def _xs(cfg, B):
+    return torch.zeros(cfg.n_layers, B, cfg.dim, dtype=torch.bfloat16)
+
+
+REFUSED = {
+    "empty_slot": (lambda g, c: g.step(_xs(c, 1), [2]), "slot 2 holds no sequence (length 0)"),
+    "slot_out_of_range": (lambda g, c: g.step(_xs(c, 1), [3]), "slot = 3; allowed: 0..2"),
+    "slot_twice": (lambda g, c: g.step(_xs(c, 2), [0, 0]), "slots [0] appear twice"),
+    "too_many": (lambda g, c: g.step(_xs(c, 3), [0, 1, 2]), "3 sequences in a step; allowed: 1..2"),
+    "no_slots": (lambda g, c: g.step(_xs(c, 1), []), "allowed: at least one slot"),
+    "xs_shape": (lambda g, c: g.step(_xs(c, 2), [0]), "xs.shape = (6, 2, 64); allowed: [6, 1, 64]"),
+    "xs_dtype": (lambda g, c: g.step(_xs(c, 1).float(), [0]), "x.dtype = torch.float32; allowed: torch.bfloat16"),
+    "not_ints": (lambda g, c: g.step(_xs(c, 1), [0.0]), "slots = [0.0]; allowed: a list of ints"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED), ids=list(REFUSED))
+def test_bad_steps_are_refused_and_change_nothing(started, case):
+    cfg, wts, a, g = started
+    call, msg = REFUSED[case]
+    before = pool_snapshot(a)
+    with pytest.raises((ValueError, TypeError)) as e:
+        call(g, cfg)
+    assert msg in str(e.value), str(e.value)
+    same_pool(before, pool_snapshot(a))
+
+
+def test_refused_while_traced_or_inside_an_eager_step(started):
+    cfg, wts, a, g = started
+    a.trace_slot = 0
+    with pytest.raises(ValueError, match="trace_slot = 0; allowed: None"):
+        g.step(_xs(cfg, 1), [0])
+    a.trace_slot = None
+    stp = a.begin([1], [4], [1])
+    a.forward(wts[0], _xs(cfg, 1)[0], stp)
+    before = pool_snapshot(a)
+    with pytest.raises(ValueError, match="begin during a step"):
+        g.step(_xs(cfg, 1), [0])
+    same_pool(before, pool_snapshot(a))
+
+
+def test_construction_is_checked(started):
+    cfg, wts, a, _ = started
+    with pytest.raises(ValueError, match="allowed: exactly n_layers = 6"):
+        BatchGraphs(a, wts[:5])
+    with pytest.raises(ValueError, match="weights\\[1\\] is layer 2's"):
+        BatchGraphs(a, [wts[0], wts[2], wts[1], *wts[3:]])
+    with pytest.raises(ValueError, match="sizes = \\(0, 4\\); allowed: ints in 1..64"):
+        BatchGraphs(a, wts, sizes=(0, 4))
+    with pytest.raises(ValueError, match="use_graphs = True on cpu"):
+        BatchGraphs(a, wts, use_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratios", RATIOS[:2])
+def test_graph_replay_equals_eager_on_cuda(ratios):
+    """Captured and replayed (several steps per (size, bucket) key) against eager steps
+    of a twin batch on CUDA: byte for byte; then a weight tensor replaced in the dict
+    recaptures and still matches."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg, wts, a, b = _twins(ratios, 8, 11, 4, 4, device="cuda")
+    g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
+    rng = random.Random(11)
+    _drive(cfg, wts, a, b, g, rng, 24, "cuda")
+    assert g.captures >= 2 and g.captures < 20, g.captures
+    name = "wq_a.weight"
+    wts[3].tensors[name] = wts[3].tensors[name].clone()
+    before = g.recaptures
+    for _ in range(3):
+        slots = [0, 1, 2, 3]
+        starts = [a.pool.length[s] for s in slots]
+        xd = _x(cfg, torch.Generator().manual_seed(5), 4, "cuda")
+        ya = g.step(xd, slots)
+        yb = b.step(wts, list(xd), slots, starts, [1] * 4)
+        assert all(torch.equal(ya[i], yb[i]) for i in range(cfg.n_layers))
+    assert g.recaptures == before + 1
