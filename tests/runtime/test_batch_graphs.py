@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from attnv41.runtime import BatchGraphs, BatchV41
 from attnv41.runtime.batch_graphs import default_sizes
 from attnv41.weights import AttnV41LayerWeights
-from helpers import pool_snapshot, random_inputs, random_weights, same_pool, small_cfg
+from helpers import pool_snapshot, random_weights, same_pool, small_cfg
 
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
 
@@ -21,9 +21,7 @@ RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
 def _twins(ratios, window, seed, n_slots, block_rows, device="cpu"):
     cfg = small_cfg(window=window, index_topk=6, compress_ratios=ratios, max_seq=128, max_tokens=64)
     w = random_weights(cfg, seed)
-    wts = [
-        AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=device) for i in range(cfg.n_layers)
-    ]
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=device) for i in range(cfg.n_layers)]
     a = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
     b = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
     return cfg, wts, a, b
@@ -158,7 +156,7 @@ def test_graph_replay_equals_eager_on_cuda(ratios):
     rng = random.Random(11)
     _drive(cfg, wts, a, b, g, rng, 24, "cuda")
     assert g.captures >= 2 and g.captures < 20, g.captures
-    name = "wq_a.weight"
+    name = "attn.wq_a.weight"
     wts[3].tensors[name] = wts[3].tensors[name].clone()
     before = g.recaptures
     for _ in range(3):

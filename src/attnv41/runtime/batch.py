@@ -34,19 +34,23 @@ rows; on the CPU the bytes are the same (tested). How:
   index tensors built once per step on the host (`_compress_plan`), then a gather, one
   pooling launch and the fused row and key chains per kv source.
 
-On CUDA the op table is `ops.TRITON_BATCH_OPS`: every projection runs the GEMV in row
-chunks of 16 tokens, so a token's bits do not depend on the other tokens of the step
-(cuBLAS picks its algorithm by the row count); the other kernels are batch-invariant as
-they are. `attnv41 check --batch` checks it on the golden files.
+On CUDA the op table is `ops.TRITON_BATCH_OPS`: bf16 projections on the tensor cores
+with one launch shape for every row count (`kernels/tc_mm.py`), fp32 and FP8 ones through
+the GEMV in row chunks of 16 tokens, so a token's bits do not depend on the other tokens
+of the step (cuBLAS picks its algorithm by the row count); the other kernels are
+batch-invariant as they are. `attnv41 check --batch` checks it on the golden files.
 
 `rollback(slot, pos)` returns a slot to a position inside its last step when that step
 was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 
+Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
+(runtime/batch_graphs.py): their metadata is derived on the device (`_derive_decode`).
+
 Limits of this version: `index_keys="own"` only (in released mode which keys a layer
-scores depends on each sequence's history); no CUDA graphs for batched steps yet; steps run eagerly with per-sequence loops on the host, so they are slow (the
-bench's part "batch"); projections on the CUDA cores; on CUDA a prefill token runs the
-decode attention kernel and the GEMV (bits within the golden tolerance of
-`AttnV41.forward`'s prefill, not equal).
+scores depends on each sequence's history); steps with prompt chunks or verifies run
+eagerly (host-side metadata and compressor plans, per-sequence loops); on CUDA a
+prefill token runs the decode attention kernel and the batched projections (bits within
+the golden tolerance of `AttnV41.forward`'s prefill, not equal).
 """
 
 from __future__ import annotations

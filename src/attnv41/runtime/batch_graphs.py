@@ -129,7 +129,9 @@ class BatchGraphs:
         All or nothing: a refused call raises and changes no state."""
         t0 = time.perf_counter()
         bt, pool, c = self.batch, self.batch.pool, self.cfg
-        if not isinstance(slots, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in slots):
+        if not isinstance(slots, (list, tuple)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in slots
+        ):
             raise TypeError(f"slots = {slots!r}; allowed: a list of ints")
         B = len(slots)
         if B == 0:
@@ -169,9 +171,7 @@ class BatchGraphs:
             self.x_in[:, B:T].zero_()
         bt._allocate(slots, starts, ones)
         cuda = bt.device.type == "cuda"
-        host = torch.tensor(
-            [starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)], dtype=torch.int32
-        )
+        host = torch.tensor([starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)], dtype=torch.int32)
         if cuda:
             host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
         self._meta[:, :T].copy_(host, non_blocking=cuda)
@@ -243,6 +243,8 @@ class BatchGraphs:
             with torch.cuda.graph(g, pool=self._pool):
                 self._body(st)
         except Exception as e:  # an error, never a silent eager fallback
-            raise RuntimeError(f"CUDA graph capture of the batched decode step ({st.T}, {st.bucket}) failed: {e}") from e
+            raise RuntimeError(
+                f"CUDA graph capture of the batched decode step ({st.T}, {st.bucket}) failed: {e}"
+            ) from e
         self.captures += 1
         return _Captured(g, baked)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, qdq, ring, rope, select, topk
+from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, qdq, ring, rope, select, tc_mm, topk
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
@@ -105,15 +105,17 @@ TRITON_OPS = Ops(
 )
 
 
-# The batched runtime on CUDA (runtime/batch.py): every projection through the GEMV in row
-# chunks, so a token's bits never depend on the step's other tokens (cuBLAS picks its
-# algorithm by m); the rest as TRITON_OPS (their kernels are batch-invariant already).
+# The batched runtime on CUDA (runtime/batch.py): the projections batch-invariant (cuBLAS
+# picks its algorithm by m, so a token's bits would follow the step's other tokens): bf16
+# weights on the tensor cores with one launch shape for every m (kernels/tc_mm.py), fp32
+# and FP8 weights through the GEMV in row chunks; the rest as TRITON_OPS (their kernels are
+# batch-invariant already).
 TRITON_BATCH_OPS = dataclasses.replace(
     TRITON_OPS,
     name="triton-batch",
-    mm=gemv.mm_invariant,
-    mm_many=gemv.mm_many_invariant,
-    group_mm=gemv.group_mm_invariant,
+    mm=tc_mm.mm_batch,
+    mm_many=tc_mm.mm_many_batch,
+    group_mm=tc_mm.tc_group_mm,
     fp8_mm=gemv.fp8_mm_invariant,
 )
 
