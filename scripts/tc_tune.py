@@ -2,8 +2,8 @@
 projection shapes (CUDA only; a development tool, not part of `attnv41 bench`).
 
 For m in M_LIST (default 1, 8, 64, 256): each bf16 projection of a layer and wo_a (grouped)
-through `tc_mm` with the production launch shape and with variants of (BN, warps,
-stages) (BK and the split rule fixed: they are the bits), beside cuBLAS (`linear.mm`,
+through `tc_mm` with the production launch shape and with variants of (BM, BN, BK, warps,
+stages) (BK is part of the bits: a variant is another constant, not a launch detail), beside cuBLAS (`linear.mm`,
 `linear.group_mm`) and the chunked GEMV (`gemv.mm_invariant`, what the batched runtime
 ran before). Every variant is checked first: within the fp64 bound of the kernel tests
 and equal bits on a second call. Times: `Timer.time_graph` over copies of the weights
@@ -35,8 +35,18 @@ SHAPES = {  # name: (N, K) or (G, r, gw) for the grouped wo_a
     "wo_b": (5120, 8192),
     "wo_a (grouped)": (8, 1024, 4096),
 }
-M_LIST = [int(v) for v in os.environ.get("M_LIST", "1,8,64,256").split(",")]
-VARIANTS = [(64, 4, 4), (128, 4, 4), (64, 4, 3), (64, 8, 4), (32, 4, 4), (128, 8, 3)]  # (BN, warps, stages)
+M_LIST = [int(v) for v in os.environ.get("M_LIST", "1,64,256").split(",")]
+# (BM, BN, BK, warps, stages); the first is production. BK changes the bits (another constant).
+VARIANTS = [
+    (16, 64, 64, 4, 4),
+    (64, 64, 64, 4, 3),
+    (64, 128, 64, 4, 3),
+    (64, 64, 128, 4, 3),
+    (32, 64, 64, 4, 3),
+    (16, 64, 128, 4, 3),
+    (64, 128, 64, 8, 3),
+    (64, 256, 64, 8, 3),
+]
 BUDGET_S = float(os.environ.get("BUDGET_S", "200"))
 
 
@@ -77,12 +87,10 @@ def main() -> None:
                 }
                 tc = TC.tc_mm
             tol = 2.0**-7 * ref.abs() + 2.02 * K * 2.0**-24 * A + 2.0**-133
-            for bn, warps, stages in VARIANTS:
-                if time.perf_counter() - t0 > BUDGET_S and (bn, warps, stages) != VARIANTS[0]:
+            for v in VARIANTS:
+                if time.perf_counter() - t0 > BUDGET_S and v != VARIANTS[0]:
                     continue
-                cands[f"tc BN={bn} w={warps} s={stages}"] = (
-                    lambda w, o, bn=bn, warps=warps, stages=stages: _with(bn, warps, stages, tc, x, w, o)
-                )
+                cands["tc %d/%d/%d w%d s%d" % v] = lambda w, o, v=v: _with(v, tc, x, w, o)
             for label, fn in cands.items():
                 try:
                     fn(ws[0], outs[0])
@@ -115,13 +123,13 @@ def main() -> None:
             json.dump(rows, f, indent=1)
 
 
-def _with(bn, warps, stages, fn, x, w, o):
-    saved = TC.BN, TC._WARPS, TC._STAGES
-    TC.BN, TC._WARPS, TC._STAGES = bn, warps, stages
+def _with(v, fn, x, w, o):
+    saved = TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES
+    TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES = v
     try:
         return fn(x, w, o)
     finally:
-        TC.BN, TC._WARPS, TC._STAGES = saved
+        TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES = saved
 
 
 if __name__ == "__main__":

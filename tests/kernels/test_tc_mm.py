@@ -97,7 +97,8 @@ def test_tc_group_mm_strided_views_and_invariance(device):
 def test_plan_is_a_constant_of_the_shape():
     assert TC.plan(1024, 4096) == 8  # 16 tiles × 8 segments ≥ 128
     assert TC.plan(32768, 1024) == 1
-    assert TC.plan(40, 96) == 2  # 2 chunks: all of them
+    assert TC.plan(40, 200) == 2  # 2 chunks: all of them
+    assert TC.plan(40, 96) == 1
     assert TC.plan(4096, 8192) == 2
 
 

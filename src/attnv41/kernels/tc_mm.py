@@ -8,7 +8,7 @@ step's other tokens, nor on how many there are.
   `[m, G, gw]`, w `[G, r, gw]` contiguous, out `[m, G, r]` (strided views allowed, last
   dims contiguous): wo_a's grouped low-rank projection.
 
-Why invariant: every call runs the same compiled kernel whatever m is (BM = 16 token rows
+Why invariant: every call runs the same compiled kernel whatever m is (BM = 64 token rows
 per program, BN weight rows, BK columns per chunk, warps and stages fixed; m is not
 specialized), rows past m are masked loads; a matrix product's row depends on its own row
 of x and on the weights only; K is cut into SEGS segments of IPS chunks, SEGS a constant
@@ -51,9 +51,13 @@ __all__ = [
 
 # The bits: BK and the split rule (`plan`). The rest is the launch shape, fixed for every m
 # (what makes the kernel batch-invariant).
-BM, BN, BK = 16, 64, 64
+# H200 sweep (scripts/tc_tune.py, BENCHMARKS.md 2026-12-02 fifth entry), µs for one layer's
+# bf16 projections (wq_a, wkv, wq_b, indexer.wq_b, wo_b, wo_a) at m = 1 / 64 / 256:
+# 64/64/128 w4 s3 109.8 / 115.3 / 234.8; 16/64/64 w4 s4 111.0 / 156.7 / 517.3; cuBLAS
+# 103.4 / 109.5 / 138.8 (not batch-invariant); the chunked GEMV 98.4 / 2490.8 / 9931.9.
+BM, BN, BK = 64, 64, 128
 _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per SM on an H200)
-_WARPS, _STAGES = 4, 4
+_WARPS, _STAGES = 4, 3
 
 
 def plan(N: int, K: int) -> int:
