@@ -264,7 +264,6 @@ class BatchV41:
         self._scores: dict = {}  # the traced slot's index scores of this layer
         self._cols = torch.arange(cfg.window, device=self.device)[None, :]
         self._rows = torch.arange(M, device=self.device)
-        self._colk = torch.arange(cfg.window + cfg.index_topk, device=self.device)[None, :]
 
     # ------------------------------------------------------------------ the step
     def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
@@ -452,9 +451,7 @@ class BatchV41:
         cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, None)
         ring = pool.ring[i]
         ring[pool.ring_rows : pool.ring_rows + T].copy_(kv)
-        sel = self.sel_buf[:T]
-        sel.fill_(-1)
-        sel[:, :W].copy_(step.win_sel)
+        sel = step.win_sel  # a window-only layer attends its window rows
         comp = attn._empty_rows
         if r > 0:
             src, keys_layer, isrc = self.wiring[i]
@@ -462,15 +459,18 @@ class BatchV41:
                 (self._compress_decode if step.decode_only and role.ratio >= 2 else self._compress)(w, x, step)
             if role.is_index_source:
                 self._select(w, cq, x, step, keys_layer, cos, sin, hw_done)
-            logical = self.sel_pub[isrc]
-            phys = pool.physical(r, step.tok_slot[:, None].expand_as(logical), logical)
-            phys = torch.where(phys >= 0, phys + ring.shape[0], -1).to(torch.int32)
-            # the compressed part starts at the token's window width
-            K = c.index_topk
-            colk = self._colk - step.win_width[:, None]
-            take = (colk >= 0) & (colk < K)
-            comp_part = torch.gather(phys, 1, colk.clamp(0, K - 1))
-            sel.copy_(torch.where(take, comp_part, torch.where(colk < 0, sel, -1)))
+            # window rows, then from the token's window width its compressed rows' physical
+            # pool rows (after the ring tensor's), −1 past them: one launch
+            sel = ops.paged_selection(
+                step.win_sel,
+                step.win_width,
+                self.sel_pub[isrc],
+                pool.tables[r],
+                step.tok_slot,
+                pool.block_rows,
+                ring.shape[0],
+                self.sel_buf[:T],
+            )
             comp = pool.compress_kv[src]
         width = attn._width(r)
         rot = (cos, sin, pos, attn.o_rot[:T])

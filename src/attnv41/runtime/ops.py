@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, qdq, ring, rope, select, tc_mm, topk
+from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, paged_sel, qdq, ring, rope, select, tc_mm, topk
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
@@ -42,6 +42,7 @@ class Ops:
     topk_fixed: Callable
     window_selection: Callable
     fp8_mm: Callable
+    paged_selection: Callable  # a batched step's selection in one launch (kernels/paged_sel.py)
     kv_chain: Callable  # kernels/fused.py: chains of the small ops above in one kernel, same bytes
     compress_kv_chain: Callable
     index_k_chain: Callable
@@ -69,6 +70,7 @@ TORCH_OPS = Ops(
     candidate_mask_fixed=select.candidate_mask_fixed,
     topk_fixed=select.topk_fixed,
     window_selection=select.window_selection,
+    paged_selection=paged_sel.paged_selection_torch,
     fp8_mm=fp8_linear.fp8_mm_torch,
     kv_chain=fused.kv_chain_torch,
     compress_kv_chain=fused.compress_kv_chain_torch,
@@ -97,6 +99,7 @@ TRITON_OPS = Ops(
     candidate_mask_fixed=topk.candidate_mask_fixed,  # Triton radix select (exact, the tie rule)
     topk_fixed=topk.topk_fixed,
     window_selection=select.window_selection,
+    paged_selection=paged_sel.paged_selection,
     fp8_mm=fp8_linear.fp8_mm,
     kv_chain=fused.kv_chain,
     compress_kv_chain=fused.compress_kv_chain,
