@@ -9,7 +9,22 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import compressor, fp8_linear, fused, gemv, indexer, linear, norm, paged_sel, qdq, ring, rope, select, tc_mm, topk
+from ..kernels import (
+    compressor,
+    fp8_linear,
+    fused,
+    gemv,
+    indexer,
+    linear,
+    norm,
+    paged_sel,
+    qdq,
+    ring,
+    rope,
+    select,
+    tc_mm,
+    topk,
+)
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
