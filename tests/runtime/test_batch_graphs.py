@@ -75,6 +75,19 @@ def test_padded_decode_steps_equal_eager_steps(ratios, window, block_rows, sizes
     _drive(cfg, wts, a, b, g, random.Random(seed), 12, "cpu")
 
 
+def _drive_decode_only(cfg, wts, a, b, g, steps):
+    """Decode steps of every slot (graphs on a, eager on b): equal outputs."""
+    gen = torch.Generator().manual_seed(steps)
+    n = a.pool.n_slots
+    for j in range(steps):
+        slots = list(range(n))[: 1 + j % n]
+        starts = [a.pool.length[s] for s in slots]
+        xd = _x(cfg, gen, len(slots), a.device)
+        ya = g.step(xd, slots)
+        yb = b.step(wts, list(xd), slots, starts, [1] * len(slots))
+        assert all(torch.equal(ya[i], yb[i]) for i in range(cfg.n_layers)), f"decode step {j}"
+
+
 def test_default_sizes():
     assert default_sizes(1, 64) == (1,)
     assert default_sizes(5, 64) == (1, 2, 4, 8)
@@ -143,6 +156,26 @@ def test_construction_is_checked(started):
         BatchGraphs(a, wts, use_graphs=True)
 
 
+def test_capture_ahead_changes_no_sequence():
+    """`capture` (here without graphs: the pad-only warm-up steps run eagerly) leaves every
+    sequence's state as it was, and the steps after it equal the eager twin's."""
+    cfg, wts, a, b = _twins((0, 2, 2, 1, 1, 1), 8, 21, 3, 4)
+    g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
+    rng = random.Random(21)
+    gen = torch.Generator().manual_seed(21)
+    x = _x(cfg, gen, 12, "cpu")
+    for bt in (a, b):
+        bt.step(wts, list(x), [0, 1, 2], [0, 0, 0], [5, 4, 3])
+    before = pool_snapshot(a, real=True)
+    assert g.capture([8, 16, 128]) == 0  # nothing captured on the CPU
+    same_pool(before, pool_snapshot(a, real=True))
+    _drive(cfg, wts, a, b, g, rng, 6, "cpu")
+    with pytest.raises(ValueError, match="bucket 12; allowed: one of \\[8, 16, 32, 64, 128\\]"):
+        g.capture([12])
+    with pytest.raises(ValueError, match="size 3; allowed: one of sizes \\(1, 2, 4\\)"):
+        g.capture([8], sizes=[3])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ratios", RATIOS[:2])
 def test_graph_replay_equals_eager_on_cuda(ratios):
@@ -156,6 +189,13 @@ def test_graph_replay_equals_eager_on_cuda(ratios):
     rng = random.Random(11)
     _drive(cfg, wts, a, b, g, rng, 24, "cuda")
     assert g.captures >= 2 and g.captures < 20, g.captures
+    # every other (size, bucket) captured ahead, largest first, with pad steps only
+    before, c0 = pool_snapshot(a, real=True), g.captures
+    n = g.capture([8, 16, 32, 64, 128])
+    assert g.captures == 15 and n == 15 - c0, (n, c0, g.captures)
+    same_pool(before, pool_snapshot(a, real=True))
+    _drive_decode_only(cfg, wts, a, b, g, 6)
+    assert g.captures == 15, "no capture after capturing ahead"
     name = "attn.wq_a.weight"
     wts[3].tensors[name] = wts[3].tensors[name].clone()
     before = g.recaptures

@@ -56,6 +56,16 @@ def default_sizes(n_slots: int, max_tokens: int) -> tuple[int, ...]:
     return tuple(out) + (cap,)
 
 
+def _buckets(max_seq: int, bucket_min: int) -> set[int]:
+    """Every value `bucket_of(p, max_seq, bucket_min)` takes for 0 ≤ p < max_seq."""
+    out, b = set(), 1 << (max(bucket_min, 1) - 1).bit_length()
+    while b < max_seq:
+        out.add(b)
+        b *= 2
+    out.add(max_seq)
+    return out
+
+
 class BatchGraphs:
     """Decode steps of a `BatchV41` over `weights` (one `AttnV41LayerWeights` per layer,
     in order), captured per (size, context bucket) (module docstring).
@@ -197,6 +207,51 @@ class BatchGraphs:
         bt._finish(st)
         self.last_host_s = time.perf_counter() - t0
         return self.y[:, :B]
+
+    def capture(self, buckets: Sequence[int], sizes: Sequence[int] | None = None) -> int:
+        """Capture the graphs of `sizes` (default all) × context `buckets` before serving,
+        largest size first (the shared pool is sized by the largest graph; smaller ones
+        reuse its memory). Each warm-up step runs padding tokens only, in the pad slot, so
+        no sequence's state changes. A bucket must be one `bucket_of` gives (a power of two
+        ≥ bucket_min, or max_seq). Returns the number of graphs captured (keys already
+        captured with the current weights are skipped). Without graphs (the CPU) the pad
+        steps run eagerly and nothing is captured (0)."""
+        c, bt = self.cfg, self.batch
+        sizes = self.sizes if sizes is None else tuple(sizes)
+        for t in sizes:
+            if t not in self.sizes:
+                raise ValueError(f"size {t!r}; allowed: one of sizes {self.sizes}")
+        allowed = _buckets(c.max_seq, self.bucket_min)
+        for b in buckets:
+            if b not in allowed:
+                raise ValueError(f"bucket {b!r}; allowed: one of {sorted(allowed)}")
+        if bt._step is not None and 0 < bt._step.next_layer < c.n_layers:
+            raise ValueError(f"capture during a step (layer {bt._step.next_layer} runs next); allowed: between steps")
+        n = 0
+        baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in self.weights)
+        for T in sorted(set(sizes), reverse=True):
+            for b in sorted(set(buckets), reverse=True):
+                cap = self._graphs.get((T, b))
+                if cap is not None and cap.baked == baked:
+                    continue
+                pads = torch.tensor([[PAD_POS] * T, [bt.pool.pad_slot] * T], dtype=torch.int32)
+                if self.use_graphs:
+                    pads = pads.pin_memory()
+                self._meta[:, :T].copy_(pads, non_blocking=self.use_graphs)
+                self.x_in[:, :T].zero_()
+                st = self._step_for(T)
+                st.slots, st.starts, st.lens, st.offsets, st.bucket = [], [], [], [], b
+                if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
+                    self._body(st)
+                    st.next_layer = c.n_layers
+                    continue
+                t1 = time.perf_counter()
+                self._warm_up(st)
+                self._graphs[(T, b)] = self._capture(st, baked)
+                self.capture_s[(T, b)] = time.perf_counter() - t1
+                st.next_layer = c.n_layers
+                n += 1
+        return n
 
     def _step_for(self, T: int) -> BatchStep:
         """The persistent step of size T: its tensors are views of buffers the graphs bake."""
