@@ -229,6 +229,8 @@ def test_bench_command_on_cpu(tmp_path, capsys):
     assert "### (e) prefill through 40 layers, bf16 and fp8 weights" in md and "| tokens | weights |" in md
     assert "| wq_a fp8 | decode | fp8 |" in md
     assert res["nonfinite_values"] == 0 and "non-finite values that entered a cache write: 0" in text
+    kb = res["kv_bytes_per_token"]  # the small preset's kv sources
+    assert kb["packed"] < kb["bf16"] and kb["runtime"] == "bf16" and "KV bytes per token" in md
 
 
 def test_bench_command_rejects_bad_input(tmp_path, capsys):

@@ -85,7 +85,11 @@ def test_fp4_every_code_at_every_scale():
     e4 = _e4m3_values()
     for fmt, scales in (("fp4_e4m3", e4[e4 > 0]), ("fp4_e8m0", torch.exp2(torch.arange(-126, 126).double()).float())):
         B = FORMATS[fmt].block
-        order = torch.cat([torch.tensor([6]), nibbles])[:B] if B == 16 else torch.cat([torch.tensor([6]), nibbles, nibbles[:15]])
+        order = (
+            torch.cat([torch.tensor([6]), nibbles])[:B]
+            if B == 16
+            else torch.cat([torch.tensor([6]), nibbles, nibbles[:15]])
+        )
         code_vals = vals[order]
         v = (code_vals[None, :] * scales[:, None]).to(BF)  # one block per scale
         _same_bits(QDQ[fmt](v), v, f"{fmt} on the grid")

@@ -178,6 +178,25 @@ def _geometry(opts: BenchOptions):
     return PRESETS[opts.preset]()
 
 
+def _kv_bytes(cfg) -> dict:
+    """The whole model's cache bytes per token (`packed.kv_bytes_per_token`) in V4.1's
+    formats and in bf16, what the runtime's caches hold today, and the Hopper peers'
+    figure: compressed rows in the V4 584 B record plus 68-132 B index keys
+    (research/peers-2026-12.md §0.5), for the same kv sources."""
+    from ..packed import kv_bytes_per_token
+
+    p, b = kv_bytes_per_token(cfg, "packed"), kv_bytes_per_token(cfg, "bf16")
+    share = sum(1 / cfg.roles[i].ratio for i in cfg.kv_source_layers)
+    lo, hi = share * (584 + 68), share * (584 + 132)
+    return dict(
+        packed=p["per_token"],
+        bf16=b["per_token"],
+        runtime="bf16",
+        peers_v4_record=f"{lo:,.0f}-{hi:,.0f}",
+        window_per_sequence=dict(packed=p["window_per_sequence"], bf16=b["window_per_sequence"]),
+    )
+
+
 def run_bench(
     opts: BenchOptions, log: Callable[[str], None] = print, on_part: Callable[[dict], None] | None = None
 ) -> dict:
@@ -210,6 +229,12 @@ def run_bench(
         f"({'bf16' if dev.type == 'cuda' else 'fp32'} {ceil.mm_shape[0]}^3), {fp8_rate}"
     )
     geo = _geometry(opts)
+    res["kv_bytes_per_token"] = _kv_bytes(geo)
+    kb = res["kv_bytes_per_token"]
+    log(
+        f"KV bytes per token, whole model: {kb['packed']:,.0f} in V4.1's formats, {kb['bf16']:,.0f} in bf16 "
+        f"(the caches today: {kb['runtime']}); peers on Hopper (V4 584 B record): {kb['peers_v4_record']}"
+    )
     held: dict = {}
     nonfinite: dict[int, int] = {}  # per stack built: its non-finite count (cumulative over its parts)
 
@@ -378,6 +403,12 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
         md.append(f"Skipped: {what}: {why}")
     if "nonfinite_values" in res:
         md.append(f"Non-finite values that entered a cache write (decode/prefill stacks): {res['nonfinite_values']}")
+    if "kv_bytes_per_token" in res:
+        kb = res["kv_bytes_per_token"]
+        md.append(
+            f"KV bytes per token, whole model: {kb['packed']:,.0f} in V4.1's formats, {kb['bf16']:,.0f} in bf16 "
+            f"(the caches today: {kb['runtime']}); Hopper peers (V4 584 B record): {kb['peers_v4_record']}"
+        )
     if "peer_status" in res:
         md.append(f"Peer: {res['peer_status']}")
     paths[1].write_text("\n".join(md) + "\n")
