@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnv41.kernels import fused, gemv, topk
-from attnv41.kernels.sparse_attn_split import sparse_attn_split
+from attnv41.kernels.sparse_attn_split import sparse_attn_batch, sparse_attn_split
 
 MS = (1, 2, 7, 64)
 
@@ -38,9 +38,10 @@ def test_sparse_attn_split(device):
     comp = torch.randn(Nc, D, generator=gen).bfloat16().to(device)
     sel = torch.randint(-1, 128 + Nc, (64, K), generator=gen, dtype=torch.int32).to(device)
     sink = torch.randn(H, generator=gen).to(device)
-    full = sparse_attn_split(q, win, comp, sel, 128, sink, D**-0.5)
-    for m in MS[:-1]:
-        _same_rows("sparse_attn_split", full, sparse_attn_split(q[:m], win, comp, sel[:m], 128, sink, D**-0.5), m)
+    for name, fn in (("sparse_attn_split", sparse_attn_split), ("sparse_attn_batch", sparse_attn_batch)):
+        full = fn(q, win, comp, sel, 128, sink, D**-0.5)
+        for m in MS[:-1]:
+            _same_rows(name, full, fn(q[:m], win, comp, sel[:m], 128, sink, D**-0.5), m)
 
 
 @pytest.mark.parametrize("what", ["topk", "candidate_mask"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnv41.kernels.sparse_attn import BLOCK_K, sparse_attn
-from attnv41.kernels.sparse_attn_split import sparse_attn_split, sparse_attn_split_torch
+from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_split, sparse_attn_split_torch
 from kernels.test_sparse_attn import BAD, _assert_close, _inputs, _reference, _valid
 
 
@@ -125,6 +125,7 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(comb_h=32, comb_d=16, stages_b=1), id="combine-32x16"),
         pytest.param(dict(comb_h=32, comb_d=16, combine="blocks", warps_pv=8), id="blocks-32x16"),
         pytest.param(dict(combine="loop"), id="loop"),
+        pytest.param(BATCH_TUNE, id="batch-runtime"),
     ],
 )
 def test_tuning_variants(device, tune):

@@ -56,7 +56,7 @@ from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 if HAVE_TRITON:
     from .sparse_attn_combine import _gather_ptrs, _pv_blocks_kernel, _pv_combine_kernel
 
-__all__ = ["sparse_attn_split", "sparse_attn_split_torch", "prepare"]
+__all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
 # warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
@@ -70,6 +70,13 @@ _TUNE = dict(
     bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
 )
 _BLOCKS_MAX_M = 1
+# The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
+# launch shape for every m there too (the loop combine over all 64 heads per program, so a
+# token's rows are gathered once per column slice, not once per 16 heads). H200 tile sweep
+# of the two-kernel split (BENCHMARKS.md 2026-12-01 night): 67.6 µs at batch 64 against
+# 92-161 for the 16-head tiles, 27.6 against 16.7 at batch 1. The single-sequence runtime
+# keeps `_TUNE` (batch 1 is its regime); each runtime's bits are m-invariant on its own.
+BATCH_TUNE = dict(comb_h=64, comb_d=64, warps_b=4, stages_b=2, combine="loop")
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -149,6 +156,12 @@ if HAVE_TRITON:
         s_ptrs = s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :]
         tl.store(s_ptrs, s, mask=mask_h[:, None])
         tl.store(bm_ptr + row * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
+
+
+def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
+    """`sparse_attn_split` with the batched runtime's launch shape (`BATCH_TUNE`): the same
+    order and contract; the same for every m."""
+    return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **BATCH_TUNE)
 
 
 def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
