@@ -22,10 +22,17 @@ _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 
 _MAX_DIM = 256
 
 
+def _packed_width(d: int) -> int:
+    """Bytes of one packed index key of d values (fp4_e8m0, `attnv41.packed`)."""
+    return d // 2 + d // 32
+
+
 def _check(iq, weights, keys, visible, out) -> None:
+    packed = keys.dtype == torch.uint8
     for name, t in (("iq", iq), ("weights", weights), ("keys", keys)):
-        if t.dtype != torch.bfloat16:
-            raise ValueError(f"{name}.dtype = {t.dtype}; allowed: torch.bfloat16")
+        if t.dtype != torch.bfloat16 and not (name == "keys" and packed):
+            allowed = "torch.bfloat16, or torch.uint8 packed rows" if name == "keys" else "torch.bfloat16"
+            raise ValueError(f"{name}.dtype = {t.dtype}; allowed: {allowed}")
         if t.device != iq.device:
             raise ValueError(f"{name}.device = {t.device}; allowed: iq.device = {iq.device}")
     if iq.dim() != 3:
@@ -39,8 +46,10 @@ def _check(iq, weights, keys, visible, out) -> None:
         raise ValueError(f"iq.stride(2) = {iq.stride(2)}; allowed: 1")
     if tuple(weights.shape) != (m, H):
         raise ValueError(f"weights.shape = {tuple(weights.shape)}; allowed: [m, H] = [{m}, {H}]")
-    if keys.dim() != 2 or keys.shape[1] != d:
-        raise ValueError(f"keys.shape = {tuple(keys.shape)}; allowed: [L, d] with d = {d}")
+    kw = _packed_width(d) if packed else d
+    if keys.dim() != 2 or keys.shape[1] != kw:
+        what = f"[L, {kw}] (packed fp4_e8m0 rows of d = {d})" if packed else f"[L, d] with d = {d}"
+        raise ValueError(f"keys.shape = {tuple(keys.shape)}; allowed: {what}")
     if keys.stride(1) != 1:
         raise ValueError(f"keys.stride(1) = {keys.stride(1)}; allowed: 1")
     if visible.dtype not in _INT:
@@ -62,15 +71,26 @@ def _check(iq, weights, keys, visible, out) -> None:
 def index_scores_torch(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
     """Fallback of `index_scores` (same contract), the reference twin."""
     _check(iq, weights, keys, visible, out)
-    s = _ref.index_scores(iq, weights, keys, visible)
+    s = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible)
     return s if out is None else out.copy_(s)
+
+
+def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
+    """bf16 keys as they are; packed fp4_e8m0 rows unpacked (exact)."""
+    if keys.dtype != torch.uint8:
+        return keys
+    from ..packed import unpack  # noqa: PLC0415
+
+    return unpack(keys, "fp4_e8m0", d)
 
 
 def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
     """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
 
     iq: bf16 `[m, H, d]` (d = index_head_dim, a multiple of 32); weights: bf16 `[m, H]`;
-    keys: bf16 `[L, d]`; visible: int32/int64 `[m]` on iq's device, `L_t` of each token.
+    keys: bf16 `[L, d]`, or uint8 `[L, d/2 + d/32]`: V4.1's packed fp4_e8m0 rows
+    (`attnv41.packed`), dequantized in the kernel to the same bf16 values, so the same
+    bits; visible: int32/int64 `[m]` on iq's device, `L_t` of each token.
     The reference's roundings: each dot over d accumulates in fp32 (in any order) and is
     rounded to bf16; ReLU; times `w[t, h]`, the product rounded to bf16; the sum over
     heads accumulates in fp32 (any order) and is rounded to bf16. Entries `j ≥ L_t` are
@@ -115,6 +135,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         DOT_F32=interpreting(),
         PAGED=False,
         BLOCK_ROWS=1,
+        PACKED=keys.dtype == torch.uint8,
     )
     return out
 
@@ -156,7 +177,8 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
     """`index_scores` for the tokens of many sequences in one launch, each over its own
     sequence's keys in a paged pool: token t scores logical rows j < width of sequence
     `tok_slot[t]`, whose row j lives at pool row `block_table[tok_slot[t], j // block_rows]
-    · block_rows + j % block_rows`. keys: bf16 `[rows, d]` (the pool); block_table:
+    · block_rows + j % block_rows`. keys: bf16 `[rows, d]` or packed uint8 `[rows, d/2 +
+    d/32]` (as `index_scores`; the pool); block_table:
     int `[sequences, blocks]`; tok_slot, visible: int `[m]`; out: None or bf16 `[m,
     width]`. Rows j ≥ visible[t] are −∞ and neither their table entries nor their keys
     are read (a table entry of an unallocated block may hold anything, e.g. −1). Each
@@ -174,7 +196,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=_BLOCK_L,
-        DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows,
+        DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
     )  # fmt: skip
     return out
 
@@ -194,7 +216,7 @@ def index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_row
         while b < m and slots[b] == slots[a]:
             b += 1
         blk = block_table[slots[a], j // block_rows].long().clamp_min(0)
-        rows = keys[blk * block_rows + j % block_rows]
+        rows = _unpacked(keys[blk * block_rows + j % block_rows], iq.shape[2])
         res[a:b] = _ref.index_scores(iq[a:b], weights[a:b], rows, visible[a:b])
         a = b
     return res
@@ -227,6 +249,7 @@ if HAVE_TRITON:
         DOT_F32: tl.constexpr,
         PAGED: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
+        PACKED: tl.constexpr,
     ):
         # program (t, lb): token t, keys lb·BLOCK_L … +BLOCK_L−1, all heads
         t = tl.program_id(0).to(tl.int64)
@@ -255,7 +278,19 @@ if HAVE_TRITON:
             rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
         else:
             rows = j64
-        k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        if PACKED:
+            # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+            # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+            kmask = k_ok[:, None] & c_ok[None, :]
+            kb = tl.load(k_ptr + rows[:, None] * s_k + (c // 2)[None, :], mask=kmask, other=0).to(tl.int32)
+            nib = (kb >> (4 * (c % 2))[None, :]) & 15
+            idx = (nib & 7).to(tl.float32)
+            mag = tl.where(idx < 4.0, idx * 0.5, tl.where(idx < 6.0, idx - 2.0, tl.where(idx < 7.0, 4.0, 6.0)))
+            val = tl.where((nib & 8) != 0, -mag, mag)
+            e = tl.load(k_ptr + rows[:, None] * s_k + (D // 2 + c // 32)[None, :], mask=kmask, other=127).to(tl.int32)
+            k = (val * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+        else:
+            k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         # [H_P] head weights (padded heads are 0, so they add 0)
         w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
         # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
