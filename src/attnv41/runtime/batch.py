@@ -1,7 +1,7 @@
 """Batched steps over many sequences: a pool of sequence slots with paged caches.
 
 `SeqPool` holds every sequence's state: per layer a window ring per slot (one flat
-`[slots·window + max_tokens, head_dim]` tensor whose last `max_tokens` rows stage the
+`[(slots + 1)·window + max_tokens, head_dim]` tensor (the extra slot: the pad slot) whose last `max_tokens` rows stage the
 step's own window rows), per ratio ≥ 2 kv source the compressor's group in progress per
 slot, and per kv source a compressed-KV and an index-key pool of fixed-size blocks
 (`block_rows` rows each) addressed through one block table per ratio (`tables[r]`,
@@ -43,6 +43,14 @@ batch-invariant as they are. `attnv41 check --batch` checks it on the golden fil
 `rollback(slot, pos)` returns a slot to a position inside its last step when that step
 was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 
+`kv_format="packed"` stores every cached row in V4.1's byte format (`attnv41.packed`:
+window rows fp8_e8m0 528 B, compressed rows fp4_e4m3 288 B, index keys fp4_e8m0 68 B at
+the Flash shapes; lossless, so every output and cache value is the bf16 form's, bit for
+bit: tested on the CPU). The chains write bf16 rows that are packed into the pools (no
+host sync); index scores read the packed keys in the kernel; the decode attention
+gathers and unpacks the selected rows into a per-step buffer first (an interim form: an
+attention kernel reading packed rows in place is not written yet). Default "bf16".
+
 Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 (runtime/batch_graphs.py): their metadata is derived on the device (`_derive_decode`).
 
@@ -60,6 +68,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
+from ..packed import pack, row_bytes, unpack
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
 from .ops import TRITON_BATCH_OPS
@@ -78,7 +87,10 @@ class SeqPool:
         device: torch.device | str = "cpu",
         block_rows: int = 64,
         blocks: dict[int, int] | None = None,
+        kv_format: str = "bf16",
     ):
+        if kv_format not in ("bf16", "packed"):
+            raise ValueError(f"kv_format = {kv_format!r}; allowed: 'bf16', 'packed'")
         if isinstance(n_slots, bool) or not isinstance(n_slots, int) or n_slots < 1:
             raise ValueError(f"n_slots = {n_slots!r}; allowed: an int >= 1")
         if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
@@ -110,16 +122,24 @@ class SeqPool:
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
         bf = dict(dtype=torch.bfloat16, device=dev)
+        # kv_format "packed": every cached row in V4.1's byte format (attnv41.packed): window
+        # rows fp8_e8m0, compressed rows fp4_e4m3, index keys fp4_e8m0 (uint8 rows)
+        self.kv_format, self.packed = kv_format, kv_format == "packed"
+        u8 = dict(dtype=torch.uint8, device=dev)
+        wd = row_bytes("fp8_e8m0", D) if self.packed else D
+        cd = row_bytes("fp4_e4m3", D) if self.packed else D
+        kd = row_bytes("fp4_e8m0", c.index_head_dim) if self.packed else c.index_head_dim
+        st = u8 if self.packed else bf
         self.ring_rows = S1 * W  # the staging rows follow
-        self.ring = [torch.zeros(S1 * W + c.max_tokens, D, **bf) for _ in range(c.n_layers)]
+        self.ring = [torch.zeros(S1 * W + c.max_tokens, wd, **st) for _ in range(c.n_layers)]
         self.comp_a: dict[int, torch.Tensor] = {}
         self.comp_g: dict[int, torch.Tensor] = {}
         self.compress_kv: dict[int, torch.Tensor] = {}
         self.index_k: dict[int, torch.Tensor] = {}
         for i in c.kv_source_layers:
             r = c.roles[i].ratio
-            self.compress_kv[i] = torch.zeros((self.n_blocks[r] + 1) * B, D, **bf)
-            self.index_k[i] = torch.zeros((self.n_blocks[r] + 1) * B, c.index_head_dim, **bf)
+            self.compress_kv[i] = torch.zeros((self.n_blocks[r] + 1) * B, cd, **st)
+            self.index_k[i] = torch.zeros((self.n_blocks[r] + 1) * B, kd, **st)
             if r >= 2:
                 self.comp_a[i] = torch.zeros(S1, r, D, dtype=torch.float32, device=dev)
                 self.comp_g[i] = torch.full((S1, r, D), float("-inf"), dtype=torch.float32, device=dev)
@@ -179,11 +199,22 @@ class SeqPool:
         return torch.where(rows >= 0, blk * B + j % B, -1)
 
     def cache_rows(self, layer: int, slot: int, n: int, keys: bool = False) -> torch.Tensor:
-        """A kv source's first n cache rows of a slot, in logical order (a gather)."""
+        """A kv source's first n cache rows of a slot, in logical order (a gather), bf16
+        (packed rows unpacked: the same values)."""
         r = self.cfg.roles[layer].ratio
         rows = torch.arange(n, device=self.device)
         phys = self.physical(r, torch.full_like(rows, slot), rows)
-        return (self.index_k if keys else self.compress_kv)[layer][phys]
+        got = (self.index_k if keys else self.compress_kv)[layer][phys]
+        if not self.packed:
+            return got
+        if keys:
+            return unpack(got, "fp4_e8m0", self.cfg.index_head_dim)
+        return unpack(got, "fp4_e4m3", self.cfg.head_dim)
+
+    def window_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of layer's ring tensor (slots' rings, then the staging rows), bf16."""
+        got = self.ring[layer][rows]
+        return unpack(got, "fp8_e8m0", self.cfg.head_dim) if self.packed else got
 
 
 @dataclass
@@ -220,12 +251,16 @@ class BatchV41:
         block_rows: int = 64,
         blocks: dict[int, int] | None = None,
         ops=None,
+        kv_format: str = "bf16",
     ):
         if ops is None and torch.device(device).type == "cuda":
             ops = TRITON_BATCH_OPS  # batch-invariant projections
+        self.pool = SeqPool(cfg, n_slots, device, block_rows, blocks, kv_format)
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
-        self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks)
+        if self.pool.packed:  # bf16 rows made by the chains before they are packed into the pools
+            self._crow_tmp = torch.empty(cfg.max_tokens, cfg.head_dim, dtype=torch.bfloat16, device=self.device)
+            self._key_tmp = torch.empty(cfg.max_tokens, cfg.index_head_dim, dtype=torch.bfloat16, device=self.device)
         M = cfg.max_tokens
         self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
         # Static wiring of what each ratio>0 layer reads (attention-v41.md §2, own index keys):
@@ -264,6 +299,7 @@ class BatchV41:
         self._scores: dict = {}  # the traced slot's index scores of this layer
         self._cols = torch.arange(cfg.window, device=self.device)[None, :]
         self._rows = torch.arange(M, device=self.device)
+        self._sel_cols = torch.arange(cfg.window + cfg.index_topk, device=self.device)
 
     # ------------------------------------------------------------------ the step
     def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
@@ -450,7 +486,8 @@ class BatchV41:
         cos, sin = attn._tables(r)
         cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, None)
         ring = pool.ring[i]
-        ring[pool.ring_rows : pool.ring_rows + T].copy_(kv)
+        stage = ring[pool.ring_rows : pool.ring_rows + T]
+        stage.copy_(pack(kv, "fp8_e8m0", check=False) if pool.packed else kv)
         sel = step.win_sel  # a window-only layer attends its window rows
         comp = attn._empty_rows
         if r > 0:
@@ -474,24 +511,48 @@ class BatchV41:
             comp = pool.compress_kv[src]
         width = attn._width(r)
         rot = (cos, sin, pos, attn.o_rot[:T])
-        o = ops.sparse_attn_decode(
-            q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
-        )
+        if pool.packed:
+            o = self._attend_packed(q, ring, comp, sel[:, :width], w["attn_sink"], rot)
+        else:
+            o = ops.sparse_attn_decode(
+                q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
+            )
         out = attn._output(w, o, pos, cos, sin, T, out=out, rotated=True)
         traced = self.trace_slot is not None and self.trace_slot in step.slots
         if traced:
             self._trace(w, step, q, kv, o, out, sel)
         for sl in step.logged:  # the slot's ring before this step writes it
             self.undo[sl]["ring"][i] = ring[sl * W : (sl + 1) * W].clone()
-        ring.index_copy_(0, step.ring_dst, kv.index_select(0, step.ring_src))
+        ring.index_copy_(0, step.ring_dst, stage.index_select(0, step.ring_src))
         if (
             traced
             and step.starts[step.slots.index(self.trace_slot)] > 0
             and step.lens[step.slots.index(self.trace_slot)] == 1
         ):
-            self.trace["kv_win"] = ring[self.trace_slot * W : (self.trace_slot + 1) * W].clone()  # decode: the ring
+            sl = self.trace_slot  # decode: the ring
+            self.trace["kv_win"] = pool.window_rows(i, torch.arange(sl * W, (sl + 1) * W, device=self.device))
         step.next_layer += 1
         return out
+
+    def _attend_packed(self, q, ring, comp, sel, sink, rot) -> torch.Tensor:
+        """The decode attention over packed pools: the selected rows gathered and unpacked
+        (exact: the same bf16 values) into one row per entry, token t's entries at rows
+        t·K …, then the same kernel over them. The same bits as over bf16 pools (the
+        attention's bits follow the rows' values and order, not where they live). An
+        interim form: the kernels reading packed rows in place are the next step."""
+        c, attn = self.cfg, self.attn
+        T, K = sel.shape
+        R, D = ring.shape[0], c.head_dim
+        s = sel.long()
+        rows = unpack(ring.index_select(0, s.clamp(0, R - 1).reshape(-1)), "fp8_e8m0", D)
+        if comp.shape[0]:
+            from_comp = (s >= R).reshape(-1, 1)
+            cr = unpack(comp.index_select(0, (s - R).clamp(0, comp.shape[0] - 1).reshape(-1)), "fp4_e4m3", D)
+            rows = torch.where(from_comp, cr, rows)
+        local = torch.where(s >= 0, self._rows[:T, None] * K + self._sel_cols[None, :K], -1).to(torch.int32)
+        return self.ops.sparse_attn_decode(
+            q, rows, attn._empty_rows, local, T * K, sink, c.head_dim**-0.5, out=attn.o[:T], rot=rot
+        )
 
     def rollback(self, slot: int, pos: int) -> None:
         """Return a slot's sequence to position `pos` (its next step starts there), as
@@ -554,7 +615,7 @@ class BatchV41:
             wc, qpos = W, p - W + 1 + col
             base = max(0, s - W + 1)
             prev = torch.arange(base, s, device=self.device)
-            before = pool.ring[i][slot * W + prev.remainder(W)]
+            before = pool.window_rows(i, slot * W + prev.remainder(W))
             win_rows = torch.cat([before, kv[rows]])
             enc = qpos.remainder(W) if m == 1 else qpos - base
         present = step.win_sel[rows].cpu() >= 0
@@ -630,6 +691,12 @@ class BatchV41:
         their index keys (`indexer.wk` → norm → RoPE → fp4), one fused chain each."""
         c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
         i, n = w.role.layer, lat.shape[0]
+        # packed pools: the chains write bf16 rows 0 … n−1 of a buffer, packed into the pool after
+        rows, crow, keys = (
+            (self._rows[:n], self._crow_tmp[:n], self._key_tmp[:n])
+            if pool.packed
+            else (plan["phys"], pool.compress_kv[i], pool.index_k[i])
+        )
         latent = ops.compress_kv_chain(
             lat,
             w["compressor.norm.weight"],
@@ -637,9 +704,9 @@ class BatchV41:
             attn.yarn_cos,
             attn.yarn_sin,
             plan["row_pos"],
-            plan["phys"],
+            rows,
             attn.latent[:n],
-            pool.compress_kv[i],
+            crow,
             attn.nonfinite,
         )
         kp = ops.mm(latent, w["indexer.wk.weight"], out=attn.k_pre[:n])
@@ -650,10 +717,13 @@ class BatchV41:
             attn.yarn_cos,
             attn.yarn_sin,
             plan["row_pos"],
-            plan["phys"],
-            pool.index_k[i],
+            rows,
+            keys,
             attn.nonfinite,
         )
+        if pool.packed:
+            pool.compress_kv[i].index_copy_(0, plan["phys"], pack(crow, "fp4_e4m3", check=False))
+            pool.index_k[i].index_copy_(0, plan["phys"], pack(keys, "fp4_e8m0", check=False))
 
     def _compress_plan(self, step: BatchStep, r: int) -> dict:
         """The step's compressor bookkeeping for ratio r (the same for every kv source of
