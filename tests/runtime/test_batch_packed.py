@@ -90,3 +90,26 @@ def test_packed_pool_bytes():
     assert nbytes(p) * 3 < nbytes(q)
     with pytest.raises(ValueError, match="kv_format = 'fp8'; allowed: 'bf16', 'packed'"):
         SeqPool(cfg, 2, kv_format="fp8")
+
+
+@pytest.mark.gpu
+def test_packed_caches_on_cuda():
+    """On CUDA (the Triton kernels reading packed rows in place): a schedule of prompts,
+    chunks and decode tokens gives the bytes of the bf16-cache batch."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg = small_cfg(window=8, index_topk=6, compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=64, max_tokens=64)
+    w = random_weights(cfg, 5)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device="cuda") for i in range(cfg.n_layers)]
+    xs = [random_inputs(cfg, 64, 105 + k) for k in range(3)]
+    a = BatchV41(cfg, "cuda", n_slots=3, block_rows=4)
+    b = BatchV41(cfg, "cuda", n_slots=3, block_rows=4, kv_format="packed")
+    for j, (slots, starts, lens) in enumerate(_schedule(random.Random(5), 3, 8)):
+        bx = [
+            torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]).cuda()
+            for i in range(cfg.n_layers)
+        ]
+        oa, ob = a.step(wts, bx, slots, starts, lens), b.step(wts, bx, slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(oa[i].view(torch.int16), ob[i].view(torch.int16)), f"step {j} L{i}"
+    _same_caches(cfg, a, b)

@@ -166,8 +166,10 @@ def _check(cond: bool, what: str, value, allowed: str) -> None:
         raise ValueError(f"{what} = {value}; allowed: {allowed}")
 
 
-def _validate(q, win, comp, sel, offset, sink, scale, out) -> None:
-    """ValueError naming the argument, its value and the allowed range; no device sync."""
+def _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed: bool = False) -> None:
+    """ValueError naming the argument, its value and the allowed range; no device sync.
+    allow_packed: win and comp may be uint8 rows in V4.1's packed formats (`attnv41.packed`:
+    win fp8_e8m0 `[Nw, D + D/32]`, comp fp4_e4m3 `[Nc, D/2 + D/16]`), both or neither."""
     for name, x in (("q", q), ("win", win), ("comp", comp), ("sel", sel), ("sink", sink)):
         _check(isinstance(x, torch.Tensor), f"type({name})", type(x).__name__, "torch.Tensor")
     _check(q.dim() == 3, "q.shape", tuple(q.shape), "[m, H, D]")
@@ -175,11 +177,23 @@ def _validate(q, win, comp, sel, offset, sink, scale, out) -> None:
     _check(q.dtype == torch.bfloat16, "q.dtype", q.dtype, "torch.bfloat16")
     _check(H >= 1, "q.shape[1] (H)", H, "H ≥ 1")
     _check(1 <= D <= MAX_HEAD_DIM, "q.shape[2] (D)", D, f"1 ≤ D ≤ {MAX_HEAD_DIM}")
-    _check(win.dim() == 2 and win.shape[1] == D, "win.shape", tuple(win.shape), f"[Nw, {D}]")
-    _check(win.dtype == torch.bfloat16, "win.dtype", win.dtype, "torch.bfloat16")
-    _check(comp.dim() == 2 and comp.shape[1] == D, "comp.shape", tuple(comp.shape), f"[Nc, {D}]")
-    if comp.shape[0] > 0:
-        _check(comp.dtype == torch.bfloat16, "comp.dtype", comp.dtype, "torch.bfloat16 (any dtype when Nc = 0)")
+    if allow_packed and win.dtype == torch.uint8:
+        _check(D % 32 == 0, "q.shape[2] (D)", D, "a multiple of 32 (packed rows)")
+        wd, cd = D + D // 32, D // 2 + D // 16
+        _check(win.dim() == 2 and win.shape[1] == wd, "win.shape", tuple(win.shape), f"[Nw, {wd}] (packed fp8_e8m0)")
+        _check(comp.dim() == 2, "comp.shape", tuple(comp.shape), f"[Nc, {cd}] (packed fp4_e4m3)")
+        if comp.shape[0] > 0:
+            _check(comp.shape[1] == cd, "comp.shape", tuple(comp.shape), f"[Nc, {cd}] (packed fp4_e4m3)")
+            _check(comp.dtype == torch.uint8, "comp.dtype", comp.dtype, "torch.uint8 (packed, as win)")
+        for name, x in (("win", win), ("comp", comp)):
+            _check(x.shape[0] == 0 or x.is_contiguous(), f"{name}.is_contiguous()", False, "True (packed rows)")
+    else:
+        _check(win.dim() == 2 and win.shape[1] == D, "win.shape", tuple(win.shape), f"[Nw, {D}]")
+        allowed = "torch.bfloat16 (or torch.uint8 packed rows)" if allow_packed else "torch.bfloat16"
+        _check(win.dtype == torch.bfloat16, "win.dtype", win.dtype, allowed)
+        _check(comp.dim() == 2 and comp.shape[1] == D, "comp.shape", tuple(comp.shape), f"[Nc, {D}]")
+        if comp.shape[0] > 0:
+            _check(comp.dtype == torch.bfloat16, "comp.dtype", comp.dtype, "torch.bfloat16 (any dtype when Nc = 0)")
     _check(sel.dim() == 2 and sel.shape[0] == m, "sel.shape", tuple(sel.shape), f"[{m}, K]")
     _check(sel.dtype == torch.int32, "sel.dtype", sel.dtype, "torch.int32")
     _check(

@@ -3,7 +3,9 @@
 sparse_attn` itself (the same order the fused kernel and the golden data follow).
 
 `sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None)` has the contract of
-`kernels.sparse_attn.sparse_attn` (same arguments, −1 rule and checks). The fused kernel
+`kernels.sparse_attn.sparse_attn` (same arguments, −1 rule and checks); win and comp may
+also be V4.1's packed rows (uint8, `attnv41.packed`: fp8_e8m0 window rows, fp4_e4m3
+compressed rows), dequantized as they are loaded: the same values, so the same bits. The fused kernel
 runs one program per token from the first block to the last (one SM per token: 77 µs at
 batch 1 on an H200); this one spreads the work over programs and keeps the order:
 
@@ -54,7 +56,7 @@ from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton,
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
-    from .sparse_attn_combine import _gather_ptrs, _pv_blocks_kernel, _pv_combine_kernel
+    from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
 
@@ -111,6 +113,7 @@ if HAVE_TRITON:
         DK: tl.constexpr,
         BLOCK_K: tl.constexpr,
         DOT_FP32: tl.constexpr,
+        PACKED: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
@@ -139,12 +142,7 @@ if HAVE_TRITON:
                 mask=mask_h[:, None] & cm[None, :],
                 other=0.0,
             )
-            r_ptrs = tl.where(
-                from_win[:, None],
-                w_base[:, None] + cols64[None, :] * stride_wd,
-                c_base[:, None] + cols64[None, :] * stride_cd,
-            )
-            r_c = tl.load(r_ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
+            r_c = _load_rows(w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, PACKED)
             if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
                 s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
             else:
@@ -173,9 +171,10 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     inverse=True)` into o_rot (bf16 `[m, H, D]`, last dim contiguous), bit for bit, in the
     kernel's epilogue (the layer's output projection reads o_rot). `tune` is for the tuning
     script only (tile shapes and warps; the order stays the reference's)."""
-    _validate(q, win, comp, sel, offset, sink, scale, out)
+    _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed=True)
     _check_rot(rot, q)
     require_triton("sparse_attn_split", q, win, sel, sink)
+    packed = win.dtype == torch.uint8
     m, H, D = q.shape
     K = sel.shape[1]
     if out is None:
@@ -224,6 +223,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         DK=dk,
         BLOCK_K=BLOCK_K,
         DOT_FP32=interpreting(),
+        PACKED=packed,
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
@@ -244,7 +244,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             H, D, K, offset, n_comp, *strides, *out.stride(), o_rot.stride(0), o_rot.stride(1),
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
-            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(),
+            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed,
             num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
         )  # fmt: skip
         return out
@@ -279,6 +279,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         LOG2_K=_LOG2_K,
         K_BLOCKS=kbs,
         DOT_FP32=interpreting(),
+        PACKED=packed,
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
@@ -315,10 +316,30 @@ def _check_rot(rot, q) -> None:
         raise ValueError(f"rot cos.shape[1] = {half}; allowed: a power of two")
 
 
+def _unpacked_selection(D: int, win, comp, sel, offset):
+    """Packed rows → (bf16 rows, an empty comp, the selection over them, its offset): token
+    t's entry k becomes row t·K + k (−1 kept). The attention's bits follow the rows'
+    values and their order in the selection, not where they live."""
+    from ..packed import unpack  # noqa: PLC0415
+
+    m, K = sel.shape
+    s = sel.long()
+    rows = unpack(win.index_select(0, s.clamp(0, max(win.shape[0] - 1, 0)).reshape(-1)), "fp8_e8m0", D)
+    if comp.shape[0]:
+        cr = unpack(comp.index_select(0, (s - offset).clamp(0, comp.shape[0] - 1).reshape(-1)), "fp4_e4m3", D)
+        rows = torch.where((s >= offset).reshape(-1, 1), cr, rows)
+    local = torch.arange(m, device=sel.device)[:, None] * K + torch.arange(K, device=sel.device)[None, :]
+    local = torch.where(s >= 0, local, -1).to(torch.int32)
+    return rows, rows[:0], local, m * K
+
+
 def sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
     """The twin on any device: the reference order itself (`sparse_attn.sparse_attn_torch`),
     then, with `rot`, `rope.apply_rope_torch(o, cos, sin, pos, inverse=True, out=o_rot)`."""
     _check_rot(rot, q)
+    if win.dtype == torch.uint8:  # packed rows: the selected ones unpacked (exact), then as bf16
+        _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed=True)
+        win, comp, sel, offset = _unpacked_selection(q.shape[2], win, comp, sel, offset)
     o = sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=out)
     if rot is not None:
         cos, sin, pos, o_rot = rot

@@ -47,9 +47,8 @@ was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 window rows fp8_e8m0 528 B, compressed rows fp4_e4m3 288 B, index keys fp4_e8m0 68 B at
 the Flash shapes; lossless, so every output and cache value is the bf16 form's, bit for
 bit: tested on the CPU). The chains write bf16 rows that are packed into the pools (no
-host sync); index scores read the packed keys in the kernel; the decode attention
-gathers and unpacks the selected rows into a per-step buffer first (an interim form: an
-attention kernel reading packed rows in place is not written yet). Default "bf16".
+host sync); the index-score and decode-attention kernels read the packed rows in place,
+dequantizing as they load. Default "bf16".
 
 Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 (runtime/batch_graphs.py): their metadata is derived on the device (`_derive_decode`).
@@ -299,7 +298,6 @@ class BatchV41:
         self._scores: dict = {}  # the traced slot's index scores of this layer
         self._cols = torch.arange(cfg.window, device=self.device)[None, :]
         self._rows = torch.arange(M, device=self.device)
-        self._sel_cols = torch.arange(cfg.window + cfg.index_topk, device=self.device)
 
     # ------------------------------------------------------------------ the step
     def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
@@ -511,12 +509,10 @@ class BatchV41:
             comp = pool.compress_kv[src]
         width = attn._width(r)
         rot = (cos, sin, pos, attn.o_rot[:T])
-        if pool.packed:
-            o = self._attend_packed(q, ring, comp, sel[:, :width], w["attn_sink"], rot)
-        else:
-            o = ops.sparse_attn_decode(
-                q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
-            )
+        # packed pools: the kernel dequantizes the rows as it loads them (the same values)
+        o = ops.sparse_attn_decode(
+            q, ring, comp, sel[:, :width], ring.shape[0], w["attn_sink"], c.head_dim**-0.5, out=attn.o[:T], rot=rot
+        )
         out = attn._output(w, o, pos, cos, sin, T, out=out, rotated=True)
         traced = self.trace_slot is not None and self.trace_slot in step.slots
         if traced:
@@ -533,26 +529,6 @@ class BatchV41:
             self.trace["kv_win"] = pool.window_rows(i, torch.arange(sl * W, (sl + 1) * W, device=self.device))
         step.next_layer += 1
         return out
-
-    def _attend_packed(self, q, ring, comp, sel, sink, rot) -> torch.Tensor:
-        """The decode attention over packed pools: the selected rows gathered and unpacked
-        (exact: the same bf16 values) into one row per entry, token t's entries at rows
-        t·K …, then the same kernel over them. The same bits as over bf16 pools (the
-        attention's bits follow the rows' values and order, not where they live). An
-        interim form: the kernels reading packed rows in place are the next step."""
-        c, attn = self.cfg, self.attn
-        T, K = sel.shape
-        R, D = ring.shape[0], c.head_dim
-        s = sel.long()
-        rows = unpack(ring.index_select(0, s.clamp(0, R - 1).reshape(-1)), "fp8_e8m0", D)
-        if comp.shape[0]:
-            from_comp = (s >= R).reshape(-1, 1)
-            cr = unpack(comp.index_select(0, (s - R).clamp(0, comp.shape[0] - 1).reshape(-1)), "fp4_e4m3", D)
-            rows = torch.where(from_comp, cr, rows)
-        local = torch.where(s >= 0, self._rows[:T, None] * K + self._sel_cols[None, :K], -1).to(torch.int32)
-        return self.ops.sparse_attn_decode(
-            q, rows, attn._empty_rows, local, T * K, sink, c.head_dim**-0.5, out=attn.o[:T], rot=rot
-        )
 
     def rollback(self, slot: int, pos: int) -> None:
         """Return a slot's sequence to position `pos` (its next step starts there), as

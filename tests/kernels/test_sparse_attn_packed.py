@@ -1,0 +1,67 @@
+"""The decode attention over V4.1's packed rows (window rows fp8_e8m0, compressed rows
+fp4_e4m3; `attnv41.packed`), dequantized as the kernels load them: the same bytes as over
+the bf16 rows they pack, for both combines, the batched runtime's tiles and the fused
+inverse RoPE; and the twin likewise."""
+
+import pytest
+import torch
+
+from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_split, sparse_attn_split_torch
+from attnv41.packed import pack
+from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq
+
+BF = torch.bfloat16
+
+
+def _bits(t):
+    return t.cpu().view(torch.int16)
+
+
+def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(m, H, D, generator=g).to(BF)
+    scale_rows = torch.exp2(torch.randint(-6, 6, (Nw, 1), generator=g).float())
+    win = fp8_qdq((torch.randn(Nw, D, generator=g) * scale_rows).to(BF))
+    # row scales down to 2^-14: block scales among e4m3's subnormals (2^-9 … 7·2^-9) too
+    comp_scale = torch.exp2(torch.randint(-14, 3, (Nc, 1), generator=g).float())
+    comp = fp4_e4m3_qdq((torch.randn(Nc, D, generator=g) * comp_scale).to(BF))
+    win[0, :7] = -0.0
+    sel = torch.randint(-1, Nw + Nc, (m, K), generator=g, dtype=torch.int32)
+    sel[0] = -1  # a token with nothing selected
+    sink = torch.randn(H, generator=g)
+    pw, pc = pack(win, "fp8_e8m0"), pack(comp, "fp4_e4m3")
+    return [t.to(device) for t in (q, win, comp, pw, pc, sel, sink)]
+
+
+@pytest.mark.parametrize(
+    "tune", [dict(combine="loop"), dict(combine="blocks"), BATCH_TUNE], ids=["loop", "blocks", "batch"]
+)
+def test_packed_rows_give_the_same_bytes(device, tune):
+    q, win, comp, pw, pc, sel, sink = _case(device, 1)
+    m, H, D = q.shape
+    cos = torch.rand(200, 8).to(device)
+    sin = torch.rand(200, 8).to(device)
+    pos = torch.tensor([3, 150, 77], dtype=torch.int32, device=device)
+    outs = {}
+    for name, (w, c) in (("bf16", (win, comp)), ("packed", (pw, pc))):
+        o_rot = torch.empty(m, H, D, dtype=BF, device=device)
+        o = sparse_attn_split(q, w, c, sel, win.shape[0], sink, D**-0.5, rot=(cos, sin, pos, o_rot), **tune)
+        outs[name] = (o, o_rot)
+    assert torch.equal(_bits(outs["packed"][0]), _bits(outs["bf16"][0]))
+    assert torch.equal(_bits(outs["packed"][1]), _bits(outs["bf16"][1]))
+
+
+def test_packed_twin_gives_the_same_bytes():
+    q, win, comp, pw, pc, sel, sink = _case("cpu", 2)
+    D = q.shape[2]
+    a = sparse_attn_split_torch(q, win, comp, sel, win.shape[0], sink, D**-0.5)
+    b = sparse_attn_split_torch(q, pw, pc, sel, win.shape[0], sink, D**-0.5)
+    assert torch.equal(_bits(a), _bits(b))
+
+
+def test_packed_rows_are_checked(device):
+    q, win, comp, pw, pc, sel, sink = _case(device, 3)
+    with pytest.raises(ValueError, match="comp.dtype = torch.bfloat16; allowed: torch.uint8 \\(packed, as win\\)"):
+        sparse_attn_split(q, pw, torch.zeros(5, 36, dtype=BF, device=device), sel, 20, sink, 0.1)
+    with pytest.raises(ValueError, match="win.shape = \\(20, 64\\); allowed: \\[Nw, 66\\] \\(packed fp8_e8m0\\)"):
+        sparse_attn_split(q, pw[:, :64].contiguous(), pc, sel, 20, sink, 0.1)
