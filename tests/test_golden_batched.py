@@ -21,6 +21,16 @@ def test_batched_golden_passes_and_is_batch_invariant(name, batch, chunk):
     assert n > 0 and not bad, bad[:5]
 
 
+@pytest.mark.parametrize("name", ["tiny", "fp8"])
+def test_batched_golden_with_packed_caches(name):
+    """Packed caches in the batch: the golden rules, and the golden slot's bytes equal to
+    the batch-1 run over bf16 caches."""
+    rep, n, bad = replay_batched(GoldenFile(golden_path(name)), batch=4, chunk=64, seed=4, kv_format="packed")
+    assert rep.n_compared > 0 and rep.n_skipped == 0
+    assert rep.ok, "\n".join(rep.failures())
+    assert n > 0 and not bad, bad[:5]
+
+
 def test_a_wrong_window_row_is_caught(monkeypatch):
     """The check is not vacuous: one window column pointing at the wrong row fails it."""
     orig = BatchV41._metadata
@@ -44,16 +54,23 @@ def test_check_cli_batch(capsys):
     assert "--batch 0; allowed: >= 1" in capsys.readouterr().err
     assert main(["check", "--batch", "2", "--variant", "released"]) == 2
     assert "intended variant only" in capsys.readouterr().err
+    assert main(["check", "--kv-format", "packed"]) == 2
+    assert "--kv-format packed needs --batch" in capsys.readouterr().err
+    g = str(golden_path("tiny"))
+    assert main(["check", "--batch", "3", "--kv-format", "packed", "--golden", g]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "batch 3, packed caches" in out and "(bf16 caches), 0 differ" in out
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tiny", "headdim", "fp8"])
 def test_batched_golden_on_cuda(name):
-    """On CUDA the golden rules hold; batch invariance is reported, not asserted: the
-    many-token projections (cuBLAS) pick their algorithm by the step's token count."""
+    """On CUDA the golden rules hold and the golden slot's bytes equal the batch-1 run's
+    (the batched runtime's kernels are batch-invariant: `ops.TRITON_BATCH_OPS`)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (run on the device machine)")
     rep, n, bad = replay_batched(GoldenFile(golden_path(name)), device="cuda", batch=8, chunk=64)
     print(f"{name}: batch invariance on CUDA: {n} traced tensors, {len(bad)} differ from the batch-1 run")
     assert rep.n_compared > 0 and rep.n_skipped == 0
     assert rep.ok, "\n".join(rep.failures())
+    assert n > 0 and not bad, bad[:5]

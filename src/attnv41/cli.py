@@ -86,6 +86,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     if args.batch is not None:
         return _check_batched(args, golden, chunk)
+    if args.kv_format != "bf16":
+        print(f"attnv41 check: --kv-format {args.kv_format} needs --batch (the batched runtime)", file=sys.stderr)
+        return 2
     if chunk is not None and args.variant == "both":
         # In released mode a chunk that completes no group of a Full layer scores against
         # the keys another layer published last (attention-v41.md §9): chunked and one-shot
@@ -154,7 +157,9 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
             return 2
     t0 = time.perf_counter()
     with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):
-        rep, n_cmp, bad = replay_batched(golden, device=args.device, batch=n, chunk=chunk, seed=args.seed)
+        rep, n_cmp, bad = replay_batched(
+            golden, device=args.device, batch=n, chunk=chunk, seed=args.seed, kv_format=args.kv_format
+        )
     _print_report(rep, sys.stdout)
     problems = rep.problems()
     for p in problems:
@@ -164,10 +169,11 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
     failed = rep.n_failed + len(problems) + len(bad)
     verdict = "PASS" if failed == 0 else "FAIL"
     chunked = "" if chunk is None else f", prefill in chunks of {chunk}"
+    chunked += ", packed caches" if args.kv_format == "packed" else ""
     print(
         f"\n{verdict}: {golden.path.name} ({golden.name}), intended, batched runtime, batch {n}{chunked}, "
         f"device {args.device}: {rep.n_compared} tensors compared, {rep.n_failed} failed, {rep.n_skipped} skipped; "
-        f"batch invariance: {n_cmp} traced tensors against the batch-1 run, {len(bad)} differ; "
+        f"batch invariance: {n_cmp} traced tensors against the batch-1 run (bf16 caches), {len(bad)} differ; "
         f"{time.perf_counter() - t0:.1f} s"
     )
     return 0 if failed == 0 else 1
@@ -342,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
         "identical to the batch-1 run (intended variant; --impl is not used)",
     )
     c.add_argument("--seed", type=int, default=0, help="with --batch: draws the other sequences and the order")
+    c.add_argument(
+        "--kv-format",
+        choices=("bf16", "packed"),
+        default="bf16",
+        help="with --batch: the batch's caches in bf16 or in V4.1's packed formats (the batch-1 run "
+        "compared against keeps bf16 caches, so packed must give its bytes)",
+    )
     c.set_defaults(func=cmd_check)
     d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")
     d.add_argument(

@@ -426,7 +426,17 @@ class BatchedGolden:
     (batch N and batch 1) can be compared byte for byte. Intended variant only (own
     index keys). `seed` draws the other sequences, the slot and the order in each step."""
 
-    def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device, batch: int, chunk=None, seed: int = 0):
+    def __init__(
+        self,
+        cfg: AttnV41Cfg,
+        weights,
+        index_keys: str,
+        device,
+        batch: int,
+        chunk=None,
+        seed: int = 0,
+        kv_format: str = "bf16",
+    ):
         import random
 
         from .runtime.batch import BatchV41
@@ -439,7 +449,7 @@ class BatchedGolden:
             raise ValueError(f"batch = {batch!r}; allowed: an int >= 1")
         self.cfg, self.chunk, self.batch = cfg, chunk, batch
         self.rng = random.Random(seed)
-        self.bt = BatchV41(cfg, device, n_slots=batch, block_rows=8)
+        self.bt = BatchV41(cfg, device, n_slots=batch, block_rows=8, kv_format=kv_format)
         self.attn = self.bt.attn
         self.weights = [
             AttnV41LayerWeights.from_state_dict(cfg.roles[i], weights[i], cfg=cfg, device=self.attn.device)
@@ -608,17 +618,23 @@ def replay(
 
 
 def replay_batched(
-    golden: GoldenFile, device="cpu", batch: int = 8, chunk: int | None = None, seed: int = 0
+    golden: GoldenFile,
+    device="cpu",
+    batch: int = 8,
+    chunk: int | None = None,
+    seed: int = 0,
+    kv_format: str = "bf16",
 ) -> tuple[ReplayReport, int, list[str]]:
     """`replay` of the intended variant through `BatchedGolden` (the golden sequence among
-    `batch − 1` others), then the same sequence alone (batch 1, the same chunking):
-    returns the report, the tensors compared between the two runs and those that differ
-    (batch invariance)."""
+    `batch − 1` others, caches in `kv_format`), then the same sequence alone (batch 1, the
+    same chunking, bf16 caches): returns the report, the tensors compared between the two
+    runs and those that differ (batch invariance, and with packed caches their equality
+    to bf16 caches)."""
     cfg = golden.cfg
     weights = [{k: v.to(device) for k, v in golden.weights(i).items()} for i in range(cfg.n_layers)]
     runs = []
-    for n in (batch, 1):
-        impl = BatchedGolden(cfg, weights, INDEX_KEYS_FOR_VARIANT["intended"], device, n, chunk, seed)
+    for n, fmt in ((batch, kv_format), (1, "bf16")):
+        impl = BatchedGolden(cfg, weights, INDEX_KEYS_FOR_VARIANT["intended"], device, n, chunk, seed, fmt)
         rep = replay(golden, "intended", device=device, impl_name=f"runtime-batch{n}", impl=impl)
         runs.append((rep, impl))
     n, bad = batch_invariance(runs[0][1], runs[1][1])
