@@ -216,6 +216,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return vals
 
 
+def _kv_formats(text: str) -> tuple[str, ...]:
+    vals = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not vals or any(v not in ("bf16", "packed") for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a comma-separated subset of bf16,packed")
+    return vals
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.run import PARTS, BenchOptions, run_bench, write_outputs
 
@@ -235,6 +242,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batches=args.batches,
         batch_sizes=args.batch_sizes,
         batch_contexts=args.batch_contexts,
+        batch_kv_formats=args.batch_kv_formats,
         preset=args.preset,
         device=args.device,
         checkpoint=args.checkpoint,
@@ -399,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-sizes", type=_ints, help="part batch: sequences per decode step (default 1,8,64,256 on a GPU)"
     )
     b.add_argument("--batch-contexts", type=_ints, help="part batch: contexts (default 4096,32768 on a GPU)")
+    b.add_argument(
+        "--batch-kv-formats",
+        type=_kv_formats,
+        default=("bf16", "packed"),
+        help="part batch: cache formats of the decode rows (default bf16,packed)",
+    )
     b.add_argument(
         "--preset",
         choices=("auto", "flash", "small"),

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..packed import pack
+from ..reference.qdq import fp4_e8m0_qdq
 from ..runtime.batch import BatchV41
 from ..runtime.batch_graphs import BatchGraphs
 from .common import Ceilings, floor_ms
@@ -31,6 +33,7 @@ BATCH_COLUMNS = (
     ("context", "context"),
     ("batch", "batch"),
     ("weights", "weights"),
+    ("kv_format", "caches"),
     ("ms", "ms/step"),
     ("host_ms", "host ms"),
     ("tok_s", "tok/s"),
@@ -40,9 +43,23 @@ BATCH_COLUMNS = (
 CHUNK_COLUMNS = (("prompt", "prompt"), ("chunk", "chunk"), ("weights", "weights"), ("ms", "ms"), ("tok_s", "tok/s"))
 
 
-def _batch(stack, n_slots: int, max_seq: int, max_tokens: int) -> BatchV41:
+def _batch(stack, n_slots: int, max_seq: int, max_tokens: int, kv_format: str = "bf16") -> BatchV41:
     cfg = stack.cfg.replace(max_seq=max_seq, max_tokens=max_tokens)
-    return BatchV41(cfg, stack.attn.device, n_slots=n_slots)
+    return BatchV41(cfg, stack.attn.device, n_slots=n_slots, kv_format=kv_format)
+
+
+def _random_keys(bt: BatchV41, gen: torch.Generator) -> None:
+    """Every index-key pool filled with random keys on the fp4_e8m0 grid (packed pools:
+    packed), so the top-k works on distinct scores."""
+    for k in bt.pool.index_k.values():
+        if not bt.pool.packed:
+            k.normal_(generator=gen)
+            continue
+        d = bt.cfg.index_head_dim
+        for a in range(0, k.shape[0], 1 << 16):  # in slices: the bf16 temporaries stay small
+            b = min(k.shape[0], a + (1 << 16))
+            v = torch.randn(b - a, d, generator=gen, device=k.device).to(torch.bfloat16)
+            k[a:b] = pack(fp4_e8m0_qdq(v), "fp4_e8m0", check=False)
 
 
 def bench_batch(
@@ -53,6 +70,7 @@ def bench_batch(
     steps: int = 10,
     chunk: int = 2048,
     seed: int = 0,
+    kv_formats: Sequence[str] = ("bf16",),
 ) -> dict[str, list[dict]]:
     """Rows for each (context, batch): decode steps of `batch` sequences at `context`;
     and per context a chunked prefill of one `context`-token prompt in chunks of `chunk`.
@@ -63,12 +81,11 @@ def bench_batch(
     gen = torch.Generator(device=dev).manual_seed(seed)
     rows, chunks = [], []
     for ctx in contexts:
-        for B in batches:
-            bt = _batch(stack, B, ctx + steps + 3, max(B, 1))
+        for B, kvf in ((B, f) for B in batches for f in kv_formats):
+            bt = _batch(stack, B, ctx + steps + 3, max(B, 1), kvf)
             for sl in range(B):
                 bt.pool.assume(sl, ctx)
-            for k in bt.pool.index_k.values():
-                k.normal_(generator=gen)
+            _random_keys(bt, gen)
             g = BatchGraphs(bt, stack.weights, sizes=(B,))
             xs = g.x_in[:, :B]  # the graphs' input buffer itself: no copy per step
             xs.copy_(torch.randn(xs.shape, generator=gen, device=dev).to(torch.bfloat16))
@@ -96,6 +113,7 @@ def bench_batch(
                     context=ctx,
                     batch=B,
                     weights=fmt,
+                    kv_format=kvf,
                     ms=ms,
                     host_ms=sorted(host_ms)[len(host_ms) // 2],
                     tok_s=B / (ms * 1e-3),

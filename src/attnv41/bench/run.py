@@ -67,6 +67,7 @@ class BenchOptions:
     batches: Sequence[int] | None = None
     batch_sizes: Sequence[int] | None = None  # part "batch": sequences per step
     batch_contexts: Sequence[int] | None = None  # part "batch": contexts of its decode rows
+    batch_kv_formats: Sequence[str] = ("bf16", "packed")  # part "batch": cache formats of its decode rows
     preset: str = "auto"
     device: str = "auto"
     checkpoint: str | None = None
@@ -316,6 +317,7 @@ def run_bench(
             steps=3 if opts.quick else 10,
             chunk=2048 if dev.type == "cuda" else 32,
             seed=opts.seed,
+            kv_formats=opts.batch_kv_formats,
         )
         count()
         res["batch_prefill"] = b["prefill"]
@@ -371,7 +373,7 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
         ("peer", "(c) sparse attention vs FlashMLA legacy sparse decode", PEER_COLS),
         ("index", "(d) index scores + top-k, one query", INDEX_COLS),
         ("prefill", "(e) prefill through 40 layers", PREFILL_COLS),
-        ("batch", "(f) batched decode steps through BatchV41 (eager), one token per sequence", BATCH_COLUMNS),
+        ("batch", "(f) batched decode steps (BatchGraphs), one token per sequence", BATCH_COLUMNS),
         ("batch_prefill", "(g) chunked prefill of one prompt through BatchV41", CHUNK_COLUMNS),
     ):
         if res.get(key):
