@@ -133,8 +133,18 @@ def _check_out(name: str, t, like: torch.Tensor, like_name: str) -> None:
     _shape(name, t, tuple(like.shape), f"the shape of {like_name}")
 
 
-def _check_cache(name: str, t, width: int, device) -> None:
-    _tensor(name, t, (torch.bfloat16,), 2, device)
+def _check_cache(name: str, t, width: int, device, fmt: str | None = None) -> None:
+    """bf16 `[rows, width]`, or (fmt given) uint8 rows of that packed format
+    (`attnv41.packed`): the chain then writes the packed bytes."""
+    if fmt is not None and isinstance(t, torch.Tensor) and t.dtype == torch.uint8:
+        from ..packed import row_bytes  # noqa: PLC0415
+
+        _tensor(name, t, (torch.uint8,), 2, device)
+        nb = row_bytes(fmt, width)
+        if t.shape[0] < 1 or t.shape[1] != nb or t.stride(1) != 1:
+            raise ValueError(f"{name}.shape = {tuple(t.shape)}; allowed: [rows >= 1, {nb}] (packed {fmt})")
+        return
+    _tensor(name, t, (torch.bfloat16,) + ((torch.uint8,) if fmt else ()), 2, device)
     if t.shape[0] < 1 or t.shape[1] != width:
         raise ValueError(f"{name}.shape = {tuple(t.shape)}; allowed: [rows >= 1, {width}]")
 
@@ -156,11 +166,13 @@ def _check_norm_chain(x_name: str, x, norm_w, eps, cos, sin, pos_name: str, pos,
     _check_positions(pos_name, pos, m, x.device)
 
 
-def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite) -> None:
+def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot=None) -> None:
     _check_norm_chain("kv_pre", kv_pre, norm_w, eps, cos, sin, "pos", pos, _qdq.FP8_BLOCK)
+    if slot is not None:
+        _check_positions("slot", slot, kv_pre.shape[0], kv_pre.device)
     _check_out("kv_out", kv_out, kv_pre, "kv_pre")
     if ring is not None:  # None: the rows only (a batched step writes its rings after attention)
-        _check_cache("ring", ring, kv_pre.shape[1], kv_pre.device)
+        _check_cache("ring", ring, kv_pre.shape[1], kv_pre.device, "fp8_e8m0")
     _check_count(nonfinite, kv_pre.device)
 
 
@@ -168,14 +180,14 @@ def _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, com
     _check_norm_chain("lat_pre", lat_pre, norm_w, eps, cos, sin, "row_pos", row_pos, _qdq.FP4_E4M3_BLOCK)
     _check_positions("row", row, lat_pre.shape[0], lat_pre.device)
     _check_out("latent", latent, lat_pre, "lat_pre")
-    _check_cache("compress_kv", compress_kv, lat_pre.shape[1], lat_pre.device)
+    _check_cache("compress_kv", compress_kv, lat_pre.shape[1], lat_pre.device, "fp4_e4m3")
     _check_count(nonfinite, lat_pre.device)
 
 
 def _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite) -> None:
     _check_norm_chain("kp", kp, norm_w, eps, cos, sin, "row_pos", row_pos, _qdq.FP4_E8M0_BLOCK)
     _check_positions("row", row, kp.shape[0], kp.device)
-    _check_cache("index_k", index_k, kp.shape[1], kp.device)
+    _check_cache("index_k", index_k, kp.shape[1], kp.device, "fp4_e8m0")
     _check_count(nonfinite, kp.device)
 
 
@@ -192,6 +204,27 @@ if HAVE_TRITON:
             return libdevice.mul_rn(a, b)
         else:  # the interpreter: numpy rounds every product
             return a * b
+
+    @triton.jit
+    def _e4m3_bits(v):
+        """fp32 values exactly representable in e4m3 (±0, subnormals included) → their
+        float8_e4m3fn bit patterns (int32)."""
+        bits = v.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        exp = mag >> 23
+        normal = ((exp - 120) << 3) | ((mag >> 20) & 7)  # e4m3 exponent = fp32's − 127 + 7
+        sub = (tl.abs(v) * 512.0).to(tl.int32)  # |v| < 2^-6: a multiple of 2^-9
+        return tl.where(exp >= 121, normal, sub) | (((bits >> 31) & 1) << 7)
+
+    @triton.jit
+    def _e2m1_nibble(c):
+        """fp32 e2m1 values (±{0, .5, 1, 1.5, 2, 3, 4, 6}) → nibbles: bit 3 the sign, bits
+        0-2 the magnitude's index (int32)."""
+        a = tl.abs(c)
+        idx = (a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
+        idx += (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32)
+        idx += (a >= 6.0).to(tl.int32)
+        return idx | (((c.to(tl.int32, bitcast=True) >> 31) & 1) << 3)
 
     @triton.jit
     def _chain_kernel(
@@ -229,6 +262,7 @@ if HAVE_TRITON:
         NORM_OUT: tl.constexpr,
         WRITE_OUT: tl.constexpr,
         CACHE: tl.constexpr,
+        PACKED: tl.constexpr,  # the cache holds packed rows (uint8): write codes and scale bytes
         COUNT: tl.constexpr,
         EXACT_CAST: tl.constexpr,  # as qdq's: e4m3 by bit arithmetic (interpreter) or the GPU's cast
         RN: tl.constexpr,  # rotation products through mul_rn (GPU)
@@ -296,25 +330,30 @@ if HAVE_TRITON:
             qe = tl.minimum(tl.maximum(ve * inv_s, -448.0), 448.0)
             qo = tl.minimum(tl.maximum(vo * inv_s, -448.0), 448.0)
             if EXACT_CAST:
-                ye = _e4m3_rne(qe) * sc
-                yo = _e4m3_rne(qo) * sc
+                ce = _e4m3_rne(qe)
+                co = _e4m3_rne(qo)
             else:
-                ye = qe.to(tl.float8e4nv).to(tl.float32) * sc
-                yo = qo.to(tl.float8e4nv).to(tl.float32) * sc
+                ce = qe.to(tl.float8e4nv).to(tl.float32)
+                co = qo.to(tl.float8e4nv).to(tl.float32)
+            sbyte = e
         elif MODE == 1:
             tq = tl.math.div_rn(tl.maximum(amax, 7.052966104933725e-38), tl.full(amax.shape, 6.0, tl.float32))
             e = _pow2_ceil_exp(tq)
             sc = (e << 23).to(tl.float32, bitcast=True)[:, None]
             inv_s = ((254 - e) << 23).to(tl.float32, bitcast=True)[:, None]
-            ye = _e2m1_round(tl.minimum(tl.maximum(ve * inv_s, -6.0), 6.0)) * sc
-            yo = _e2m1_round(tl.minimum(tl.maximum(vo * inv_s, -6.0), 6.0)) * sc
+            ce = _e2m1_round(tl.minimum(tl.maximum(ve * inv_s, -6.0), 6.0))
+            co = _e2m1_round(tl.minimum(tl.maximum(vo * inv_s, -6.0), 6.0))
+            sbyte = e
         else:
             tq = tl.math.div_rn(tl.maximum(amax, 0.01171875), tl.full(amax.shape, 6.0, tl.float32))
-            sc = _e4m3_rne(tl.minimum(tq, 448.0))[:, None]
-            ye = _e2m1_round_scaled(ve, sc) * sc
-            yo = _e2m1_round_scaled(vo, sc) * sc
-        ye = round_bf16(ye)
-        yo = round_bf16(yo)
+            s0 = _e4m3_rne(tl.minimum(tq, 448.0))
+            sc = s0[:, None]
+            ce = _e2m1_round_scaled(ve, sc)
+            co = _e2m1_round_scaled(vo, sc)
+            sbyte = _e4m3_bits(s0)
+        # the codes ce, co and the block scale sc; their products are exact in fp32
+        ye = round_bf16(ce * sc)
+        yo = round_bf16(co * sc)
         # every program's loads before any store: outputs may be the input itself
         tl.debug_barrier()
         if NORM_OUT:
@@ -327,8 +366,21 @@ if HAVE_TRITON:
         if CACHE:
             slot = tl.load(slot_ptr + t).to(tl.int64) % cache_rows
             c_ok = ok & (t >= first)
-            tl.store(cache_ptr + slot * s_cache + col_e, ye, mask=c_ok)
-            tl.store(cache_ptr + slot * s_cache + col_o, yo, mask=c_ok)
+            if PACKED:
+                # V4.1's byte formats (attnv41.packed): the codes, then one scale byte per block
+                row_b = cache_ptr + slot * s_cache
+                s_ok = (j < NB) & (t >= first)
+                if MODE == 0:
+                    tl.store(row_b + col_e, _e4m3_bits(ce), mask=c_ok)
+                    tl.store(row_b + col_o, _e4m3_bits(co), mask=c_ok)
+                    tl.store(row_b + width + j, sbyte.to(tl.uint8), mask=s_ok)
+                else:  # value 2i in the low nibble, 2i + 1 in the high one: byte col_e / 2
+                    byte = _e2m1_nibble(ce) | (_e2m1_nibble(co) << 4)
+                    tl.store(row_b + col_e // 2, byte.to(tl.uint8), mask=c_ok)
+                    tl.store(row_b + width // 2 + j, sbyte.to(tl.uint8), mask=s_ok)
+            else:
+                tl.store(cache_ptr + slot * s_cache + col_e, ye, mask=c_ok)
+                tl.store(cache_ptr + slot * s_cache + col_o, yo, mask=c_ok)
 
 
 def _launch(
@@ -390,6 +442,7 @@ def _launch(
         NORM_OUT=norm_out is not None,
         WRITE_OUT=out3 is not None,
         CACHE=cache is not None,
+        PACKED=cache is not None and cache.dtype == torch.uint8,
         COUNT=nonfinite is not None,
         EXACT_CAST=interpreting() or not _qdq._HW_E4M3,
         RN=not interpreting(),
@@ -401,18 +454,21 @@ def _launch(
 # ---------------------------------------------------------------------- kv_chain
 
 
-def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -> torch.Tensor:
+def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None) -> torch.Tensor:
     """The window row of m tokens in one launch: `kv_out = fp8_qdq(rope(rms_norm(kv_pre)))`, and
     `ring[pos % window] = kv_out` for the last `min(m, window)` rows.
 
     kv_pre: bf16 `[m, D]`, D a multiple of 32, ≤ 4096; norm_w: fp32/bf16 `[D]`; eps:
     finite ≥ 0; cos, sin: fp32 `[max_seq, rope_dim/2]`, rope_dim ≤ D; pos: int32/int64
     `[m]`, each in 0..max_seq−1 (not checked: a host sync); kv_out: bf16 `[m, D]` (may be
-    kv_pre); ring: bf16 `[window, D]`, or None (no ring write); nonfinite: None or the int64 `[1]` counter, += the
-    non-finite values entering the fp8 round trip. Returns kv_out. The same bytes as
-    rms_norm → apply_rope → fp8_qdq → ring_write (Triton), see the module docstring.
+    kv_pre); ring: bf16 `[window, D]`, packed fp8_e8m0 uint8 `[window, D + D/32]`, or None
+    (no ring write); nonfinite: None or the int64 `[1]` counter, += the
+    non-finite values entering the fp8 round trip; slot: None (the ring row of token t is
+    pos[t] % window) or int `[m]`, its ring row slot[t] % rows (a batched step's staging
+    rows). Returns kv_out. The same bytes as rms_norm → apply_rope → fp8_qdq → ring_write
+    (Triton), see the module docstring.
     """
-    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite)
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
     require_triton("kv_chain", *(t for t in (kv_pre, kv_out, ring) if t is not None))
     _launch(
         kv_pre[:, None],
@@ -425,21 +481,36 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -
         eps=eps,
         out3=kv_out[:, None],
         cache=ring,
+        slot=slot,
         nonfinite=nonfinite,
     )
     return kv_out
 
 
-def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None) -> torch.Tensor:
+def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None) -> torch.Tensor:
     """`kv_chain` as the chain of the torch twins (any device); same contract."""
-    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite)
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
     m, D = kv_pre.shape
     _norm.rms_norm_torch(kv_pre, norm_w, eps, out=kv_out)
     _rope.apply_rope_torch(kv_out.view(m, 1, D), cos, sin, pos, out=kv_out.view(m, 1, D))
     _qdq.fp8_qdq_torch(kv_out, out=kv_out, nonfinite=nonfinite)
     if ring is not None:
-        _ring.ring_write_torch(ring, kv_out, pos)
+        _cache_write_torch(ring, kv_out, pos if slot is None else slot, "fp8_e8m0")
     return kv_out
+
+
+def _cache_write_torch(cache, rows, slot, fmt: str) -> None:
+    """`ring_write_torch`, or for a packed (uint8) cache the rows packed into it (same rule:
+    the last min(m, rows) rows, at slot % rows)."""
+    if cache.dtype != torch.uint8:
+        _ring.ring_write_torch(cache, rows, slot)
+        return
+    from ..packed import pack  # noqa: PLC0415
+
+    m = rows.shape[0]
+    keep = min(m, cache.shape[0])
+    if keep:
+        cache[slot[m - keep :].long() % cache.shape[0]] = pack(rows[m - keep :], fmt, check=False)
 
 
 # ---------------------------------------------------------------------- compressed rows
@@ -452,7 +523,9 @@ def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, comp
 
     lat_pre: bf16 `[m, D]`, D a multiple of 16, ≤ 4096; latent: bf16 `[m, D]` (the indexer
     key's input; may be lat_pre); row_pos, row: int32/int64 `[m]` (RoPE position, cache
-    row); compress_kv: bf16 `[rows, D]`; other arguments as `kv_chain`. Returns latent.
+    row); compress_kv: bf16 `[rows, D]`, or uint8 `[rows, D/2 + D/16]` for V4.1's packed
+    fp4_e4m3 rows (`attnv41.packed`: the codes and scales written instead of their bf16
+    products); other arguments as `kv_chain`. Returns latent.
     The same bytes as rms_norm → apply_rope → fp4_e4m3_qdq → ring_write (Triton).
     """
     _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite)
@@ -481,7 +554,7 @@ def compress_kv_chain_torch(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent
     _norm.rms_norm_torch(lat_pre, norm_w, eps, out=latent)
     rows = _rope.apply_rope_torch(latent.view(m, 1, D), cos, sin, row_pos)
     staged = _qdq.fp4_e4m3_qdq_torch(rows.view(m, D), nonfinite=nonfinite)
-    _ring.ring_write_torch(compress_kv, staged, row)
+    _cache_write_torch(compress_kv, staged, row, "fp4_e4m3")
     return latent
 
 
@@ -489,7 +562,8 @@ def index_k_chain(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=No
     """A kv source's new index keys in one launch: `index_k[row % rows] =
     fp4_e8m0_qdq(rope(rms_norm(kp) at row_pos))` for the last `min(m, rows)` tokens.
 
-    kp: bf16 `[m, d]`, d a multiple of 32, ≤ 4096; index_k: bf16 `[rows, d]`; other
+    kp: bf16 `[m, d]`, d a multiple of 32, ≤ 4096; index_k: bf16 `[rows, d]` or packed
+    fp4_e8m0 uint8 `[rows, d/2 + d/32]`; other
     arguments as `compress_kv_chain`. Returns index_k. The same bytes as rms_norm →
     apply_rope → fp4_e8m0_qdq → ring_write (Triton).
     """
@@ -517,7 +591,7 @@ def index_k_chain_torch(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfin
     m, d = kp.shape
     kr = _norm.rms_norm_torch(kp, norm_w, eps)
     _rope.apply_rope_torch(kr.view(m, 1, d), cos, sin, row_pos, out=kr.view(m, 1, d))
-    _ring.ring_write_torch(index_k, _qdq.fp4_e8m0_qdq_torch(kr, nonfinite=nonfinite), row)
+    _cache_write_torch(index_k, _qdq.fp4_e8m0_qdq_torch(kr, nonfinite=nonfinite), row, "fp4_e8m0")
     return index_k
 
 

@@ -763,7 +763,7 @@ class AttnV41:
         inside the linear; what changes is who makes it, once."""
         return m <= gemv.DECODE_MAX_M and any(sc is not None for sc in scales)
 
-    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor):
+    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor, ring_slot: torch.Tensor | None = None):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring), written into ring[pos % W], and whether the indexer's
@@ -796,7 +796,11 @@ class AttnV41:
         ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), rope=(0, D, cos, sin, pos), **xq)
         kv = self.kv[:m]
         # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
-        ops.kv_chain(self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite)
+        # ring_slot: the row of ring each token goes to (a batched step's staging rows), else pos % window
+        slot = {} if ring_slot is None else dict(slot=ring_slot)
+        ops.kv_chain(
+            self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite, **slot
+        )
         return cq, q, kv, hw_done
 
     # ------------------------------------------------------------------ decode split

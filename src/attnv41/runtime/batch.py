@@ -46,9 +46,9 @@ was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 `kv_format="packed"` stores every cached row in V4.1's byte format (`attnv41.packed`:
 window rows fp8_e8m0 528 B, compressed rows fp4_e4m3 288 B, index keys fp4_e8m0 68 B at
 the Flash shapes; lossless, so every output and cache value is the bf16 form's, bit for
-bit: tested on the CPU). The chains write bf16 rows that are packed into the pools (no
-host sync); the index-score and decode-attention kernels read the packed rows in place,
-dequantizing as they load. Default "bf16".
+bit: tested on the CPU). The fused chains that make the rows write their packed bytes
+(codes and the round trip's scales); the index-score and decode-attention kernels read
+them in place, dequantizing as they load. Default "bf16".
 
 Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 (runtime/batch_graphs.py): their metadata is derived on the device (`_derive_decode`).
@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..packed import pack, row_bytes, unpack
+from ..packed import row_bytes, unpack
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
 from .ops import TRITON_BATCH_OPS
@@ -257,9 +257,6 @@ class BatchV41:
         self.pool = SeqPool(cfg, n_slots, device, block_rows, blocks, kv_format)
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
-        if self.pool.packed:  # bf16 rows made by the chains before they are packed into the pools
-            self._crow_tmp = torch.empty(cfg.max_tokens, cfg.head_dim, dtype=torch.bfloat16, device=self.device)
-            self._key_tmp = torch.empty(cfg.max_tokens, cfg.index_head_dim, dtype=torch.bfloat16, device=self.device)
         M = cfg.max_tokens
         self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
         # Static wiring of what each ratio>0 layer reads (attention-v41.md §2, own index keys):
@@ -482,10 +479,10 @@ class BatchV41:
         T, W = step.T, c.window
         pos = step.pos
         cos, sin = attn._tables(r)
-        cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, None)
         ring = pool.ring[i]
+        # the step's window rows go straight into the staging rows (packed there when the pool is)
         stage = ring[pool.ring_rows : pool.ring_rows + T]
-        stage.copy_(pack(kv, "fp8_e8m0", check=False) if pool.packed else kv)
+        cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, stage, ring_slot=self._rows[:T])
         sel = step.win_sel  # a window-only layer attends its window rows
         comp = attn._empty_rows
         if r > 0:
@@ -667,12 +664,8 @@ class BatchV41:
         their index keys (`indexer.wk` → norm → RoPE → fp4), one fused chain each."""
         c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
         i, n = w.role.layer, lat.shape[0]
-        # packed pools: the chains write bf16 rows 0 … n−1 of a buffer, packed into the pool after
-        rows, crow, keys = (
-            (self._rows[:n], self._crow_tmp[:n], self._key_tmp[:n])
-            if pool.packed
-            else (plan["phys"], pool.compress_kv[i], pool.index_k[i])
-        )
+        # the chains write the pools' rows (packed pools: V4.1's bytes) at their physical rows
+        rows, crow, keys = plan["phys"], pool.compress_kv[i], pool.index_k[i]
         latent = ops.compress_kv_chain(
             lat,
             w["compressor.norm.weight"],
@@ -697,9 +690,6 @@ class BatchV41:
             keys,
             attn.nonfinite,
         )
-        if pool.packed:
-            pool.compress_kv[i].index_copy_(0, plan["phys"], pack(crow, "fp4_e4m3", check=False))
-            pool.index_k[i].index_copy_(0, plan["phys"], pack(keys, "fp4_e8m0", check=False))
 
     def _compress_plan(self, step: BatchStep, r: int) -> dict:
         """The step's compressor bookkeeping for ratio r (the same for every kv source of
