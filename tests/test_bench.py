@@ -48,6 +48,19 @@ def test_decode_step_bytes_by_hand(cfg, weights):
     assert b1["compressor"] - b["compressor"] == 3 * (D + cfg.index_head_dim) * 2
 
 
+def test_decode_step_bytes_packed(cfg, weights):
+    """Packed caches: the same weights and activations; window rows D + D/32 bytes,
+    compressed rows D/2 + D/16, index keys d/2 + d/32 instead of 2 bytes per value."""
+    b, p = decode_step_bytes(cfg, weights, 1000), decode_step_bytes(cfg, weights, 1000, "packed")
+    D, d = cfg.head_dim, cfg.index_head_dim
+    assert p["weights"] == b["weights"] and p["activations"] == b["activations"]
+    assert p["window"] * 2 * D == b["window"] * (D + D // 32)
+    assert p["selected"] * 2 * D == b["selected"] * (D // 2 + D // 16)
+    assert p["index_keys"] * 2 * d == b["index_keys"] * (d // 2 + d // 32)
+    with pytest.raises(ValueError, match="kv_format = 'fp8'"):
+        decode_step_bytes(cfg, weights, 1000, "fp8")
+
+
 def test_fp8_stack_reads_about_half_the_weight_bytes(cfg, weights):
     """decode_step_bytes counts weights as stored: an FP8 stack's FP8 linears 1 byte per
     element plus one scale byte per 32×32 block, the other tensors as in bf16."""

@@ -105,7 +105,7 @@ def bench_batch(
                 e1.record()
                 torch.cuda.synchronize(dev)
             ms = (e0.elapsed_time(e1) if cuda else (time.perf_counter() - t0) * 1e3) / steps
-            nb = decode_step_bytes(stack.cfg, stack.weights, ctx)
+            nb = decode_step_bytes(stack.cfg, stack.weights, ctx, kvf)
             total = nb["weights"] + B * (nb["total"] - nb["weights"])
             fl = floor_ms(total, 0.0, ceil)
             rows.append(

@@ -96,8 +96,9 @@ def _weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in w.tensors.values())
 
 
-def decode_step_bytes(cfg: AttnV41Cfg, weights: Sequence, position: int) -> dict[str, int]:
-    """The fewest bytes one decode step at `position` moves, by kind (and `total`).
+def decode_step_bytes(cfg: AttnV41Cfg, weights: Sequence, position: int, kv_format: str = "bf16") -> dict[str, int]:
+    """The fewest bytes one decode step at `position` moves, by kind (and `total`);
+    kv_format "packed": cached rows in V4.1's byte formats (`attnv41.packed`).
 
     weights: each layer's tensors once, as stored (`AttnV41LayerWeights` or a dict of
     tensors); window: the ring read plus the new row written; selected: the compressed
@@ -107,21 +108,30 @@ def decode_step_bytes(cfg: AttnV41Cfg, weights: Sequence, position: int) -> dict
     layer's input and output row, q, o and the low-rank intermediates.
     """
     D, W = cfg.head_dim, cfg.window
+    if kv_format == "packed":
+        from ..packed import row_bytes  # noqa: PLC0415
+
+        win_row, comp_row = row_bytes("fp8_e8m0", D), row_bytes("fp4_e4m3", D)
+        key_row = row_bytes("fp4_e8m0", cfg.index_head_dim)
+    elif kv_format == "bf16":
+        win_row, comp_row, key_row = 2 * D, 2 * D, 2 * cfg.index_head_dim
+    else:
+        raise ValueError(f"kv_format = {kv_format!r}; allowed: 'bf16', 'packed'")
     b = dict(weights=0, window=0, selected=0, index_keys=0, compressor=0, activations=0)
     for i, role in enumerate(cfg.roles):
         w = weights[i]
         b["weights"] += _weight_bytes(w) if hasattr(w, "tensors") else sum(t.nbytes for t in w.values())
-        b["window"] += (W + 1) * D * 2
+        b["window"] += (W + 1) * win_row
         r = role.ratio
         L = (position + 1) // r if r else 0
         if r:
-            b["selected"] += min(cfg.index_topk, L) * D * 2
+            b["selected"] += min(cfg.index_topk, L) * comp_row
         if role.is_index_source:
-            b["index_keys"] += L * cfg.index_head_dim * 2
+            b["index_keys"] += L * key_row
         if role.is_kv_source:
             state = 2 * r * D * 4 if r >= 2 else 0
             completes = (position + 1) % r == 0
-            b["compressor"] += state + (D + cfg.index_head_dim) * 2 * completes
+            b["compressor"] += state + (comp_row + key_row) * completes
         H = cfg.n_heads
         b["activations"] += 2 * (2 * cfg.dim + 2 * cfg.q_rank + 3 * H * D + cfg.groups * cfg.o_rank)
     b["total"] = sum(b.values())
