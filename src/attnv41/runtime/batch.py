@@ -254,9 +254,9 @@ class BatchV41:
     ):
         if ops is None and torch.device(device).type == "cuda":
             ops = TRITON_BATCH_OPS  # batch-invariant projections
-        self.pool = SeqPool(cfg, n_slots, device, block_rows, blocks, kv_format)
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
+        self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks, kv_format)
         M = cfg.max_tokens
         self.sel_pub: dict[int, torch.Tensor] = {}  # per index source: logical top-k rows [T, index_topk]
         # Static wiring of what each ratio>0 layer reads (attention-v41.md §2, own index keys):
@@ -665,7 +665,6 @@ class BatchV41:
         c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
         i, n = w.role.layer, lat.shape[0]
         # the chains write the pools' rows (packed pools: V4.1's bytes) at their physical rows
-        rows, crow, keys = plan["phys"], pool.compress_kv[i], pool.index_k[i]
         latent = ops.compress_kv_chain(
             lat,
             w["compressor.norm.weight"],
@@ -673,9 +672,9 @@ class BatchV41:
             attn.yarn_cos,
             attn.yarn_sin,
             plan["row_pos"],
-            rows,
+            plan["phys"],
             attn.latent[:n],
-            crow,
+            pool.compress_kv[i],
             attn.nonfinite,
         )
         kp = ops.mm(latent, w["indexer.wk.weight"], out=attn.k_pre[:n])
@@ -686,8 +685,8 @@ class BatchV41:
             attn.yarn_cos,
             attn.yarn_sin,
             plan["row_pos"],
-            rows,
-            keys,
+            plan["phys"],
+            pool.index_k[i],
             attn.nonfinite,
         )
 
