@@ -37,7 +37,7 @@ import torch
 
 from ..weights import AttnV41LayerWeights
 from .batch import BatchStep, BatchV41
-from .graphs import _Captured
+from .graphs import _capture_graph, _Captured, _run_on_side_stream
 from .plan import DEFAULT_BUCKET_MIN, bucket_of
 
 __all__ = ["BatchGraphs", "default_sizes"]
@@ -286,20 +286,9 @@ class BatchGraphs:
 
     def _warm_up(self, st: BatchStep) -> None:
         """The step itself, eagerly on a side stream (compiles, settles the allocator)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._body(st)
-        torch.cuda.current_stream().wait_stream(side)
+        _run_on_side_stream(lambda: self._body(st))
 
     def _capture(self, st: BatchStep, baked: tuple) -> _Captured:
-        g = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(g, pool=self._pool):
-                self._body(st)
-        except Exception as e:  # an error, never a silent eager fallback
-            raise RuntimeError(
-                f"CUDA graph capture of the batched decode step ({st.T}, {st.bucket}) failed: {e}"
-            ) from e
+        g = _capture_graph(lambda: self._body(st), self._pool, f"the batched decode step ({st.T}, {st.bucket})")
         self.captures += 1
         return _Captured(g, baked)

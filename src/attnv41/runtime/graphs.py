@@ -53,6 +53,29 @@ class _Captured:
     baked: tuple
 
 
+def _run_on_side_stream(body) -> None:
+    """`body()` eagerly on a side stream, ordered after and before the current stream's
+    work: a graph's warm-up (it compiles the kernels for the shapes and settles the
+    allocator before capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _capture_graph(body, pool, what: str) -> torch.cuda.CUDAGraph:
+    """`body()` captured into a new CUDA graph in memory pool `pool`; a failure raises a
+    RuntimeError naming `what` (never a silent eager fallback)."""
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, pool=pool):
+            body()
+    except Exception as e:
+        raise RuntimeError(f"CUDA graph capture of {what} failed: {e}") from e
+    return g
+
+
 class DecodeGraphs:
     """Drives single-token decode steps of a `RuntimeStack`.
 
@@ -221,19 +244,10 @@ class DecodeGraphs:
         """The step itself, eagerly on a side stream: compiles the bucket's kernels and
         settles the allocator before capture. It is this step's real run (no replay
         follows it), so there is nothing to undo."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._body(bucket)
-        torch.cuda.current_stream().wait_stream(side)
+        _run_on_side_stream(lambda: self._body(bucket))
 
     def _capture(self, bucket: int, baked: tuple) -> _Captured:
-        g = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(g, pool=self._pool):
-                self._body(bucket)
-        except Exception as e:  # surface as an error, never fall back to eager silently
-            raise RuntimeError(f"CUDA graph capture of the decode step (bucket {bucket}) failed: {e}") from e
+        g = _capture_graph(lambda: self._body(bucket), self._pool, f"the decode step (bucket {bucket})")
         self.captures += 1  # capture ran nothing: the warm-up left pos at p + 1, the metadata of p
         return _Captured(g, baked)
 
