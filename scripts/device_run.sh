@@ -10,7 +10,7 @@
 #                                           narrow it with PYTEST_ARGS, e.g. "tests/runtime/test_gpu.py -k flash_stack")
 # Knobs: PYTEST_ARGS (paths and options for pytest; default "tests"), BUDGET_S (the whole
 # script's wall-clock budget, default 570: each step's timeout is cut to what is left),
-# SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
+# PYTEST_WORKERS (pytest-xdist processes, default 8; 0: one), SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
 # under memcheck: finds out-of-bounds accesses inside cached blocks, but may break CUDA graphs).
 # Exit status: 0 every step passed; 1 a step failed or timed out; 3 nothing failed but a
 # step was skipped for time or compute-sanitizer is missing.
@@ -143,9 +143,17 @@ if [ "${SKIP_CHECKS:-0}" != 1 ]; then
     DESELECT+=(--deselect "tests/runtime/test_gpu.py::test_golden_on_cuda[$g-$v-$i]")
   done; done; done
 fi
+# On a fresh machine the tier's time is mostly Triton compiling kernels (one process took
+# 420 s for the quick tier on 2026-12-02, where a warm cache took 132 s): pytest-xdist (in
+# the device image) spreads the test files over PYTEST_WORKERS processes (default 8 of the
+# 16 cores; 0: one process), each file whole in one worker (its kernels compile once).
+XDIST=()
+if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
+  XDIST=(-n "${PYTEST_WORKERS:-8}" --dist loadfile)
+fi
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 step "pytest_$TIER" $([ "$TIER" = quick ] && echo 330 || echo 600) sum_pytest \
-  python3 -m pytest -q -p no:cacheprovider -rfEs --durations=25 --junitxml "$OUT/pytest.xml" -m "$MARK" "${DESELECT[@]}" ${PYTEST_ARGS:-tests}
+  python3 -m pytest -q -p no:cacheprovider -rfEs --durations=25 --junitxml "$OUT/pytest.xml" "${XDIST[@]}" -m "$MARK" "${DESELECT[@]}" ${PYTEST_ARGS:-tests}
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   SAN=$(command -v compute-sanitizer 2>/dev/null ||
