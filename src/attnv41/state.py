@@ -89,7 +89,9 @@ class SharedV41:
     topk_idxs: int32 [max_tokens, index_topk]; rows [:topk_m], columns [:topk_k] hold the
         latest index source's selection (already offset, −1 padded) for the call at
         `topk_pos`.
-    candidates: bool [m, L] mask of the candidate source for the call at `candidates_pos`.
+    candidates: bool [m, L] mask of the candidate source for the call at `candidates_pos`,
+        or, after a call scored in tiles of tokens (`AttnV41.index_tile_entries`), its
+        kept block ids, int32 [m, ≤ cand_blocks] (`kernels.select.candidate_blocks`).
     sources: the kv sources' states of this sequence by layer (bound at their prefill), so
         a decode step prepared without the state (`decode_prep`) publishes their caches.
 

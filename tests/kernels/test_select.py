@@ -14,7 +14,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnv41.kernels.select import candidate_mask_fixed, score_order_key, topk_fixed
+from attnv41.kernels.select import (
+    candidate_blocks,
+    candidate_mask_fixed,
+    candidate_mask_of_blocks,
+    score_order_key,
+    topk_fixed,
+)
 from attnv41.reference import indexer as ref
 
 MODES = ["randn", "ties", "signed_zeros", "neg_inf_holes", "nan", "all_neg_inf"]
@@ -169,6 +175,32 @@ def test_topk_fixed_matches_reference_hypothesis(m, Lb, k_frac, offset, mode, se
     if torch.rand((), generator=gen) < 0.5:
         scores = _mask_past_visible(scores, vis)
     _equal("topk", _run_topk(scores, vis, k, offset, "cpu"), ref.topk_select(scores, vis, k, offset))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 4),
+    L=st.one_of(st.integers(1, 40), st.integers(1, 3000)),
+    blocks=st.integers(1, 40),
+    bs=st.one_of(st.integers(1, 8), st.integers(1, 300)),
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_candidate_blocks_expand_to_the_reference_mask(m, L, blocks, bs, mode, seed):
+    """The compact form (kept block ids, a prefill tiled over tokens keeps it) expands to the
+    reference mask bit for bit, NaN blocks and −∞ blocks (not kept) included."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = _scores(gen, m, L, mode)
+    vis = _visible(gen, m, L, torch.int64)
+    if torch.rand((), generator=gen) < 0.5:
+        scores = _mask_past_visible(scores, vis)
+    n_blocks = -(-L // bs)
+    ids = torch.full((m, min(blocks, n_blocks)), -7, dtype=torch.int32)
+    assert candidate_blocks(scores, vis, blocks, bs, out=ids) is ids
+    assert ((ids >= 0) & (ids <= n_blocks)).all(), ids
+    _equal("mask of blocks", candidate_mask_of_blocks(ids, L, bs), ref.candidate_mask(scores, vis, blocks, bs))
+    with pytest.raises(ValueError, match="allowed: int32"):
+        candidate_blocks(scores, vis, blocks, bs, out=ids[:, :0])
 
 
 @settings(max_examples=40, deadline=None)

@@ -22,6 +22,8 @@ candidate_mask = ref.candidate_mask  # sync-free as written: boolean indexing av
 __all__ = [
     "window_selection",
     "candidate_mask",
+    "candidate_blocks",
+    "candidate_mask_of_blocks",
     "topk_select",
     "topk_fixed",
     "candidate_mask_fixed",
@@ -54,6 +56,42 @@ def window_selection(out: torch.Tensor, m: int, start_pos: int, window: int) -> 
     view = out[:m, :window]
     view.copy_(torch.where(q >= 0, q - base, torch.full_like(q, -1)))
     return view
+
+
+def candidate_blocks(
+    scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int, cand_block: int, out: torch.Tensor
+) -> torch.Tensor:
+    """The candidate mask in its compact form: the kept blocks of each row, int32
+    `[m, min(cand_blocks, n_blocks)]` written into `out` (n_blocks = ⌈L / cand_block⌉),
+    in the reference's order (score descending, lower block first among ties), a block
+    that is not kept (it scores −∞) named n_blocks. `candidate_mask_of_blocks` expands it
+    to `candidate_mask`'s bool `[m, L]` bit for bit. Its size does not grow with L past
+    cand_blocks·cand_block positions: a prefill tiled over tokens keeps it for the whole
+    call (runtime/attn.py) where the `[m, L]` mask would not fit."""
+    m, L = scores.shape
+    n_blocks = -(-L // cand_block)
+    keep_n = min(cand_blocks, n_blocks)
+    if tuple(out.shape) != (m, keep_n) or out.dtype != torch.int32:
+        raise ValueError(f"out: {out.dtype} {tuple(out.shape)}; allowed: int32 ({m}, {keep_n})")
+    pad = n_blocks * cand_block - L
+    s = torch.nn.functional.pad(scores.float(), (0, pad), value=float("-inf"))
+    block = s.view(m, n_blocks, cand_block).amax(-1)
+    newest = ((visible.long() - 1).clamp_min(0) // cand_block)[:, None]
+    pin = (torch.arange(n_blocks, device=scores.device)[None, :] == newest) & (visible.long() >= 1)[:, None]
+    block = torch.where(pin, torch.full_like(block, float("inf")), block)
+    order = torch.sort(block, dim=-1, descending=True, stable=True).indices[:, :keep_n]
+    kept = torch.gather(block, 1, order) > float("-inf")
+    out.copy_(torch.where(kept, order, torch.full_like(order, n_blocks)))
+    return out
+
+
+def candidate_mask_of_blocks(ids: torch.Tensor, L: int, cand_block: int) -> torch.Tensor:
+    """bool `[m, L]`: the candidate mask of `candidate_blocks`' kept blocks."""
+    m = ids.shape[0]
+    n_blocks = -(-L // cand_block)
+    kept = torch.zeros(m, n_blocks + 1, dtype=torch.bool, device=ids.device)
+    kept.scatter_(1, ids.long(), True)  # column n_blocks collects the blocks not kept
+    return kept[:, :n_blocks].repeat_interleave(cand_block, dim=1)[:, :L]
 
 
 def topk_select(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int, out: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..kernels import fp8_linear, gemv, sparse_attn_split
+from ..kernels import fp8_linear, gemv, select, sparse_attn_split
 from ..reference.rope import rope_freqs, rope_table
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights, expected_tensors
@@ -95,6 +95,9 @@ class _Ticket:
     done: bool = False
 
 
+INDEX_TILE_ENTRIES = 1 << 26  # index scores (tokens × keys) held at once in a prefill or continuation
+
+
 class AttnV41:
     """RoPE tables, workspaces and kernels for V4.1 attention on one device.
 
@@ -106,7 +109,10 @@ class AttnV41:
     (inside a captured graph: from its pool, once); every other buffer is allocated here,
     once. `bucket_min` sets the smallest context bucket a decode step's index work covers;
     `plan` may be a `DecodePlan` the caller built (and owns), e.g. around its own
-    position buffer.
+    position buffer. A prefill or continuation of m tokens over L index keys scores at
+    most `index_tile_entries` (m·L) entries at a time (default 2²⁶: 128 MiB of bf16 scores,
+    about 1.3 GiB with the top-k's sort): longer ones are scored in tiles of tokens, with
+    the same bits, so a chunk at a 1M-token context needs no `[m, L]` buffer.
 
     Checks on every call (host-side, no device sync): arguments, positions, the order of
     layers and steps of the sequence, that weights, state and shared state belong to this
@@ -129,7 +135,11 @@ class AttnV41:
         check_finite: bool = False,
         bucket_min: int = DEFAULT_BUCKET_MIN,
         plan: DecodePlan | None = None,
+        index_tile_entries: int = INDEX_TILE_ENTRIES,
     ):
+        if not isinstance(index_tile_entries, int) or isinstance(index_tile_entries, bool) or index_tile_entries < 1:
+            raise ValueError(f"index_tile_entries = {index_tile_entries!r}; allowed: an int >= 1")
+        self.index_tile_entries = index_tile_entries
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
         if not isinstance(cfg, AttnV41Cfg):  # validated on construction (decode width included)
@@ -553,18 +563,22 @@ class AttnV41:
                 if role.is_kv_source and (self.index_keys == "own" or new_rows > 0):
                     shared.index_k, shared.index_k_owner = st.index_k, i
                 if L > 0:
-                    scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
-                    if role.is_candidate_source:
-                        shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
-                        shared.candidates_pos = s
-                        run_extra["candidates"] = shared.candidates
-                    if role.uses_candidates:
-                        scores = scores.masked_fill(~shared.candidates, float("-inf"))
                     kk = min(c.index_topk, L)
-                    ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
+                    tile = max(1, self.index_tile_entries // L)  # tokens scored at a time
+                    if tile >= m:
+                        scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
+                        if role.is_candidate_source:
+                            shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
+                            shared.candidates_pos = s
+                            run_extra["candidates"] = shared.candidates
+                        if role.uses_candidates:
+                            scores = scores.masked_fill(~self._candidates(shared, 0, m, L), float("-inf"))
+                        ops.topk_select(scores, vis, kk, offset, out=shared.topk_idxs)
+                        run_extra["index_score"] = scores
+                    else:
+                        self._index_tiled(w, shared, cq, x, pos, vis, L, kk, offset, cos, sin, hw_done, tile, s)
                     shared.topk_m, shared.topk_k, shared.topk_pos = m, kk, s
                     shared.topk_version += 1
-                    run_extra["index_score"] = scores
                     run_extra["index_k_owner"] = shared.index_k_owner
             if L > 0:
                 k = shared.topk_k
@@ -1171,12 +1185,10 @@ class AttnV41:
         st.n_rows = j0 + n
         return n
 
-    def _index_scores(
-        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
-    ) -> torch.Tensor:
-        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4). `hw_done`: `_qkv`
-        already projected the head weights into `hw` (its fused pass over x) and the index
-        queries into `iq` (its fused pass over cq)."""
+    def _index_queries(self, w, cq, x, pos, cos, sin, hw_done: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries `iq` `[m, H, d]` and scaled head weights `hw` `[m, H]` (§6.2–§6.3).
+        `hw_done`: `_qkv` already projected the head weights into `hw` (its fused pass over
+        x) and the index queries into `iq` (its fused pass over cq)."""
         c, ops = self.cfg, self.ops
         m = x.shape[0]
         iq = self.iq[:m]
@@ -1188,7 +1200,53 @@ class AttnV41:
             ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
         # bf16(fp32(hw)·fp32(scale)) in place: one kernel (bf16 ops with a scalar compute in fp32, CPU and CUDA)
         hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
-        return ops.index_scores(iq, hw, keys, vis, out=out)
+        return iq, hw
+
+    def _index_scores(
+        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
+    ) -> torch.Tensor:
+        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
+        iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
+        return self.ops.index_scores(iq, hw, keys, vis, out=out)
+
+    def _candidates(self, shared: SharedV41, t0: int, t1: int, L: int) -> torch.Tensor:
+        """bool `[t1 − t0, L]`: the published candidate mask of tokens t0..t1−1, from the
+        mask or from a tiled prefill's kept block ids (`select.candidate_blocks`)."""
+        cand = shared.candidates[t0:t1]
+        if cand.dtype == torch.bool:
+            return cand
+        return select.candidate_mask_of_blocks(cand, L, self.cfg.cand_block)
+
+    def _index_tiled(self, w, shared, cq, x, pos, vis, L, kk, offset, cos, sin, hw_done, tile, s) -> None:
+        """Scores, candidates and top-k of a prefill or continuation whose `[m, L]` scores
+        would pass `index_tile_entries`: `tile` tokens at a time, so no buffer grows as m·L
+        (a 1M-token context's scores alone would take m·2 MiB). Each token's scores, mask
+        and selection are its own row's (index_scores runs one program per token; mask and
+        top-k are row-wise), so the bits are those of the untiled call. The candidate
+        source publishes its mask as kept block ids, int32 `[m, ≤ cand_blocks]`; the run
+        records neither the scores nor the mask (`index_score`, `candidates` absent)."""
+        c, ops, role = self.cfg, self.ops, w.role
+        m = x.shape[0]
+        iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
+        keys = shared.index_k[:L]
+        ids = None
+        if role.is_candidate_source:
+            ids = torch.empty(m, min(c.cand_blocks, -(-L // c.cand_block)), dtype=torch.int32, device=self.device)
+        for t0 in range(0, m, tile):
+            t1 = min(m, t0 + tile)
+            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1])
+            if ids is not None:
+                select.candidate_blocks(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=ids[t0:t1])
+                if role.uses_candidates:  # its own mask (as the untiled path: published first)
+                    scores = scores.masked_fill(
+                        ~select.candidate_mask_of_blocks(ids[t0:t1], L, c.cand_block), float("-inf")
+                    )
+            elif role.uses_candidates:
+                scores = scores.masked_fill(~self._candidates(shared, t0, t1, L), float("-inf"))
+            ops.topk_select(scores, vis[t0:t1], kk, offset, out=shared.topk_idxs[t0:t1])
+            del scores
+        if ids is not None:
+            shared.candidates, shared.candidates_pos = ids, s
 
 
 def _same_tensor(a, b: torch.Tensor | None) -> bool:
