@@ -5,6 +5,8 @@ field equals the reference's (hypothesis over prompts, chunkings, tile sizes, ra
 index-key modes); the published candidates (kept block ids) expand to the reference's
 mask; on CUDA tiled and untiled runs give the same bytes."""
 
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from attnv41.kernels.select import candidate_mask_of_blocks
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
 from helpers import random_inputs, random_weights, small_cfg, split_sizes
+from runtime.test_batch import _run, _schedule, _setup
 
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 1, 1, 1), (0, 1, 1, 1, 1, 1)]
 SAME = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k")  # the tiled run records no scores, no mask
@@ -106,3 +109,36 @@ def test_tiled_index_on_cuda_gives_the_untiled_bytes():
         for other in runs[1:]:
             for i in range(cfg.n_layers):
                 _same(runs[0][i], other[i], f"[{s}, {s + m}) L{i}")
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    tile_entries=st.sampled_from([1, 7, 60]),
+    ratios=st.sampled_from(RATIOS),
+    seed=st.integers(0, 10_000),
+)
+def test_batched_steps_in_tiles_equal_each_sequence_alone(tile_entries, ratios, seed):
+    """BatchV41 scores a step's tokens in tiles past index_tile_entries: every sequence's
+    outputs and cache rows still equal its own single-sequence run, and the traced
+    slot's record (what `check --batch` compares: scores, candidates, selections) is the
+    untiled step's, layer by layer."""
+    sched = _schedule(random.Random(seed), 3, 8)
+    cfg, w, wts, xs, bt = _setup(ratios, 8, seed, 3, 4)
+    *_, full = _setup(ratios, 8, seed, 3, 4)
+    bt.attn.index_tile_entries = tile_entries
+    _run(cfg, w, wts, xs, bt, sched)  # against each sequence alone
+    cfg, w, wts, xs, bt = _setup(ratios, 8, seed, 3, 4)
+    bt.attn.index_tile_entries = tile_entries
+    bt.trace_slot = full.trace_slot = 1
+    for slots, starts, lens in sched:
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
+        for i in range(cfg.n_layers):
+            ya, yb = bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)
+            assert torch.equal(ya, yb), f"{slots} {starts} {lens} L{i}"
+            if 1 in slots:
+                assert bt.trace.keys() == full.trace.keys(), i
+                for k, v in full.trace.items():
+                    u = bt.trace[k]
+                    same = torch.equal(u, v) if isinstance(v, torch.Tensor) else u == v
+                    assert same, f"{slots} {starts} {lens} L{i} trace {k}"

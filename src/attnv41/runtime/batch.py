@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
+from ..kernels import select
 from ..packed import row_bytes, unpack
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
@@ -279,7 +280,10 @@ class BatchV41:
                     else None,
                     _latest(cfg, i, lambda j, r=r: cfg.roles[j].is_index_source and cfg.roles[j].ratio == r),
                 )
-        self.cand_pub: torch.Tensor | None = None  # the candidate source's mask [T, width] of this step
+        # the candidate source's mask [T, width] of this step, or its kept block ids [T, ≤ cand_blocks]
+        # when the step was scored in tiles of tokens (`_select`); width: `_cand_width`
+        self.cand_pub: torch.Tensor | None = None
+        self._cand_width = 0
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
         # Tracing (tests, `attnv41 check --batch`): with `trace_slot` set, every layer call
@@ -609,7 +613,7 @@ class BatchV41:
             t["index_score"] = self._scores.pop(i)
             t["index_k_owner"] = self.wiring[i][1]
         if w.role.is_candidate_source and L > 0:
-            t["candidates"] = self.cand_pub[o0 : o0 + m, :L].clone()
+            t["candidates"] = self._candidates(o0, o0 + m, self._cand_width)[:, :L].clone()
         self.trace = t
 
     def step(self, weights, xs, slots, starts, lens, keep: bool = True, bucket: int | None = None) -> list:
@@ -794,22 +798,72 @@ class BatchV41:
                 self.cand_pub = None
             return
         vis = torch.div(step.pos + 1, r, rounding_mode="floor")
-        scores = ops.index_scores_paged(
-            iq, hw, pool.index_k[keys_layer], pool.tables[r], step.tok_slot, pool.block_rows, vis, Lw
-        )
-        if w.role.is_candidate_source:
-            self.cand_pub = ops.candidate_mask_fixed(
-                scores, vis, c.cand_blocks, c.cand_block, out=torch.empty(T, Lw, dtype=torch.bool, device=self.device)
-            )
-        if w.role.uses_candidates:
-            scores = torch.where(self.cand_pub, scores, attn.neg_inf)
         k = min(K, Lw)
-        ops.topk_fixed(scores, vis, k, 0, out=pub[:, :k])
+        # tokens scored at a time (AttnV41.index_tile_entries): no [T, Lw] buffer at a 1M
+        # context; every op is row-wise, so the bits do not depend on the tiling
+        tile = max(1, attn.index_tile_entries // Lw)
+        tiled = tile < T
+        if w.role.is_candidate_source:
+            keep = min(c.cand_blocks, _cdiv(Lw, c.cand_block))
+            self._cand_width = Lw
+            self.cand_pub = (
+                torch.empty(T, keep, dtype=torch.int32, device=self.device)
+                if tiled
+                else torch.empty(T, Lw, dtype=torch.bool, device=self.device)
+            )
+        trace, pieces = None, []
         if self.trace_slot in step.slots:
             b = step.slots.index(self.trace_slot)
-            o, m, L = step.offsets[b], step.lens[b], widths[b]
-            if L > 0:
-                self._scores[i] = scores[o : o + m, :L].clone()
+            trace = (step.offsets[b], step.lens[b], widths[b])
+        for t0 in range(0, T, tile):
+            t1 = min(T, t0 + tile)
+            scores = ops.index_scores_paged(
+                iq[t0:t1],
+                hw[t0:t1],
+                pool.index_k[keys_layer],
+                pool.tables[r],
+                step.tok_slot[t0:t1],
+                pool.block_rows,
+                vis[t0:t1],
+                Lw,
+            )
+            if w.role.is_candidate_source:
+                if tiled:
+                    mask = torch.empty(t1 - t0, Lw, dtype=torch.bool, device=self.device)
+                    ops.candidate_mask_fixed(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=mask)
+                    _kept_blocks(mask, c.cand_block, out=self.cand_pub[t0:t1])
+                else:
+                    ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=self.cand_pub)
+            if w.role.uses_candidates:
+                scores = torch.where(self._candidates(t0, t1, Lw), scores, attn.neg_inf)
+            ops.topk_fixed(scores, vis[t0:t1], k, 0, out=pub[t0:t1, :k])
+            if trace is not None and trace[2] > 0:  # the traced sequence's rows in this tile
+                a, e = max(t0, trace[0]), min(t1, trace[0] + trace[1])
+                if a < e:
+                    pieces.append(scores[a - t0 : e - t0, : trace[2]].clone())
+        if pieces:
+            self._scores[i] = torch.cat(pieces)
+
+    def _candidates(self, t0: int, t1: int, width: int) -> torch.Tensor:
+        """bool `[t1 − t0, width]`: the step's published candidate mask of tokens t0..t1−1
+        (stored as the mask, or as kept block ids when the step was scored in tiles)."""
+        cand = self.cand_pub[t0:t1]
+        if cand.dtype == torch.bool:
+            return cand[:, :width]
+        return select.candidate_mask_of_blocks(cand, width, self.cfg.cand_block)
+
+
+def _kept_blocks(mask: torch.Tensor, cand_block: int, out: torch.Tensor) -> torch.Tensor:
+    """A candidate mask (whole blocks of `cand_block` columns marked) as kept block ids,
+    int32 `out` `[m, keep]` (ascending, n_blocks where fewer blocks were kept):
+    `select.candidate_mask_of_blocks` gives the mask back bit for bit."""
+    m, width = mask.shape
+    n_blocks = _cdiv(width, cand_block)
+    flag = mask[:, ::cand_block]  # a block's first column: marked iff the block was kept
+    order = torch.sort(flag.to(torch.int8), dim=1, descending=True, stable=True).indices[:, : out.shape[1]]
+    kept = torch.gather(flag, 1, order)
+    out.copy_(torch.where(kept, order, torch.full_like(order, n_blocks)))
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
