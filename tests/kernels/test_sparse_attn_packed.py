@@ -1,11 +1,13 @@
 """The decode attention over V4.1's packed rows (window rows fp8_e8m0, compressed rows
 fp4_e4m3; `attnv41.packed`), dequantized as the kernels load them: the same bytes as over
 the bf16 rows they pack, for both combines, the batched runtime's tiles and the fused
-inverse RoPE; and the twin likewise."""
+inverse RoPE; and the twin likewise. The prefill kernel (`sparse_attn`: fresh bf16 window
+rows, packed compressed rows) too."""
 
 import pytest
 import torch
 
+from attnv41.kernels.sparse_attn import sparse_attn, sparse_attn_torch
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_split, sparse_attn_split_torch
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq
@@ -65,3 +67,22 @@ def test_packed_rows_are_checked(device):
         sparse_attn_split(q, pw, torch.zeros(5, 36, dtype=BF, device=device), sel, 20, sink, 0.1)
     with pytest.raises(ValueError, match="win.shape = \\(20, 64\\); allowed: \\[Nw, 66\\] \\(packed fp8_e8m0\\)"):
         sparse_attn_split(q, pw[:, :64].contiguous(), pc, sel, 20, sink, 0.1)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["kernel", "twin"])
+def test_prefill_over_packed_compressed_rows_gives_the_same_bytes(device, twin):
+    """The prefill regime: window rows bf16 (the chunk's own), compressed rows packed."""
+    dev = "cpu" if twin else device
+    q, win, comp, pw, pc, sel, sink = _case(dev, 4)
+    fn = sparse_attn_torch if twin else sparse_attn
+    D = q.shape[2]
+    a = fn(q, win, comp, sel, win.shape[0], sink, D**-0.5)
+    b = fn(q, win, pc, sel, win.shape[0], sink, D**-0.5)
+    assert torch.equal(_bits(a), _bits(b))
+    empty = fn(q, win, pc[:0], sel.clamp(max=win.shape[0] - 1), win.shape[0], sink, D**-0.5)
+    want = fn(q, win, comp[:0], sel.clamp(max=win.shape[0] - 1), win.shape[0], sink, D**-0.5)
+    assert torch.equal(_bits(empty), _bits(want))
+    with pytest.raises(ValueError, match="comp.shape = \\(50, 33\\); allowed: \\[Nc, 36\\] \\(packed fp4_e4m3\\)"):
+        fn(q, win, pc[:, :33].contiguous(), sel, win.shape[0], sink, 0.1)
+    with pytest.raises(ValueError, match="win.shape = \\(20, 66\\); allowed: \\[Nw, 64\\]"):
+        fn(q, pw, pc, sel, win.shape[0], sink, 0.1)

@@ -3,7 +3,9 @@
 Contract of `sparse_attn(q, win, comp, sel, offset, sink, scale, out=None)`:
 
 - q: bf16 `[m, H, D]`, the queries (1 ≤ D ≤ 512).
-- win: bf16 `[Nw, D]`, the window rows; comp: bf16 `[Nc, D]`, the compressed rows. When
+- win: bf16 `[Nw, D]`, the window rows; comp: bf16 `[Nc, D]`, the compressed rows, or
+  V4.1's packed fp4_e4m3 rows, uint8 `[Nc, D/2 + D/16]` (`attnv41.packed`; D a multiple
+  of 32), dequantized in the kernel to the same bf16 values, so the same bits. When
   Nc = 0, comp may be any tensor with D columns on q's device: nothing reads it.
 - sel: int32 `[m, K]`, the selection. −1 is absent; 0 ≤ i < offset reads `win[i]`;
   i ≥ offset reads `comp[i − offset]`. Any other negative value also counts as absent.
@@ -48,6 +50,7 @@ from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
+    from .sparse_attn_combine import _packed_comp_rows
 
 __all__ = ["sparse_attn", "sparse_attn_torch", "BLOCK_K", "MAX_HEAD_DIM"]
 
@@ -88,6 +91,7 @@ if HAVE_TRITON:
         BLOCK_K: tl.constexpr,
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
+        PACKED_COMP: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         h0 = tl.program_id(1) * BLOCK_H
@@ -122,9 +126,15 @@ if HAVE_TRITON:
 
             # rows: [BLOCK_K, BLOCK_D] bf16, gathered from win or comp; absent entries are 0
             w_ptrs = win_ptr + tl.where(from_win, idx, 0)[:, None] * stride_wn + offs_d64[None, :] * stride_wd
-            c_ptrs = comp_ptr + tl.where(from_comp, crow, 0)[:, None] * stride_cn + offs_d64[None, :] * stride_cd
-            r_ptrs = tl.where(from_win[:, None], w_ptrs, c_ptrs)
-            rows = tl.load(r_ptrs, mask=(from_win | from_comp)[:, None] & mask_d[None, :], other=0.0)
+            if PACKED_COMP:  # comp: V4.1's packed fp4_e4m3 rows, dequantized here (exact)
+                wr = tl.load(w_ptrs, mask=from_win[:, None] & mask_d[None, :], other=0.0)
+                c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
+                cr = _packed_comp_rows(c_base, offs_d64, from_comp[:, None] & mask_d[None, :], D)
+                rows = tl.where(from_win[:, None], wr, cr.to(tl.bfloat16))
+            else:
+                c_ptrs = comp_ptr + tl.where(from_comp, crow, 0)[:, None] * stride_cn + offs_d64[None, :] * stride_cd
+                r_ptrs = tl.where(from_win[:, None], w_ptrs, c_ptrs)
+                rows = tl.load(r_ptrs, mask=(from_win | from_comp)[:, None] & mask_d[None, :], other=0.0)
 
             # s: [BLOCK_H, BLOCK_K] fp32 logits, τ applied after the dot; absent → −inf
             if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
@@ -166,10 +176,13 @@ def _check(cond: bool, what: str, value, allowed: str) -> None:
         raise ValueError(f"{what} = {value}; allowed: {allowed}")
 
 
-def _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed: bool = False) -> None:
+def _validate(
+    q, win, comp, sel, offset, sink, scale, out, allow_packed: bool = False, packed_comp: bool = False
+) -> None:
     """ValueError naming the argument, its value and the allowed range; no device sync.
     allow_packed: win and comp may be uint8 rows in V4.1's packed formats (`attnv41.packed`:
-    win fp8_e8m0 `[Nw, D + D/32]`, comp fp4_e4m3 `[Nc, D/2 + D/16]`), both or neither."""
+    win fp8_e8m0 `[Nw, D + D/32]`, comp fp4_e4m3 `[Nc, D/2 + D/16]`), both or neither.
+    packed_comp: comp alone may be packed (win bf16: the prefill regime's fresh rows)."""
     for name, x in (("q", q), ("win", win), ("comp", comp), ("sel", sel), ("sink", sink)):
         _check(isinstance(x, torch.Tensor), f"type({name})", type(x).__name__, "torch.Tensor")
     _check(q.dim() == 3, "q.shape", tuple(q.shape), "[m, H, D]")
@@ -191,9 +204,25 @@ def _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed: bool = 
         _check(win.dim() == 2 and win.shape[1] == D, "win.shape", tuple(win.shape), f"[Nw, {D}]")
         allowed = "torch.bfloat16 (or torch.uint8 packed rows)" if allow_packed else "torch.bfloat16"
         _check(win.dtype == torch.bfloat16, "win.dtype", win.dtype, allowed)
-        _check(comp.dim() == 2 and comp.shape[1] == D, "comp.shape", tuple(comp.shape), f"[Nc, {D}]")
-        if comp.shape[0] > 0:
-            _check(comp.dtype == torch.bfloat16, "comp.dtype", comp.dtype, "torch.bfloat16 (any dtype when Nc = 0)")
+        if packed_comp and comp.dtype == torch.uint8:
+            _check(D % 32 == 0, "q.shape[2] (D)", D, "a multiple of 32 (packed rows)")
+            cd = D // 2 + D // 16
+            _check(
+                comp.dim() == 2 and comp.shape[1] == cd,
+                "comp.shape",
+                tuple(comp.shape),
+                f"[Nc, {cd}] (packed fp4_e4m3)",
+            )
+            _check(comp.shape[0] == 0 or comp.is_contiguous(), "comp.is_contiguous()", False, "True (packed rows)")
+        else:
+            _check(comp.dim() == 2 and comp.shape[1] == D, "comp.shape", tuple(comp.shape), f"[Nc, {D}]")
+            if comp.shape[0] > 0:
+                allowed = (
+                    "torch.bfloat16 (or torch.uint8 packed rows; any dtype when Nc = 0)"
+                    if packed_comp
+                    else ("torch.bfloat16 (any dtype when Nc = 0)")
+                )
+                _check(comp.dtype == torch.bfloat16, "comp.dtype", comp.dtype, allowed)
     _check(sel.dim() == 2 and sel.shape[0] == m, "sel.shape", tuple(sel.shape), f"[{m}, K]")
     _check(sel.dtype == torch.int32, "sel.dtype", sel.dtype, "torch.int32")
     _check(
@@ -237,7 +266,7 @@ def _launch_config(H: int, D: int) -> tuple[int, int, int, int]:
 def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tensor:
     """o[t, h] = Σ_j softmax_j(τ·q[t,h]·R_j ∪ sink_h) · R_j as bf16 `[m, H, D]`, on the
     Triton kernel; the contract and order are in this module's docstring."""
-    _validate(q, win, comp, sel, offset, sink, scale, out)
+    _validate(q, win, comp, sel, offset, sink, scale, out, packed_comp=True)
     require_triton("sparse_attn", q, win, sel, sink)
     m, H, D = q.shape
     K = sel.shape[1]
@@ -246,6 +275,7 @@ def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tenso
     if m == 0:
         return out
     n_comp = comp.shape[0]
+    packed = n_comp > 0 and comp.dtype == torch.uint8
     if n_comp == 0:
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
     block_h, block_d, num_warps, num_stages = _launch_config(H, D)
@@ -273,6 +303,7 @@ def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tenso
         BLOCK_K=BLOCK_K,
         K_BLOCKS=triton.cdiv(K, BLOCK_K),
         DOT_FP32=interpreting(),
+        PACKED_COMP=packed,
         num_warps=num_warps,
         num_stages=num_stages,
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
@@ -287,8 +318,12 @@ def sparse_attn_torch(q, win, comp, sel, offset, sink, scale, out=None) -> torch
     result into `out` (allocated when None). The twin pads the selection with −1 to whole
     64-entry blocks, so a launch at a fixed width (the runtime's window + index_topk) gives
     the bytes the reference gives at the natural width."""
-    _validate(q, win, comp, sel, offset, sink, scale, out)
+    _validate(q, win, comp, sel, offset, sink, scale, out, packed_comp=True)
     m, H, D = q.shape
+    if comp.shape[0] > 0 and comp.dtype == torch.uint8:
+        from ..packed import unpack  # noqa: PLC0415
+
+        comp = unpack(comp, "fp4_e4m3", D)  # exact: the bf16 values of the rows
     rows = win[:offset] if comp.shape[0] == 0 else torch.cat([win[:offset], comp])
     if rows.shape[0] == 0:
         rows = win.new_zeros(1, D)  # no row at all: every entry must be −1; the twin still gathers row 0

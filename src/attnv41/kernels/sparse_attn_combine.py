@@ -7,7 +7,8 @@ forms with the same bits, and their shared pieces.
 - `_pv_blocks_kernel`: each block's dot(bf16(p), R) in its own program, the recurrence in
   the last program of a slice to arrive.
 - `_gather_ptrs` (the selection's row pointers, also read by the logits kernel),
-  `_load_rows` (the rows themselves, bf16 or V4.1's packed formats dequantized in place),
+  `_load_rows` (the rows themselves, bf16 or V4.1's packed formats dequantized in place;
+  `_packed_comp_rows`, packed compressed rows, also read by the prefill kernel),
   `_row_sum` (Σp as a fixed pairwise tree), `_opaque` (keeps the loop's dot in a fresh
   accumulator), `_combine_epilogue` (sink, o, the inverse RoPE of o's tail).
 """
@@ -52,6 +53,16 @@ if HAVE_TRITON:
         return tl.where((nib & 8) != 0, -mag, mag)
 
     @triton.jit
+    def _packed_comp_rows(c_base, cols64, m, D):
+        """[BLOCK_K, C] fp32: columns `cols64` of packed fp4_e4m3 compressed rows (D/2 code
+        bytes, the value of column 2i in the low nibble, then D/16 e4m3 scales) at byte
+        pointers `c_base`, dequantized exactly; 0 where not m."""
+        cb = tl.load(c_base[:, None] + cols64[None, :] // 2, mask=m, other=0).to(tl.int32)
+        nib = (cb >> (4 * (cols64 % 2)).to(tl.int32)[None, :]) & 15
+        cs = tl.load(c_base[:, None] + D // 2 + cols64[None, :] // 16, mask=m, other=56).to(tl.int32)
+        return _e2m1_value(nib) * _e4m3_value(cs)  # 56: e4m3 1.0
+
+    @triton.jit
     def _load_rows(w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, PACKED: tl.constexpr):
         """[BLOCK_K, C] bf16: columns `cols64` of the selected rows (window rows where
         from_win, else compressed rows; 0 where not ok or past D). PACKED: the rows are V4.1's
@@ -64,10 +75,7 @@ if HAVE_TRITON:
             wb = tl.load(w_base[:, None] + cols64[None, :], mask=m & fw, other=0).to(tl.int32)
             we = tl.load(w_base[:, None] + D + cols64[None, :] // 32, mask=m & fw, other=127).to(tl.int32)
             wv = _e4m3_value(wb) * (we << 23).to(tl.float32, bitcast=True)
-            cb = tl.load(c_base[:, None] + cols64[None, :] // 2, mask=m & ~fw, other=0).to(tl.int32)
-            nib = (cb >> (4 * (cols64 % 2)).to(tl.int32)[None, :]) & 15
-            cs = tl.load(c_base[:, None] + D // 2 + cols64[None, :] // 16, mask=m & ~fw, other=56).to(tl.int32)
-            cv = _e2m1_value(nib) * _e4m3_value(cs)  # 56: e4m3 1.0
+            cv = _packed_comp_rows(c_base, cols64, m & ~fw, D)
             return tl.where(fw, wv, cv).to(tl.bfloat16)
         else:
             ptrs = tl.where(
