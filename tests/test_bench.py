@@ -219,15 +219,22 @@ def test_bench_command_on_cpu(tmp_path, capsys):
     assert not res.get("errors")
     for part in bench_run.PARTS:
         assert res[part], f"part {part} produced no rows"
-    assert [(r["weights"], r["context"]) for r in res["decode"]] == [
-        (f, c) for f in ("bf16", "fp8") for c in (96, 96, 200, 200)
-    ], "both formats by default, bf16 first"
+    assert [(r["weights"], r["kv_format"], r["context"]) for r in res["decode"]] == [
+        (f, k, c) for f in ("bf16", "fp8") for k in ("bf16", "packed") for c in (96, 96, 200, 200)
+    ], "both weight formats by default, bf16 first; each with both cache formats"
+    for rp in (r for r in res["decode"] if r["kv_format"] == "packed"):  # against the bytes its caches hold
+        rb = next(r for r in res["decode"] if r["kv_format"] == "bf16" and r["context"] == rp["context"])
+        assert rp["bytes"]["window"] < 0.6 * rb["bytes"]["window"] and rp["floor_ms"] < rb["floor_ms"]
     assert {r["mode"] for r in res["decode"]} == {"split", "eager"}
     assert [(r["weights"], r["tokens"]) for r in res["prefill"]] == [(f, t) for f in ("bf16", "fp8") for t in (64, 128)]
     for r in res["decode"] + res["prefill"]:
         assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] > 0
     for r8 in (r for r in res["decode"] if r["weights"] == "fp8"):  # each against the bytes it reads
-        r16 = next(r for r in res["decode"] if r["weights"] == "bf16" and r["context"] == r8["context"])
+        r16 = next(
+            r
+            for r in res["decode"]
+            if r["weights"] == "bf16" and r["context"] == r8["context"] and r["kv_format"] == r8["kv_format"]
+        )
         assert r8["bytes"]["weights"] < 0.75 * r16["bytes"]["weights"] and r8["floor_ms"] < r16["floor_ms"]
     assert {r["weights"] for r in res["kernels"]} == {"bf16", "fp8", None}
     prefill_m = {r["shape"].split()[0] for r in res["kernels"] if r["regime"] == "prefill" and r["weights"]}
@@ -313,7 +320,9 @@ def test_bench_on_a_written_checkpoint(tmp_path, capsys):
     write_checkpoint(ckpt, cfg, random_weights(cfg, 7), shards=3)
     out = tmp_path / "b"
     args = ["bench", "--device", "cpu", "--quick", "--checkpoint", str(ckpt), "--no-progress", "--out", str(out)]
-    assert main(args + ["--parts", "decode,prefill", "--contexts", "64", "--prefill", "16"]) == 0
+    assert (
+        main(args + ["--parts", "decode,prefill", "--contexts", "64", "--prefill", "16", "--kv-formats", "bf16"]) == 0
+    )
     res = json.loads((out / "bench.json").read_text())
     assert res["stack"] == f"checkpoint {ckpt}"
     assert [(r["weights"], r["context"]) for r in res["decode"]] == [("bf16", 64)] * 2 + [("fp8", 64)] * 2

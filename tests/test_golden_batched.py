@@ -54,8 +54,8 @@ def test_check_cli_batch(capsys):
     assert "--batch 0; allowed: >= 1" in capsys.readouterr().err
     assert main(["check", "--batch", "2", "--variant", "released"]) == 2
     assert "intended variant only" in capsys.readouterr().err
-    assert main(["check", "--kv-format", "packed"]) == 2
-    assert "--kv-format packed needs --batch" in capsys.readouterr().err
+    assert main(["check", "--kv-format", "packed", "--impl", "reference"]) == 2
+    assert "--kv-format packed needs --impl runtime (or --batch)" in capsys.readouterr().err
     g = str(golden_path("tiny"))
     assert main(["check", "--batch", "3", "--kv-format", "packed", "--golden", g]) == 0
     out = capsys.readouterr().out

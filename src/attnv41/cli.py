@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import sys
@@ -86,8 +87,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     if args.batch is not None:
         return _check_batched(args, golden, chunk)
-    if args.kv_format != "bf16":
-        print(f"attnv41 check: --kv-format {args.kv_format} needs --batch (the batched runtime)", file=sys.stderr)
+    if args.kv_format != "bf16" and args.impl == "reference":
+        print(f"attnv41 check: --kv-format {args.kv_format} needs --impl runtime (or --batch)", file=sys.stderr)
         return 2
     if chunk is not None and args.variant == "both":
         # In released mode a chunk that completes no group of a Full layer scores against
@@ -107,12 +108,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             print("attnv41 check: --decode split needs --impl runtime", file=sys.stderr)
             return 2
         impl = "runtime-split"
+    make_impl = IMPLS[impl]
+    if args.kv_format != "bf16":  # the runtime with packed caches: the same rules, the same golden values
+        make_impl = functools.partial(IMPLS[impl], kv_format=args.kv_format)
+        make_impl.weights_dtypes = IMPLS[impl].weights_dtypes
     failed = 0
     total_cmp = total_skip = 0
     t0 = time.perf_counter()
     for v in variants:
         with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):  # a bug in replay: traceback
-            rep = replay(golden, v, IMPLS[impl], device=args.device, impl_name=impl, prefill_chunk=chunk)
+            rep = replay(golden, v, make_impl, device=args.device, impl_name=impl, prefill_chunk=chunk)
         _print_report(rep, sys.stdout)
         problems = rep.problems()  # a run that compared nothing of a kind proves nothing about it
         failed += rep.n_failed + len(problems)
@@ -131,6 +136,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     verdict = "PASS" if failed == 0 else "FAIL"
     chunked = "" if chunk is None else f", prefill in chunks of {chunk}"
+    chunked += ", packed caches" if args.kv_format == "packed" else ""
     print(
         f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {impl}{chunked}, "
         f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s"
@@ -243,6 +249,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         batch_contexts=args.batch_contexts,
         batch_kv_formats=args.batch_kv_formats,
+        kv_formats=args.kv_formats,
         preset=args.preset,
         device=args.device,
         checkpoint=args.checkpoint,
@@ -360,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-format",
         choices=("bf16", "packed"),
         default="bf16",
-        help="with --batch: the batch's caches in bf16 or in V4.1's packed formats (the batch-1 run "
-        "compared against keeps bf16 caches, so packed must give its bytes)",
+        help="the runtime's caches in bf16 or in V4.1's packed formats (the same golden rules; with --batch "
+        "the batch-1 run compared against keeps bf16 caches, so packed must give its bytes)",
     )
     c.set_defaults(func=cmd_check)
     d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")
@@ -407,6 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-sizes", type=_ints, help="part batch: sequences per decode step (default 1,8,64,256 on a GPU)"
     )
     b.add_argument("--batch-contexts", type=_ints, help="part batch: contexts (default 4096,32768 on a GPU)")
+    b.add_argument(
+        "--kv-formats",
+        type=_kv_formats,
+        default=("bf16", "packed"),
+        help="part decode: cache formats of the decode rows (default bf16,packed)",
+    )
     b.add_argument(
         "--batch-kv-formats",
         type=_kv_formats,

@@ -194,11 +194,12 @@ def reference_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
 reference_impl.weights_dtypes = WEIGHTS_DTYPES  # the reference runs FP8 weights the released way
 
 
-def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
-    """The runtime (`AttnV41` through `RuntimeStack`) as a golden implementation."""
+def runtime_impl(cfg: AttnV41Cfg, weights, index_keys: str, device, kv_format: str = "bf16"):
+    """The runtime (`AttnV41` through `RuntimeStack`) as a golden implementation; caches
+    in `kv_format`."""
     from .runtime.stack import RuntimeStack
 
-    return RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
+    return RuntimeStack(cfg, weights, device=device, index_keys=index_keys, kv_format=kv_format)
 
 
 # FP8 weights run on the CPU (torch ops); on CUDA the runtime itself refuses them.
@@ -216,12 +217,12 @@ class _SplitDecode:
     and the index-key owner, and on ratio>0 layers the rows its kv source's caches hold
     and the candidate mask."""
 
-    def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device):
+    def __init__(self, cfg: AttnV41Cfg, weights, index_keys: str, device, kv_format: str = "bf16"):
         from .runtime.graphs import DecodeGraphs
         from .runtime.stack import RuntimeStack
 
         self.cfg = cfg
-        self.stack = RuntimeStack(cfg, weights, device=device, index_keys=index_keys)
+        self.stack = RuntimeStack(cfg, weights, device=device, index_keys=index_keys, kv_format=kv_format)
         self.graphs = DecodeGraphs(self.stack)
 
     def layer(self, i: int, x: torch.Tensor, start_pos: int):
@@ -257,7 +258,7 @@ class _Captured:
         c = cls()
         role = cfg.roles[i]
         plan = stack.attn.plan
-        c.kv_win = stack.states[i].ring.detach().cpu().clone()
+        c.kv_win = stack.states[i].values("ring").detach().cpu().clone()
         r = role.ratio
         L = (pos + 1) // r if r else 0
         k = min(cfg.index_topk, L)
@@ -272,8 +273,8 @@ class _Captured:
         if r > 0:
             src = _kv_source(cfg, i)
             st = stack.states[src]
-            c.compress_kv = st.compress_kv[:L].detach().cpu().clone()
-            c.index_k = st.index_k[:L].detach().cpu().clone()
+            c.compress_kv = st.values("compress_kv", L).detach().cpu().clone()
+            c.index_k = st.values("index_k", L).detach().cpu().clone()
             c.observed_from.update(compress_kv=src, index_k=src)
             if role.is_index_source and L > 0:
                 c.index_score = plan.scores[plan.sel_slot(i), :, :L].detach().cpu().clone()
@@ -286,8 +287,8 @@ class _Captured:
         return c
 
 
-def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device):
-    return _SplitDecode(cfg, weights, index_keys, device)
+def runtime_split_impl(cfg: AttnV41Cfg, weights, index_keys: str, device, kv_format: str = "bf16"):
+    return _SplitDecode(cfg, weights, index_keys, device, kv_format)
 
 
 runtime_split_impl.weights_dtypes = WEIGHTS_DTYPES

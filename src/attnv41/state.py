@@ -3,9 +3,9 @@
 `AttnV41LayerState` (per layer and sequence): the window ring, and on kv sources the
 compressor's partial group and the compressed-KV and index-key caches, sized from
 `max_seq`. `SharedV41` (per sequence): what source layers publish, latest writer
-wins (attention-v41.md §2). Byte formats: every cache row is bf16 holding values that
-are exact on the fp8 (ring) or fp4 (caches) grids, so a packed format could hold the
-same values losslessly.
+wins (attention-v41.md §2). Byte formats: every cache row holds values exact on the
+fp8 (ring) or fp4 (caches) grids, as bf16 (kv_format "bf16") or in V4.1's own packed
+byte formats (kv_format "packed", `attnv41.packed`): the same values, losslessly.
 """
 
 from __future__ import annotations
@@ -16,15 +16,44 @@ import torch
 
 from .config import AttnV41Cfg, LayerRole
 
-__all__ = ["AttnV41LayerState", "SharedV41"]
+__all__ = ["AttnV41LayerState", "SharedV41", "KV_FORMATS", "CACHE_FORMATS", "check_kv_format", "cache_widths"]
 
 
 _SEQ_IDS = itertools.count(1)  # sequence numbers, unique within the process
+
+KV_FORMATS = ("bf16", "packed")
+# V4.1's byte format of each cache when kv_format is "packed" (attnv41.packed)
+CACHE_FORMATS = {"ring": "fp8_e8m0", "compress_kv": "fp4_e4m3", "index_k": "fp4_e8m0"}
+
+
+def check_kv_format(kv_format) -> str:
+    """kv_format, or ValueError naming it and the allowed values. (Packed rows need
+    head_dim and index_head_dim multiples of 32, which every `AttnV41Cfg` has.)"""
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format = {kv_format!r}; allowed: {', '.join(map(repr, KV_FORMATS))}")
+    return kv_format
+
+
+def cache_widths(cfg: AttnV41Cfg, kv_format: str) -> dict[str, int]:
+    """Columns of each cache: values (bf16) or bytes (packed)."""
+    if kv_format == "bf16":
+        return {"ring": cfg.head_dim, "compress_kv": cfg.head_dim, "index_k": cfg.index_head_dim}
+    from .packed import row_bytes  # noqa: PLC0415
+
+    return {
+        "ring": row_bytes(CACHE_FORMATS["ring"], cfg.head_dim),
+        "compress_kv": row_bytes(CACHE_FORMATS["compress_kv"], cfg.head_dim),
+        "index_k": row_bytes(CACHE_FORMATS["index_k"], cfg.index_head_dim),
+    }
 
 
 class AttnV41LayerState:
     """One layer's state for one sequence.
 
+    kv_format:   "bf16" (the caches below hold bf16 values) or "packed" (they hold V4.1's
+                 byte formats, uint8 rows, `CACHE_FORMATS`/`attnv41.packed`: the same values;
+                 `values` unpacks). Shapes below are the bf16 ones; packed rows are
+                 `cache_widths` bytes wide. Zero bytes are zero values in both.
     ring:        bf16 [window, head_dim]; position p in slot p % window; never written = 0.
     comp_a/g:    fp32 [r, head_dim] (kv sources, r >= 2): token p in slot p % r; g = −∞ where empty.
     compress_kv: bf16 [⌈max_seq / r⌉, head_dim] (kv sources): rows 0..n_rows−1 valid; at
@@ -37,18 +66,21 @@ class AttnV41LayerState:
     cfg:         the geometry it was allocated for (the runtime refuses a state of another).
     """
 
-    def __init__(self, cfg: AttnV41Cfg, role: LayerRole, device: torch.device | str):
+    def __init__(self, cfg: AttnV41Cfg, role: LayerRole, device: torch.device | str, kv_format: str = "bf16"):
         dev = torch.device(device)
         self.cfg = cfg
         self.role = role
+        self.kv_format = check_kv_format(kv_format)
         self.seq_id: int | None = None
-        self.ring = torch.zeros(cfg.window, cfg.head_dim, dtype=torch.bfloat16, device=dev)
+        widths = cache_widths(cfg, kv_format)
+        dt = torch.uint8 if kv_format == "packed" else torch.bfloat16
+        self.ring = torch.zeros(cfg.window, widths["ring"], dtype=dt, device=dev)
         self.comp_a = self.comp_g = self.compress_kv = self.index_k = None
         if role.is_kv_source:
             r = role.ratio
             rows = -(-cfg.max_seq // r)  # the last group may be in progress at max_seq − 1
-            self.compress_kv = torch.zeros(rows, cfg.head_dim, dtype=torch.bfloat16, device=dev)
-            self.index_k = torch.zeros(rows, cfg.index_head_dim, dtype=torch.bfloat16, device=dev)
+            self.compress_kv = torch.zeros(rows, widths["compress_kv"], dtype=dt, device=dev)
+            self.index_k = torch.zeros(rows, widths["index_k"], dtype=dt, device=dev)
             if r >= 2:
                 self.comp_a = torch.zeros(r, cfg.head_dim, dtype=torch.float32, device=dev)
                 self.comp_g = torch.full((r, cfg.head_dim), float("-inf"), dtype=torch.float32, device=dev)
@@ -70,6 +102,16 @@ class AttnV41LayerState:
         self.n_rows = 0
         self.next_pos = 0
         self.seq_id = None
+
+    def values(self, name: str, rows: int | None = None) -> torch.Tensor:
+        """bf16 values of `ring`, `compress_kv` or `index_k` (its first `rows` rows): the
+        tensor itself with bf16 caches, unpacked (exact) with packed ones."""
+        t = getattr(self, name)[:rows]
+        if self.kv_format != "packed":
+            return t
+        from .packed import unpack  # noqa: PLC0415
+
+        return unpack(t, CACHE_FORMATS[name], self.cfg.index_head_dim if name == "index_k" else self.cfg.head_dim)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every state tensor by name (for snapshots in tests and debugging)."""

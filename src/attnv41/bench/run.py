@@ -68,6 +68,7 @@ class BenchOptions:
     batch_sizes: Sequence[int] | None = None  # part "batch": sequences per step
     batch_contexts: Sequence[int] | None = None  # part "batch": contexts of its decode rows
     batch_kv_formats: Sequence[str] = ("bf16", "packed")  # part "batch": cache formats of its decode rows
+    kv_formats: Sequence[str] = ("bf16", "packed")  # part "decode": cache formats of its rows
     preset: str = "auto"
     device: str = "auto"
     checkpoint: str | None = None
@@ -279,7 +280,14 @@ def run_bench(
 
         rows = []
         for fmt in stack_fmts:
-            rows += bench_decode(stack(fmt), opts.contexts, ceil, reps=3 if opts.quick else 50, seed=opts.seed)
+            rows += bench_decode(
+                stack(fmt),
+                opts.contexts,
+                ceil,
+                reps=3 if opts.quick else 50,
+                seed=opts.seed,
+                kv_formats=opts.kv_formats,
+            )
             count()
         return rows
 
@@ -440,17 +448,20 @@ def plot_decode(res: dict, path: Path) -> Path:
 
     rows = res["decode"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    fmts = list(dict.fromkeys(r.get("weights", "bf16") for r in rows))
+
+    def key(r):
+        return r.get("weights", "bf16"), r.get("kv_format", "bf16")
+
+    fmts = list(dict.fromkeys(key(r) for r in rows))
     for fmt in fmts:
-        of = [r for r in rows if r.get("weights", "bf16") == fmt]
+        of = [r for r in rows if key(r) == fmt]
+        name = f"{fmt[0]} weights, {fmt[1]} kv"
         for mode, style in (("graphs", "o-"), ("split", "o-"), ("eager", "s--")):
             rs = sorted((r for r in of if r["mode"] == mode), key=lambda r: r["context"])
             if rs:
-                ax.plot([r["context"] for r in rs], [r["ms"] for r in rs], style, label=f"attnv41 {fmt}, {mode}")
+                ax.plot([r["context"] for r in rs], [r["ms"] for r in rs], style, label=f"attnv41 {name}, {mode}")
         fl = sorted({(r["context"], r["floor_ms"]) for r in of})
-        ax.plot(
-            [c for c, _ in fl], [f for _, f in fl], "k.:" if fmt == fmts[0] else "kx:", label=f"floor, {fmt} weights"
-        )
+        ax.plot([c for c, _ in fl], [f for _, f in fl], "k.:" if fmt == fmts[0] else "kx:", label=f"floor, {name}")
         pe = sorted((r["context"], r["peer_est_ms"]) for r in of if r.get("peer_est_ms") is not None)
         if pe:
             ax.plot(

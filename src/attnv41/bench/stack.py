@@ -35,8 +35,10 @@ from collections.abc import Sequence
 import torch
 
 from ..config import AttnV41Cfg
+from ..packed import pack
 from ..runtime.graphs import DecodeGraphs
 from ..runtime.stack import RuntimeStack
+from ..state import CACHE_FORMATS
 from ..synthetic import unit_rms_bf16
 from .common import Ceilings, Timer, floor_ms
 
@@ -46,6 +48,7 @@ __all__ = [
     "prefill_flops",
     "stack_weight_format",
     "bench_decode",
+    "bench_decode_one",
     "bench_prefill",
     "DECODE_COLS",
     "PREFILL_COLS",
@@ -67,16 +70,22 @@ def fill_context(stack: RuntimeStack, context: int, seed: int = 0) -> None:
     ops, dev = attn.ops, attn.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     W, D = cfg.window, cfg.head_dim
+    packed = attn.kv_format == "packed"
+
+    def put(qdq, rows, cache, j, fmt):  # rows on the format's grid, into cache rows j.. (packed: in its bytes)
+        v = qdq(rows)
+        cache[j : j + rows.shape[0]].copy_(pack(v, fmt, check=False) if packed else v)
+
     for st in stack.states:
         st.reset()
-        ops.fp8_qdq(_randn(gen, W, D, dev), out=st.ring)
+        put(ops.fp8_qdq, _randn(gen, W, D, dev), st.ring, 0, CACHE_FORMATS["ring"])
         if st.role.is_kv_source:
             r = st.role.ratio
             n = context // r
             for j in range(0, n, _CHUNK):
                 c = min(_CHUNK, n - j)
-                ops.fp4_e4m3_qdq(_randn(gen, c, D, dev), out=st.compress_kv[j : j + c])
-                ops.fp4_e8m0_qdq(_randn(gen, c, cfg.index_head_dim, dev), out=st.index_k[j : j + c])
+                put(ops.fp4_e4m3_qdq, _randn(gen, c, D, dev), st.compress_kv, j, CACHE_FORMATS["compress_kv"])
+                put(ops.fp4_e8m0_qdq, _randn(gen, c, cfg.index_head_dim, dev), st.index_k, j, CACHE_FORMATS["index_k"])
             st.n_rows = n
             rem = context % r if r >= 2 else 0
             if rem:
@@ -167,6 +176,7 @@ def prefill_flops(cfg: AttnV41Cfg, m: int) -> float:
 DECODE_COLS = [
     ("context", "context"),
     ("weights", "weights"),
+    ("kv_format", "kv"),
     ("mode", "mode"),
     ("ms", "ms/step"),
     ("ms_min", "min ms"),
@@ -194,6 +204,31 @@ PREFILL_COLS = [
 
 
 def bench_decode(
+    stack: RuntimeStack,
+    contexts: Sequence[int],
+    ceil: Ceilings,
+    reps: int = 20,
+    oracle_steps: int = 2,
+    seed: int = 0,
+    modes: Sequence[str] = ("graphs", "eager"),
+    rounds: int = 5,
+    kv_formats: Sequence[str] | None = None,
+) -> list[dict]:
+    """`bench_decode_one` for each cache format in `kv_formats` (default: the stack's
+    own): a format other than the stack's runs on a second stack over the same weights
+    objects (its own caches and workspaces), built and freed here. Rows name it ("kv_format")."""
+    rows = []
+    for kvf in kv_formats or (stack.attn.kv_format,):
+        st = stack
+        if kvf != stack.attn.kv_format:
+            st = RuntimeStack(stack.cfg, stack.weights, device=stack.attn.device, kv_format=kvf)
+        rows += bench_decode_one(st, contexts, ceil, reps, oracle_steps, seed, modes, rounds)
+        del st
+        gc.collect()
+    return rows
+
+
+def bench_decode_one(
     stack: RuntimeStack,
     contexts: Sequence[int],
     ceil: Ceilings,
@@ -260,7 +295,7 @@ def bench_decode(
     rows = []
     fmt = stack_weight_format(stack)
     for ctx in contexts:
-        nb = decode_step_bytes(cfg, stack.weights, ctx)
+        nb = decode_step_bytes(cfg, stack.weights, ctx, stack.attn.kv_format)
         fl = floor_ms(nb["total"], 0.0, ceil)
         bucket = stack.attn.bucket(ctx)
         cap_s = [v for k, v in driver.capture_s.items() if k[0] == bucket]
@@ -279,6 +314,7 @@ def bench_decode(
                     **extra,
                     "context": ctx,
                     "weights": fmt,
+                    "kv_format": stack.attn.kv_format,
                     "mode": mode if (mode != "graphs" or driver.use_graphs) else "split",
                     "ms": ms,
                     "ms_min": min(samples[ctx, mode]),

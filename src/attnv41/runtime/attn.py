@@ -25,8 +25,9 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import fp8_linear, gemv, select, sparse_attn_split
+from ..packed import pack, unpack
 from ..reference.rope import rope_freqs, rope_table
-from ..state import AttnV41LayerState, SharedV41
+from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
 from ..weights import AttnV41LayerWeights, expected_tensors
 from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
 from .plan import DEFAULT_BUCKET_MIN, ROW, ROW_POS, SLOT, VIS, DecodePlan
@@ -34,6 +35,10 @@ from .plan import DEFAULT_BUCKET_MIN, ROW, ROW_POS, SLOT, VIS, DecodePlan
 __all__ = ["AttnV41", "AttnV41Run", "INDEX_KEY_MODES"]
 
 INDEX_KEY_MODES = ("own", "released")
+
+
+# the format of each cache-backed field of a run when the caches are packed (attnv41.packed)
+_RUN_FORMATS = {"rows_win": "fp8_e8m0", "rows_comp": "fp4_e4m3", "compress_kv": "fp4_e4m3", "index_k": "fp4_e8m0"}
 
 
 @dataclass
@@ -53,6 +58,10 @@ class AttnV41Run:
     On index sources also `index_score` (bf16 [m, L]) and `index_k_owner`; on kv sources
     `compress_kv`/`index_k` (the layer's caches, rows [:L]); on the candidate source
     `candidates` (bool [m, L]).
+    kv_format: the caches' format. With "packed" the cache-backed fields (rows_win of a
+    decode step, rows_comp, compress_kv, index_k) are stored as the caches hold them,
+    V4.1's byte formats (`stored(name)`), and unpacked to their bf16 values (exact) only
+    when read: a run of a long context costs nothing until a field is looked at.
     """
 
     q: torch.Tensor
@@ -70,6 +79,22 @@ class AttnV41Run:
     compress_kv: torch.Tensor | None = None
     index_k: torch.Tensor | None = None
     candidates: torch.Tensor | None = None
+    kv_format: str = "bf16"
+
+    def stored(self, name: str) -> torch.Tensor | None:
+        """A field as stored (uint8 packed rows where the caches are packed)."""
+        return object.__getattribute__(self, name)
+
+    def __getattribute__(self, name: str):
+        v = object.__getattribute__(self, name)
+        if name in _RUN_FORMATS and isinstance(v, torch.Tensor) and v.dtype == torch.uint8:
+            from ..packed import unpack  # noqa: PLC0415
+
+            width = object.__getattribute__(self, "q").shape[2] if name != "index_k" else None
+            if width is None:  # an index key of d values takes d/2 + d/32 bytes
+                width = v.shape[1] * 32 // 17
+            return unpack(v, _RUN_FORMATS[name], width)
+        return v
 
     # golden-file names
     @property
@@ -136,6 +161,7 @@ class AttnV41:
         bucket_min: int = DEFAULT_BUCKET_MIN,
         plan: DecodePlan | None = None,
         index_tile_entries: int = INDEX_TILE_ENTRIES,
+        kv_format: str = "bf16",
     ):
         if not isinstance(index_tile_entries, int) or isinstance(index_tile_entries, bool) or index_tile_entries < 1:
             raise ValueError(f"index_tile_entries = {index_tile_entries!r}; allowed: an int >= 1")
@@ -145,6 +171,7 @@ class AttnV41:
         if not isinstance(cfg, AttnV41Cfg):  # validated on construction (decode width included)
             raise TypeError(f"cfg is a {type(cfg).__name__}; allowed: AttnV41Cfg")
         self.cfg = cfg
+        self.kv_format = check_kv_format(kv_format)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -249,7 +276,7 @@ class AttnV41:
         self.nonfinite.zero_()
 
     def new_layer_state(self, layer: int) -> AttnV41LayerState:
-        return AttnV41LayerState(self.cfg, self.cfg.role(layer), self.device)
+        return AttnV41LayerState(self.cfg, self.cfg.role(layer), self.device, self.kv_format)
 
     def new_shared(self) -> SharedV41:
         return SharedV41(self.cfg, self.device)
@@ -345,10 +372,17 @@ class AttnV41:
             raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
         self._check_cfg(f"layer {role.layer}'s state", st.cfg)
         ring = st.ring
-        if tuple(ring.shape) != (c.window, c.head_dim) or ring.dtype != torch.bfloat16 or ring.device != self.device:
+        if st.kv_format != self.kv_format:
+            raise ValueError(
+                f"layer {role.layer}: state kv_format = {st.kv_format!r}; allowed: {self.kv_format!r} (this runtime's; "
+                "attn.new_layer_state)"
+            )
+        width = cache_widths(c, self.kv_format)["ring"]
+        dt = torch.uint8 if self.kv_format == "packed" else torch.bfloat16
+        if tuple(ring.shape) != (c.window, width) or ring.dtype != dt or ring.device != self.device:
             raise ValueError(
                 f"layer {role.layer}: state ring {tuple(ring.shape)} {ring.dtype} on {ring.device}; "
-                f"allowed: ({c.window}, {c.head_dim}) torch.bfloat16 on {self.device}"
+                f"allowed: ({c.window}, {width}) {dt} on {self.device}"
             )
         st._checked_by = (self, ring, st.cfg, role)
 
@@ -534,7 +568,10 @@ class AttnV41:
         n_prev = min(s, W - 1)  # a continuation's earlier window rows, read before the ring is written
         if cont:
             slots = torch.remainder(self.iota[s - n_prev : s], W)
-            torch.index_select(st.ring, 0, slots, out=self.ctx[:n_prev])
+            if self.kv_format == "packed":
+                self.ctx[:n_prev].copy_(unpack(st.ring.index_select(0, slots), CACHE_FORMATS["ring"], c.head_dim))
+            else:
+                torch.index_select(st.ring, 0, slots, out=self.ctx[:n_prev])
 
         # §4: q, kv and the window
         cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, m, st.ring)
@@ -618,6 +655,7 @@ class AttnV41:
             topk=k,
             o=o,
             out=out,
+            kv_format=self.kv_format,
             **run_extra,
         )
 
@@ -750,6 +788,7 @@ class AttnV41:
             topk=k,
             o=self.o[:1],
             out=out,
+            kv_format=self.kv_format,
             **run_extra,
         )
 
@@ -1177,11 +1216,20 @@ class AttnV41:
         rows = ops.apply_rope(
             latent.view(n, 1, D), self.yarn_cos, self.yarn_sin, row_pos, out=self.rows_tmp[:n].view(n, 1, D)
         )
-        ops.fp4_e4m3_qdq(rows.view(n, D), out=st.compress_kv[j0 : j0 + n], nonfinite=self.nonfinite)
+        packed = self.kv_format == "packed"
+        # packed caches: the round trip into a workspace (lat_pre, k_pre: read already), then
+        # its values in V4.1's byte format (exact: they lie on the grid)
+        dst = self.lat_pre[:n] if packed else st.compress_kv[j0 : j0 + n]
+        ops.fp4_e4m3_qdq(rows.view(n, D), out=dst, nonfinite=self.nonfinite)
+        if packed:
+            st.compress_kv[j0 : j0 + n].copy_(pack(dst, CACHE_FORMATS["compress_kv"], check=False))
         kp = ops.mm(latent, w["indexer.wk.weight"], out=self.k_pre[:n])
         kr = ops.rms_norm(kp, w["indexer.k_norm.weight"], c.norm_eps, out=self.k_rows[:n])
         ops.apply_rope(kr.view(n, 1, -1), self.yarn_cos, self.yarn_sin, row_pos, out=kr.view(n, 1, -1))
-        ops.fp4_e8m0_qdq(kr, out=st.index_k[j0 : j0 + n], nonfinite=self.nonfinite)
+        dst = self.k_pre[:n] if packed else st.index_k[j0 : j0 + n]
+        ops.fp4_e8m0_qdq(kr, out=dst, nonfinite=self.nonfinite)
+        if packed:
+            st.index_k[j0 : j0 + n].copy_(pack(dst, CACHE_FORMATS["index_k"], check=False))
         st.n_rows = j0 + n
         return n
 

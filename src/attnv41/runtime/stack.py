@@ -27,12 +27,15 @@ class RuntimeStack:
         ops=None,
         check_finite: bool = False,
         bucket_min: int | None = None,
+        kv_format: str = "bf16",
     ):
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         self.cfg = cfg
         extra = {} if bucket_min is None else {"bucket_min": bucket_min}
-        self.attn = AttnV41(cfg, device, index_keys=index_keys, ops=ops, check_finite=check_finite, **extra)
+        self.attn = AttnV41(
+            cfg, device, index_keys=index_keys, ops=ops, check_finite=check_finite, kv_format=kv_format, **extra
+        )
         self.weights = [
             w
             if isinstance(w, AttnV41LayerWeights)
