@@ -204,25 +204,18 @@ PREFILL_COLS = [
 
 
 def bench_decode(
-    stack: RuntimeStack,
-    contexts: Sequence[int],
-    ceil: Ceilings,
-    reps: int = 20,
-    oracle_steps: int = 2,
-    seed: int = 0,
-    modes: Sequence[str] = ("graphs", "eager"),
-    rounds: int = 5,
-    kv_formats: Sequence[str] | None = None,
+    stack: RuntimeStack, contexts: Sequence[int], ceil: Ceilings, kv_formats: Sequence[str] | None = None, **kw
 ) -> list[dict]:
-    """`bench_decode_one` for each cache format in `kv_formats` (default: the stack's
-    own): a format other than the stack's runs on a second stack over the same weights
-    objects (its own caches and workspaces), built and freed here. Rows name it ("kv_format")."""
+    """`bench_decode_one` (its options `kw`) for each cache format in `kv_formats`
+    (default: the stack's own): a format other than the stack's runs on a second stack
+    over the same weights objects (its own caches and workspaces), built and freed here.
+    Rows name it ("kv_format")."""
     rows = []
     for kvf in kv_formats or (stack.attn.kv_format,):
         st = stack
         if kvf != stack.attn.kv_format:
             st = RuntimeStack(stack.cfg, stack.weights, device=stack.attn.device, kv_format=kvf)
-        rows += bench_decode_one(st, contexts, ceil, reps, oracle_steps, seed, modes, rounds)
+        rows += bench_decode_one(st, contexts, ceil, **kw)
         del st
         gc.collect()
     return rows
