@@ -63,14 +63,16 @@ def test_check_cli_batch(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["bf16", "packed"])
 @pytest.mark.parametrize("name", ["tiny", "headdim", "fp8"])
-def test_batched_golden_on_cuda(name):
+def test_batched_golden_on_cuda(name, kv_format):
     """On CUDA the golden rules hold and the golden slot's bytes equal the batch-1 run's
-    (the batched runtime's kernels are batch-invariant: `ops.TRITON_BATCH_OPS`)."""
+    (the batched runtime's kernels are batch-invariant: `ops.TRITON_BATCH_OPS`), with
+    bf16 caches and with packed ones (against the batch-1 run's bf16 caches)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (run on the device machine)")
-    rep, n, bad = replay_batched(GoldenFile(golden_path(name)), device="cuda", batch=8, chunk=64)
-    print(f"{name}: batch invariance on CUDA: {n} traced tensors, {len(bad)} differ from the batch-1 run")
+    rep, n, bad = replay_batched(GoldenFile(golden_path(name)), device="cuda", batch=8, chunk=64, kv_format=kv_format)
+    print(f"{name} {kv_format}: batch invariance on CUDA: {n} traced tensors, {len(bad)} differ from the batch-1 run")
     assert rep.n_compared > 0 and rep.n_skipped == 0
     assert rep.ok, "\n".join(rep.failures())
     assert n > 0 and not bad, bad[:5]

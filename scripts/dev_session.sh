@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One device call for the packed caches and the 1M context (issue 15) and the batched
+# runtime (issue 14): the quick GPU tier over pytest-xdist workers (device_run.sh, golden
+# runtime cases inside pytest), compute-sanitizer memcheck on the tiny golden file through
+# the runtime with packed caches, `check --kv-format packed` on two other golden files
+# (CHECKS, default "headdim:forward fp8:split"),
+# then `bench --parts decode,batch` (bf16 weights): decode at 4K and ~1M contexts with bf16
+# and packed caches, batched decode at B = 1, 64 over 4K and 32K. Every log goes into ONE
+# archive ($OUT/results.tgz: the device tool brings back at most 8 files); a short table
+# last (also $OUT/summary.txt).
+#
+# Knobs: QUICK_S (the quick tier's budget, default 270), BENCH_S (default 200), CONTEXTS
+# (default 4096,1048000), BATCH_SIZES (default 1,64), BATCH_CONTEXTS (default 4096,32768),
+# SKIP_QUICK=1, SKIP_BENCH=1.
+set -u
+OUT="${OUT:-/tmp/out}"
+W=/tmp/session
+rm -rf "$W"
+mkdir -p "$OUT" "$W"
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ATTNV41_GOLDEN_DIR="$PWD/.golden"
+T0=$(date +%s)
+S="$W/summary.txt"
+note() { echo "$(printf '%4d' $(( $(date +%s) - T0 ))) s  $*" | tee -a "$S"; }
+
+if [ "${SKIP_QUICK:-0}" != 1 ]; then
+  OUT="$W/quick" TIER=quick SKIP_CHECKS=1 SKIP_SANITIZER=1 BUDGET_S="${QUICK_S:-270}" bash scripts/device_run.sh > "$W/quick.log" 2>&1
+  note "quick tier rc $?: $(grep -E '^pytest_quick' "$W/quick/summary.txt" 2>/dev/null | tr -s ' ')"
+fi
+
+SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$SAN" ]; then
+  timeout 120 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m attnv41 check \
+    --golden .golden/v41_tiny.safetensors --impl runtime --decode split --kv-format packed --device cuda > "$W/memcheck_packed.log" 2>&1
+  note "memcheck packed rc $?: $(grep -oE 'ERROR SUMMARY: [0-9]+ errors?' "$W/memcheck_packed.log" | tail -1); $(grep -E '^(PASS|FAIL)' "$W/memcheck_packed.log" | cut -c1-150)"
+fi
+for gd in ${CHECKS:-headdim:forward fp8:split}; do
+  g=${gd%%:*} d=${gd##*:}
+  timeout 90 python3 -m attnv41 check --golden ".golden/v41_$g.safetensors" --impl runtime --decode "$d" --kv-format packed --device cuda > "$W/check_${g}_${d}_packed.log" 2>&1
+  note "check $g $d packed rc $?: $(grep -E '^(PASS|FAIL)' "$W/check_${g}_${d}_packed.log" | cut -c1-170)"
+done
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${BENCH_S:-200}" python3 -m attnv41 bench --parts decode,batch --weights bf16 --contexts "${CONTEXTS:-4096,1048000}" \
+    --batch-sizes "${BATCH_SIZES:-1,64}" --batch-contexts "${BATCH_CONTEXTS:-4096,32768}" --no-progress --out "$W/bench" > "$W/bench.log" 2>&1
+  note "bench rc $?"
+fi
+
+tar czf "$OUT/results.tgz" -C "$W" . 2>/dev/null
+cp "$S" "$OUT/summary.txt"
+echo "== $(( $(date +%s) - T0 )) s"
+cat "$W/quick/summary.txt" 2>/dev/null | tail -4
+grep -E "passed|failed" "$W/quick/logs/pytest_quick.log" 2>/dev/null | tail -3
+grep -E "^FAILED|^ERROR" "$W/quick/logs/pytest_quick.log" 2>/dev/null | head -10
+cat "$S"
+sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
+sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
+grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5
