@@ -25,7 +25,7 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import fp8_linear, gemv, select, sparse_attn_split
-from ..packed import pack, unpack
+from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
 from ..weights import AttnV41LayerWeights, expected_tensors
@@ -233,6 +233,11 @@ class AttnV41:
         self.pooled = torch.empty(M // 2 + 1, D, dtype=torch.float32, device=dev)
         # a continuation's window rows: the ring's earlier rows, then the call's own
         self.ctx = torch.empty(M + c.window - 1, D, **bf)
+        self.ctx_packed = None  # kv_format "packed": a continuation's window rows, packed
+        if self.kv_format == "packed":
+            self.ctx_packed = torch.empty(
+                M + c.window - 1, cache_widths(c, "packed")["ring"], dtype=torch.uint8, device=dev
+            )
         self._empty_rows = torch.zeros(0, D, **bf)
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
@@ -566,18 +571,20 @@ class AttnV41:
         elif st.undo is not None:
             st.undo.clear()
         n_prev = min(s, W - 1)  # a continuation's earlier window rows, read before the ring is written
+        # A continuation's window: the ring's earlier rows, then the new ones. With packed
+        # caches it stays packed (ring bytes, the new rows packed: exact, they lie on the fp8
+        # grid), so the decode attention reads window and compressed rows alike.
+        packed = self.kv_format == "packed"
+        ctx = self.ctx_packed if packed else self.ctx
         if cont:
             slots = torch.remainder(self.iota[s - n_prev : s], W)
-            if self.kv_format == "packed":
-                self.ctx[:n_prev].copy_(unpack(st.ring.index_select(0, slots), CACHE_FORMATS["ring"], c.head_dim))
-            else:
-                torch.index_select(st.ring, 0, slots, out=self.ctx[:n_prev])
+            torch.index_select(st.ring, 0, slots, out=ctx[:n_prev])
 
         # §4: q, kv and the window
         cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, m, st.ring)
         if cont:
-            win = self.ctx[: n_prev + m]
-            win[n_prev:].copy_(kv)
+            win = ctx[: n_prev + m]
+            win[n_prev:].copy_(pack(kv, CACHE_FORMATS["ring"], check=False) if packed else kv)
         else:
             win = kv
         offset = win.shape[0]
