@@ -118,3 +118,58 @@ def test_packed_caches_on_cuda_give_the_bf16_bytes():
         for i in range(cfg.n_layers):
             assert torch.equal(ya[i], yb[i]), f"graph step {p} L{i}"
     _same_state(a, b, "end")
+
+
+def _long_context_run(cfg, w, device, context, chunk, steps, tile_entries=None):
+    """Both cache formats over the same weights: a context of `context` tokens filled as
+    the bench fills it (random rows on the formats' grids), a continuation chunk of
+    `chunk` tokens (its index scored in tiles: m·L passes index_tile_entries), then
+    `steps` decode steps through DecodeGraphs with the oracle (replay == eager bytes).
+    Returns each format's outputs."""
+    from attnv41.bench.stack import fill_context
+
+    outs = {}
+    for kvf in ("bf16", "packed"):
+        st = RuntimeStack(cfg, w, device=device, kv_format=kvf)
+        if tile_entries is not None:
+            st.attn.index_tile_entries = tile_entries
+        fill_context(st, context, seed=3)
+        gen = torch.Generator(device=device).manual_seed(5)
+        x = torch.randn(cfg.n_layers, chunk + steps, cfg.dim, generator=gen, device=device).to(torch.bfloat16)
+        got = [y.clone() for y in st.step(list(x[:, :chunk]), context, keep=True)]
+        drv = DecodeGraphs(st, oracle=True)
+        for p in range(context + chunk, context + chunk + steps):
+            got += [y.clone() for y in drv.step(x[:, p - context : p - context + 1], p)]
+        assert drv.oracle_checks == steps and st.attn.nonfinite_count() == 0
+        outs[kvf] = got
+        del st, drv
+    return outs
+
+
+def test_long_context_chunk_and_decode_small():
+    """CPU, small geometry: a continuation chunk over a filled context in index tiles, then
+    decode steps; packed caches give the bf16 caches' bits."""
+    cfg = small_cfg(max_seq=4096, max_tokens=256)
+    w = random_weights(cfg, 61)
+    outs = _long_context_run(cfg, w, "cpu", 3000, 200, 3, tile_entries=20_000)  # tiles of 6 tokens
+    for a, b in zip(outs["bf16"], outs["packed"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_full
+def test_flash_at_a_1m_context_on_cuda():
+    """Full tier: the 40-layer V4.1-Flash stack at a 1,048,000-token context: a 512-token
+    continuation chunk (its index scored in tiles of 64 tokens over 1M keys: no [m, L]
+    buffer), then 4 decode steps as CUDA graphs compared byte for byte with eager forward
+    (oracle); packed caches give the bf16 caches' bytes."""
+    from attnv41.config import v41_flash
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg = v41_flash(max_tokens=512, max_seq=1 << 20)
+    w = random_weights(cfg, 62, device="cuda")
+    assert 512 * (1_048_000 // 2) > 4 * (1 << 26), "the chunk's index is scored in tiles at the default"
+    outs = _long_context_run(cfg, w, "cuda", 1_048_000, 512, 4)
+    for i, (a, b) in enumerate(zip(outs["bf16"], outs["packed"])):
+        assert torch.equal(a, b), i
