@@ -69,6 +69,7 @@ import torch
 from ..config import AttnV41Cfg
 from ..kernels import select
 from ..packed import row_bytes, unpack
+from ..state import check_kv_format
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
 from .ops import TRITON_BATCH_OPS
@@ -89,8 +90,7 @@ class SeqPool:
         blocks: dict[int, int] | None = None,
         kv_format: str = "bf16",
     ):
-        if kv_format not in ("bf16", "packed"):
-            raise ValueError(f"kv_format = {kv_format!r}; allowed: 'bf16', 'packed'")
+        check_kv_format(kv_format)
         if isinstance(n_slots, bool) or not isinstance(n_slots, int) or n_slots < 1:
             raise ValueError(f"n_slots = {n_slots!r}; allowed: an int >= 1")
         if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
