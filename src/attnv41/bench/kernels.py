@@ -15,9 +15,13 @@ achieved share of that rate ("% of fp8 mm"). Every op runs through the op table
 (`runtime/ops.py`: Triton on CUDA, torch twins on the CPU) into pre-allocated buffers,
 on fresh random inputs from one seeded generator on the device.
 
+The "packed" rows of sparse attention and index scores run the same ops over rows in
+V4.1's packed byte formats (`attnv41.packed`: what `kv_format="packed"` caches hold), so
+the cost of dequantizing in the kernel shows beside the bf16 rows.
+
 Bytes are the fewest the op must move: each input read once, each output written once
-(sparse attention: each distinct selected row once; in-place RoPE: only the rotated
-tail). FLOPs count the dot products only (sparse attention's QK and PV, the index dots,
+(sparse attention: each distinct selected row once, at its stored width; in-place RoPE:
+only the rotated tail). FLOPs count the dot products only (sparse attention's QK and PV, the index dots,
 the projections); the elementwise ops count 0, so their floor is the copy bandwidth's.
 
 Timing, on CUDA: "GPU ms" is the time per call inside a CUDA graph that runs the op on
@@ -42,7 +46,9 @@ from functools import partial
 import torch
 
 from ..config import AttnV41Cfg
+from ..packed import pack
 from ..reference.fp8 import quant_weight
+from ..reference.qdq import fp4_e4m3_qdq, fp4_e8m0_qdq, fp8_qdq
 from ..runtime.ops import TORCH_OPS, Ops, ops_for
 from ..weights import WEIGHT_FORMATS
 from .common import Ceilings, Timer, Timing, kernel_row
@@ -75,7 +81,9 @@ KERNEL_COLS = [
 # name → regimes it is timed in, in row order
 KERNEL_NAMES = {
     "sparse_attn": ("decode", "prefill"),
+    "sparse_attn packed": ("decode", "prefill"),  # over V4.1's packed rows (attnv41.packed)
     "index_scores": ("decode",),
+    "index_scores packed": ("decode",),
     "topk_fixed": ("decode",),
     "candidate_mask_fixed": ("decode",),
     "compress_pool": ("decode", "prefill"),
@@ -182,23 +190,33 @@ class _Rand:
         return torch.rand(m, n, generator=self.g, device=self.dev).topk(k, dim=1).indices.sort(dim=1).values
 
 
-def _sparse(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, context: int) -> KernelCase:
+def _sparse(rnd: _Rand, cfg: AttnV41Cfg, regime: str, m: int, context: int, packed: bool = False) -> KernelCase:
+    """The regime's attention over W window rows and `context` compressed rows; packed:
+    the rows on their grids in V4.1's byte formats, as the packed caches hold them (the
+    decode regime reads packed window and compressed rows, the prefill regime the chunk's
+    own bf16 window rows and packed compressed rows)."""
     H, D, W = cfg.n_heads, cfg.head_dim, cfg.window
     k = min(cfg.index_topk, context)
     q, ring, comp, sink = rnd.bf16(m, H, D), rnd.bf16(W, D), rnd.bf16(context, D), rnd.f32(H)
+    win_b, comp_b = 2 * D, 2 * D
+    if packed:
+        comp = pack(fp4_e4m3_qdq(comp), "fp4_e4m3")
+        comp_b = comp.shape[1]
+        if regime == "decode":
+            ring = pack(fp8_qdq(ring), "fp8_e8m0")
+            win_b = ring.shape[1]
     picked = rnd.distinct(m, context, k)
     win = torch.arange(W, device=rnd.dev).expand(m, W)
     sel = torch.cat([win, picked + W], dim=1).to(torch.int32).contiguous()
-    rows = W + int(torch.unique(picked).numel())
     K = W + k
     return KernelCase(
-        "sparse_attn",
+        "sparse_attn packed" if packed else "sparse_attn",
         regime,
         "sparse_attn_decode" if regime == "decode" else "sparse_attn",  # the op each regime runs
         f"m={m} H={H} D={D} K={K} Nc={context}",
         lambda f, d: f(q, ring, comp, sel, W, sink, D**-0.5, out=d),
         torch.empty(m, H, D, dtype=torch.bfloat16, device=rnd.dev),
-        rows * D * 2 + _nbytes(q, q, sel, sink),
+        W * win_b + int(torch.unique(picked).numel()) * comp_b + _nbytes(q, q, sel, sink),
         2 * 2 * m * H * K * D,
     )
 
@@ -208,16 +226,18 @@ def _index_cases(rnd: _Rand, cfg: AttnV41Cfg, context: int) -> Iterator[KernelCa
     iq, hw, keys = rnd.bf16(1, ih, d), rnd.bf16(1, ih), rnd.bf16(context, d)
     vis = torch.full((1,), context, dtype=torch.int32, device=dev)
     out = torch.empty(1, context, dtype=torch.bfloat16, device=dev)
-    yield KernelCase(
-        "index_scores",
-        "decode",
-        "index_scores",
-        f"m=1 H={ih} d={d} L={context}",
-        lambda f, o: f(iq, hw, keys, vis, out=o),
-        out,
-        _nbytes(iq, hw, keys, vis, out),
-        2 * ih * d * context,
-    )
+    packed_keys = pack(fp4_e8m0_qdq(keys), "fp4_e8m0")  # the keys as a packed cache holds them
+    for name, kk in (("index_scores", keys), ("index_scores packed", packed_keys)):
+        yield KernelCase(
+            name,
+            "decode",
+            "index_scores",
+            f"m=1 H={ih} d={d} L={context}",
+            lambda f, o, kk=kk: f(iq, hw, kk, vis, out=o),
+            out,
+            _nbytes(iq, hw, kk, vis, out),
+            2 * ih * d * context,
+        )
     scores = rnd.bf16(1, context)
     k = min(cfg.index_topk, context)
     idx = torch.empty(1, k, dtype=torch.int32, device=dev)
@@ -372,6 +392,7 @@ def _cases(
     regimes = (("decode", 1), ("prefill", prefill_tokens))
     for regime, m in regimes:
         yield _sparse(rnd, cfg, regime, m, context)
+        yield _sparse(rnd, cfg, regime, m, context, packed=True)
     yield from _index_cases(rnd, cfg, context)
     for regime, m in regimes:
         yield from _elementwise_cases(rnd, cfg, regime, m, context)
