@@ -73,14 +73,7 @@ def candidate_blocks(
     keep_n = min(cand_blocks, n_blocks)
     if tuple(out.shape) != (m, keep_n) or out.dtype != torch.int32:
         raise ValueError(f"out: {out.dtype} {tuple(out.shape)}; allowed: int32 ({m}, {keep_n})")
-    pad = n_blocks * cand_block - L
-    s = torch.nn.functional.pad(scores.float(), (0, pad), value=float("-inf"))
-    block = s.view(m, n_blocks, cand_block).amax(-1)
-    newest = ((visible.long() - 1).clamp_min(0) // cand_block)[:, None]
-    pin = (torch.arange(n_blocks, device=scores.device)[None, :] == newest) & (visible.long() >= 1)[:, None]
-    block = torch.where(pin, torch.full_like(block, float("inf")), block)
-    order = torch.sort(block, dim=-1, descending=True, stable=True).indices[:, :keep_n]
-    kept = torch.gather(block, 1, order) > float("-inf")
+    _, order, kept = ref.candidate_block_order(scores, visible, cand_blocks, cand_block)
     out.copy_(torch.where(kept, order, torch.full_like(order, n_blocks)))
     return out
 

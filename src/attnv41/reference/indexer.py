@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["index_scores", "candidate_mask", "topk_select", "visible_rows"]
+__all__ = ["index_scores", "candidate_mask", "candidate_block_order", "topk_select", "visible_rows"]
 
 
 def visible_rows(positions: torch.Tensor, ratio: int) -> torch.Tensor:
@@ -38,6 +38,19 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int
     kept block may mark positions ≥ L_t; they score −∞ anyway). Tie rule: among blocks
     of equal score the lower block index is kept first.
     """
+    L = scores.shape[1]
+    block, order, kept = candidate_block_order(scores, visible, cand_blocks, cand_block)
+    mask = torch.zeros_like(block, dtype=torch.bool)
+    mask.scatter_(1, order, kept)
+    return mask.repeat_interleave(cand_block, dim=1)[:, :L]
+
+
+def candidate_block_order(
+    scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int, cand_block: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`candidate_mask`'s blocks: their scores fp32 `[m, n_blocks]` (the newest pinned to
+    +∞), the top `min(cand_blocks, n_blocks)` block indices `[m, keep]` in order (score
+    descending, lower block first among ties) and whether each is kept (above −∞)."""
     m, L = scores.shape
     n_blocks = -(-L // cand_block)
     pad = n_blocks * cand_block - L
@@ -48,9 +61,7 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int
     block = torch.where(pin, torch.full_like(block, float("inf")), block)
     keep_n = min(cand_blocks, n_blocks)
     order = torch.sort(block, dim=-1, descending=True, stable=True).indices[:, :keep_n]
-    kept = torch.zeros_like(block, dtype=torch.bool)
-    kept.scatter_(1, order, torch.gather(block, 1, order) > float("-inf"))
-    return kept.repeat_interleave(cand_block, dim=1)[:, :L]
+    return block, order, torch.gather(block, 1, order) > float("-inf")
 
 
 def topk_select(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int) -> torch.Tensor:
