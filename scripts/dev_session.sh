@@ -11,7 +11,8 @@
 #
 # Knobs: QUICK_S (the quick tier's budget, default 270), BENCH_S (default 200), CONTEXTS
 # (default 4096,1048000), BATCH_SIZES (default 1,64), BATCH_CONTEXTS (default 4096,32768),
-# SKIP_QUICK=1, SKIP_BENCH=1.
+# BENCH_PARTS (default decode,batch), PYTEST_SUBSET (test paths run after the quick tier,
+# SUBSET_S their budget), SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
 set -u
 OUT="${OUT:-/tmp/out}"
 W=/tmp/session
@@ -27,20 +28,30 @@ if [ "${SKIP_QUICK:-0}" != 1 ]; then
   note "quick tier rc $?: $(grep -E '^pytest_quick' "$W/quick/summary.txt" 2>/dev/null | tr -s ' ')"
 fi
 
+if [ -n "${PYTEST_SUBSET:-}" ]; then # a few test files on the GPU, one process (the kernels being tuned)
+  # shellcheck disable=SC2086
+  timeout "${SUBSET_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfEs $PYTEST_SUBSET > "$W/subset.log" 2>&1
+  note "pytest subset rc $?: $(grep -E '[0-9]+ (passed|failed)' "$W/subset.log" | tail -1)"
+fi
+
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-if [ -n "$SAN" ]; then
+if [ -n "$SAN" ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   timeout 120 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m attnv41 check \
     --golden .golden/v41_tiny.safetensors --impl runtime --decode split --kv-format packed --device cuda > "$W/memcheck_packed.log" 2>&1
   note "memcheck packed rc $?: $(grep -oE 'ERROR SUMMARY: [0-9]+ errors?' "$W/memcheck_packed.log" | tail -1); $(grep -E '^(PASS|FAIL)' "$W/memcheck_packed.log" | cut -c1-150)"
 fi
-for gd in ${CHECKS:-headdim:forward fp8:split}; do
+for gd in ${CHECKS-headdim:forward fp8:split}; do
   g=${gd%%:*} d=${gd##*:}
   timeout 90 python3 -m attnv41 check --golden ".golden/v41_$g.safetensors" --impl runtime --decode "$d" --kv-format packed --device cuda > "$W/check_${g}_${d}_packed.log" 2>&1
   note "check $g $d packed rc $?: $(grep -E '^(PASS|FAIL)' "$W/check_${g}_${d}_packed.log" | cut -c1-170)"
 done
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout "${BENCH_S:-200}" python3 -m attnv41 bench --parts decode,batch --weights bf16 --contexts "${CONTEXTS:-4096,1048000}" \
+  if ls .whl/*.whl >/dev/null 2>&1; then # the FlashMLA peer (a speed reference, carried, never a dependency)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+      export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  timeout "${BENCH_S:-200}" python3 -m attnv41 bench --parts "${BENCH_PARTS:-decode,batch}" --weights bf16 --contexts "${CONTEXTS:-4096,1048000}" \
     --batch-sizes "${BATCH_SIZES:-1,64}" --batch-contexts "${BATCH_CONTEXTS:-4096,32768}" --no-progress --out "$W/bench" > "$W/bench.log" 2>&1
   note "bench rc $?"
 fi
@@ -50,8 +61,9 @@ cp "$S" "$OUT/summary.txt"
 echo "== $(( $(date +%s) - T0 )) s"
 cat "$W/quick/summary.txt" 2>/dev/null | tail -4
 grep -E "passed|failed" "$W/quick/logs/pytest_quick.log" 2>/dev/null | tail -3
-grep -E "^FAILED|^ERROR" "$W/quick/logs/pytest_quick.log" 2>/dev/null | head -10
+grep -E "^FAILED|^ERROR" "$W/quick/logs/pytest_quick.log" "$W/subset.log" 2>/dev/null | head -10
 cat "$S"
 sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
 sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
+[ -n "${BENCH_PARTS:-}" ] && tail -60 "$W/bench.log"
 grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5

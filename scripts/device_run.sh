@@ -150,7 +150,7 @@ fi
 XDIST=()
 if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
   # -v: each test's line as it ends, so a tier cut off at its time limit still names its failures
-  XDIST=(-n "${PYTEST_WORKERS:-8}" --dist loadfile -v)
+  XDIST=(-n "${PYTEST_WORKERS:-8}" --dist loadfile -v -v)
 fi
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 step "pytest_$TIER" $([ "$TIER" = quick ] && echo 330 || echo 600) sum_pytest \

@@ -42,9 +42,10 @@ def test_packed_keys_give_the_same_scores(device, H, d):
     assert torch.equal(_bits(twin), _bits(I.index_scores_torch(iq, w, keys, vis)))
 
 
-def test_packed_paged_pool_gives_the_same_scores(device):
+@pytest.mark.parametrize("d", [64, 128])  # rows of 34 bytes (read by bytes), 68 (by 32-bit words)
+def test_packed_paged_pool_gives_the_same_scores(device, d):
     gen = torch.Generator().manual_seed(11)
-    H, d, B, rows, lens, width = 4, 64, 4, (5, 13, 9), (1, 3, 2), 16
+    H, B, rows, lens, width = 4, 4, (5, 13, 9), (1, 3, 2), 16
     table, n_blocks = paged_table(gen, rows, B, width, spare=3)
     pool = _keys(gen, n_blocks * B, d)
     T = sum(lens)

@@ -7,6 +7,7 @@ rows, packed compressed rows) too."""
 import pytest
 import torch
 
+from attnv41.kernels.packed_rows import fp4_words_ok
 from attnv41.kernels.sparse_attn import sparse_attn, sparse_attn_torch
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_split, sparse_attn_split_torch
 from attnv41.packed import pack
@@ -19,7 +20,22 @@ def _bits(t):
     return t.cpu().view(torch.int16)
 
 
-def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50):
+def _unaligned(x):
+    """x's bytes at an odd address: packed rows the kernels must read byte by byte
+    (`packed_rows.fp4_words_ok` is False)."""
+    buf = torch.empty(x.numel() + 1, dtype=torch.uint8, device=x.device)[1:].view(x.shape)
+    buf.copy_(x)
+    return buf
+
+
+def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
+    """layout "random": every 64-entry block mixes window, compressed and absent entries;
+    "runtime": the runtime's order (window entries in the first block, compressed ones in
+    the next, the −1 tail last), so blocks of one source only, whose dequantization
+    the kernels take alone, and an all-absent block (K = 256)."""
+    if layout == "runtime":
+        K, Nw, Nc = 256, 64, 150
+    layout = "random" if layout == "unaligned" else layout
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(m, H, D, generator=g).to(BF)
     scale_rows = torch.exp2(torch.randint(-6, 6, (Nw, 1), generator=g).float())
@@ -29,17 +45,25 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50):
     comp = fp4_e4m3_qdq((torch.randn(Nc, D, generator=g) * comp_scale).to(BF))
     win[0, :7] = -0.0
     sel = torch.randint(-1, Nw + Nc, (m, K), generator=g, dtype=torch.int32)
+    if layout == "runtime":
+        sel[:, :64] = torch.randint(-1, Nw, (m, 64), generator=g, dtype=torch.int32)
+        sel[:, 64:192] = torch.randint(Nw, Nw + Nc, (m, 128), generator=g, dtype=torch.int32)
+        sel[:, 170:] = -1
     sel[0] = -1  # a token with nothing selected
     sink = torch.randn(H, generator=g)
     pw, pc = pack(win, "fp8_e8m0"), pack(comp, "fp4_e4m3")
     return [t.to(device) for t in (q, win, comp, pw, pc, sel, sink)]
 
 
+@pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
 @pytest.mark.parametrize(
     "tune", [dict(combine="loop"), dict(combine="blocks"), BATCH_TUNE], ids=["loop", "blocks", "batch"]
 )
-def test_packed_rows_give_the_same_bytes(device, tune):
-    q, win, comp, pw, pc, sel, sink = _case(device, 1)
+def test_packed_rows_give_the_same_bytes(device, tune, layout):
+    q, win, comp, pw, pc, sel, sink = _case(device, 1, layout=layout)
+    if layout == "unaligned":
+        pw, pc = _unaligned(pw), _unaligned(pc)
+        assert not fp4_words_ok(pc)
     m, H, D = q.shape
     cos = torch.rand(200, 8).to(device)
     sin = torch.rand(200, 8).to(device)
@@ -70,10 +94,13 @@ def test_packed_rows_are_checked(device):
 
 
 @pytest.mark.parametrize("twin", [False, True], ids=["kernel", "twin"])
-def test_prefill_over_packed_compressed_rows_gives_the_same_bytes(device, twin):
+@pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
+def test_prefill_over_packed_compressed_rows_gives_the_same_bytes(device, twin, layout):
     """The prefill regime: window rows bf16 (the chunk's own), compressed rows packed."""
     dev = "cpu" if twin else device
-    q, win, comp, pw, pc, sel, sink = _case(dev, 4)
+    q, win, comp, pw, pc, sel, sink = _case(dev, 4, layout=layout)
+    if layout == "unaligned":
+        pc = _unaligned(pc)
     fn = sparse_attn_torch if twin else sparse_attn
     D = q.shape[2]
     a = fn(q, win, comp, sel, win.shape[0], sink, D**-0.5)
@@ -82,7 +109,8 @@ def test_prefill_over_packed_compressed_rows_gives_the_same_bytes(device, twin):
     empty = fn(q, win, pc[:0], sel.clamp(max=win.shape[0] - 1), win.shape[0], sink, D**-0.5)
     want = fn(q, win, comp[:0], sel.clamp(max=win.shape[0] - 1), win.shape[0], sink, D**-0.5)
     assert torch.equal(_bits(empty), _bits(want))
-    with pytest.raises(ValueError, match="comp.shape = \\(50, 33\\); allowed: \\[Nc, 36\\] \\(packed fp4_e4m3\\)"):
-        fn(q, win, pc[:, :33].contiguous(), sel, win.shape[0], sink, 0.1)
-    with pytest.raises(ValueError, match="win.shape = \\(20, 66\\); allowed: \\[Nw, 64\\]"):
-        fn(q, pw, pc, sel, win.shape[0], sink, 0.1)
+    Nw, Nc = win.shape[0], comp.shape[0]
+    with pytest.raises(ValueError, match=f"comp.shape = \\({Nc}, 33\\); allowed: \\[Nc, 36\\] \\(packed fp4_e4m3\\)"):
+        fn(q, win, pc[:, :33].contiguous(), sel, Nw, sink, 0.1)
+    with pytest.raises(ValueError, match=f"win.shape = \\({Nw}, 66\\); allowed: \\[Nw, 64\\]"):
+        fn(q, pw, pc, sel, Nw, sink, 0.1)

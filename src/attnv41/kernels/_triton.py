@@ -24,6 +24,9 @@ __all__ = [
     "require_triton",
     "bf16_out_like",
     "round_bf16",
+    "e4m3_value",
+    "e2m1_value",
+    "e8m0_scale",
     "ArrivalCounters",
 ]
 
@@ -45,6 +48,32 @@ if HAVE_TRITON:
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         bits = tl.where(x != x, 0x7FC00000, bits)
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+    # The packed formats' codes and scales (attnv41.packed) → their fp32 values, exactly:
+    # the dequantization of every kernel that reads packed rows, in few instructions per
+    # element (it runs once per element read, on CUDA cores beside the dot).
+
+    @triton.jit
+    def e4m3_value(b):
+        """uint8 e4m3 bit patterns (finite: torch.float8_e4m3fn) → fp32, exactly: the
+        hardware conversion (sm_89+: two values per instruction; the interpreter emulates
+        it, equal on every finite code)."""
+        return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def e2m1_value(nib):
+        """int32 e2m1 nibbles (bit 3 the sign, bits 0-2 the magnitude's index in {0, 0.5,
+        1, 1.5, 2, 3, 4, 6}) → fp32, exactly, built as bits: index i ≥ 2 is 2^(i//2 − 1) ·
+        (1 + (i % 2)/2), fp32 bits 0x3F000000 + i·2^22; i = 1 is 0.5 (0x3F000000) and 0 is
+        0; the sign bit on top (nibble 8: −0)."""
+        i = nib & 7
+        bits = tl.where(i < 2, i * 0x3F000000, 0x3F000000 + (i << 22))
+        return (bits | ((nib & 8) << 28)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def e8m0_scale(e):
+        """int32 e8m0 bytes e in 1..254 → the fp32 scale 2^(e − 127)."""
+        return (e << 23).to(tl.float32, bitcast=True)
 
 
 def interpreting() -> bool:

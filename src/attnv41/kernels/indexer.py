@@ -10,9 +10,11 @@ import torch
 
 from ..reference import indexer as _ref
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from .packed_rows import fp4_words_ok
 
 if HAVE_TRITON:
     from ._triton import round_bf16
+    from .packed_rows import fp4_rows
 
 __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
@@ -136,6 +138,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
+        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
     )
     return out
 
@@ -197,6 +200,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=_BLOCK_L,
         DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
     )  # fmt: skip
     return out
 
@@ -250,6 +254,7 @@ if HAVE_TRITON:
         PAGED: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         PACKED: tl.constexpr,
+        WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
     ):
         # program (t, lb): token t, keys lb·BLOCK_L … +BLOCK_L−1, all heads
         t = tl.program_id(0).to(tl.int64)
@@ -281,14 +286,7 @@ if HAVE_TRITON:
         if PACKED:
             # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
             # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-            kmask = k_ok[:, None] & c_ok[None, :]
-            kb = tl.load(k_ptr + rows[:, None] * s_k + (c // 2)[None, :], mask=kmask, other=0).to(tl.int32)
-            nib = (kb >> (4 * (c % 2))[None, :]) & 15
-            idx = (nib & 7).to(tl.float32)
-            mag = tl.where(idx < 4.0, idx * 0.5, tl.where(idx < 6.0, idx - 2.0, tl.where(idx < 7.0, 4.0, 6.0)))
-            val = tl.where((nib & 8) != 0, -mag, mag)
-            e = tl.load(k_ptr + rows[:, None] * s_k + (D // 2 + c // 32)[None, :], mask=kmask, other=127).to(tl.int32)
-            k = (val * (e << 23).to(tl.float32, bitcast=True)).to(tl.bfloat16)
+            k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
         else:
             k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         # [H_P] head weights (padded heads are 0, so they add 0)

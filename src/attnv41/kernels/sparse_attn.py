@@ -47,10 +47,11 @@ import torch
 
 from ..reference.sparse_attn import sparse_attn as _sparse_attn_reference
 from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from .packed_rows import fp4_words_ok
 
 if HAVE_TRITON:
     from ._triton import round_bf16
-    from .sparse_attn_combine import _packed_comp_rows
+    from .packed_rows import fp4_rows
 
 __all__ = ["sparse_attn", "sparse_attn_torch", "BLOCK_K", "MAX_HEAD_DIM"]
 
@@ -92,6 +93,7 @@ if HAVE_TRITON:
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
         PACKED_COMP: tl.constexpr,
+        WORDS: tl.constexpr,  # packed comp rows start 4-byte aligned (packed_rows.fp4_words_ok)
     ):
         t = tl.program_id(0).to(tl.int64)
         h0 = tl.program_id(1) * BLOCK_H
@@ -127,10 +129,14 @@ if HAVE_TRITON:
             # rows: [BLOCK_K, BLOCK_D] bf16, gathered from win or comp; absent entries are 0
             w_ptrs = win_ptr + tl.where(from_win, idx, 0)[:, None] * stride_wn + offs_d64[None, :] * stride_wd
             if PACKED_COMP:  # comp: V4.1's packed fp4_e4m3 rows, dequantized here (exact)
-                wr = tl.load(w_ptrs, mask=from_win[:, None] & mask_d[None, :], other=0.0)
-                c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
-                cr = _packed_comp_rows(c_base, offs_d64, from_comp[:, None] & mask_d[None, :], D)
-                rows = tl.where(from_win[:, None], wr, cr.to(tl.bfloat16))
+                wm = from_win[:, None] & mask_d[None, :]
+                if tl.sum(from_comp.to(tl.int32), axis=0) == 0:  # a block of window rows only
+                    rows = tl.load(w_ptrs, mask=wm, other=0.0)
+                else:
+                    c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
+                    rows = fp4_rows(c_base, from_comp, 0, D, BLOCK_D, 16, False, WORDS).to(tl.bfloat16)
+                    if tl.sum(from_win.to(tl.int32), axis=0) > 0:
+                        rows = tl.where(from_win[:, None], tl.load(w_ptrs, mask=wm, other=0.0), rows)
             else:
                 c_ptrs = comp_ptr + tl.where(from_comp, crow, 0)[:, None] * stride_cn + offs_d64[None, :] * stride_cd
                 r_ptrs = tl.where(from_win[:, None], w_ptrs, c_ptrs)
@@ -304,6 +310,7 @@ def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tenso
         K_BLOCKS=triton.cdiv(K, BLOCK_K),
         DOT_FP32=interpreting(),
         PACKED_COMP=packed,
+        WORDS=packed and fp4_words_ok(comp),
         num_warps=num_warps,
         num_stages=num_stages,
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add

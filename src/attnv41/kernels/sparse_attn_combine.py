@@ -7,8 +7,8 @@ forms with the same bits, and their shared pieces.
 - `_pv_blocks_kernel`: each block's dot(bf16(p), R) in its own program, the recurrence in
   the last program of a slice to arrive.
 - `_gather_ptrs` (the selection's row pointers, also read by the logits kernel),
-  `_load_rows` (the rows themselves, bf16 or V4.1's packed formats dequantized in place;
-  `_packed_comp_rows`, packed compressed rows, also read by the prefill kernel),
+  `_load_rows` (the rows themselves, bf16 or V4.1's packed formats dequantized in place
+  by `kernels.packed_rows`),
   `_row_sum` (Σp as a fixed pairwise tree), `_opaque` (keeps the loop's dot in a fresh
   accumulator), `_combine_epilogue` (sink, o, the inverse RoPE of o's tail).
 """
@@ -19,6 +19,7 @@ from ._triton import HAVE_TRITON, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
+    from .packed_rows import fp4_rows, fp8_e8m0_rows
 
 if HAVE_TRITON:
 
@@ -36,54 +37,37 @@ if HAVE_TRITON:
         return present, from_win, from_win | from_comp, w_base, c_base
 
     @triton.jit
-    def _e4m3_value(b):
-        """int32 e4m3 bit patterns (finite) → their fp32 values, exactly."""
-        e = (b >> 3) & 15
-        mt = (b & 7).to(tl.float32)
-        p2 = ((e + 117) << 23).to(tl.float32, bitcast=True)  # 2^(e − 10), e ≥ 1
-        mag = tl.where(e == 0, mt * 0.001953125, (8.0 + mt) * p2)  # subnormal: mt · 2^-9
-        return tl.where((b & 128) != 0, -mag, mag)
-
-    @triton.jit
-    def _e2m1_value(nib):
-        """int32 e2m1 nibbles → fp32 values: bit 3 the sign, bits 0-2 the index of the
-        magnitude in {0, 0.5, 1, 1.5, 2, 3, 4, 6}."""
-        idx = (nib & 7).to(tl.float32)
-        mag = tl.where(idx < 4.0, idx * 0.5, tl.where(idx < 6.0, idx - 2.0, tl.where(idx < 7.0, 4.0, 6.0)))
-        return tl.where((nib & 8) != 0, -mag, mag)
-
-    @triton.jit
-    def _packed_comp_rows(c_base, cols64, m, D):
-        """[BLOCK_K, C] fp32: columns `cols64` of packed fp4_e4m3 compressed rows (D/2 code
-        bytes, the value of column 2i in the low nibble, then D/16 e4m3 scales) at byte
-        pointers `c_base`, dequantized exactly; 0 where not m."""
-        cb = tl.load(c_base[:, None] + cols64[None, :] // 2, mask=m, other=0).to(tl.int32)
-        nib = (cb >> (4 * (cols64 % 2)).to(tl.int32)[None, :]) & 15
-        cs = tl.load(c_base[:, None] + D // 2 + cols64[None, :] // 16, mask=m, other=56).to(tl.int32)
-        return _e2m1_value(nib) * _e4m3_value(cs)  # 56: e4m3 1.0
-
-    @triton.jit
-    def _load_rows(w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, PACKED: tl.constexpr):
-        """[BLOCK_K, C] bf16: columns `cols64` of the selected rows (window rows where
-        from_win, else compressed rows; 0 where not ok or past D). PACKED: the rows are V4.1's
-        byte formats (attnv41.packed) and are dequantized here: a window row's e4m3 code
-        times its block-32 e8m0 scale, a compressed row's e2m1 code times its block-16 e4m3
-        scale; exact, so the bf16 values of the unpacked rows."""
-        m = ok[:, None] & cm[None, :]
+    def _load_rows(
+        w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c0,
+        C: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
+    ):  # fmt: skip
+        """[BLOCK_K, C] bf16: columns `cols64` (c0 … c0 + C − 1, masked by cm past D) of the
+        selected rows (window rows where from_win, else compressed rows; 0 where not ok).
+        PACKED: the rows are V4.1's byte formats (attnv41.packed), dequantized here
+        (`kernels.packed_rows`: fp8_e8m0 window rows, fp4_e4m3 compressed rows, WORDS as
+        `fp4_words_ok` of comp); exact, so the bf16 values of the unpacked rows. A block of
+        entries all from one source (the selection's window entries come first, its
+        compressed ones after) dequantizes only that source's format."""
         if PACKED:
-            fw = from_win[:, None]
-            wb = tl.load(w_base[:, None] + cols64[None, :], mask=m & fw, other=0).to(tl.int32)
-            we = tl.load(w_base[:, None] + D + cols64[None, :] // 32, mask=m & fw, other=127).to(tl.int32)
-            wv = _e4m3_value(wb) * (we << 23).to(tl.float32, bitcast=True)
-            cv = _packed_comp_rows(c_base, cols64, m & ~fw, D)
-            return tl.where(fw, wv, cv).to(tl.bfloat16)
+            from_comp = ok & ~from_win
+            n_win = tl.sum(from_win.to(tl.int32), axis=0)
+            n_comp = tl.sum(from_comp.to(tl.int32), axis=0)
+            if n_comp == 0:
+                rows = fp8_e8m0_rows(w_base, from_win, c0, D, C).to(tl.bfloat16)
+            elif n_win == 0:
+                rows = fp4_rows(c_base, from_comp, c0, D, C, 16, False, WORDS).to(tl.bfloat16)
+            else:
+                wv = fp8_e8m0_rows(w_base, from_win, c0, D, C)
+                cv = fp4_rows(c_base, from_comp, c0, D, C, 16, False, WORDS)
+                rows = tl.where(from_win[:, None], wv, cv).to(tl.bfloat16)
+            return rows
         else:
             ptrs = tl.where(
                 from_win[:, None],
                 w_base[:, None] + cols64[None, :] * stride_wd,
                 c_base[:, None] + cols64[None, :] * stride_cd,
             )
-            return tl.load(ptrs, mask=m, other=0.0)
+            return tl.load(ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
 
     @triton.jit
     def _opaque(x):
@@ -140,6 +124,7 @@ if HAVE_TRITON:
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
+        WORDS: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
 
@@ -180,7 +165,10 @@ if HAVE_TRITON:
                 stride_wn,
                 stride_cn,
             )
-            rows = _load_rows(w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, PACKED)
+            rows = _load_rows(
+                w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, tl.program_id(2) * BLOCK_DV,
+                BLOCK_DV, PACKED, WORDS,
+            )  # fmt: skip
 
             # the running max is the max of the block maxima so far (exact), as in the fused loop
             new = tl.maximum(mx, bm)
@@ -290,6 +278,7 @@ if HAVE_TRITON:
         KB_P2: tl.constexpr,
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
+        WORDS: tl.constexpr,
     ):
         """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
         pv = dot(bf16(exp(s − base)), R) for its slice, base the running max at that block
@@ -330,7 +319,10 @@ if HAVE_TRITON:
             win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk, stride_wn,
             stride_cn,
         )  # fmt: skip
-        rows = _load_rows(w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, PACKED)
+        rows = _load_rows(
+            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV, BLOCK_DV, PACKED,
+            WORDS,
+        )  # fmt: skip
         p_bf16 = round_bf16(tl.exp(s - base[:, None]))
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
             pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")

@@ -53,6 +53,7 @@ import torch
 
 from . import rope
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
+from .packed_rows import fp4_words_ok
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
@@ -114,6 +115,7 @@ if HAVE_TRITON:
         BLOCK_K: tl.constexpr,
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
+        WORDS: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
@@ -142,7 +144,9 @@ if HAVE_TRITON:
                 mask=mask_h[:, None] & cm[None, :],
                 other=0.0,
             )
-            r_c = _load_rows(w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, PACKED)
+            r_c = _load_rows(
+                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
+            )
             if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
                 s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
             else:
@@ -184,6 +188,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     n_comp = comp.shape[0]
     if n_comp == 0:
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
+    words = packed and fp4_words_ok(comp)
     cfg = dict(_TUNE)
     cfg.update(tune)
     combine = cfg["combine"]
@@ -224,6 +229,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         BLOCK_K=BLOCK_K,
         DOT_FP32=interpreting(),
         PACKED=packed,
+        WORDS=words,
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
@@ -244,7 +250,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             H, D, K, offset, n_comp, *strides, *out.stride(), o_rot.stride(0), o_rot.stride(1),
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
-            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed,
+            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words,
             num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
         )  # fmt: skip
         return out
@@ -280,6 +286,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         K_BLOCKS=kbs,
         DOT_FP32=interpreting(),
         PACKED=packed,
+        WORDS=words,
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
