@@ -11,7 +11,8 @@
 #
 # Knobs: QUICK_S (the quick tier's budget, default 270), BENCH_S (default 200), CONTEXTS
 # (default 4096,1048000), BATCH_SIZES (default 1,64), BATCH_CONTEXTS (default 4096,32768),
-# BENCH_PARTS (default decode,batch), PYTEST_SUBSET (test paths run after the quick tier,
+# BENCH_PARTS (default decode,batch), FULL_TESTS (full-tier node ids, FULL_S), PROFILES
+# (context:batch:kv_format ...), PYTEST_SUBSET (test paths run after the quick tier,
 # SUBSET_S their budget), SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
 set -u
 OUT="${OUT:-/tmp/out}"
@@ -46,6 +47,17 @@ for gd in ${CHECKS-headdim:forward fp8:split}; do
   note "check $g $d packed rc $?: $(grep -E '^(PASS|FAIL)' "$W/check_${g}_${d}_packed.log" | cut -c1-170)"
 done
 
+if [ -n "${FULL_TESTS:-}" ]; then # full-tier tests by node id (e.g. the 1M context), one process
+  # shellcheck disable=SC2086
+  timeout "${FULL_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfEs -m gpu_full $FULL_TESTS > "$W/full.log" 2>&1
+  note "full-tier tests rc $?: $(grep -E '[0-9]+ (passed|failed|skipped|deselected)' "$W/full.log" | tail -1)"
+fi
+for prof in ${PROFILES:-}; do # context:batch:kv_format, a profiled graph step (scripts/step_profile.py)
+  IFS=: read -r pc pb pk <<< "$prof"
+  timeout 120 python3 scripts/step_profile.py --context "$pc" --batch "$pb" --kv-format "$pk" --steps 3 > "$W/profile_${pc}_${pb}_${pk}.log" 2>&1
+  note "profile $prof rc $?: $(grep -A3 '| step |' "$W/profile_${pc}_${pb}_${pk}.log" | tail -1)"
+done
+
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   if ls .whl/*.whl >/dev/null 2>&1; then # the FlashMLA peer (a speed reference, carried, never a dependency)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
@@ -66,4 +78,5 @@ cat "$S"
 sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
 sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
 [ -n "${BENCH_PARTS:-}" ] && tail -60 "$W/bench.log"
+for f in "$W"/profile_*.log; do [ -f "$f" ] && { echo "== $f"; grep -A14 '| kernel |' "$f"; }; done
 grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5

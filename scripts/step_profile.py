@@ -9,6 +9,7 @@ total and mean GPU time. That is the step's real breakdown, with the weights col
 they are in a step (every kernel alone in `bench` (b) is timed with its own L2 flush).
 
     python3 scripts/step_profile.py [--context 32768] [--weights bf16|fp8] [--steps 5] [--batch B]
+                                    [--kv-format bf16|packed]
 
 `--batch B`: a batched decode step of B sequences instead (`BatchV41` driven by
 `BatchGraphs`, every slot's pools assumed filled to the context with random index keys).
@@ -48,24 +49,26 @@ def main() -> None:
     ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=0, help="B > 0: a BatchGraphs step of B sequences")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
+    ap.add_argument("--kv-format", default="bf16", choices=["bf16", "packed"], help="the caches' format")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     cfg = PRESETS[args.preset](max_tokens=256, max_seq=args.context + 256)
-    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev)
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev, kv_format=args.kv_format)
     gen = torch.Generator(device=dev).manual_seed(7)
     if args.batch > 0:
         from attnv41.runtime.batch import BatchV41
         from attnv41.runtime.batch_graphs import BatchGraphs
 
+        from attnv41.bench.batch import _random_keys
+
         B = args.batch
-        bt = BatchV41(cfg.replace(max_tokens=B), dev, n_slots=B)
+        bt = BatchV41(cfg.replace(max_tokens=B), dev, n_slots=B, kv_format=args.kv_format)
         for sl in range(B):
             bt.pool.assume(sl, args.context)
-        for k in bt.pool.index_k.values():
-            k.normal_(generator=gen)
+        _random_keys(bt, gen)
         drv = BatchGraphs(bt, stack.weights, sizes=(B,))
         xs = drv.x_in[:, :B]
         xs.copy_(unit_rms_bf16(torch.randn(xs.shape, generator=gen, device=dev)))
@@ -118,7 +121,7 @@ def main() -> None:
             names[n].append(e - s)
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
-    what = f"batch {args.batch}, " if args.batch else ""
+    what = (f"batch {args.batch}, " if args.batch else "") + f"{args.kv_format} caches, "
     print(f"\n### decode step under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
@@ -137,7 +140,7 @@ def main() -> None:
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}.json"), "w") as f:
+        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}_{args.kv_format}.json"), "w") as f:
             json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
 
 
