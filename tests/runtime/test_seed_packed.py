@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from attnv41.golden import GoldenFile, replay, runtime_impl, runtime_split_impl
 from attnv41.packed import row_bytes
 from attnv41.runtime import AttnV41, RuntimeStack
+from attnv41.runtime.attn import INDEX_TILE_ENTRIES
 from attnv41.runtime.graphs import DecodeGraphs
 from helpers import golden_path, random_inputs, random_weights, small_cfg, split_sizes
 
@@ -169,7 +170,9 @@ def test_flash_at_a_1m_context_on_cuda():
         pytest.skip("needs CUDA (run on the device machine)")
     cfg = v41_flash(max_tokens=512, max_seq=1 << 20)
     w = random_weights(cfg, 62, device="cuda")
-    assert 512 * (1_048_000 // 2) > 4 * (1 << 26), "the chunk's index is scored in tiles at the default"
+    # the index layers' keys: 1,048,000 // r rows (r = 2 or 1): fewer tokens than the chunk's
+    # 512 fit the default tile (index_tile_entries // L), so its index is scored in tiles
+    assert all(INDEX_TILE_ENTRIES // (1_048_000 // r) < 512 for r in (1, 2)), "tiles at the default"
     outs = _long_context_run(cfg, w, "cuda", 1_048_000, 512, 4)
     for i, (a, b) in enumerate(zip(outs["bf16"], outs["packed"])):
         assert torch.equal(a, b), i
