@@ -10,7 +10,8 @@
 #                                           narrow it with PYTEST_ARGS, e.g. "tests/runtime/test_gpu.py -k flash_stack")
 # Knobs: PYTEST_ARGS (paths and options for pytest; default "tests"), BUDGET_S (the whole
 # script's wall-clock budget, default 570: each step's timeout is cut to what is left),
-# PYTEST_WORKERS (pytest-xdist processes, default 8; 0: one), SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
+# PYTEST_WORKERS (pytest-xdist processes, default 8; 0: one), PYTEST_DIST (xdist mode, default
+# loadfile: a file's kernels compile once; worksteal spreads test_gpu.py's long cases), SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
 # under memcheck: finds out-of-bounds accesses inside cached blocks, but may break CUDA graphs).
 # Exit status: 0 every step passed; 1 a step failed or timed out; 3 nothing failed but a
 # step was skipped for time or compute-sanitizer is missing.
@@ -150,7 +151,7 @@ fi
 XDIST=()
 if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
   # -v: each test's line as it ends, so a tier cut off at its time limit still names its failures
-  XDIST=(-n "${PYTEST_WORKERS:-8}" --dist loadfile -v -v)
+  XDIST=(-n "${PYTEST_WORKERS:-8}" --dist "${PYTEST_DIST:-loadfile}" -v -v)
 fi
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 step "pytest_$TIER" $([ "$TIER" = quick ] && echo 330 || echo 600) sum_pytest \
