@@ -1,0 +1,108 @@
+"""The packed-row loaders (`kernels/packed_rows.py`) alone: every code of each format
+under many scales, read in column slices, equal bit for bit to `attnv41.packed.unpack`;
+fp4 rows both as 32-bit words (4-byte aligned rows) and byte by byte (rows at an odd
+address); masked rows read as +0. On the GPU the window codes go through the hardware
+e4m3 conversion, on the CPU through the interpreter's emulation."""
+
+import pytest
+import torch
+
+from attnv41.kernels._triton import HAVE_TRITON, tl, triton
+from attnv41.kernels.packed_rows import fp4_words_ok
+from attnv41.packed import FORMATS, row_bytes, unpack
+
+if HAVE_TRITON:
+    from attnv41.kernels.packed_rows import fp4_rows, fp8_e8m0_rows
+
+    @triton.jit
+    def _read_kernel(
+        p_ptr,
+        out_ptr,
+        n,
+        stride,
+        D: tl.constexpr,
+        C: tl.constexpr,
+        R: tl.constexpr,
+        FMT: tl.constexpr,
+        WORDS: tl.constexpr,
+    ):
+        """out[r, :] = row r's values, read in slices of C columns; row r is masked off (must
+        read as +0) where r % 7 == 3."""
+        r = tl.program_id(0) * R + tl.arange(0, R)
+        ok = (r < n) & (r % 7 != 3)  # row 3 of every 7 masked: must read as +0
+        base = p_ptr + r.to(tl.int64) * stride
+        for c0 in range(0, D, C):
+            if FMT == 0:
+                v = fp8_e8m0_rows(base, ok, c0, D, C)
+            elif FMT == 1:
+                v = fp4_rows(base, ok, c0, D, C, 16, False, WORDS)
+            else:
+                v = fp4_rows(base, ok, c0, D, C, 32, True, WORDS)
+            cols = c0 + tl.arange(0, C)
+            tl.store(
+                out_ptr + r[:, None] * D + cols[None, :], v.to(tl.bfloat16), mask=(r < n)[:, None] & (cols < D)[None, :]
+            )
+
+
+def _rows(fmt: str, D: int, n: int, seed: int) -> torch.Tensor:
+    """n packed rows of random codes covering every code, with scales spread over the
+    range whose values stay normal in bf16 (e8m0 27..200; e4m3 every positive finite
+    scale, subnormal ones included)."""
+    f = FORMATS[fmt]
+    g = torch.Generator().manual_seed(seed)
+    nc = D // 2 if f.fp4 else D
+    codes = torch.randint(0, 256, (n, nc), generator=g, dtype=torch.int32)
+    if not f.fp4:  # e4m3: no NaN pattern (0x7F, 0xFF)
+        codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+        codes.view(-1)[:254] = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F])
+    else:
+        codes.view(-1)[:256] = torch.arange(256)  # every pair of nibbles
+    ns = D // f.block
+    if f.e8m0:
+        scales = torch.randint(27, 201, (n, ns), generator=g, dtype=torch.int32)
+    else:
+        scales = torch.randint(1, 127, (n, ns), generator=g, dtype=torch.int32)  # every positive finite e4m3
+        scales.view(-1)[:126] = torch.arange(1, 127)
+    p = torch.cat([codes, scales], dim=1).to(torch.uint8)
+    assert p.shape == (n, row_bytes(fmt, D))
+    return p
+
+
+def _odd(x: torch.Tensor) -> torch.Tensor:
+    buf = torch.empty(x.numel() + 1, dtype=torch.uint8, device=x.device)[1:].view(x.shape)
+    buf.copy_(x)
+    return buf
+
+
+@pytest.mark.parametrize(
+    "fmt,D,words",
+    [
+        ("fp8_e8m0", 64, None),
+        ("fp8_e8m0", 512, None),
+        ("fp4_e4m3", 64, True),  # 36-byte rows
+        ("fp4_e4m3", 64, False),
+        ("fp4_e4m3", 512, True),  # 288-byte rows: V4.1-Flash's compressed rows
+        ("fp4_e8m0", 128, True),  # 68-byte rows: V4.1-Flash's index keys
+        ("fp4_e8m0", 64, False),  # 34-byte rows: never 4-byte aligned
+    ],
+)
+def test_loaders_equal_unpack_on_every_code(device, fmt, D, words):
+    n = 80
+    p = _rows(fmt, D, n, seed=D + len(fmt)).to(device)
+    if words is False:
+        p = _odd(p)
+    aligned = fp4_words_ok(p)
+    if words is not None:
+        assert aligned == words
+    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
+    C = min(D, 128)
+    _read_kernel[(triton.cdiv(n, 16),)](
+        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
+        WORDS=bool(words),
+    )  # fmt: skip
+    want = unpack(p.cpu(), fmt, D)
+    masked = torch.arange(n) % 7 == 3
+    want[masked] = 0.0
+    got = out.cpu()
+    assert not torch.isnan(got.float()).any()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
