@@ -11,7 +11,7 @@
 # Knobs: PYTEST_ARGS (paths and options for pytest; default "tests"), BUDGET_S (the whole
 # script's wall-clock budget, default 570: each step's timeout is cut to what is left),
 # PYTEST_WORKERS (pytest-xdist processes, default 8; 0: one), PYTEST_DIST (xdist mode, default
-# loadfile: a file's kernels compile once; worksteal spreads test_gpu.py's long cases), SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
+# loadfile: a file's kernels compile once), SKIP_CHECKS=1, SKIP_SANITIZER=1, SANITIZER_NO_CACHING=1 (PyTorch's caching allocator off
 # under memcheck: finds out-of-bounds accesses inside cached blocks, but may break CUDA graphs).
 # Exit status: 0 every step passed; 1 a step failed or timed out; 3 nothing failed but a
 # step was skipped for time or compute-sanitizer is missing.
@@ -141,7 +141,7 @@ fi
 DESELECT=()
 if [ "${SKIP_CHECKS:-0}" != 1 ]; then
   for g in tiny headdim; do for v in released intended; do for i in runtime runtime-split; do
-    DESELECT+=(--deselect "tests/runtime/test_gpu.py::test_golden_on_cuda[$g-$v-$i]")
+    DESELECT+=(--deselect "tests/runtime/test_gpu_golden.py::test_golden_on_cuda[$g-$v-$i]")
   done; done; done
 fi
 # On a fresh machine the tier's time is mostly Triton compiling kernels (one process took
@@ -174,7 +174,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   fi
 fi
 
-stage_report() { # the stage-wise counts the GPU tests wrote (tests/runtime/test_gpu.py)
+stage_report() { # the stage-wise counts the GPU tests wrote (tests/runtime/test_gpu*.py)
   python3 - "$ATTNV41_REPORT_DIR/gpu_report.json" <<'EOF'
 import json, os, sys
 if not os.path.exists(sys.argv[1]):

@@ -163,3 +163,40 @@ def same_pool(a: dict, b: dict) -> None:
     assert len(a["tensors"]) == len(b["tensors"])
     for j, (x, y) in enumerate(zip(a["tensors"], b["tensors"])):
         assert torch.equal(x.cpu(), y.cpu()), f"pool tensor {j}"
+
+
+def save_gpu_report(name: str, data: dict) -> None:
+    """Add `name: data` to `$ATTNV41_REPORT_DIR/gpu_report.json` (nothing when unset),
+    merging with what is there under a file lock: pytest-xdist workers write it at once."""
+    import fcntl  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    d = os.environ.get("ATTNV41_REPORT_DIR")
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "gpu_report.json")
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rep = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                rep = json.load(f)
+        rep[name] = data
+        with open(path + ".tmp", "w") as f:
+            json.dump(rep, f, indent=1, default=str)
+        os.replace(path + ".tmp", path)
+
+
+def stage_run(cfg, weights, inputs, index_keys="own"):
+    """The runtime on CUDA through `inputs` [(start_pos, [x per layer])], every layer call
+    stage-checked (our o and out against the reference on our own inputs)."""
+    from attnv41.runtime import RuntimeStack  # noqa: PLC0415
+    from attnv41.stages import StageChecker  # noqa: PLC0415
+
+    rt = RuntimeStack(cfg, weights, device="cuda", index_keys=index_keys)
+    chk = StageChecker(cfg, "cuda")
+    for start, xs in inputs:
+        for i in range(cfg.n_layers):
+            chk.check(i, rt.weights[i], rt.layer(i, xs[i], start), start)
+    return chk.tally

@@ -2,13 +2,13 @@
 
 Two tiers (scripts/device_run.sh): the quick tier, `-m "gpu and not gpu_full"` (every
 kernel through tests/kernels, the golden files through the runtime in both decode modes
-and through the reference, stage-wise checks, a short graph replay; a few minutes on
+and through the reference with stage-wise checks (tests/runtime/test_gpu_golden.py),
+here the Flash geometry's short stage-checked run and graph replay; a few minutes on
 an H200), and the full tier, `-m gpu` (adds the Flash stack against the reference, the
 long graph replays, the step timing and the bench smoke run; several minutes more).
 
-Writes a JSON summary to `$ATTNV41_REPORT_DIR/gpu_report.json` when set."""
+Adds to `$ATTNV41_REPORT_DIR/gpu_report.json` when set (`helpers.save_gpu_report`)."""
 
-import json
 import os
 import time
 
@@ -17,76 +17,15 @@ import torch
 
 from attnv41.compare import TraceRecorder
 from attnv41.config import v41_flash
-from attnv41.golden import IMPLS, INDEX_KEYS_FOR_VARIANT, GoldenFile, replay
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
 from attnv41.stages import StageChecker
-from helpers import golden_path, random_inputs, random_weights
+from helpers import random_inputs, random_weights, save_gpu_report, stage_run
 
 pytestmark = pytest.mark.gpu
 
 
-_REPORT: dict = {}
-
-
-def _save(name: str, data: dict) -> None:
-    """Collect results in one JSON file, `$ATTNV41_REPORT_DIR/gpu_report.json`."""
-    d = os.environ.get("ATTNV41_REPORT_DIR")
-    if d:
-        _REPORT[name] = data
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "gpu_report.json"), "w") as f:
-            json.dump(_REPORT, f, indent=1, default=str)
-
-
 # ----------------------------------------------------------------------- quick tier
-
-
-@pytest.mark.parametrize("impl", ["runtime", "runtime-split", "reference"])
-@pytest.mark.parametrize("variant", ["released", "intended"])
-@pytest.mark.parametrize("name", ["tiny", "headdim"])
-def test_golden_on_cuda(name, variant, impl):
-    """Runtime (forward, and the decode split with CUDA graphs) and reference on CUDA
-    against the golden files. The split path's captured layers expose only out and ring:
-    their q, o and sel count as skipped."""
-    rep = replay(GoldenFile(golden_path(name)), variant, IMPLS[impl], device="cuda", impl_name=impl)
-    _save(
-        f"golden_{name}_{variant}_{impl}",
-        {"ok": rep.ok, "compared": rep.n_compared, "skipped": rep.n_skipped, "worst": rep.worst()}
-        | {"failures": rep.failures()},
-    )
-    assert rep.n_compared > 0
-    if impl != "runtime-split":
-        assert rep.n_skipped == 0
-    assert rep.ok, "\n".join(rep.failures())
-
-
-def _stage_run(cfg, weights, inputs, index_keys="own"):
-    """The runtime on CUDA through `inputs` [(start_pos, [x per layer])], every layer call
-    stage-checked (our o and out against the reference on our own inputs)."""
-    rt = RuntimeStack(cfg, weights, device="cuda", index_keys=index_keys)
-    chk = StageChecker(cfg, "cuda")
-    for start, xs in inputs:
-        for i in range(cfg.n_layers):
-            chk.check(i, rt.weights[i], rt.layer(i, xs[i], start), start)
-    return chk.tally
-
-
-@pytest.mark.parametrize("variant", ["released", "intended"])
-@pytest.mark.parametrize("name", ["tiny", "headdim"])
-def test_golden_inputs_stage_checked(name, variant):
-    """The golden files' inputs through the runtime on CUDA; every o and out value
-    compared with the reference stage on our own inputs, nothing excused."""
-    g = GoldenFile(golden_path(name))
-    weights = [{k: v.cuda() for k, v in g.weights(i).items()} for i in range(g.cfg.n_layers)]
-    inputs = [
-        (int(r["start_pos"]), [g.get(variant, r["name"], i, "x").cuda() for i in range(g.cfg.n_layers)])
-        for r in g.regimes
-    ]
-    tally = _stage_run(g.cfg, weights, inputs, index_keys=INDEX_KEYS_FOR_VARIANT[variant])
-    _save(f"stages_golden_{name}_{variant}", tally.summary())
-    assert tally.ok, "\n".join(tally.failures[:20])
-    assert sum(tally.excused.values()) == 0 and all(v > 0 for v in tally.values.values()), tally.summary()
 
 
 def test_flash_stages_short():
@@ -98,8 +37,8 @@ def test_flash_stages_short():
     xs = random_inputs(cfg, n + steps, 4112, device="cuda")
     inputs = [(0, [x[:n] for x in xs])] + [(p, [x[p : p + 1] for x in xs]) for p in range(n, n + steps)]
     t0 = time.perf_counter()
-    tally = _stage_run(cfg, w, inputs)
-    _save("stages_flash_short", tally.summary() | {"seconds": time.perf_counter() - t0})
+    tally = stage_run(cfg, w, inputs)
+    save_gpu_report("stages_flash_short", tally.summary() | {"seconds": time.perf_counter() - t0})
     assert tally.ok, "\n".join(tally.failures[:20])
     assert sum(tally.excused.values()) == 0
 
@@ -146,7 +85,7 @@ def test_flash_stack_runtime_vs_reference():
         "stages": chk.tally.summary(),
         "seconds": time.perf_counter() - t0,
     }
-    _save("flash_stack", summary)
+    save_gpu_report("flash_stack", summary)
     print("flash stack worst |err|/tol:", {k: round(v, 3) for k, v in rep.worst().items()}, "excused", excused)
     print("flash stack stages:", chk.tally.summary())
     assert chk.tally.ok, "\n".join(chk.tally.failures[:20])
@@ -208,7 +147,7 @@ def _replay_run(index_keys: str, prompt: int, steps: int, seed: int, name: str) 
         "seconds": secs,
         "nonfinite": stack.attn.nonfinite_count(),
     }
-    _save(name, res)
+    save_gpu_report(name, res)
     print(name, res)
     assert len(buckets) >= 2, buckets
     assert drv.oracle_checks == steps and drv.recaptures == 0
@@ -282,6 +221,8 @@ def test_flash_step_time_eager_vs_graph():
 
     eager_ms = timed(lambda p: a.step([x[p : p + 1] for x in xs], p), prompt)
     graph_ms = timed(lambda p: drv.step([x[p : p + 1] for x in xs], p), prompt)
-    _save("step_time", {"context": prompt, "eager_ms": eager_ms, "graph_ms": graph_ms, "captures": drv.captures})
+    save_gpu_report(
+        "step_time", {"context": prompt, "eager_ms": eager_ms, "graph_ms": graph_ms, "captures": drv.captures}
+    )
     print(f"40-layer decode step at {prompt} context: eager {eager_ms:.2f} ms, graphs {graph_ms:.2f} ms")
     assert drv.captures > 0
