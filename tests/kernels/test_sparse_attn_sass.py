@@ -21,9 +21,10 @@ def _dot_accumulators(ttgir: str) -> list[str]:
     return [defs.get(a, f"{a} (a block argument: a loop-carried accumulator)") for a in accs]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])  # packed rows: dequantized in the loop
 @pytest.mark.parametrize("m,kernel", [(1, "_pv_blocks_kernel"), (2, "_pv_combine_kernel")], ids=["blocks", "loop"])
-def test_combine_dots_start_from_zero(m, kernel):
-    ks = compiled("attn", "--m", str(m))
+def test_combine_dots_start_from_zero(m, kernel, packed):
+    ks = compiled("attn", "--m", str(m), *(["--packed"] if packed else []))
     assert kernel in ks, f"m = {m}: launched {sorted(ks)}; expected {kernel} (the wrapper's m rule changed?)"
     accs = _dot_accumulators(ks[kernel]["ttgir"])
     assert accs, f"{kernel}: no tt.dot in its TTGIR"

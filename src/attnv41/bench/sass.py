@@ -6,6 +6,7 @@ of two trees and diff it (identical SASS, identical behaviour on the GPU).
 
     python -m attnv41.bench.sass gemv --K 1280 --N 32768 --dtype fp8
     python -m attnv41.bench.sass attn --m 1 --combine auto --dump /tmp/sass-new
+    python -m attnv41.bench.sass attn --packed    # over packed rows; `index [--packed]`: index scores
     # the same from another revision's tree, then diff the two folders:
     git worktree add /tmp/rev REV && PYTHONPATH=/tmp/rev/src python -m attnv41.bench.sass attn --dump /tmp/sass-old
 
@@ -31,7 +32,7 @@ from collections import Counter
 
 import torch
 
-__all__ = ["compile_only", "report", "gemv_launches", "attn_launches"]
+__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches"]
 
 
 def _bin(name: str) -> str:
@@ -153,18 +154,38 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = Fals
     return launches
 
 
-def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True) -> list:
+def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False) -> list:
     """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
-    entries: window 128 + top-k 512), m tokens, compiled: [(name, kernel)]."""
+    entries: window 128 + top-k 512), m tokens, over bf16 or packed rows, compiled:
+    [(name, kernel)]."""
     from ..kernels.sparse_attn_split import sparse_attn_split  # noqa: PLC0415
+    from ..packed import row_bytes  # noqa: PLC0415
 
     H, D, K, W, half = 64, 512, 640, 128, 32
     bf = torch.bfloat16
     q, win, comp = torch.zeros(m, H, D, dtype=bf), torch.zeros(W, D, dtype=bf), torch.zeros(4096, D, dtype=bf)
+    if packed:
+        win = torch.zeros(W, row_bytes("fp8_e8m0", D), dtype=torch.uint8)
+        comp = torch.zeros(4096, row_bytes("fp4_e4m3", D), dtype=torch.uint8)
     sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
     tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
     with compile_only() as launches:
         sparse_attn_split(q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, combine=combine)
+    return launches
+
+
+def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False) -> list:
+    """Index scores (`indexer.index_scores`) at the Flash shapes (32 heads × 128) over L
+    keys, bf16 or packed (fp4_e8m0 rows), m tokens, compiled: [(name, kernel)]."""
+    from ..kernels.indexer import index_scores  # noqa: PLC0415
+    from ..packed import row_bytes  # noqa: PLC0415
+
+    H, d = 32, 128
+    bf = torch.bfloat16
+    keys = torch.zeros(L, row_bytes("fp4_e8m0", d), dtype=torch.uint8) if packed else torch.zeros(L, d, dtype=bf)
+    iq, w, vis = torch.zeros(m, H, d, dtype=bf), torch.zeros(m, H, dtype=bf), torch.zeros(m, dtype=torch.int32)
+    with compile_only() as launches:
+        index_scores(iq, w, keys, vis)
     return launches
 
 
@@ -180,14 +201,21 @@ def main(argv=None) -> None:
     a = sub.add_parser("attn")
     a.add_argument("--m", type=int, default=1)
     a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
-    for p in (g, a):
+    a.add_argument("--packed", action="store_true", help="packed rows (fp8_e8m0 window, fp4_e4m3 compressed)")
+    i = sub.add_parser("index")
+    i.add_argument("--m", type=int, default=1)
+    i.add_argument("--L", type=int, default=1 << 20)
+    i.add_argument("--packed", action="store_true", help="packed fp4_e8m0 keys")
+    for p in (g, a, i):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
     args = ap.parse_args(argv)
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
+    elif args.what == "index":
+        launches = index_launches(args.m, args.L, args.packed)
     else:
-        launches = attn_launches(args.m, args.combine)
+        launches = attn_launches(args.m, args.combine, packed=args.packed)
     out = []
     for name, k in launches:
         rep = report(k, sass_lines=bool(args.dump))
