@@ -65,6 +65,17 @@ def _mask_past_visible(scores: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(cols >= vis[:, None], float("-inf"))
 
 
+def _random_case(seed: int, m: int, L: int, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hypothesis tests' inputs: scores of `mode` and int64 visible counts, the scores
+    masked past the visible count in half the cases."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = _scores(gen, m, L, mode)
+    vis = _visible(gen, m, L, torch.int64)
+    if torch.rand((), generator=gen) < 0.5:
+        scores = _mask_past_visible(scores, vis)
+    return scores, vis
+
+
 def _equal(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype, (
         f"{name}: {got.dtype} {tuple(got.shape)} vs reference {want.dtype} {tuple(want.shape)}"
@@ -168,12 +179,8 @@ def test_topk_fixed_writes_a_row_strided_view(device):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_topk_fixed_matches_reference_hypothesis(m, Lb, k_frac, offset, mode, seed):
-    gen = torch.Generator().manual_seed(seed)
     k = max(1, round(k_frac * Lb))
-    scores = _scores(gen, m, Lb, mode)
-    vis = _visible(gen, m, Lb, torch.int64)
-    if torch.rand((), generator=gen) < 0.5:
-        scores = _mask_past_visible(scores, vis)
+    scores, vis = _random_case(seed, m, Lb, mode)
     _equal("topk", _run_topk(scores, vis, k, offset, "cpu"), ref.topk_select(scores, vis, k, offset))
 
 
@@ -189,11 +196,7 @@ def test_topk_fixed_matches_reference_hypothesis(m, Lb, k_frac, offset, mode, se
 def test_candidate_blocks_expand_to_the_reference_mask(m, L, blocks, bs, mode, seed):
     """The compact form (kept block ids, a prefill tiled over tokens keeps it) expands to the
     reference mask bit for bit, NaN blocks and −∞ blocks (not kept) included."""
-    gen = torch.Generator().manual_seed(seed)
-    scores = _scores(gen, m, L, mode)
-    vis = _visible(gen, m, L, torch.int64)
-    if torch.rand((), generator=gen) < 0.5:
-        scores = _mask_past_visible(scores, vis)
+    scores, vis = _random_case(seed, m, L, mode)
     n_blocks = -(-L // bs)
     ids = torch.full((m, min(blocks, n_blocks)), -7, dtype=torch.int32)
     assert candidate_blocks(scores, vis, blocks, bs, out=ids) is ids
@@ -270,11 +273,7 @@ def test_candidate_mask_fixed_nan_block_takes_a_place_unkept(device):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_candidate_mask_fixed_matches_reference_hypothesis(m, Lb, blocks, bs, mode, seed):
-    gen = torch.Generator().manual_seed(seed)
-    scores = _scores(gen, m, Lb, mode)
-    vis = _visible(gen, m, Lb, torch.int64)
-    if torch.rand((), generator=gen) < 0.5:
-        scores = _mask_past_visible(scores, vis)
+    scores, vis = _random_case(seed, m, Lb, mode)
     _equal("mask", _run_mask(scores, vis, blocks, bs, "cpu"), ref.candidate_mask(scores, vis, blocks, bs))
 
 
