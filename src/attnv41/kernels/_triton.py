@@ -63,12 +63,13 @@ if HAVE_TRITON:
     @triton.jit
     def e2m1_value(nib):
         """int32 e2m1 nibbles (bit 3 the sign, bits 0-2 the magnitude's index in {0, 0.5,
-        1, 1.5, 2, 3, 4, 6}) → fp32, exactly, built as bits: index i ≥ 2 is 2^(i//2 − 1) ·
-        (1 + (i % 2)/2), fp32 bits 0x3F000000 + i·2^22; i = 1 is 0.5 (0x3F000000) and 0 is
-        0; the sign bit on top (nibble 8: −0)."""
-        i = nib & 7
-        bits = tl.where(i < 2, i * 0x3F000000, 0x3F000000 + (i << 22))
-        return (bits | ((nib & 8) << 28)).to(tl.float32, bitcast=True)
+        1, 1.5, 2, 3, 4, 6}) → fp32, exactly, in three integer ops and one multiply: the
+        nibble's exponent and mantissa bits placed as fp32's lowest exponent bits and top
+        mantissa bit (sign on bit 31) make the value · 2^-126 (index 1: the subnormal
+        2^-127), and the multiply by 2^126 is exact (no flush to zero: Triton's fp32
+        multiply keeps subnormals, as the interpreter's)."""
+        bits = ((nib & 7) << 22) | ((nib & 8) << 28)
+        return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
     @triton.jit
     def e8m0_scale(e):
