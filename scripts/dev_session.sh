@@ -12,7 +12,8 @@
 # Knobs: QUICK_S (the quick tier's budget, default 270), BENCH_S (default 200), CONTEXTS
 # (default 4096,1048000), BATCH_SIZES (default 1,64), BATCH_CONTEXTS (default 4096,32768),
 # BENCH_PARTS (default decode,batch), FULL_TESTS (full-tier node ids, FULL_S), PROFILES
-# (context:batch:kv_format ...), PYTEST_SUBSET (test paths run after the quick tier,
+# (context:batch:kv_format ...), PROBES (context:batch:kv_formats ..., scripts/batch_kernel_probe.py,
+# PROBE_S), PYTEST_SUBSET (test paths run after the quick tier,
 # SUBSET_S their budget), SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
 set -u
 OUT="${OUT:-/tmp/out}"
@@ -58,6 +59,12 @@ for prof in ${PROFILES:-}; do # context:batch:kv_format, a profiled graph step (
   note "profile $prof rc $?: $(grep -A3 '| step |' "$W/profile_${pc}_${pb}_${pk}.log" | tail -1)"
 done
 
+for pr in ${PROBES:-}; do # context:batch:kv_formats, the batched step's kernels alone (scripts/batch_kernel_probe.py)
+  IFS=: read -r pc pb pk <<< "$pr"
+  OUT="$W" timeout "${PROBE_S:-240}" python3 scripts/batch_kernel_probe.py --context "$pc" --batch "$pb" --kv "$pk" > "$W/probe_${pc}_${pb}.log" 2>&1
+  note "probe $pr rc $?"
+done
+
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   if ls .whl/*.whl >/dev/null 2>&1; then # the FlashMLA peer (a speed reference, carried, never a dependency)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
@@ -78,5 +85,6 @@ cat "$S"
 sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
 sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
 [ -n "${BENCH_PARTS:-}" ] && tail -60 "$W/bench.log"
+for f in "$W"/probe_*.log; do [ -f "$f" ] && { echo "== $f"; sed -n '/^### batched step kernels/,$p' "$f"; grep -E "Error|error" "$f" | head -5; }; done
 for f in "$W"/profile_*.log; do [ -f "$f" ] && { echo "== $f"; grep -A14 '| kernel |' "$f"; }; done
 grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from attnv41.kernels import indexer as I
+from attnv41.packed import pack
 from attnv41.reference import indexer as ref
+from attnv41.reference.qdq import fp4_e8m0_qdq
 from helpers import paged_table
 
 BF = torch.bfloat16
@@ -44,6 +46,34 @@ def test_paged_equals_each_sequence_alone(seed, device):
         assert torch.equal(out[a : a + m, :r].cpu().view(torch.int16), one.cpu().view(torch.int16)), f"seq {s_}"
         assert torch.isneginf(out[a : a + m, r:].float()).all(), "past a sequence's rows: −∞"
         a += m
+
+
+@pytest.mark.parametrize(
+    "tune", [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8)], ids=["sub2", "sub3-32", "bl128"]
+)
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_launch_shapes_keep_the_bits(tune, packed, device):
+    """Other launch shapes (keys per block, blocks per program as a loop, warps): every
+    score's bytes as the production shape's, paged and contiguous, bf16 and packed keys;
+    widths that leave a program's last blocks past L."""
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
+    if packed:
+        pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)
+    base = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width)
+    got = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, **tune)
+    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"paged {tune}"
+    keys = _contiguous(pool, table.clamp_min(0), 0, rows[0], B)
+    base = I.index_scores(iq, w, keys, vis.clamp_max(rows[0]))
+    got = I.index_scores(iq, w, keys, vis.clamp_max(rows[0]), **tune)
+    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"contiguous {tune}"
+
+
+def test_unknown_tune_key(device):
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
+    with pytest.raises(
+        ValueError, match=r"tune keys \['blockl'\]; allowed: \['block_l', 'num_stages', 'num_warps', 'sub'\]"
+    ):
+        I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 
 
 def test_twin_equals_the_reference(device):

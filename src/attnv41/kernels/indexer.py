@@ -20,6 +20,10 @@ __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_sc
 
 _INT = (torch.int32, torch.int64)
 _BLOCK_L = 64  # keys per program
+# The launch shape (a constant: a key's bits never depend on m or L): keys per block,
+# blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3). scripts/batch_kernel_probe.py times
+# alternatives on the kernels' inputs inside a batched step.
+_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3)
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
@@ -86,7 +90,7 @@ def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
     return unpack(keys, "fp4_e8m0", d)
 
 
-def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
+def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **tune) -> torch.Tensor:
     """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
 
     iq: bf16 `[m, H, d]` (d = index_head_dim, a multiple of 32); weights: bf16 `[m, H]`;
@@ -100,7 +104,9 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
     anything). Results may differ from the reference only where a differently ordered
     fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
-    out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation.
+    out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
+    (block_l, num_warps, num_stages) is for the tuning script only: the launch shape is a
+    constant (`_TUNE`) in the runtime.
     """
     _check(iq, weights, keys, visible, out)
     require_triton("index_scores", iq, weights, keys, visible)
@@ -110,7 +116,8 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         out = torch.empty(m, L, dtype=torch.bfloat16, device=iq.device)
     if m == 0 or L == 0:
         return out
-    grid = (m, triton.cdiv(L, _BLOCK_L))
+    cfg = _tune(tune)
+    grid = (m, triton.cdiv(L, cfg["block_l"] * cfg["sub"]))
     _index_scores_kernel[grid](
         iq,
         weights,
@@ -131,7 +138,8 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         D=d,
         H_P=max(16, triton.next_power_of_2(H)),  # tl.dot needs >= 16 rows
         D_P=triton.next_power_of_2(d),
-        BLOCK_L=_BLOCK_L,
+        BLOCK_L=cfg["block_l"],
+        SUB=cfg["sub"],
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
@@ -139,8 +147,18 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None) ->
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out
+
+
+def _tune(tune: dict) -> dict:
+    """The launch shape: `_TUNE` with the tuning script's overrides (checked)."""
+    bad = set(tune) - set(_TUNE)
+    if bad:
+        raise ValueError(f"tune keys {sorted(bad)}; allowed: {sorted(_TUNE)}")
+    return {**_TUNE, **tune}
 
 
 # --------------------------------------------------------------- paged (many sequences)
@@ -176,7 +194,7 @@ def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width,
         raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
-def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None):
+def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, **tune):
     """`index_scores` for the tokens of many sequences in one launch, each over its own
     sequence's keys in a paged pool: token t scores logical rows j < width of sequence
     `tok_slot[t]`, whose row j lives at pool row `block_table[tok_slot[t], j // block_rows]
@@ -193,14 +211,16 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
     if m == 0:
         return out
-    grid = (m, triton.cdiv(width, _BLOCK_L))
+    cfg = _tune(tune)
+    grid = (m, triton.cdiv(width, cfg["block_l"] * cfg["sub"]))
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, width,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
-        H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=_BLOCK_L,
-        DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
+        H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
+        SUB=cfg["sub"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out
 
@@ -250,56 +270,62 @@ if HAVE_TRITON:
         H_P: tl.constexpr,
         D_P: tl.constexpr,
         BLOCK_L: tl.constexpr,
+        SUB: tl.constexpr,
         DOT_F32: tl.constexpr,
         PAGED: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
     ):
-        # program (t, lb): token t, keys lb·BLOCK_L … +BLOCK_L−1, all heads
+        # program (t, lb): token t, keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of
+        # BLOCK_L (a loop: the token's queries and weights loaded once, the blocks' key
+        # loads pipelined), all heads; each block's bits are those of a program of one
         t = tl.program_id(0).to(tl.int64)
         lb = tl.program_id(1)
         vis = tl.load(vis_ptr + t).to(tl.int64)
-        # [H_P] head h, [D_P] channel c, [BLOCK_L] key row j
+        # [H_P] head h, [D_P] channel c
         h = tl.arange(0, H_P)
         c = tl.arange(0, D_P)
-        j = lb * BLOCK_L + tl.arange(0, BLOCK_L)
         h_ok = h < H
         c_ok = c < D
-        j_ok = j < L
         h64 = h.to(tl.int64)
-        j64 = j.to(tl.int64)
         # [H_P, D_P] the token's index queries (padded heads are 0)
         q = tl.load(
             iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0
         )
-        # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
-        # scores are −∞ whatever they hold), so a wide L costs no key traffic
-        k_ok = j_ok & (j64 < vis)
-        if PAGED:
-            # logical row j of the token's sequence: block table[slot, j // B], row j % B
-            slot = tl.load(slot_ptr + t).to(tl.int64)
-            blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-            rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
-        else:
-            rows = j64
-        if PACKED:
-            # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-            # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-            k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
-        else:
-            k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         # [H_P] head weights (padded heads are 0, so they add 0)
         w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
-        # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
-        if DOT_F32:
-            dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-        dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-        # [H_P, BLOCK_L] weighted, rounded to bf16
-        prod = round_bf16(dots * w[:, None]).to(tl.float32)
-        # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
-        s = tl.sum(prod, axis=0)
-        s = tl.where(j64 < vis, s, float("-inf"))
-        tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
+        if PAGED:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+        for sb in range(SUB):
+            # [BLOCK_L] key row j
+            j = (lb * SUB + sb) * BLOCK_L + tl.arange(0, BLOCK_L)
+            j_ok = j < L
+            j64 = j.to(tl.int64)
+            # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
+            # scores are −∞ whatever they hold), so a wide L costs no key traffic
+            k_ok = j_ok & (j64 < vis)
+            if PAGED:
+                # logical row j of the token's sequence: block table[slot, j // B], row j % B
+                blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+            else:
+                rows = j64
+            if PACKED:
+                # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+                # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+                k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
+            else:
+                k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
+            if DOT_F32:
+                dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+            dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+            # [H_P, BLOCK_L] weighted, rounded to bf16
+            prod = round_bf16(dots * w[:, None]).to(tl.float32)
+            # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
+            s = tl.sum(prod, axis=0)
+            s = tl.where(j64 < vis, s, float("-inf"))
+            tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)

@@ -85,6 +85,30 @@ if HAVE_TRITON:
         return tl.reshape(p, (R,))
 
     @triton.jit
+    def _block_operands(
+        win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
+        offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+        BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
+    ):  # fmt: skip
+        """Block kb of token t for the loop combine's slice (heads offs_h64, columns
+        offs_v64 from program_id(2)·BLOCK_DV): its maxima bm [BLOCK_HC], logits s [BLOCK_HC, BLOCK_K] fp32 (absent →
+        −inf) and rows [BLOCK_K, BLOCK_DV] bf16 (absent → 0)."""
+        row = t * K_BLOCKS + kb
+        bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
+        s = tl.load(
+            s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=float("-inf")
+        )
+        present, from_win, ok, w_base, c_base = _gather_ptrs(
+            win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk, stride_wn,
+            stride_cn,
+        )  # fmt: skip
+        rows = _load_rows(
+            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, tl.program_id(2) * BLOCK_DV,
+            BLOCK_DV, PACKED, WORDS,
+        )  # fmt: skip
+        return bm, s, rows
+
+    @triton.jit
     def _pv_combine_kernel(
         win_ptr,
         comp_ptr,
@@ -125,6 +149,7 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        PREFETCH: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
 
@@ -141,34 +166,29 @@ if HAVE_TRITON:
         mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_HC], dtype=tl.float32)
         acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
-        for kb in range(0, K_BLOCKS):
-            row = t * K_BLOCKS + kb
-            bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
-            # s: [BLOCK_HC, BLOCK_K] fp32 logits of this block (absent → −inf)
-            s = tl.load(
-                s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
-                mask=mask_h[:, None],
-                other=float("-inf"),
-            )
-            # rows: [BLOCK_K, BLOCK_DV] bf16, this slice of the block's rows; absent → 0
-            present, from_win, ok, w_base, c_base = _gather_ptrs(
-                win_ptr,
-                comp_ptr,
-                sel_ptr,
-                t,
-                kb * BLOCK_K + offs_k,
-                K,
-                offset,
-                n_comp,
-                stride_st,
-                stride_sk,
-                stride_wn,
-                stride_cn,
-            )
-            rows = _load_rows(
-                w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, tl.program_id(2) * BLOCK_DV,
-                BLOCK_DV, PACKED, WORDS,
+        if PREFETCH:  # block 0's operands before the loop; each iteration loads the next block's
+            bm_n, s_n, rows_n = _block_operands(
+                win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, 0, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
+                offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk, BLOCK_DV,
+                BLOCK_K, PACKED, WORDS,
             )  # fmt: skip
+        for kb in range(0, K_BLOCKS):
+            if PREFETCH:
+                # this block's operands (loaded one iteration ago), then the next block's
+                # loads issued before this block's arithmetic (the last iteration reloads
+                # its own block: a valid address, unused)
+                bm, s, rows = bm_n, s_n, rows_n
+                bm_n, s_n, rows_n = _block_operands(
+                    win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, tl.minimum(kb + 1, K_BLOCKS - 1), K_BLOCKS, H, D, K,
+                    offset, n_comp, offs_h64, offs_k, offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn,
+                    stride_cd, stride_st, stride_sk, BLOCK_DV, BLOCK_K, PACKED, WORDS,
+                )  # fmt: skip
+            else:
+                bm, s, rows = _block_operands(
+                    win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64,
+                    offs_k, offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+                    BLOCK_DV, BLOCK_K, PACKED, WORDS,
+                )  # fmt: skip
 
             # the running max is the max of the block maxima so far (exact), as in the fused loop
             new = tl.maximum(mx, bm)

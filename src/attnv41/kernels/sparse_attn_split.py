@@ -64,13 +64,25 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
 # warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
 # (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
+# prefetch: the loop combine issues the next block's loads before this block's arithmetic
+# (the same operations on the same values: the same bits).
 # combine: "blocks" (`_pv_blocks_kernel`, warps_pv) or "loop" (`_pv_combine_kernel`,
 # warps_b), the same bits (the GPU tests check it); "auto" takes blocks for m ≤
 # _BLOCKS_MAX_M tokens. H200, context 32K, µs (BENCHMARKS.md, 2026-12-02), blocks / loop:
 # batch 1 14.5 / 17.4, 2 17.6 / 17.5, 4 22.1 / 17.4, 8 30.5 / 22.2, 64 166.5 / 112.3 (the
 # block form's [m, blocks, H, D] fp32 workspace: 84 MB at batch 64).
 _TUNE = dict(
-    bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
+    bh=64,
+    dk=128,
+    warps_a=4,
+    stages_a=3,
+    comb_h=16,
+    comb_d=64,
+    warps_b=8,
+    stages_b=3,
+    combine="auto",
+    warps_pv=4,
+    prefetch=False,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -287,6 +299,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         DOT_FP32=interpreting(),
         PACKED=packed,
         WORDS=words,
+        PREFETCH=cfg["prefetch"],
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,

@@ -1,0 +1,227 @@
+"""The batched decode step's two context-bound kernels timed alone, on the very inputs one
+eager step hands them, under alternative launch shapes (CUDA only; a development tool).
+
+One eager `BatchV41.step` of B sequences at a filled context (random weights, random index
+keys, as `bench` (f) and scripts/step_profile.py) runs with `ops.sparse_attn_decode` and
+`ops.index_scores_paged` wrapped to keep each one's arguments at the first layer that
+calls it (small tensors cloned, the pools by reference). Then each launch shape is timed
+in a CUDA graph with the L2 flushed before each replay (`Timer.time_graph`), and its
+output compared byte for byte with the production shape's (`same`) and, for the
+attention, against the reference order (`sparse_attn_split_torch`, max relative error).
+
+    python3 scripts/batch_kernel_probe.py [--context 32768] [--batch 64] [--kv bf16,packed]
+
+Prints one Markdown table; writes `$OUT/batch_kernel_probe.json` when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from functools import partial
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from attnv41.bench.batch import _random_keys  # noqa: E402
+from attnv41.bench.common import Timer  # noqa: E402
+from attnv41.kernels import indexer  # noqa: E402
+from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
+from attnv41.kernels.sparse_attn import sparse_attn  # noqa: E402
+from attnv41.runtime.batch import BatchV41  # noqa: E402
+from attnv41.synthetic import PRESETS, random_weights, unit_rms_bf16  # noqa: E402
+from attnv41.weights import AttnV41LayerWeights  # noqa: E402
+
+ATTN = [
+    ("production", {}),
+    ("no rot", {"_no_rot": True}),
+    ("logits only", {"only_logits": True}),
+    ("single-seq _TUNE", dict(ss._TUNE)),
+    ("prefetch", dict(prefetch=True)),
+    ("prefetch comb_d=128 w8", dict(prefetch=True, comb_d=128, warps_b=8)),
+    ("prefetch stages_b=1", dict(prefetch=True, stages_b=1)),
+    ("comb_d=128 w8", dict(comb_d=128, warps_b=8)),
+    ("comb_d=128 w4", dict(comb_d=128, warps_b=4)),
+    ("comb_d=32 w4", dict(comb_d=32, warps_b=4)),
+    ("stages_b=3", dict(stages_b=3)),
+    ("stages_b=1", dict(stages_b=1)),
+    ("comb_h=32", dict(comb_h=32)),
+    ("logits w8", dict(warps_a=8)),
+    ("logits dk=64 st4", dict(dk=64, stages_a=4)),
+    ("logits st2", dict(stages_a=2)),
+]
+INDEX = [("production", {})] + [
+    (f"bl={bl} sub={sub} w={w} st={st}", dict(block_l=bl, sub=sub, num_warps=w, num_stages=st))
+    for bl, sub, w, st in (
+        (64, 2, 4, 3),
+        (64, 4, 4, 3),
+        (64, 8, 4, 3),
+        (64, 4, 4, 2),
+        (64, 4, 8, 3),
+        (128, 1, 4, 3),
+        (128, 2, 4, 3),
+        (128, 4, 8, 3),
+        (32, 4, 4, 3),
+    )
+]
+
+
+def _clone(v):
+    return v.clone() if isinstance(v, torch.Tensor) and v.numel() < (1 << 24) else v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--kv", default="bf16,packed")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--preset", default="flash")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing meaning)")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    timer = Timer(dev, flush_l2=True)
+
+    def timed(fn):
+        return timer.time_graph([fn], reps=args.reps) if cuda else timer.time(fn, warmup=0, reps=1)
+
+    rows = []
+    B, ctx = args.batch, args.context
+    for kvf in args.kv.split(","):
+        cfg = PRESETS[args.preset](max_tokens=B, max_seq=ctx + 64)
+        weights = [
+            AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg, device=dev)
+            for i, w in enumerate(random_weights(cfg, 0, dev))
+        ]
+        gen = torch.Generator(device=dev).manual_seed(7)
+        bt = BatchV41(cfg, dev, n_slots=B, kv_format=kvf)
+        for sl in range(B):
+            bt.pool.assume(sl, ctx)
+        _random_keys(bt, gen)
+        rec = {}
+
+        def keep(name, fn, rec=rec):
+            def wrapped(*pa, **pk):
+                if name not in rec and (name != "attn" or pa[2].shape[0] > 0):
+                    rec[name] = (
+                        [_clone(v) for v in pa],
+                        {k2: (tuple(map(_clone, v)) if isinstance(v, tuple) else _clone(v)) for k2, v in pk.items()},
+                    )
+                return fn(*pa, **pk)
+
+            return wrapped
+
+        bt.ops = dataclasses.replace(
+            bt.ops,
+            sparse_attn_decode=keep("attn", bt.ops.sparse_attn_decode),
+            index_scores_paged=keep("index", bt.ops.index_scores_paged),
+        )
+        xs = unit_rms_bf16(torch.randn(cfg.n_layers, B, cfg.dim, generator=gen, device=dev))
+        bt.step(weights, xs, list(range(B)), [ctx] * B, [1] * B, keep=False)
+        timer.sync()
+        print(f"{kvf}: recorded {sorted(rec)}", flush=True)
+
+        a, k = rec["attn"]
+        q, win, comp, sel, offset, sink, scale = a
+        ref = ss.sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale)
+        base = None
+        for name, tune in ATTN:
+            tune = dict(tune)
+            no_rot = tune.pop("_no_rot", False)
+            kw = {} if no_rot else {"rot": k["rot"]}
+            out = torch.empty_like(q)
+            try:
+                call = partial(
+                    ss.sparse_attn_split,
+                    q,
+                    win,
+                    comp,
+                    sel,
+                    offset,
+                    sink,
+                    scale,
+                    out=out,
+                    **kw,
+                    **{**ss.BATCH_TUNE, **tune},
+                )
+
+                call()
+                timer.sync()
+                t = timed(call)
+                r = dict(kv=kvf, kernel="sparse_attn_batch", config=name, us=t.median_ms * 1e3)
+                if not tune.get("only_logits"):
+                    r["err"] = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+                    r["finite"] = bool(torch.isfinite(out.float()).all())
+                    if base is None:
+                        base = out.clone()
+                    r["same"] = bool(torch.equal(out, base))
+            except Exception as ex:  # one shape failing must not stop the probe
+                r = dict(kv=kvf, kernel="sparse_attn_batch", config=name, error=f"{type(ex).__name__}: {str(ex)[:160]}")
+            rows.append(r)
+            print(r, flush=True)
+        try:  # the prefill regime's fused kernel on the same inputs
+            out = torch.empty_like(q)
+
+            fused = partial(sparse_attn, q, win, comp, sel, offset, sink, scale, out=out)
+
+            fused()
+            t = timed(fused)
+            rows.append(dict(kv=kvf, kernel="sparse_attn (fused)", config="prefill regime", us=t.median_ms * 1e3))
+        except Exception as ex:
+            rows.append(dict(kv=kvf, kernel="sparse_attn (fused)", config="prefill regime", error=str(ex)[:160]))
+        print(rows[-1], flush=True)
+
+        a, k = rec["index"]
+        base = None
+        for name, tune in INDEX:
+            try:
+                out = torch.empty(a[0].shape[0], a[7], dtype=torch.bfloat16, device=dev)
+
+                icall = partial(indexer.index_scores_paged, *a, out=out, **tune)
+
+                icall()
+                timer.sync()
+                t = timed(icall)
+                if base is None:
+                    base = out.clone()
+                r = dict(
+                    kv=kvf,
+                    kernel="index_scores_paged",
+                    config=name,
+                    us=t.median_ms * 1e3,
+                    same=bool(torch.equal(out, base)),
+                )
+            except Exception as ex:
+                r = dict(
+                    kv=kvf, kernel="index_scores_paged", config=name, error=f"{type(ex).__name__}: {str(ex)[:160]}"
+                )
+            rows.append(r)
+            print(r, flush=True)
+        m, width = a[0].shape[0], a[7]
+        print(f"{kvf}: index m={m} width={width} keys {tuple(a[2].shape)} {a[2].dtype}", flush=True)
+        del bt, weights, a, k
+        if cuda:
+            torch.cuda.empty_cache()
+    print(f"\n### batched step kernels alone (context {ctx}, batch {B}; CUDA graph, L2 flushed)\n")
+    print("| kv | kernel | config | µs | same bits | max rel err |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['kv']} | {r['kernel']} | {r['config']} | error: {r['error']} | | |")
+        else:
+            err = f"{r['err']:.2g}" if "err" in r else "-"
+            print(f"| {r['kv']} | {r['kernel']} | {r['config']} | {r['us']:.1f} | {r.get('same', '-')} | {err} |")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "batch_kernel_probe.json"), "w") as f:
+            json.dump(dict(context=ctx, batch=B, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
