@@ -87,11 +87,11 @@ if HAVE_TRITON:
     @triton.jit
     def _block_operands(
         win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
-        offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+        offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
         BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
     ):  # fmt: skip
-        """Block kb of token t for the loop combine's slice (heads offs_h64, columns
-        offs_v64 from program_id(2)·BLOCK_DV): its maxima bm [BLOCK_HC], logits s [BLOCK_HC, BLOCK_K] fp32 (absent →
+        """Block kb of token t for a combine's slice (heads offs_h64, columns offs_v64 from
+        c0): its maxima bm [BLOCK_HC], logits s [BLOCK_HC, BLOCK_K] fp32 (absent →
         −inf) and rows [BLOCK_K, BLOCK_DV] bf16 (absent → 0)."""
         row = t * K_BLOCKS + kb
         bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
@@ -103,7 +103,7 @@ if HAVE_TRITON:
             stride_cn,
         )  # fmt: skip
         rows = _load_rows(
-            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, tl.program_id(2) * BLOCK_DV,
+            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, c0,
             BLOCK_DV, PACKED, WORDS,
         )  # fmt: skip
         return bm, s, rows
@@ -162,6 +162,7 @@ if HAVE_TRITON:
         offs_h64 = offs_h.to(tl.int64)
         offs_v64 = offs_v.to(tl.int64)
 
+        c0 = tl.program_id(2) * BLOCK_DV
         # the fused loop over the blocks, on the stored logits: mx, den [BLOCK_HC], acc [BLOCK_HC, BLOCK_DV] fp32
         mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_HC], dtype=tl.float32)
@@ -169,8 +170,8 @@ if HAVE_TRITON:
         if PREFETCH:  # block 0's operands before the loop; each iteration loads the next block's
             bm_n, s_n, rows_n = _block_operands(
                 win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, 0, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
-                offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk, BLOCK_DV,
-                BLOCK_K, PACKED, WORDS,
+                offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+                BLOCK_DV, BLOCK_K, PACKED, WORDS,
             )  # fmt: skip
         for kb in range(0, K_BLOCKS):
             if PREFETCH:
@@ -180,13 +181,13 @@ if HAVE_TRITON:
                 bm, s, rows = bm_n, s_n, rows_n
                 bm_n, s_n, rows_n = _block_operands(
                     win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, tl.minimum(kb + 1, K_BLOCKS - 1), K_BLOCKS, H, D, K,
-                    offset, n_comp, offs_h64, offs_k, offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn,
+                    offset, n_comp, offs_h64, offs_k, offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn,
                     stride_cd, stride_st, stride_sk, BLOCK_DV, BLOCK_K, PACKED, WORDS,
                 )  # fmt: skip
             else:
                 bm, s, rows = _block_operands(
                     win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64,
-                    offs_k, offs_v64, mask_h, mask_v, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+                    offs_k, offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
                     BLOCK_DV, BLOCK_K, PACKED, WORDS,
                 )  # fmt: skip
 
@@ -332,16 +333,10 @@ if HAVE_TRITON:
         base = tl.where(run == float("-inf"), 0.0, run)
         row = t * K_BLOCKS + kb
         # s: [BLOCK_HC, BLOCK_K] this block's logits; rows: [BLOCK_K, BLOCK_DV] bf16, absent → 0
-        s = tl.load(
-            s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=float("-inf")
-        )
-        present, from_win, ok, w_base, c_base = _gather_ptrs(
-            win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk, stride_wn,
-            stride_cn,
-        )  # fmt: skip
-        rows = _load_rows(
-            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV, BLOCK_DV, PACKED,
-            WORDS,
+        _, s, rows = _block_operands(
+            win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
+            offs_v64, mask_h, mask_v, dv * BLOCK_DV, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
+            BLOCK_DV, BLOCK_K, PACKED, WORDS,
         )  # fmt: skip
         p_bf16 = round_bf16(tl.exp(s - base[:, None]))
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
