@@ -220,10 +220,21 @@ def test_differs_from_fused_only_in_fp32_order():
     assert diff.max().item() <= tol, f"o: max diff {diff.max().item():.3g} > {tol:.3g} (one bf16 rounding)"
 
 
-@pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16)], ids=str)
-def test_inverse_rope_epilogue_is_the_rope_op(device, m, H, D, half):
+@pytest.mark.parametrize(
+    "tune",
+    [
+        pytest.param({}, id="single"),
+        pytest.param(BATCH_TUNE, id="batch"),
+        pytest.param(dict(comb_d=16, combine="loop"), id="d16-loop"),
+        pytest.param(dict(comb_d=16, combine="blocks"), id="d16-blocks"),
+    ],
+)
+@pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16), (1, 2, 48, 16)], ids=str)
+def test_inverse_rope_epilogue_is_the_rope_op(device, m, H, D, half, tune):
     """`rot=(cos, sin, pos, o_rot)` writes apply_rope(o, inverse=True) bit for bit (the Triton
-    op and its torch twin), and o itself unchanged."""
+    op and its torch twin), and o itself unchanged; with column slices narrower than the
+    rope tail (d16: the tail over several programs) and wider (batch: 128 columns, D
+    shorter than a slice; D = 48 a partial slice)."""
     from attnv41.kernels.rope import apply_rope, apply_rope_torch
 
     q, win, comp, sel, sink = _inputs(31 + D, m, H, D, 130, 16, 12, 60, device)
@@ -232,8 +243,8 @@ def test_inverse_rope_epilogue_is_the_rope_op(device, m, H, D, half):
     cos, sin = ang.cos().to(device), ang.sin().to(device)
     pos = torch.randint(0, 50, (m,), generator=gen, dtype=torch.int32).to(device)
     o_rot = torch.full((m, H, D), float("nan"), dtype=torch.bfloat16, device=device)
-    o = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1, rot=(cos, sin, pos, o_rot))
-    plain = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1)
+    o = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1, rot=(cos, sin, pos, o_rot), **tune)
+    plain = sparse_attn_split(q, win, comp, sel, 12, sink, 0.1, **tune)
     assert torch.equal(_bits(o), _bits(plain)), "o: changed by the rope epilogue"
     want = apply_rope(o, cos, sin, pos, inverse=True)
     assert torch.equal(_bits(o_rot), _bits(want)), "o_rot differs from apply_rope(o, inverse=True)"
@@ -253,3 +264,6 @@ def test_rot_validation(device):
         sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=[cos, cos, pos, q])
     with pytest.raises(ValueError, match=r"pos.shape"):
         sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=(cos, cos, pos[:1], torch.empty_like(q)))
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 33, 5, 4, 4, 6, device)
+    with pytest.raises(ValueError, match=r"rot with q.shape\[2\] \(D\) = 33; allowed: an even D"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, rot=(cos, cos, pos, torch.empty_like(q)))

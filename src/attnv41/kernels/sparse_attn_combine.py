@@ -225,8 +225,9 @@ if HAVE_TRITON:
         bf16(acc / den) stored, and with ROT the inverse RoPE of o's last 2·HALF values
         (`rope.apply_rope(o, inverse=True)`'s math: pair (a, b) → (a·c + b·s, b·c − a·s) in
         fp32, products rounded before the sums) written to rot, the leading values copied.
-        The pairs are read back from out after a barrier (this program wrote them), as the
-        rope kernel reads them."""
+        The pairs are split out of the o tile in registers (columns 2k, 2k+1 of the slice:
+        lo and D − 2·HALF even, checked by the wrapper), rotated where they lie in the
+        tail, joined back, and rot stored as one tile."""
         # sink: [BLOCK_HC] fp32
         sink = tl.load(sink_ptr + offs_h64, mask=mask_h, other=0.0)
         none = mx == float("-inf")
@@ -236,25 +237,23 @@ if HAVE_TRITON:
         om = mask_h[:, None] & mask_v[None, :]
         tl.store(o_ptrs, o, mask=om)
         if ROT:
-            r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
-            tl.store(r_ptrs, o, mask=om & (offs_v64 < D - 2 * HALF)[None, :])
-            tl.debug_barrier()
-            # [HALF] pair k of the tail; [BLOCK_HC, HALF] pairs (a, b) = columns lead+2k, lead+2k+1
-            k = tl.arange(0, HALF)
-            col = (D - 2 * HALF + 2 * k).to(tl.int64)
-            mine = (col >= lo) & (col < lo + BLOCK_DV)
-            pm = mask_h[:, None] & mine[None, :]
+            # [BLOCK_HC, BLOCK_DV/2] the slice's pairs (a, b) = columns lo+2i, lo+2i+1
+            a, b = tl.split(tl.reshape(o.to(tl.float32), (o.shape[0], BLOCK_DV // 2, 2)))
+            # [BLOCK_DV/2] pair i's rope pair k (tail: k = (lo + 2i − lead)/2 in 0 … HALF−1)
+            col = lo + 2 * tl.arange(0, BLOCK_DV // 2)
+            lead = D - 2 * HALF
+            tail = (col >= lead) & (col < D)
+            k = tl.where(tail, (col - lead) // 2, 0)
             p = tl.load(pos_ptr + t).to(tl.int64)
-            c = tl.load(cos_ptr + p * stride_cos + k)
-            sn = -tl.load(sin_ptr + p * stride_sin + k)
-            o_row = out_ptr + t * stride_ot + offs_h64[:, None] * stride_oh
-            a = tl.load(o_row + col[None, :] * stride_od, mask=pm, other=0.0).to(tl.float32)
-            b = tl.load(o_row + (col[None, :] + 1) * stride_od, mask=pm, other=0.0).to(tl.float32)
+            c = tl.load(cos_ptr + p * stride_cos + k, mask=tail, other=1.0)
+            sn = -tl.load(sin_ptr + p * stride_sin + k, mask=tail, other=0.0)
             re = a * c[None, :] - b * sn[None, :]
             im = a * sn[None, :] + b * c[None, :]
-            r_row = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh
-            tl.store(r_row + col[None, :], round_bf16(re), mask=pm)
-            tl.store(r_row + col[None, :] + 1, round_bf16(im), mask=pm)
+            re = tl.where(tail[None, :], round_bf16(re).to(tl.float32), a)
+            im = tl.where(tail[None, :], round_bf16(im).to(tl.float32), b)
+            r = tl.reshape(tl.join(re, im), (o.shape[0], BLOCK_DV)).to(tl.bfloat16)
+            r_ptrs = rot_ptr + t * stride_rt + offs_h64[:, None] * stride_rh + offs_v64[None, :]
+            tl.store(r_ptrs, r, mask=om)
 
     @triton.jit
     def _pv_blocks_kernel(

@@ -91,7 +91,10 @@ _BLOCKS_MAX_M = 1
 # of the two-kernel split (BENCHMARKS.md 2026-12-01 night): 67.6 µs at batch 64 against
 # 92-161 for the 16-head tiles, 27.6 against 16.7 at batch 1. The single-sequence runtime
 # keeps `_TUNE` (batch 1 is its regime); each runtime's bits are m-invariant on its own.
-BATCH_TUNE = dict(comb_h=64, comb_d=64, warps_b=4, stages_b=2, combine="loop")
+# 2026-12-02 (scripts/batch_kernel_probe.py: the kernels alone on one batched step's own
+# inputs, batch 64 at a 32K context, rope epilogue on): 128-column slices 76.0 µs against
+# 98.5 for 64 (bf16 rows; packed 108.8 against 139.8), the same bytes on the H200.
+BATCH_TUNE = dict(comb_h=64, comb_d=128, warps_b=4, stages_b=2, combine="loop")
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -334,6 +337,8 @@ def _check_rot(rot, q) -> None:
     half = cos.shape[1]
     if half & (half - 1):
         raise ValueError(f"rot cos.shape[1] = {half}; allowed: a power of two")
+    if q.shape[2] % 2:  # the epilogue splits o's columns into (even, odd) pairs
+        raise ValueError(f"rot with q.shape[2] (D) = {q.shape[2]}; allowed: an even D")
 
 
 def _unpacked_selection(D: int, win, comp, sel, offset):
