@@ -47,6 +47,7 @@ ATTN = [
     ("comb_d=256 w8", dict(comb_d=256, warps_b=8)),
     ("prefetch comb_d=256 w8", dict(prefetch=True, comb_d=256, warps_b=8)),
     ("warps_b=8", dict(warps_b=8)),
+    ("prefetch warps_b=8", dict(prefetch=True, warps_b=8)),
     ("logits bh=64 dk=256", dict(dk=256)),
     ("logits st4", dict(stages_a=4)),
 ]
@@ -62,6 +63,9 @@ INDEX = [("production", {})] + [
         (128, 2, 4, 3),
         (128, 4, 8, 3),
         (32, 4, 4, 3),
+        (64, 1, 2, 3),
+        (64, 4, 2, 2),
+        (128, 2, 4, 2),
     )
 ]
 
