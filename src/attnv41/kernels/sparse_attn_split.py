@@ -93,8 +93,10 @@ _BLOCKS_MAX_M = 1
 # keeps `_TUNE` (batch 1 is its regime); each runtime's bits are m-invariant on its own.
 # 2026-12-02 (scripts/batch_kernel_probe.py: the kernels alone on one batched step's own
 # inputs, batch 64 at a 32K context, rope epilogue on): 128-column slices 76.0 µs against
-# 98.5 for 64 (bf16 rows; packed 108.8 against 139.8), the same bytes on the H200.
-BATCH_TUNE = dict(comb_h=64, comb_d=128, warps_b=4, stages_b=2, combine="loop")
+# 98.5 for 64 (bf16 rows; packed 108.8 against 139.8), the same bytes on the H200; with
+# the rope epilogue in registers 68.5 (packed 102.1), and one pipeline stage in the loop
+# 69.3 (packed 86.5: the packed loop's dequantization spills less).
+BATCH_TUNE = dict(comb_h=64, comb_d=128, warps_b=4, stages_b=1, combine="loop")
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
