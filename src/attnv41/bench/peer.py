@@ -26,7 +26,7 @@ from functools import partial
 import torch
 
 from ..kernels.sparse_attn import sparse_attn
-from ..kernels.sparse_attn_split import sparse_attn_split
+from ..kernels.sparse_attn_split import sparse_attn_batch, sparse_attn_split
 from .common import Ceilings, Timer, kernel_row
 
 __all__ = ["v4_cache", "v4_grid_", "peer_status", "bench_attention_peer", "PEER_COLS"]
@@ -160,7 +160,11 @@ def bench_attention_peer(
     if fm is not None and not use_peer:
         status += f"; not run: it needs 64 or 128 heads of width 512 (this geometry: {H} x {D})"
     kernels = (
-        [("attnv41 decode (split, bf16 rows)", sparse_attn_split), ("attnv41 fused (prefill regime)", sparse_attn)]
+        [
+            ("attnv41 decode (split, bf16 rows)", sparse_attn_split),
+            ("attnv41 decode, batched runtime (sparse_attn_batch)", sparse_attn_batch),
+            ("attnv41 fused (prefill regime)", sparse_attn),
+        ]
         if dev.type == "cuda"
         else [("attnv41 (torch twin)", _torch_twin)]
     )
