@@ -149,7 +149,6 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
-        PREFETCH: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
 
@@ -167,30 +166,12 @@ if HAVE_TRITON:
         mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
         den = tl.zeros([BLOCK_HC], dtype=tl.float32)
         acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
-        if PREFETCH:  # block 0's operands before the loop; each iteration loads the next block's
-            bm_n, s_n, rows_n = _block_operands(
-                win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, 0, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
+        for kb in range(0, K_BLOCKS):
+            bm, s, rows = _block_operands(
+                win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
                 offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
                 BLOCK_DV, BLOCK_K, PACKED, WORDS,
             )  # fmt: skip
-        for kb in range(0, K_BLOCKS):
-            if PREFETCH:
-                # this block's operands (loaded one iteration ago), then the next block's
-                # loads issued before this block's arithmetic (the last iteration reloads
-                # its own block: a valid address, unused)
-                bm, s, rows = bm_n, s_n, rows_n
-                bm_n, s_n, rows_n = _block_operands(
-                    win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, tl.minimum(kb + 1, K_BLOCKS - 1), K_BLOCKS, H, D, K,
-                    offset, n_comp, offs_h64, offs_k, offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn,
-                    stride_cd, stride_st, stride_sk, BLOCK_DV, BLOCK_K, PACKED, WORDS,
-                )  # fmt: skip
-            else:
-                bm, s, rows = _block_operands(
-                    win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64,
-                    offs_k, offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
-                    BLOCK_DV, BLOCK_K, PACKED, WORDS,
-                )  # fmt: skip
-
             # the running max is the max of the block maxima so far (exact), as in the fused loop
             new = tl.maximum(mx, bm)
             base = tl.where(new == float("-inf"), 0.0, new)

@@ -64,8 +64,6 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # The launch configuration (tile shapes, warps): constants, never derived from m.
 # warps_b = 8: the H200 sweep of 2026-12-01 (late; scripts/attn_tune.py): 17.3 µs at batch 1
 # (19.1 with 4 warps), 108 at batch 64 (92.5); the runtime's decode is one token per call today.
-# prefetch: the loop combine issues the next block's loads before this block's arithmetic
-# (the same operations on the same values: the same bits).
 # combine: "blocks" (`_pv_blocks_kernel`, warps_pv) or "loop" (`_pv_combine_kernel`,
 # warps_b), the same bits (the GPU tests check it); "auto" takes blocks for m ≤
 # _BLOCKS_MAX_M tokens. H200, context 32K, µs (BENCHMARKS.md, 2026-12-02), blocks / loop:
@@ -82,7 +80,6 @@ _TUNE = dict(
     stages_b=3,
     combine="auto",
     warps_pv=4,
-    prefetch=False,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -304,7 +301,6 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         DOT_FP32=interpreting(),
         PACKED=packed,
         WORDS=words,
-        PREFETCH=cfg["prefetch"],
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
