@@ -10,6 +10,8 @@ import torch
 
 from attnv41.kernels import fused, gemv, topk
 from attnv41.kernels.sparse_attn_split import sparse_attn_batch, sparse_attn_split
+from attnv41.packed import pack
+from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq
 
 MS = (1, 2, 7, 64)
 
@@ -29,19 +31,38 @@ def _same_rows(name, full, part, m):
     assert n == 0, f"{name}: {n} elements of the first {m} tokens changed between m = {m} and m = {full.shape[0]}"
 
 
-def test_sparse_attn_split(device):
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_sparse_attn_split(device, packed):
+    """Both decode attentions, o and the rope epilogue's o_rot, over bf16 or packed rows
+    (`sparse_attn_split` changes its combine at m = 1: block-parallel, then the loop;
+    the two must give the same bytes)."""
     s = _shapes(device)
     gen = torch.Generator().manual_seed(1)
     H, D, K, Nc = s["H"], s["D"], s["K"], s["Nc"]
     q = torch.randn(64, H, D, generator=gen).bfloat16().to(device)
-    win = torch.randn(128, D, generator=gen).bfloat16().to(device)
-    comp = torch.randn(Nc, D, generator=gen).bfloat16().to(device)
+    win = torch.randn(128, D, generator=gen).bfloat16()
+    comp = torch.randn(Nc, D, generator=gen).bfloat16()
+    if packed:
+        win = pack(fp8_qdq(win), "fp8_e8m0")
+        comp = pack(fp4_e4m3_qdq(comp), "fp4_e4m3")
+    win, comp = win.to(device), comp.to(device)
     sel = torch.randint(-1, 128 + Nc, (64, K), generator=gen, dtype=torch.int32).to(device)
     sink = torch.randn(H, generator=gen).to(device)
+    ang = torch.rand(100, 32, generator=gen) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 100, (64,), generator=gen, dtype=torch.int32).to(device)
+
+    def run(fn, m):
+        o_rot = torch.empty(m, H, D, dtype=torch.bfloat16, device=device)
+        o = fn(q[:m], win, comp, sel[:m], 128, sink, D**-0.5, rot=(cos, sin, pos[:m], o_rot))
+        return o, o_rot
+
     for name, fn in (("sparse_attn_split", sparse_attn_split), ("sparse_attn_batch", sparse_attn_batch)):
-        full = fn(q, win, comp, sel, 128, sink, D**-0.5)
+        full = run(fn, 64)
         for m in MS[:-1]:
-            _same_rows(name, full, fn(q[:m], win, comp, sel[:m], 128, sink, D**-0.5), m)
+            part = run(fn, m)
+            _same_rows(f"{name} o", full[0], part[0], m)
+            _same_rows(f"{name} o_rot", full[1], part[1], m)
 
 
 @pytest.mark.parametrize("what", ["topk", "candidate_mask"])
