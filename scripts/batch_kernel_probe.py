@@ -10,6 +10,8 @@ output compared byte for byte with the production shape's (`same`) and, for the
 attention, against the reference order (`sparse_attn_split_torch`, max relative error).
 
     python3 scripts/batch_kernel_probe.py [--context 32768] [--batch 64] [--kv bf16,packed]
+                                          [--single-keys 1048000]   # also index_scores at m = 1
+                                                                    # (--batch 0: only that)
 
 Prints one Markdown table; writes `$OUT/batch_kernel_probe.json` when OUT is set.
 """
@@ -71,6 +73,50 @@ def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) and v.numel() < (1 << 24) else v
 
 
+def _single_index(L: int, kvs, dev, timed) -> list[dict]:
+    """`index_scores` of one token over L keys (the single-sequence decode's call, Flash
+    index geometry: 32 heads × 128), bf16 and packed keys on the fp4 grid, per INDEX shape."""
+    from attnv41.packed import pack  # noqa: PLC0415
+    from attnv41.reference.qdq import fp4_e8m0_qdq  # noqa: PLC0415
+
+    gen = torch.Generator(device=dev).manual_seed(11)
+    H, d = 32, 128
+    iq = torch.randn(1, H, d, generator=gen, device=dev).to(torch.bfloat16)
+    w = torch.randn(1, H, generator=gen, device=dev).to(torch.bfloat16)
+    vis = torch.full((1,), L, dtype=torch.int32, device=dev)
+    keys = torch.empty(L, d, dtype=torch.bfloat16, device=dev)
+    for a in range(0, L, 1 << 16):  # in slices: the fp32 temporaries stay small
+        b = min(L, a + (1 << 16))
+        keys[a:b] = fp4_e8m0_qdq(torch.randn(b - a, d, generator=gen, device=dev).to(torch.bfloat16))
+    rows = []
+    for kvf in kvs:
+        kk = keys if kvf == "bf16" else pack(keys, "fp4_e8m0", check=False)
+        base = None
+        for name, tune in INDEX:
+            out = torch.empty(1, L, dtype=torch.bfloat16, device=dev)
+            try:
+                call = partial(
+                    indexer.index_scores, iq, w, kk, vis, out=out, **({**indexer._TUNE, **tune} if tune else {})
+                )
+                call()
+                t = timed(call)
+                base = out.clone() if base is None else base
+                r = dict(
+                    kv=kvf,
+                    kernel=f"index_scores m=1 L={L}",
+                    config=name,
+                    us=t.median_ms * 1e3,
+                    same=bool(torch.equal(out, base)),
+                )
+            except Exception as ex:  # one shape failing must not stop the probe
+                r = dict(
+                    kv=kvf, kernel=f"index_scores m=1 L={L}", config=name, error=f"{type(ex).__name__}: {str(ex)[:160]}"
+                )
+            rows.append(r)
+            print(r, flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=32768)
@@ -78,6 +124,12 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16,packed")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--preset", default="flash")
+    ap.add_argument(
+        "--single-keys",
+        type=int,
+        default=0,
+        help="L > 0: also the single-sequence index_scores (m = 1) over L random keys, per launch shape",
+    )
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing meaning)")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -89,7 +141,9 @@ def main() -> int:
 
     rows = []
     B, ctx = args.batch, args.context
-    for kvf in args.kv.split(","):
+    if args.single_keys > 0:
+        rows += _single_index(args.single_keys, args.kv.split(","), dev, timed)
+    for kvf in args.kv.split(",") if B > 0 else []:
         cfg = PRESETS[args.preset](max_tokens=B, max_seq=ctx + 64)
         weights = [
             AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg, device=dev)
@@ -204,7 +258,12 @@ def main() -> int:
         del bt, weights, a, k
         if cuda:
             torch.cuda.empty_cache()
-    print(f"\n### batched step kernels alone (context {ctx}, batch {B}; CUDA graph, L2 flushed)\n")
+    what = (f"batched step at context {ctx}, batch {B}" if B > 0 else "") + (
+        f"{'; ' if B > 0 else ''}single-sequence index scores over {args.single_keys} keys"
+        if args.single_keys > 0
+        else ""
+    )
+    print(f"\n### kernels alone ({what}; CUDA graph, L2 flushed)\n")
     print("| kv | kernel | config | µs | same bits | max rel err |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -13,7 +13,7 @@
 # (default 4096,1048000), BATCH_SIZES (default 1,64), BATCH_CONTEXTS (default 4096,32768),
 # BENCH_PARTS (default decode,batch), FULL_TESTS (full-tier node ids, FULL_S), PROFILES
 # (context:batch:kv_format ...), PROBES (context:batch:kv_formats ..., scripts/batch_kernel_probe.py,
-# PROBE_S), PYTEST_SUBSET (test paths run after the quick tier,
+# PROBE_S; SINGLE_KEYS=L adds index_scores at m = 1 over L keys; batch 0: only that), PYTEST_SUBSET (test paths run after the quick tier,
 # SUBSET_S their budget), SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
 set -u
 OUT="${OUT:-/tmp/out}"
@@ -61,7 +61,7 @@ done
 
 for pr in ${PROBES:-}; do # context:batch:kv_formats, the batched step's kernels alone (scripts/batch_kernel_probe.py)
   IFS=: read -r pc pb pk <<< "$pr"
-  OUT="$W" timeout "${PROBE_S:-240}" python3 scripts/batch_kernel_probe.py --context "$pc" --batch "$pb" --kv "$pk" > "$W/probe_${pc}_${pb}.log" 2>&1
+  OUT="$W" timeout "${PROBE_S:-240}" python3 scripts/batch_kernel_probe.py --context "$pc" --batch "$pb" --kv "$pk" --single-keys "${SINGLE_KEYS:-0}" > "$W/probe_${pc}_${pb}.log" 2>&1
   note "probe $pr rc $?"
 done
 
@@ -85,6 +85,6 @@ cat "$S"
 sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
 sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
 [ -n "${BENCH_PARTS:-}" ] && tail -60 "$W/bench.log"
-for f in "$W"/probe_*.log; do [ -f "$f" ] && { echo "== $f"; sed -n '/^### batched step kernels/,$p' "$f"; grep -E "Error|error" "$f" | head -5; }; done
+for f in "$W"/probe_*.log; do [ -f "$f" ] && { echo "== $f"; sed -n '/^### kernels alone/,$p' "$f"; grep -E "Error|error" "$f" | head -5; }; done
 for f in "$W"/profile_*.log; do [ -f "$f" ] && { echo "== $f"; grep -A14 '| kernel |' "$f"; }; done
 grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5
