@@ -21,8 +21,8 @@ __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_sc
 _INT = (torch.int32, torch.int64)
 _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
-# blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3). scripts/batch_kernel_probe.py times
-# alternatives on the kernels' inputs inside a batched step.
+# blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
+# scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
 _TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3)
 # `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
 # H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
@@ -110,8 +110,8 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
     out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
-    (block_l, num_warps, num_stages) is for the tuning script only: the launch shape is a
-    constant (`_TUNE`) in the runtime.
+    (block_l, sub, num_warps, num_stages) is for the tuning script only: the launch shape
+    is a constant (`_TUNE`) in the runtime.
     """
     _check(iq, weights, keys, visible, out)
     require_triton("index_scores", iq, weights, keys, visible)

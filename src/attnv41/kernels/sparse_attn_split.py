@@ -70,16 +70,7 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # batch 1 14.5 / 17.4, 2 17.6 / 17.5, 4 22.1 / 17.4, 8 30.5 / 22.2, 64 166.5 / 112.3 (the
 # block form's [m, blocks, H, D] fp32 workspace: 84 MB at batch 64).
 _TUNE = dict(
-    bh=64,
-    dk=128,
-    warps_a=4,
-    stages_a=3,
-    comb_h=16,
-    comb_d=64,
-    warps_b=8,
-    stages_b=3,
-    combine="auto",
-    warps_pv=4,
+    bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
