@@ -152,9 +152,10 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
     if n < 1:
         print(f"attnv41 check: --batch {n}; allowed: >= 1", file=sys.stderr)
         return 2
-    if args.variant == "released":
-        print("attnv41 check: --batch runs the intended variant only (own index keys)", file=sys.stderr)
-        return 2
+    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    if chunk is not None and args.variant == "both":  # as the single-sequence check (attention-v41.md §9)
+        variants = ("intended",)
+        print("attnv41 check: --prefill-chunk compares the intended variant (--variant released to run that too)")
     if args.device == "cuda":
         import torch
 
@@ -162,24 +163,32 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
             print("attnv41 check: --device cuda requested but torch.cuda.is_available() is False", file=sys.stderr)
             return 2
     t0 = time.perf_counter()
-    with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):
-        rep, n_cmp, bad = replay_batched(
-            golden, device=args.device, batch=n, chunk=chunk, seed=args.seed, kv_format=args.kv_format
+    failed = total_cmp = total_fail = total_skip = n_cmp = n_bad = 0
+    for v in variants:
+        with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):
+            rep, nc, bad = replay_batched(
+                golden, device=args.device, batch=n, chunk=chunk, seed=args.seed, kv_format=args.kv_format, variant=v
+            )
+        _print_report(rep, sys.stdout)
+        problems = rep.problems()
+        for p in problems:
+            print(f"-- {golden.name}/{v}: FAIL: {p}")
+        for b in bad[:20]:
+            print(f"-- {golden.name}/{v}: batch invariance: FAIL: {b} differs from the batch-1 run")
+        failed += rep.n_failed + len(problems) + len(bad)
+        total_cmp, total_fail, total_skip = (
+            total_cmp + rep.n_compared,
+            total_fail + rep.n_failed,
+            total_skip + rep.n_skipped,
         )
-    _print_report(rep, sys.stdout)
-    problems = rep.problems()
-    for p in problems:
-        print(f"-- {golden.name}/intended: FAIL: {p}")
-    for b in bad[:20]:
-        print(f"-- batch invariance: FAIL: {b} differs from the batch-1 run")
-    failed = rep.n_failed + len(problems) + len(bad)
+        n_cmp, n_bad = n_cmp + nc, n_bad + len(bad)
     verdict = "PASS" if failed == 0 else "FAIL"
     chunked = "" if chunk is None else f", prefill in chunks of {chunk}"
     chunked += ", packed caches" if args.kv_format == "packed" else ""
     print(
-        f"\n{verdict}: {golden.path.name} ({golden.name}), intended, batched runtime, batch {n}{chunked}, "
-        f"device {args.device}: {rep.n_compared} tensors compared, {rep.n_failed} failed, {rep.n_skipped} skipped; "
-        f"batch invariance: {n_cmp} traced tensors against the batch-1 run (bf16 caches), {len(bad)} differ; "
+        f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, batched runtime, batch {n}"
+        f"{chunked}, device {args.device}: {total_cmp} tensors compared, {total_fail} failed, {total_skip} skipped; "
+        f"batch invariance: {n_cmp} traced tensors against the batch-1 run (bf16 caches), {n_bad} differ; "
         f"{time.perf_counter() - t0:.1f} s"
     )
     return 0 if failed == 0 else 1

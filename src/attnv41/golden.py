@@ -424,8 +424,9 @@ class BatchedGolden:
     whole or in chunks of `chunk` tokens (the others' tokens in the same steps); its
     calls are assembled in the one-shot encoding (`assemble_chunks`), the decode steps
     compared as they are. Every trace of the golden slot is kept in `log`, so two runs
-    (batch N and batch 1) can be compared byte for byte. Intended variant only (own
-    index keys). `seed` draws the other sequences, the slot and the order in each step."""
+    (batch N and batch 1) can be compared byte for byte. Either variant (`index_keys`
+    "own" or "released"; released: no rollbacks). `seed` draws the other sequences, the
+    slot and the order in each step."""
 
     def __init__(
         self,
@@ -444,13 +445,11 @@ class BatchedGolden:
         from .synthetic import random_inputs
         from .weights import AttnV41LayerWeights
 
-        if index_keys != "own":
-            raise GoldenFormatError(f"a batched replay with index_keys = {index_keys!r}; allowed: 'own' (intended)")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch = {batch!r}; allowed: an int >= 1")
         self.cfg, self.chunk, self.batch = cfg, chunk, batch
         self.rng = random.Random(seed)
-        self.bt = BatchV41(cfg, device, n_slots=batch, block_rows=8, kv_format=kv_format)
+        self.bt = BatchV41(cfg, device, n_slots=batch, block_rows=8, kv_format=kv_format, index_keys=index_keys)
         self.attn = self.bt.attn
         self.weights = [
             AttnV41LayerWeights.from_state_dict(cfg.roles[i], weights[i], cfg=cfg, device=self.attn.device)
@@ -497,9 +496,11 @@ class BatchedGolden:
             traces.append(t)
             self.log.append(t)
         # other sequences that verified draft tokens keep some of them: roll back inside
+        # (own index keys only: the released mode has no rollback)
         for sl, st, n in zip(slots, starts, lens):
             if sl != self.slot and st > 0 and 2 <= n <= c.window and self.rng.random() < 0.5:
-                self.bt.rollback(sl, st + self.rng.randint(0, n - 1))
+                if self.bt.index_keys == "own":
+                    self.bt.rollback(sl, st + self.rng.randint(0, n - 1))
         return traces
 
     def prefill_step(self, xs) -> list[_ChunkTrace]:
@@ -625,8 +626,9 @@ def replay_batched(
     chunk: int | None = None,
     seed: int = 0,
     kv_format: str = "bf16",
+    variant: str = "intended",
 ) -> tuple[ReplayReport, int, list[str]]:
-    """`replay` of the intended variant through `BatchedGolden` (the golden sequence among
+    """`replay` of `variant` through `BatchedGolden` (the golden sequence among
     `batch − 1` others, caches in `kv_format`), then the same sequence alone (batch 1, the
     same chunking, bf16 caches): returns the report, the tensors compared between the two
     runs and those that differ (batch invariance, and with packed caches their equality
@@ -635,8 +637,8 @@ def replay_batched(
     weights = [{k: v.to(device) for k, v in golden.weights(i).items()} for i in range(cfg.n_layers)]
     runs = []
     for n, fmt in ((batch, kv_format), (1, "bf16")):
-        impl = BatchedGolden(cfg, weights, INDEX_KEYS_FOR_VARIANT["intended"], device, n, chunk, seed, fmt)
-        rep = replay(golden, "intended", device=device, impl_name=f"runtime-batch{n}", impl=impl)
+        impl = BatchedGolden(cfg, weights, INDEX_KEYS_FOR_VARIANT[variant], device, n, chunk, seed, fmt)
+        rep = replay(golden, variant, device=device, impl_name=f"runtime-batch{n}", impl=impl)
         runs.append((rep, impl))
     n, bad = batch_invariance(runs[0][1], runs[1][1])
     return runs[0][0], n, bad

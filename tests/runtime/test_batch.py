@@ -18,12 +18,13 @@ from helpers import pool_snapshot, random_inputs, random_weights, same_pool, sma
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 4, 4, 1, 1, 1), (0, 1, 1, 1, 1, 1)]
 
 
-def _setup(ratios, window, seed, n_slots, block_rows, blocks=None, topk=6):
+def _setup(ratios, window, seed, n_slots, block_rows, blocks=None, topk=6, index_keys="own"):
     cfg = small_cfg(window=window, index_topk=topk, compress_ratios=ratios, max_seq=64, max_tokens=64)
     w = random_weights(cfg, seed)
     wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(cfg.n_layers)]
     xs = [random_inputs(cfg, 64, seed + 100 + k) for k in range(n_slots)]
-    return cfg, w, wts, xs, BatchV41(cfg, n_slots=n_slots, block_rows=block_rows, blocks=blocks)
+    bt = BatchV41(cfg, n_slots=n_slots, block_rows=block_rows, blocks=blocks, index_keys=index_keys)
+    return cfg, w, wts, xs, bt
 
 
 def _schedule(rng, n_slots, steps, max_len=60):
@@ -61,7 +62,7 @@ def _run(cfg, w, wts, xs, bt, schedule, compare=True):
         o = 0
         for sl, s, m in zip(slots, starts, lens):
             if s == 0:
-                seqs[sl] = RuntimeStack(cfg, w)
+                seqs[sl] = RuntimeStack(cfg, w, index_keys=bt.index_keys)
             ref = seqs[sl].step([x[s : s + m] for x in xs[sl]], s, keep=True)
             for i in range(cfg.n_layers):
                 assert torch.equal(ref[i], outs[i][o : o + m]), f"slot {sl} [{s}, {s + m}) L{i}"
@@ -85,6 +86,66 @@ def _run(cfg, w, wts, xs, bt, schedule, compare=True):
 def test_batched_equals_each_sequence_alone(ratios, window, block_rows, seed):
     cfg, w, wts, xs, bt = _setup(ratios, window, seed, 4, block_rows)
     _run(cfg, w, wts, xs, bt, _schedule(random.Random(seed), 4, 8))
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS),
+    window=st.sampled_from([4, 8]),
+    block_rows=st.sampled_from([1, 4]),
+    seed=st.integers(0, 10_000),
+)
+def test_released_keys_equal_each_sequence_alone(ratios, window, block_rows, seed):
+    """index_keys="released": each sequence scores the keys its own history published
+    last (attention-v41.md §9), whatever the other sequences' positions, so its bytes
+    equal its single-sequence run in released mode (prompts, decode tokens, chunks,
+    restarts)."""
+    cfg, w, wts, xs, bt = _setup(ratios, window, seed, 4, block_rows, index_keys="released")
+    _run(cfg, w, wts, xs, bt, _schedule(random.Random(seed), 4, 8))
+
+
+def test_released_keys_follow_each_sequence():
+    """At the golden geometry's roles (a ratio-2 Full layer before a ratio-1 one): a
+    decode token that completes no ratio-2 group scores the ratio-1 layer's keys, one
+    that completes one its own, so one step holds both owners; the trace names each."""
+    cfg, w, wts, xs, bt = _setup((0, 2, 0, 1, 0, 1), 8, 5, 2, 4, index_keys="released")
+    i = next(r.layer for r in cfg.roles if r.ratio == 2 and r.is_kv_source and r.is_index_source)
+    later = next(r.layer for r in cfg.roles if r.ratio == 1 and r.is_kv_source and r.is_index_source)
+    # decode at position 6 (7 tokens: no new ratio-2 group) and 7 (8 tokens: group 3 completes)
+    sched = [([0, 1], [0, 0], [6, 7]), ([0, 1], [6, 7], [1, 1])]
+    _run(cfg, w, wts, xs, bt, sched[:1])
+    step = bt.begin(*sched[1])
+    assert step.keys_plan[0][i] == [later, i], step.keys_plan[0][i]
+    bx = [torch.cat([xs[sl][k][s : s + m] for sl, s, m in zip(*sched[1])]) for k in range(cfg.n_layers)]
+    for k in range(cfg.n_layers):
+        bt.forward(wts[k], bx[k], step)
+    assert bt.keys_owner == [later, later]
+
+
+def test_released_keys_past_the_publisher_are_refused():
+    """A ratio-2 Full layer after a ratio-4 one published last would score 2 keys of a
+    cache holding 1 (the released code reads an unwritten row there): begin refuses it,
+    naming both layers, and nothing changes (lengths, owners, blocks)."""
+    cfg, w, wts, xs, bt = _setup((0, 2, 2, 4, 4, 4), 4, 1, 1, 4, index_keys="released")
+    _run(cfg, w, wts, xs, bt, [([0], [0], [4])], compare=False)
+    before = (list(bt.pool.length), list(bt.keys_owner), {r: list(b) for r, b in bt.pool.free_blocks.items()})
+    with pytest.raises(ValueError, match=r"slot 0: layer 1 would score 2 index keys of layer 3, which holds 1"):
+        bt.begin([0], [4], [1])
+    after = (list(bt.pool.length), list(bt.keys_owner), {r: list(b) for r, b in bt.pool.free_blocks.items()})
+    assert after == before
+
+
+def test_released_keys_refusals():
+    cfg, w, wts, xs, bt = _setup((0, 2, 0, 1, 0, 1), 8, 5, 2, 4, index_keys="released")
+    _run(cfg, w, wts, xs, bt, [([0], [0], [6]), ([0], [6], [3])], compare=False)
+    with pytest.raises(ValueError, match=r"rollback with index_keys = 'released'; allowed: 'own'"):
+        bt.rollback(0, 7)
+    with pytest.raises(ValueError, match=r"index_keys = 'shared'; allowed: \('own', 'released'\)"):
+        BatchV41(cfg, n_slots=1, index_keys="shared")
+    from attnv41.runtime.batch_graphs import BatchGraphs
+
+    with pytest.raises(ValueError, match=r"index_keys = 'released'; allowed: 'own' \(released keys run eager steps\)"):
+        BatchGraphs(bt, wts, use_graphs=False)
 
 
 def test_paged_placement_changes_nothing():

@@ -53,8 +53,12 @@ them in place, dequantizing as they load. Default "bf16".
 Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 (runtime/batch_graphs.py): their metadata is derived on the device (`_derive_decode`).
 
-Limits of this version: `index_keys="own"` only (in released mode which keys a layer
-scores depends on each sequence's history); steps with prompt chunks or verifies run
+`index_keys="released"` (attention-v41.md §9: the released code's Full layers score the
+keys published last when a call completes none of their groups): which layer's keys a
+sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_plan`);
+eager steps only (`BatchGraphs` and `rollback` refuse it).
+
+Limits of this version: steps with prompt chunks or verifies run
 eagerly (host-side metadata and compressor plans, per-sequence loops); on CUDA a
 prefill token runs the decode attention kernel and the batched projections (bits within
 the golden tolerance of `AttnV41.forward`'s prefill, not equal).
@@ -69,6 +73,7 @@ import torch
 from ..config import AttnV41Cfg
 from ..kernels import select
 from ..packed import row_bytes, unpack
+from ..reference import INDEX_KEY_MODES
 from ..state import check_kv_format
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41
@@ -238,6 +243,7 @@ class BatchStep:
     id: int = 0
     bucket: int | None = None  # index widths bucket // ratio (fixed shapes), else the widest visible count
     decode_only: bool = False  # every sequence one token after position 0: the fixed-shape compressor
+    keys_plan: tuple | None = None  # released index keys: (per index source the owner per sequence, owners after)
 
 
 class BatchV41:
@@ -252,7 +258,10 @@ class BatchV41:
         blocks: dict[int, int] | None = None,
         ops=None,
         kv_format: str = "bf16",
+        index_keys: str = "own",
     ):
+        if index_keys not in INDEX_KEY_MODES:
+            raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
         if ops is None and torch.device(device).type == "cuda":
             ops = TRITON_BATCH_OPS  # batch-invariant projections
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
@@ -284,6 +293,10 @@ class BatchV41:
         # when the step was scored in tiles of tokens (`_select`); width: `_cand_width`
         self.cand_pub: torch.Tensor | None = None
         self._cand_width = 0
+        # index_keys="released" (attention-v41.md §9): per slot, the layer whose index keys
+        # its sequence published last (None before any); `_keys_plan` follows it through a step
+        self.index_keys = index_keys
+        self.keys_owner: list[int | None] = [None] * n_slots
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
         # Tracing (tests, `attnv41 check --batch`): with `trace_slot` set, every layer call
@@ -310,10 +323,12 @@ class BatchV41:
         bits), so the step's shapes follow from (T, bucket) only: what a captured step
         needs."""
         self._check_begin(slots, starts, lens, bucket)
+        plan = self._keys_plan(slots, starts, lens)  # released index keys (raises, nothing changed)
         # nothing below can fail: allocate and build the metadata
         self._allocate(slots, starts, lens)
         st = self._metadata(list(slots), list(starts), list(lens))
         st.bucket = bucket
+        st.keys_plan = plan
         st.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
         self._register(st)
         return st
@@ -367,6 +382,46 @@ class BatchV41:
                     f"(release finished slots, or build the pool with more blocks)"
                 )
 
+    def _keys_plan(self, slots, starts, lens) -> tuple[dict[int, list], list] | None:
+        """With index_keys="released": for each index source, per sequence of the step, the
+        layer whose index keys it scores, as the released code decides for one sequence
+        (attention-v41.md §9; `AttnV41.forward`): a layer that is a kv source publishes its
+        own keys when the call completes at least one of its groups (a new sequence: from
+        position 0), and every index source scores the keys published last, its own or
+        another layer's, of this step or an earlier one. Returns (plan, the owners after
+        the step), None in "own" mode. Refuses (nothing changes) a layer that would score
+        more keys than the last publisher holds: the released code reads unwritten rows
+        there, which a paged pool does not have."""
+        if self.index_keys == "own":
+            return None
+        c = self.cfg
+        owner = [None if s == 0 else self.keys_owner[sl] for sl, s in zip(slots, starts)]
+        plan: dict[int, list] = {}
+        for role in c.roles:
+            i, r = role.layer, role.ratio
+            if r == 0 or not role.is_index_source:
+                continue
+            if role.is_kv_source:
+                owner = [i if (s + m) // r > s // r else o for o, s, m in zip(owner, starts, lens)]
+            for sl, s, m, j in zip(slots, starts, lens, owner):
+                L = (s + m) // r
+                if L == 0:
+                    continue
+                if j is None:
+                    raise ValueError(
+                        f"slot {sl}: layer {i} scores {L} index keys with index_keys='released' and no layer has "
+                        f"published any; allowed: steps after a publishing one (attention-v41.md §9)"
+                    )
+                rj = c.roles[j].ratio
+                have = (s + m) // rj if j <= i else s // rj
+                if have < L:
+                    raise ValueError(
+                        f"slot {sl}: layer {i} would score {L} index keys of layer {j}, which holds {have} (the "
+                        f"released code reads unwritten rows there); allowed: at most the rows the last publisher holds"
+                    )
+            plan[i] = list(owner)
+        return plan, owner
+
     def _allocate(self, slots, starts, lens) -> None:
         """A checked step's blocks (a new sequence first returns its slot's old ones)."""
         pool = self.pool
@@ -395,6 +450,9 @@ class BatchV41:
         """After the step's last layer: the slots' lengths advance, its undo logs complete."""
         for slot, s, m in zip(st.slots, st.starts, st.lens):
             self.pool.length[slot] = s + m
+        if st.keys_plan is not None:
+            for slot, j in zip(st.slots, st.keys_plan[1]):
+                self.keys_owner[slot] = j
         for sl in st.logged:
             self.undo[sl]["done"] = True
 
@@ -546,6 +604,8 @@ class BatchV41:
             raise ValueError(
                 f"rollback during a step (layer {self._step.next_layer} runs next); allowed: between steps"
             )
+        if self.index_keys != "own":  # which keys were published last would have to be undone too
+            raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
         end = pool.length[slot]
         if pos == end:
             return
@@ -611,7 +671,8 @@ class BatchV41:
             t["index_k"] = pool.cache_rows(i, slot, L, keys=True)
         if w.role.is_index_source and L > 0:
             t["index_score"] = self._scores.pop(i)
-            t["index_k_owner"] = self.wiring[i][1]
+            plan = step.keys_plan
+            t["index_k_owner"] = self.wiring[i][1] if plan is None else plan[0][i][b]
         if w.role.is_candidate_source and L > 0:
             t["candidates"] = self._candidates(o0, o0 + m, self._cand_width)[:, :L].clone()
         self.trace = t
@@ -625,6 +686,29 @@ class BatchV41:
         ]
 
     # ------------------------------------------------------------------ pieces
+    def _released_scores(self, iq, hw, step: BatchStep, vis, owners, t0: int, t1: int, Lw: int) -> torch.Tensor:
+        """Index scores of tokens t0..t1−1 with released keys: each token over the keys of
+        the layer `owners[t]` (its own table's ratio), one `index_scores_paged` per owner
+        among them (a row's bits depend on its own inputs only)."""
+        ops, pool, roles = self.ops, self.pool, self.cfg.roles
+        groups: dict[int, list[int]] = {}
+        for t in range(t0, t1):
+            groups.setdefault(owners[t], []).append(t)
+        if len(groups) == 1:
+            (j,) = groups
+            keys, table = pool.index_k[j], pool.tables[roles[j].ratio]
+            return ops.index_scores_paged(
+                iq[t0:t1], hw[t0:t1], keys, table, step.tok_slot[t0:t1], pool.block_rows, vis[t0:t1], Lw
+            )
+        scores = torch.empty(t1 - t0, Lw, dtype=torch.bfloat16, device=self.device)
+        for j, ts in groups.items():
+            idx = torch.tensor(ts, device=self.device)
+            keys, table = pool.index_k[j], pool.tables[roles[j].ratio]
+            scores[idx - t0] = ops.index_scores_paged(
+                iq[idx], hw[idx], keys, table, step.tok_slot[idx], pool.block_rows, vis[idx], Lw
+            )
+        return scores
+
     def _compress_decode(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
         """A decode-only step's compressor (ratio ≥ 2) at fixed shapes, as the one-sequence
         decode step runs it (`AttnV41._compress_step`): each token into its slot's state at
@@ -815,18 +899,24 @@ class BatchV41:
         if self.trace_slot in step.slots:
             b = step.slots.index(self.trace_slot)
             trace = (step.offsets[b], step.lens[b], widths[b])
+        owners = None  # released keys: the layer each token's sequence scores (host, per token)
+        if step.keys_plan is not None:  # no owner yet: the sequence sees no key (L = 0), any pool reads nothing
+            owners = [keys_layer if j is None else j for j, m in zip(step.keys_plan[0][i], step.lens) for _ in range(m)]
         for t0 in range(0, T, tile):
             t1 = min(T, t0 + tile)
-            scores = ops.index_scores_paged(
-                iq[t0:t1],
-                hw[t0:t1],
-                pool.index_k[keys_layer],
-                pool.tables[r],
-                step.tok_slot[t0:t1],
-                pool.block_rows,
-                vis[t0:t1],
-                Lw,
-            )
+            if owners is None:
+                scores = ops.index_scores_paged(
+                    iq[t0:t1],
+                    hw[t0:t1],
+                    pool.index_k[keys_layer],
+                    pool.tables[r],
+                    step.tok_slot[t0:t1],
+                    pool.block_rows,
+                    vis[t0:t1],
+                    Lw,
+                )
+            else:
+                scores = self._released_scores(iq, hw, step, vis, owners, t0, t1, Lw)
             if w.role.is_candidate_source:
                 if tiled:
                     mask = torch.empty(t1 - t0, Lw, dtype=torch.bool, device=self.device)

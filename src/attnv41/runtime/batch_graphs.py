@@ -85,6 +85,10 @@ class BatchGraphs:
     ):
         if not isinstance(batch, BatchV41):
             raise TypeError(f"batch is a {type(batch).__name__}; allowed: a BatchV41")
+        if batch.index_keys != "own":  # which keys a layer scores follows each sequence's history (host-side)
+            raise ValueError(
+                f"a BatchV41 with index_keys = {batch.index_keys!r}; allowed: 'own' (released keys run eager steps)"
+            )
         cfg = batch.cfg
         self.batch, self.cfg = batch, cfg
         cuda = batch.device.type == "cuda"
