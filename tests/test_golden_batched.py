@@ -102,3 +102,16 @@ def test_batched_golden_on_cuda(name, kv_format):
     assert rep.n_compared > 0 and rep.n_skipped == 0
     assert rep.ok, "\n".join(rep.failures())
     assert n > 0 and not bad, bad[:5]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "fp8"])
+def test_batched_golden_released_on_cuda(name):
+    """The released variant through the batched runtime on CUDA (one scoring launch per
+    key owner in a step): the golden rules, bytes equal to the batch-1 run."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    rep, n, bad = replay_batched(GoldenFile(golden_path(name)), device="cuda", batch=6, seed=6, variant="released")
+    assert rep.n_compared > 0 and rep.n_skipped == 0
+    assert rep.ok, "\n".join(rep.failures())
+    assert n > 0 and not bad, bad[:5]
