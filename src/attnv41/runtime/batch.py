@@ -385,10 +385,10 @@ class BatchV41:
     def _keys_plan(self, slots, starts, lens) -> tuple[dict[int, list], list] | None:
         """With index_keys="released": for each index source, per sequence of the step, the
         layer whose index keys it scores, as the released code decides for one sequence
-        (attention-v41.md §9; `AttnV41.forward`): a layer that is a kv source publishes its
-        own keys when the call completes at least one of its groups (a new sequence: from
-        position 0), and every index source scores the keys published last, its own or
-        another layer's, of this step or an earlier one. Returns (plan, the owners after
+        (attention-v41.md §9; `AttnV41.forward`): an index source that is also a kv source
+        publishes its own keys when the call completes at least one of its groups, and
+        every index source scores the keys published last, its own or another layer's, of
+        this step or an earlier one (a sequence starting at 0 has none before its step). Returns (plan, the owners after
         the step), None in "own" mode. Refuses (nothing changes) a layer that would score
         more keys than the last publisher holds: the released code reads unwritten rows
         there, which a paged pool does not have."""
