@@ -77,10 +77,22 @@ def _print_report(rep: ReplayReport, out) -> None:
         print(f"  note {e}", file=out)
 
 
+def _variants(args: argparse.Namespace, chunk: int | None) -> tuple[str, ...]:
+    """The golden variants a check compares. In released mode a chunk that completes no
+    group of a Full layer scores against the keys another layer published last
+    (attention-v41.md §9): chunked and one-shot prefill differ there by design, so with
+    --prefill-chunk "both" means the intended variant; asked for explicitly, released runs."""
+    if args.variant != "both":
+        return (args.variant,)
+    if chunk is not None:
+        print("attnv41 check: --prefill-chunk compares the intended variant (--variant released to run that too)")
+        return ("intended",)
+    return VARIANTS
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     path = args.golden or bundled_golden_path()
     golden = GoldenFile(path)
-    variants = VARIANTS if args.variant == "both" else (args.variant,)
     chunk = args.prefill_chunk
     if chunk is not None and chunk < 1:
         print(f"attnv41 check: --prefill-chunk {chunk}; allowed: >= 1", file=sys.stderr)
@@ -90,12 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.kv_format != "bf16" and args.impl == "reference":
         print(f"attnv41 check: --kv-format {args.kv_format} needs --impl runtime (or --batch)", file=sys.stderr)
         return 2
-    if chunk is not None and args.variant == "both":
-        # In released mode a chunk that completes no group of a Full layer scores against
-        # the keys another layer published last (attention-v41.md §9): chunked and one-shot
-        # prefill differ there by design. Asked for explicitly, it is run.
-        variants = ("intended",)
-        print("attnv41 check: --prefill-chunk compares the intended variant (--variant released to run that too)")
+    variants = _variants(args, chunk)
     if args.device == "cuda":
         import torch
 
@@ -152,10 +159,7 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
     if n < 1:
         print(f"attnv41 check: --batch {n}; allowed: >= 1", file=sys.stderr)
         return 2
-    variants = VARIANTS if args.variant == "both" else (args.variant,)
-    if chunk is not None and args.variant == "both":  # as the single-sequence check (attention-v41.md §9)
-        variants = ("intended",)
-        print("attnv41 check: --prefill-chunk compares the intended variant (--variant released to run that too)")
+    variants = _variants(args, chunk)
     if args.device == "cuda":
         import torch
 
