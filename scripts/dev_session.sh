@@ -14,7 +14,8 @@
 # BENCH_PARTS (default decode,batch), FULL_TESTS (full-tier node ids, FULL_S), PROFILES
 # (context:batch:kv_format ...), PROBES (context:batch:kv_formats ..., scripts/batch_kernel_probe.py,
 # PROBE_S; SINGLE_KEYS=L adds index_scores at m = 1 over L keys; batch 0: only that), PYTEST_SUBSET (test paths run after the quick tier,
-# SUBSET_S their budget), SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
+# SUBSET_S their budget), WEIGHTS (bench weight formats, default bf16; e.g. "bf16 fp8"),
+# SKIP_QUICK=1, SKIP_SANITIZER=1, SKIP_BENCH=1.
 set -u
 OUT="${OUT:-/tmp/out}"
 W=/tmp/session
@@ -53,10 +54,11 @@ if [ -n "${FULL_TESTS:-}" ]; then # full-tier tests by node id (e.g. the 1M cont
   timeout "${FULL_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfEs -m gpu_full $FULL_TESTS > "$W/full.log" 2>&1
   note "full-tier tests rc $?: $(grep -E '[0-9]+ (passed|failed|skipped|deselected)' "$W/full.log" | tail -1)"
 fi
-for prof in ${PROFILES:-}; do # context:batch:kv_format, a profiled graph step (scripts/step_profile.py)
-  IFS=: read -r pc pb pk <<< "$prof"
-  timeout 120 python3 scripts/step_profile.py --context "$pc" --batch "$pb" --kv-format "$pk" --steps 3 > "$W/profile_${pc}_${pb}_${pk}.log" 2>&1
-  note "profile $prof rc $?: $(grep -A3 '| step |' "$W/profile_${pc}_${pb}_${pk}.log" | tail -1)"
+for prof in ${PROFILES:-}; do # context:batch:kv_format[:weights], a profiled graph step (scripts/step_profile.py)
+  IFS=: read -r pc pb pk pw <<< "$prof"
+  pw=${pw:-bf16}
+  timeout 120 python3 scripts/step_profile.py --context "$pc" --batch "$pb" --kv-format "$pk" --weights "$pw" --steps 3 > "$W/profile_${pc}_${pb}_${pk}_${pw}.log" 2>&1
+  note "profile $prof rc $?: $(grep -A3 '| step |' "$W/profile_${pc}_${pb}_${pk}_${pw}.log" | tail -1)"
 done
 
 for pr in ${PROBES:-}; do # context:batch:kv_formats, the batched step's kernels alone (scripts/batch_kernel_probe.py)
@@ -70,9 +72,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
       export PYTHONPATH="$PYTHONPATH:/tmp/site"
   fi
-  timeout "${BENCH_S:-200}" python3 -m attnv41 bench --parts "${BENCH_PARTS:-decode,batch}" --weights bf16 --contexts "${CONTEXTS:-4096,1048000}" \
-    --batch-sizes "${BATCH_SIZES:-1,64}" --batch-contexts "${BATCH_CONTEXTS:-4096,32768}" --no-progress --out "$W/bench" > "$W/bench.log" 2>&1
-  note "bench rc $?"
+  first=1
+  for bw in ${WEIGHTS:-bf16}; do # one bench per weight format; the first's log is bench.log
+    log="$W/bench_next_$bw.log"
+    [ "$first" = 1 ] && log="$W/bench.log"
+    first=0
+    timeout "${BENCH_S:-200}" python3 -m attnv41 bench --parts "${BENCH_PARTS:-decode,batch}" --weights "$bw" --contexts "${CONTEXTS:-4096,1048000}" \
+      --batch-sizes "${BATCH_SIZES:-1,64}" --batch-contexts "${BATCH_CONTEXTS:-4096,32768}" --no-progress --out "$W/bench_$bw" > "$log" 2>&1
+    note "bench $bw rc $?"
+  done
 fi
 
 tar czf "$OUT/results.tgz" -C "$W" . 2>/dev/null
@@ -85,6 +93,7 @@ cat "$S"
 sed -n '/^(a)/,/^$/p' "$W/bench.log" 2>/dev/null
 sed -n '/^(f)/,$p' "$W/bench.log" 2>/dev/null | head -24
 [ -n "${BENCH_PARTS:-}" ] && tail -60 "$W/bench.log"
+for f in "$W"/bench_next_*.log; do [ -f "$f" ] && { echo "== $f"; tail -40 "$f"; }; done
 for f in "$W"/probe_*.log; do [ -f "$f" ] && { echo "== $f"; sed -n '/^### kernels alone/,$p' "$f"; grep -E "Error|error" "$f" | head -5; }; done
 for f in "$W"/profile_*.log; do [ -f "$f" ] && { echo "== $f"; grep -A14 '| kernel |' "$f"; }; done
 grep -E "KV bytes|memory|Error|error" "$W/bench.log" 2>/dev/null | head -5

@@ -4,8 +4,8 @@ projection shapes (CUDA only; a development tool, not part of `attnv41 bench`).
 For m in M_LIST (default 1, 8, 64, 256): each bf16 projection of a layer and wo_a (grouped)
 through `tc_mm` with the production launch shape and with variants of (BM, BN, BK, warps,
 stages) (BK is part of the bits: a variant is another constant, not a launch detail), beside cuBLAS (`linear.mm`,
-`linear.group_mm`) and the chunked GEMV (`gemv.mm_invariant`, what the batched runtime
-ran before). Every variant is checked first: within the fp64 bound of the kernel tests
+`linear.group_mm`) (the chunked GEMV the batched runtime ran before is gone; its figures
+are in BENCHMARKS.md, 2026-12-02 fifth entry). Every variant is checked first: within the fp64 bound of the kernel tests
 and equal bits on a second call. Times: `Timer.time_graph` over copies of the weights
 (past the L2), L2 flushed before each replay. Prints a Markdown table: µs per call, and
 for the whole layer's projections the sum and its GB/s over the weight bytes.
@@ -22,7 +22,6 @@ import time
 import torch
 
 from attnv41.bench.common import Timer
-from attnv41.kernels import gemv as G
 from attnv41.kernels import linear
 from attnv41.kernels import tc_mm as TC
 
@@ -72,7 +71,6 @@ def main() -> None:
                 K = gw
                 cands = {
                     "cublas": lambda w, o: linear.group_mm(x, w, o),
-                    "gemv chunks": lambda w, o: G.group_mm_invariant(x, w, o),
                 }
                 tc = TC.tc_group_mm
             else:
@@ -83,7 +81,6 @@ def main() -> None:
                 A = x.double().abs() @ ws[0].double().abs().t()
                 cands = {
                     "cublas": lambda w, o: linear.mm(x, w, o),
-                    "gemv chunks": lambda w, o: G.mm_invariant(x, w, o),
                 }
                 tc = TC.tc_mm
             tol = 2.0**-7 * ref.abs() + 2.02 * K * 2.0**-24 * A + 2.0**-133

@@ -35,7 +35,8 @@ def _same_rows(name, full, part, m):
 def test_sparse_attn_split(device, packed):
     """Both decode attentions, o and the rope epilogue's o_rot, over bf16 or packed rows
     (`sparse_attn_split` changes its combine at m = 1: block-parallel, then the loop;
-    the two must give the same bytes)."""
+    `sparse_attn_batch` its whole launch shape at m = 1: `_TUNE`, then `BATCH_TUNE`; each
+    pair must give the same bytes)."""
     s = _shapes(device)
     gen = torch.Generator().manual_seed(1)
     H, D, K, Nc = s["H"], s["D"], s["K"], s["Nc"]

@@ -268,39 +268,6 @@ def test_group_rows_independent_of_m(device):
     _assert_same_bits("group m=9", run(o), alone)
 
 
-def test_invariant_entry_points_give_each_row_its_one_token_bits(device):
-    """The batched runtime's CUDA projections (`mm_many_invariant`, `mm_invariant`,
-    `group_mm_invariant`): m = 37 rows (three row chunks) equal 37 one-token calls byte
-    for byte, rope included."""
-    gen = _gen("invariant")
-    m, Kd = 37, 256
-    x = _rand(gen, (m, Kd), BF).to(device)
-    weights = tuple(t.to(device) for t in (_rand(gen, (32, Kd), BF), _rand(gen, (12, Kd), F32)))
-    cos, sin = (
-        (torch.rand(64, 4, generator=gen) * 2 - 1).to(device),
-        (torch.rand(64, 4, generator=gen) * 2 - 1).to(device),
-    )
-    pos = torch.randint(0, 64, (m,), generator=gen).to(device)
-    rope = (0, 16, cos, sin, pos)
-
-    def outs(n):
-        return [torch.full((n, w.shape[0]), float("nan"), dtype=w.dtype, device=device) for w in weights]
-
-    got = G.mm_many_invariant(x, weights, outs(m), rope=rope)
-    for t in range(m):
-        one = G.gemv(x[t : t + 1], weights, outs(1), rope=(0, 16, cos, sin, pos[t : t + 1]))
-        for i in range(len(weights)):
-            _assert_same_bits(f"row {t} out[{i}]", got[i][t : t + 1].cpu(), one[i].cpu())
-    single = G.mm_invariant(x, weights[1], torch.empty(m, 12, dtype=F32, device=device))
-    _assert_same_bits("mm_invariant", single.cpu(), G.mm_many_invariant(x, weights[1:], outs(m)[1:])[0].cpu())
-    o = _rand(gen, (m, 2, 256), BF).to(device)
-    wg = _rand(gen, (2, 16, 256), BF).to(device)
-    grouped = G.group_mm_invariant(o, wg, torch.empty(m, 2, 16, dtype=BF, device=device))
-    for t in (0, 16, 36):
-        one = G.group_gemv(o[t : t + 1], wg, torch.empty(1, 2, 16, dtype=BF, device=device))
-        _assert_same_bits(f"group row {t}", grouped[t : t + 1].cpu(), one.cpu())
-
-
 @pytest.mark.parametrize("m", [1, 3, 17], ids=["m1-gemv", "m3-blas", "m17-blas"])
 def test_runtime_entry_points(m, device):
     """`mm_auto` / `mm_many` / `group_mm_auto`: the fused GEMV for one token (AUTO_MAX_M) on

@@ -114,10 +114,9 @@ def test_bad_shapes_are_refused(device):
 
 
 def test_batch_entry_points_give_each_row_its_one_token_bits(device):
-    """The batched runtime's `mm_many` (`mm_many_batch`): a bf16 weight with rope on the
-    tensor cores and an fp32 weight through the chunked GEMV in one call; m = 37 rows equal
-    37 one-token calls byte for byte, and the rotated output equals the product then the
-    rope op."""
+    """The batched runtime's `mm_many` (`mm_many_batch`): a bf16 weight with rope and an
+    fp32 weight in one call; m = 37 rows equal 37 one-token calls byte for byte, and the
+    rotated output equals the product then the rope op."""
     from attnv41.kernels import rope as R
 
     gen = _gen("batch-entry")
@@ -140,3 +139,147 @@ def test_batch_entry_points_give_each_row_its_one_token_bits(device):
     rot = R.apply_rope(plain.view(m, -1, 16), cos, sin, pos, out=torch.empty(m, 2, 16, dtype=BF, device=device))
     assert torch.equal(got[0].cpu(), rot.view(m, 32).cpu())
     assert torch.equal(TC.mm_batch(x, weights[1], outs(m)[1]).cpu(), got[1].cpu())
+
+
+# ------------------------------------------------------------------ fp32 and FP8 weights
+
+
+def _within_f32(out, x, w, where):
+    """fp32 out (no rounding): w split into three exact bf16 parts, 3K exact products summed
+    in fp32: |out − ref| ≤ 1.01·2·3K·2^-24·A + 2^-140."""
+    ref = x.double() @ w.double().t()
+    A = x.double().abs() @ w.double().abs().t()
+    tol = 1.01 * 2 * 3 * x.shape[1] * 2.0**-24 * A + 2.0**-140
+    o = out.double().cpu()
+    assert out.dtype == torch.float32 and not torch.isnan(o).any(), where
+    bad = (o - ref).abs() > tol
+    assert not bad.any(), f"{where}: {int(bad.sum())} outputs past the bound, worst {float((o - ref).abs().max())}"
+
+
+@pytest.mark.parametrize("m,N,K", [(1, 64, 128), (5, 40, 96), (17, 70, 1024)])
+def test_tc_mm_fp32_weights_within_the_bound(device, m, N, K):
+    g = _gen("f32", m, N, K)
+    x = _rand(g, (m, K))
+    w = (torch.randn(N, K, generator=g) * torch.exp2(torch.randint(-6, 7, (N, K), generator=g).float())).float()
+    out = torch.full((m, N), float("nan"), dtype=torch.float32, device=device)
+    TC.tc_mm(x.to(device), w.to(device), out)
+    _within_f32(out, x, w, f"m={m} N={N} K={K} segs={TC.plan(N, K)}")
+    twin = TC.tc_mm_torch(x, w, torch.empty(m, N, dtype=torch.float32))
+    _within_f32(twin, x, w, "twin")
+
+
+def _fp8_weight(g, N, K):
+    from attnv41.reference.fp8 import quant_weight
+
+    return quant_weight(_rand(g, (N, K), spread=3).float())
+
+
+@pytest.mark.parametrize("m,N,K", [(1, 64, 128), (3, 40, 96), (17, 70, 1024)])
+def test_tc_mm_fp8_weights_against_the_released_linear(device, m, N, K):
+    """FP8 weights: against `reference.fp8.fp8_linear` (exact 32-term block sums, an fp32
+    chain) and the fp64 product of the same exact operands. Both round once to bf16; the
+    sums differ by at most 2·K·2^-24·A (A = Σ|xq·W|): |out − ref| ≤ 2^-7·|ref| + 1.01·E."""
+    from attnv41.kernels import qdq
+    from attnv41.reference.fp8 import dequant_weight, fp8_linear
+
+    g = _gen("fp8", m, N, K)
+    x = _rand(g, (m, K))
+    w, sc = _fp8_weight(g, N, K)
+    xq = qdq.fp8_qdq_torch(x)
+    out = torch.full((m, N), float("nan"), dtype=BF, device=device)
+    TC.tc_mm(xq.to(device), w.to(device), out, sc.to(device))
+    ref = fp8_linear(x, w, sc)
+    W = dequant_weight(w, sc).double()
+    A = xq.double().abs() @ W.abs().t()
+    tol = 2.0**-7 * ref.double().abs() + 1.01 * 2 * K * 2.0**-24 * A + 2.0**-133
+    o = out.double().cpu()
+    assert not torch.isnan(o).any()
+    bad = (o - ref.double()).abs() > tol
+    assert not bad.any(), f"m={m} N={N} K={K}: {int(bad.sum())} outputs past the bound"
+    exact = (xq.double() @ W.t()).to(BF).double()  # the fp64 product of the operands, rounded once
+    assert ((o - exact).abs() <= tol).all()
+
+
+def test_fp8_entry_points_quantize_once_and_keep_rows_invariant(device):
+    """`fp8_mm_batch` without xq equals `tc_mm` on `fp8_qdq(x)` byte for byte, and with xq
+    given the same; each of 37 rows equals its one-token call; an FP8 weight beside a bf16
+    and an fp32 one in `mm_many_batch` gives the same bytes as alone."""
+    from attnv41.kernels import qdq
+
+    g = _gen("fp8-entry")
+    m, N, K = 37, 96, 256
+    x = _rand(g, (m, K)).to(device)
+    w, sc = (t.to(device) for t in _fp8_weight(g, N, K))
+    xq = qdq.fp8_qdq(x.clone())
+    full = TC.fp8_mm_batch(x, w, sc, torch.empty(m, N, dtype=BF, device=device))
+    direct = TC.tc_mm(xq, w, torch.empty(m, N, dtype=BF, device=device), sc)
+    assert torch.equal(full.cpu(), direct.cpu())
+    given = TC.fp8_mm_batch(x, w, sc, torch.empty(m, N, dtype=BF, device=device), xq=xq)
+    assert torch.equal(full.cpu(), given.cpu())
+    for t in (0, 16, 36):
+        one = TC.fp8_mm_batch(x[t : t + 1], w, sc, torch.empty(1, N, dtype=BF, device=device))
+        assert torch.equal(one[0].cpu(), full[t].cpu()), f"row {t}"
+    wb, wf = _rand(g, (32, K)).to(device), _rand(g, (24, K)).float().to(device)
+    outs = [torch.empty(m, n, dtype=d, device=device) for n, d in ((32, BF), (N, BF), (24, torch.float32))]
+    got = TC.mm_many_batch(x, (wb, w, wf), outs, (None, sc, None))
+    assert torch.equal(got[1].cpu(), full.cpu())
+    assert torch.equal(got[0].cpu(), TC.tc_mm(x, wb, torch.empty(m, 32, dtype=BF, device=device)).cpu())
+    assert torch.equal(got[2].cpu(), TC.tc_mm(x, wf, torch.empty(m, 24, dtype=torch.float32, device=device)).cpu())
+
+
+def test_split_k_counters_return_to_zero(device):
+    """A split call (8 segments) leaves every arrival counter at zero (the next call, or a
+    graph replay, starts from them), and two calls give the same bytes."""
+    g = _gen("split8")
+    x, w = _rand(g, (70, 1024)).to(device), _rand(g, (64, 1024)).to(device)
+    assert TC.plan(64, 1024) == 8
+    a = TC.tc_mm(x, w, torch.empty(70, 64, dtype=BF, device=device))
+    b = TC.tc_mm(x, w, torch.empty(70, 64, dtype=BF, device=device))
+    assert torch.equal(a.cpu(), b.cpu())
+    _within(a, x.cpu(), w.cpu(), "segs=8")
+    assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
+
+
+def test_fp32_and_fp8_arguments_are_checked(device):
+    x = torch.zeros(2, 64, dtype=BF, device=device)
+    w8 = torch.zeros(32, 64, dtype=torch.float8_e4m3fn, device=device)
+    sc = torch.full((1, 2), 127, dtype=torch.uint8, device=device)
+    with pytest.raises(
+        ValueError, match="w: \\(32, 64\\) torch.float8_e4m3fn; allowed: a 2-D torch.bfloat16 or torch.float32"
+    ):
+        TC.tc_mm(x, w8, torch.zeros(2, 32, dtype=BF, device=device))
+    with pytest.raises(
+        ValueError, match="scale: \\(1, 1\\) torch.uint8; allowed: a contiguous float8_e8m0fnu or uint8 \\(1, 2\\)"
+    ):
+        TC.tc_mm(x, w8, torch.zeros(2, 32, dtype=BF, device=device), sc[:, :1])
+    with pytest.raises(ValueError, match="out: \\(2, 32\\) torch.bfloat16; allowed: a 2-D torch.float32"):
+        TC.tc_mm(x, torch.zeros(32, 64, device=device), torch.zeros(2, 32, dtype=BF, device=device))
+    with pytest.raises(ValueError, match="xq: given, but no weight is torch.float8_e4m3fn"):
+        TC.mm_many_batch(x, (w8.float(),), (torch.zeros(2, 32, device=device),), xq=x)
+
+
+def test_split3_parts_sum_to_the_fp32_weight_exactly(device):
+    """`_split3`: hi + mid + lo == v exactly (in fp64) and each part a bf16 value, over
+    fp32 values with every mantissa pattern class and exponents 2^-90..2^90."""
+    from attnv41.kernels._triton import tl, triton
+
+    @triton.jit
+    def _parts(v_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = i < n
+        hi, mid, lo = TC._split3(tl.load(v_ptr + i, mask=ok, other=0.0))
+        tl.store(o_ptr + i, hi, mask=ok)
+        tl.store(o_ptr + n + i, mid, mask=ok)
+        tl.store(o_ptr + 2 * n + i, lo, mask=ok)
+
+    g = _gen("split3")
+    n = 4096
+    bits = torch.randint(0, 1 << 23, (n,), generator=g, dtype=torch.int32)
+    bits[:4] = torch.tensor([0, (1 << 23) - 1, 1 << 15, (1 << 16) - 1])  # all zeros, all ones, the rounding edges
+    exp = torch.randint(127 - 90, 127 + 91, (n,), generator=g, dtype=torch.int32)
+    sign = torch.randint(0, 2, (n,), generator=g, dtype=torch.int32) << 31
+    v = (sign | (exp << 23) | bits).view(torch.float32)
+    parts = torch.empty(3 * n, dtype=BF, device=device)
+    _parts[(n // 1024,)](v.to(device), parts, n, BLOCK=1024)
+    p = parts.view(3, n).double().cpu()
+    assert torch.equal(p.sum(0), v.double()), "hi + mid + lo != v"

@@ -78,10 +78,6 @@ __all__ = [
     "prepare",
     "DECODE_MAX_M",
     "MAX_WEIGHTS",
-    "mm_many_invariant",
-    "mm_invariant",
-    "fp8_mm_invariant",
-    "group_mm_invariant",
 ]
 
 DECODE_MAX_M = 16  # tokens per call
@@ -675,46 +671,6 @@ def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.
     if o.is_cuda and 1 <= o.shape[0] <= AUTO_MAX_M:
         return group_gemv(o, w, out)
     return linear.group_mm(o, w, out)
-
-
-# ------------------------------------------- batch-invariant entry points (BatchV41 on CUDA)
-
-
-def _chunks(m: int):
-    for a in range(0, m, DECODE_MAX_M):
-        yield a, min(m, a + DECODE_MAX_M)
-
-
-def mm_many_invariant(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
-    """`mm_many` whose every output row has the bits of a one-token `gemv` call, for any m:
-    `gemv` over row chunks of DECODE_MAX_M tokens (a row's bits depend on nothing else,
-    module doc). For the batched runtime on CUDA, where a token's result must not depend on
-    the step's other tokens (cuBLAS picks its algorithm by m). Costs one weight read per
-    chunk, and the CUDA-core FMAs of the GEMV (a tensor-core form is future work)."""
-    scales = (None,) * len(weights) if scales is None else tuple(scales)
-    for a, b in _chunks(x.shape[0]):
-        r = None if rope is None else (*rope[:4], rope[4][a:b])
-        gemv(x[a:b], weights, [o[a:b] for o in outs], scales, None if xq is None else xq[a:b], r)
-    return tuple(outs)
-
-
-def mm_invariant(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`ops.mm` of the batched runtime on CUDA (`mm_many_invariant`, one weight)."""
-    return mm_many_invariant(x, (w,), (out,))[0]
-
-
-def fp8_mm_invariant(x, w, scale, out, xq=None) -> torch.Tensor:
-    """`ops.fp8_mm` of the batched runtime on CUDA (`mm_many_invariant`, one FP8 weight):
-    the released FP8 linear's math, as `gemv` runs it."""
-    return mm_many_invariant(x, (w,), (out,), (scale,), xq)[0]
-
-
-def group_mm_invariant(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`ops.group_mm` of the batched runtime on CUDA: `group_gemv` over row chunks of
-    DECODE_MAX_M tokens, each row's bits those of a one-token call."""
-    for a, b in _chunks(o.shape[0]):
-        group_gemv(o[a:b], w, out[a:b])
-    return out
 
 
 # ---------------------------------------------------------------------------- twins

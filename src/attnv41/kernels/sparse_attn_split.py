@@ -85,6 +85,7 @@ _BLOCKS_MAX_M = 1
 # the rope epilogue in registers 68.5 (packed 102.1), and one pipeline stage in the loop
 # 69.3 (packed 86.5: the packed loop's dequantization spills less).
 BATCH_TUNE = dict(comb_h=64, comb_d=128, warps_b=4, stages_b=1, combine="loop")
+_BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_TUNE` (same bytes)
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -166,9 +167,17 @@ if HAVE_TRITON:
 
 
 def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
-    """`sparse_attn_split` with the batched runtime's launch shape (`BATCH_TUNE`): the same
-    order and contract; the same for every m."""
-    return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **BATCH_TUNE)
+    """`sparse_attn_split` with the batched runtime's launch shape: the same order and
+    contract. `BATCH_TUNE` (the loop over all 64 heads per program), except for calls of m ≤
+    `_BATCH_SMALL_M` tokens, which take the single-sequence shape `_TUNE` (the block-parallel
+    combine, 16 heads × 64 columns: 4 programs per token with BATCH_TUNE's 128-column slices
+    leave the GPU idle at batch 1). Both give a token the same bytes (the same logits
+    kernel, the same Σp tree and dot order; checked on the GPU at the Flash shapes, bf16 and
+    packed rows, by tests/kernels/test_decode_invariance.py), so the choice by m moves no
+    bit."""
+    m = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
+    tune = {} if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
+    return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **tune)
 
 
 def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:

@@ -1,37 +1,54 @@
-"""Batch-invariant tensor-core matmuls for bf16 weights (Triton): the batched runtime's
-projections on CUDA (`runtime/batch.py`), where a token's bits must not depend on the
-step's other tokens, nor on how many there are.
+"""Batch-invariant tensor-core matmuls (Triton): the batched runtime's projections on
+CUDA (`runtime/batch.py`), where a token's bits must not depend on the step's other
+tokens, nor on how many there are.
 
-- `tc_mm(x, w, out)`: `out = bf16(x · wᵀ)`; x bf16 `[m, K]` (rows contiguous), w bf16
-  `[N, K]` contiguous, out bf16 `[m, N]`; any m ≥ 1.
+- `tc_mm(x, w, out, scale=None)`: `out = x · wᵀ`; x bf16 `[m, K]` (rows contiguous), w
+  `[N, K]` contiguous, out `[m, N]`; any m ≥ 1. Weights:
+  - bf16 (out bf16): `tl.dot(a, b, acc)` per BK-column chunk;
+  - fp32, the compressor's (out fp32, no rounding): each chunk of w split in registers
+    into three bf16 parts with hi + mid + lo == w exactly (`_split3`), three products
+    into the same fp32 accumulator. Every product of bf16 x by a part is exact in fp32;
+    only the sums round (3K terms instead of K, fp32 order as below);
+  - float8_e4m3fn with its e8m0 block scale `[ceil(N/32), K/32]` (out bf16), the
+    released FP8 linear (`reference.fp8.fp8_linear`): x must be the input's FP8 round
+    trip `fp8_qdq(x)` = q·sx (bf16, exact); per 32-column block b, in order, `p =
+    dot(x_b, e4m3 w_b)` (bf16 operands holding exact e4m3 values times powers of two: each
+    product exact in fp32; the block's 32 terms summed by the tensor core in fp32) and `acc
+    += p · sw_b` (a power of two: only the addition rounds): the reference's chain with
+    the block sum in fp32 instead of exact. Not the FP8 MMA (its 32-term sums keep about
+    13 bits; `fp8_linear.py`).
 - `tc_group_mm(o, w, out)`: per group g `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`; o bf16
-  `[m, G, gw]`, w `[G, r, gw]` contiguous, out `[m, G, r]` (strided views allowed, last
-  dims contiguous): wo_a's grouped low-rank projection.
+  `[m, G, gw]`, w bf16 `[G, r, gw]` contiguous, out `[m, G, r]` (strided views allowed,
+  last dims contiguous): wo_a's grouped low-rank projection.
 
 Why invariant: every call runs the same compiled kernel whatever m is (BM = 64 token rows
 per program, BN weight rows, BK columns per chunk, warps and stages fixed; m is not
 specialized), rows past m are masked loads; a matrix product's row depends on its own row
 of x and on the weights only; K is cut into SEGS segments of IPS chunks, SEGS a constant
-of the weight's shape (`plan`); each segment accumulates its chunks in order with
-`tl.dot(a, b, acc)`; with SEGS > 1 the fp32 segment partials go to a workspace and a
-second launch adds them left to right and rounds once to bf16 (nearest even). So a row's
-bits depend on nothing but its own input and the weights: the same at m = 1 and m = 256,
-alone or with other sequences, on any SM count. The bits differ from `gemv.gemv`'s
-(another summation order), within the bf16 tolerance of the exact product.
+of the weight's shape (`plan`); each segment accumulates its chunks in order; with SEGS > 1
+the fp32 segment partials go to a workspace, each program then counts its arrival on its
+tile's counter, and the last of the tile's SEGS programs to arrive (whichever it is) adds
+the partials in segment order 0, 1, … and rounds once (bf16 nearest even, or none for
+fp32 out), then resets the counter. So a row's bits depend on nothing but its own input
+and the weights: the same at m = 1 and m = 256, alone or with other sequences, on any SM
+count, whatever the arrival order. The bits differ from `gemv.gemv`'s (another summation
+order), within the tolerance of the exact product.
 
 Programs: grid (row tiles, weight tiles, groups × segments), the row tile fastest so
 that the programs reading one weight tile run together (one DRAM read, the others from
-L2). Capturable (no host sync; the workspace comes from the caching allocator).
+L2). Capturable (no host sync; the workspace comes from the caching allocator; the
+counters are one buffer per device, `prepare`, so two split calls must not run at once on
+different streams).
 
-Twin: `tc_mm_torch`/`tc_group_mm_torch` (fp32 matmul, one rounding; equal within fp32
-summation-order error, not in bits).
+Twin: `tc_mm_torch`/`tc_group_mm_torch` (fp32 matmul, one rounding; the reference FP8
+linear for FP8 weights; equal within fp32 summation-order error, not in bits).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
 
 if HAVE_TRITON:
     from ._triton import round_bf16
@@ -44,6 +61,8 @@ __all__ = [
     "plan",
     "mm_batch",
     "mm_many_batch",
+    "fp8_mm_batch",
+    "prepare",
     "BM",
     "BN",
     "BK",
@@ -58,6 +77,8 @@ __all__ = [
 BM, BN, BK = 64, 64, 128
 _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per SM on an H200)
 _WARPS, _STAGES = 4, 3
+_LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of a split call
+_counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
 
 def plan(N: int, K: int) -> int:
@@ -71,80 +92,163 @@ def plan(N: int, K: int) -> int:
 
 
 if HAVE_TRITON:
+    from .gemv_fp8 import _e8m0
+
+    @triton.jit
+    def _split3(v):
+        """fp32 → three bf16 (hi, mid, lo) with hi + mid + lo == v exactly: each step keeps
+        the nearest bf16 and the remainder is exact in fp32 (for |v| ≥ 2^-100: then no part
+        is subnormal); after two 8-bit steps at most 8 significant bits remain."""
+        hi = round_bf16(v)
+        r = v - hi.to(tl.float32)
+        mid = round_bf16(r)
+        lo = round_bf16(r - mid.to(tl.float32))
+        return hi, mid, lo
 
     @triton.jit(do_not_specialize=["M"])
     def _tc_kernel(
-        x, sxm, sxg, w, swg, out, som, sog, part,
-        M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr,
+        x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks,
+        M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
     ):  # fmt: skip
         pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         g, seg = pgs // SEGS, pgs % SEGS
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
-        ks = tl.arange(0, BK)
         rok, cok = rows < M, cols < N
         xp = x + g * sxg + rows[:, None] * sxm
-        wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for i in range(IPS):
-            k = (seg * IPS + i) * BK + ks
-            if EVEN_K:
-                a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
-                b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
-            else:
-                kok = k < K
-                a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
-                b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
-            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-        ok = rok[:, None] & cok[None, :]
-        if SEGS == 1:
-            tl.store(out + g * sog + rows[:, None] * som + cols[None, :], round_bf16(acc), mask=ok)
+        if WK == 2:  # FP8 weights: one 32-column block per product, scaled as it is added
+            ks = tl.arange(0, 32)
+            wp = w + cols[None, :] * K  # [32, BN] view of w's rows (transposed)
+            sp = wsc + (cols // 32) * (K // 32)  # [BN] the tile's rows' scale rows
+            for i in range(IPS * (BK // 32)):
+                kb = seg * IPS * (BK // 32) + i
+                k = kb * 32 + ks
+                if EVEN_K:
+                    a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
+                    b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
+                    e = tl.load(sp + kb, mask=cok, other=127)
+                else:
+                    kok = k < K
+                    a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
+                    b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
+                    e = tl.load(sp + kb, mask=cok & (kb * 32 < K), other=127)
+                if DOT_FP32:  # interpreter only (module doc)
+                    p = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+                else:
+                    p = tl.dot(a, b.to(tl.bfloat16))
+                acc += p * _e8m0(e.to(tl.int32))[None, :]
         else:
-            pp = part + ((g * SEGS + seg) * M + rows[:, None]) * N + cols[None, :]
-            tl.store(pp, acc, mask=ok)
+            ks = tl.arange(0, BK)
+            wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
+            for i in range(IPS):
+                k = (seg * IPS + i) * BK + ks
+                if EVEN_K:
+                    a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
+                    b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
+                else:
+                    kok = k < K
+                    a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
+                    b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
+                if WK == 1:  # fp32 weights: three exact bf16 parts, three products
+                    hi, mid, lo = _split3(b)
+                    if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                        a32 = a.to(tl.float32)
+                        acc = tl.dot(a32, hi.to(tl.float32), acc, input_precision="ieee")
+                        acc = tl.dot(a32, mid.to(tl.float32), acc, input_precision="ieee")
+                        acc = tl.dot(a32, lo.to(tl.float32), acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(a, hi, acc)
+                        acc = tl.dot(a, mid, acc)
+                        acc = tl.dot(a, lo, acc)
+                elif DOT_FP32:
+                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, b, acc)
+        ok = rok[:, None] & cok[None, :]
+        op = out + g * sog + rows[:, None] * som + cols[None, :]
+        if SEGS == 1:
+            if OUT_F32:
+                tl.store(op, acc, mask=ok)
+            else:
+                tl.store(op, round_bf16(acc), mask=ok)
+        else:  # the partials in the workspace; the last segment of the tile to arrive sums them in order
+            plane = M * N
+            pp = part + (g * SEGS * M + rows[:, None]) * N + cols[None, :]
+            tl.store(pp + seg * plane, acc, mask=ok)
+            tl.debug_barrier()  # every thread's partial stored before the release below
+            lock = locks + (g * tl.num_programs(0) + pm) * tl.num_programs(1) + pn
+            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if arrived == SEGS - 1:
+                s = tl.load(pp, mask=ok, other=0.0, cache_modifier=".cg")
+                for j in range(1, SEGS):
+                    s += tl.load(pp + j * plane, mask=ok, other=0.0, cache_modifier=".cg")
+                if OUT_F32:
+                    tl.store(op, s, mask=ok)
+                else:
+                    tl.store(op, round_bf16(s), mask=ok)
+                tl.atomic_xchg(lock, 0)
 
-    @triton.jit(do_not_specialize=["M"])
-    def _combine_kernel(part, out, som, sog, M, N, SEGS: tl.constexpr, BLOCK: tl.constexpr):
-        g = tl.program_id(1)
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ok = i < M * N
-        t, n = i // N, i % N
-        s = tl.load(part + (g * SEGS * M) * N + i, mask=ok, other=0.0)
-        for j in range(1, SEGS):
-            s = s + tl.load(part + ((g * SEGS + j) * M) * N + i, mask=ok, other=0.0)
-        tl.store(out + g * sog + t * som + n, round_bf16(s), mask=ok)
 
-
-def _check(name, t, dims, last_contig=True) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype != torch.bfloat16:
+def _check(name, t, dims, dtypes=(torch.bfloat16,)) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype not in dtypes:
         got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name}: {got}; allowed: a {dims}-D torch.bfloat16 tensor")
-    if last_contig and t.shape[-1] > 1 and t.stride(-1) != 1:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name}: {got}; allowed: a {dims}-D {allowed} tensor")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}.stride(-1) = {t.stride(-1)}; allowed: 1 (contiguous last dim)")
 
 
-def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K) -> None:
+def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     segs = plan(G * N if G > 1 else N, K)  # groups: the split sees all G·N rows, as one weight
-    part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=x.device)
-    grid = (-(-m // BM), -(-N // BN), G * segs)
-    _tc_kernel[grid](
-        x, sxm, sxg, w, N * K, out, som, sog, part, m, N, K, SEGS=segs, IPS=-(-K // BK) // segs,
+    tiles = (-(-m // BM), -(-N // BN))
+    if segs > 1 and G * tiles[0] * tiles[1] > _LOCKS:  # checked before anything is launched
+        raise ValueError(
+            f"m = {m}: arrival counters needed = {G * tiles[0] * tiles[1]} (groups × row tiles × weight tiles "
+            f"of {tuple(w.shape)}); allowed: <= {_LOCKS}"
+        )
+    dev = x.device
+    part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
+    locks = _counters.buffer(dev) if segs > 1 else part
+    wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
+    _tc_kernel[(*tiles, G * segs)](
+        x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
+        SEGS=segs, IPS=-(-K // BK) // segs, WK=wk, OUT_F32=out.dtype == torch.float32,
         BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), num_warps=_WARPS, num_stages=_STAGES,
     )  # fmt: skip
-    if segs > 1:
-        blk = 1024
-        _combine_kernel[(-(-(m * N) // blk), G)](part, out, som, sog, m, N, SEGS=segs, BLOCK=blk, num_warps=4)
 
 
-def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`out = bf16(x · wᵀ)`, batch-invariant (module doc); returns out."""
+def _scale_bytes(scale, w) -> torch.Tensor:
+    """An FP8 weight's e8m0 block scale as uint8 `[ceil(N/32), K/32]` (ValueError otherwise)."""
+    N, K = w.shape
+    want = (-(-N // 32), K // 32)
+    if (
+        not isinstance(scale, torch.Tensor)
+        or scale.dtype not in (torch.float8_e8m0fnu, torch.uint8)
+        or tuple(scale.shape) != want
+        or not scale.is_contiguous()
+        or scale.device != w.device
+    ):
+        got = f"{tuple(scale.shape)} {scale.dtype}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise ValueError(f"scale: {got}; allowed: a contiguous float8_e8m0fnu or uint8 {want} on {w.device}")
+    return scale.view(torch.uint8)
+
+
+def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = x · wᵀ`, batch-invariant (module doc); returns out. w bf16 (out bf16), fp32
+    (out fp32: the compressor's projections) or float8_e4m3fn with its e8m0 `scale` (out
+    bf16; x must then be the FP8 round trip `fp8_qdq` of the input, as `fp8_mm_batch`
+    makes it)."""
     _check("x", x, 2)
-    _check("w", w, 2)
-    _check("out", out, 2)
+    if scale is None:
+        _check("w", w, 2, (torch.bfloat16, torch.float32))
+    else:
+        _check("w", w, 2, (torch.float8_e4m3fn,))
+        if w.shape[1] % 32:
+            raise ValueError(f"w.shape[1] (K) = {w.shape[1]}; allowed: a multiple of 32 (the FP8 scale blocks)")
+        scale = _scale_bytes(scale, w)
+    _check("out", out, 2, (torch.float32,) if w.dtype == torch.float32 else (torch.bfloat16,))
     m, K = x.shape
     N = w.shape[0]
     if m < 1 or w.shape[1] != K or not w.is_contiguous():
@@ -152,7 +256,7 @@ def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     if tuple(out.shape) != (m, N):
         raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: ({m}, {N})")
     require_triton("tc_mm", x, w, out)
-    _launch(x, x.stride(0), 0, w, out, out.stride(0), 0, m, 1, N, K)
+    _launch(x, x.stride(0), 0, w, out, out.stride(0), 0, m, 1, N, K, scale)
     return out
 
 
@@ -172,27 +276,35 @@ def tc_group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Te
     return out
 
 
+def prepare(device: torch.device | str) -> None:
+    """Allocate the split-K arrival counters on `device` (zeros). Done by the first call
+    that splits K; call it before capturing a CUDA graph whose first such call is inside it."""
+    _counters.prepare(device)
+
+
 # ------------------------------------------ the batched runtime's entry points (ops table)
 
 
 def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
-    """`ops.mm_many` of the batched runtime on CUDA: each bf16 weight through `tc_mm`;
-    fp32 weights (the compressor's) and FP8 weights (with their scales) through the GEMV in
-    row chunks (`gemv.mm_many_invariant`: batch-invariant too, on the CUDA cores); `rope`
-    (i, head_dim, cos, sin, pos) rotates output i, by the rope op after a tensor-core
-    product (the same bits as the GEMV's epilogue would give those values)."""
-    from . import gemv  # noqa: PLC0415
+    """`ops.mm_many` of the batched runtime on CUDA: every weight through `tc_mm` (bf16,
+    fp32, or FP8 with its scale; one launch each); FP8 weights read x's FP8 round trip,
+    `xq` if given (its producer made it), else `qdq.fp8_qdq(x)` once for the call; `rope`
+    (i, head_dim, cos, sin, pos) rotates output i by the rope op after the product (the
+    same bits as the GEMV's epilogue would give those values)."""
+    from . import gemv, qdq  # noqa: PLC0415
     from . import rope as _rope  # noqa: PLC0415
 
     scales = (None,) * len(weights) if scales is None else tuple(scales)
-    tc = [j for j, (w, sc) in enumerate(zip(weights, scales)) if sc is None and w.dtype == torch.bfloat16]
-    rest = [j for j in range(len(weights)) if j not in tc]
-    for j in tc:
-        tc_mm(x, weights[j], outs[j])
-    if rest:
-        r = None if rope is None or rope[0] not in rest else (rest.index(rope[0]), *rope[1:])
-        gemv.mm_many_invariant(x, [weights[j] for j in rest], [outs[j] for j in rest], [scales[j] for j in rest], xq, r)
-    if rope is not None and rope[0] in tc:
+    if len(scales) != len(weights) or len(outs) != len(weights):
+        raise ValueError(f"{len(weights)} weights, {len(outs)} outs, {len(scales)} scales; allowed: as many of each")
+    fp8 = [sc is not None for sc in scales]
+    gemv._check_xq(x, xq, [w for w, f in zip(weights, fp8) if f])
+    xr = None
+    if any(fp8):
+        xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous())
+    for w, o, sc in zip(weights, outs, scales):
+        tc_mm(xr if sc is not None else x, w, o, sc)
+    if rope is not None:
         gemv._rope_after(outs, rope, _rope.apply_rope)
     return tuple(outs)
 
@@ -202,9 +314,20 @@ def mm_batch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return mm_many_batch(x, (w,), (out,))[0]
 
 
-def tc_mm_torch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The twin: fp32 products and sums, one rounding to bf16."""
-    return out.copy_((x.float() @ w.float().t()).to(torch.bfloat16))
+def fp8_mm_batch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, xq=None) -> torch.Tensor:
+    """`ops.fp8_mm` of the batched runtime on CUDA (`mm_many_batch`, one FP8 weight): the
+    released FP8 linear's math on the tensor cores (module doc)."""
+    return mm_many_batch(x, (w,), (out,), (scale,), xq)[0]
+
+
+def tc_mm_torch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin: fp32 products and sums, one rounding to out's dtype; with an FP8 weight's
+    `scale`, the released FP8 linear (`reference.fp8.fp8_linear`, x the unquantized input)."""
+    if scale is not None:
+        from ..reference.fp8 import fp8_linear  # noqa: PLC0415
+
+        return out.copy_(fp8_linear(x, w, scale))
+    return out.copy_((x.float() @ w.float().t()).to(out.dtype))
 
 
 def tc_group_mm_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

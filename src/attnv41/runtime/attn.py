@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..kernels import fp8_linear, gemv, select, sparse_attn_split
+from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm
 from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
@@ -193,7 +193,10 @@ class AttnV41:
             fp8_linear.prepare(dev)  # its counters exist before any capture
         if self.ops.mm_many is gemv.mm_many and dev.type == "cuda":
             gemv.prepare(dev)
-        if self.ops.sparse_attn_decode is sparse_attn_split.sparse_attn_split and dev.type == "cuda":
+        if self.ops.mm_many is tc_mm.mm_many_batch and dev.type == "cuda":
+            tc_mm.prepare(dev)  # the split-K counters
+        split = (sparse_attn_split.sparse_attn_split, sparse_attn_split.sparse_attn_batch)
+        if self.ops.sparse_attn_decode in split and dev.type == "cuda":
             sparse_attn_split.prepare(dev)  # the block-parallel combine's counters
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (

@@ -34,10 +34,9 @@ rows; on the CPU the bytes are the same (tested). How:
   index tensors built once per step on the host (`_compress_plan`), then a gather, one
   pooling launch and the fused row and key chains per kv source.
 
-On CUDA the op table is `ops.TRITON_BATCH_OPS`: bf16 projections on the tensor cores
-with one launch shape for every row count (`kernels/tc_mm.py`), fp32 and FP8 ones through
-the GEMV in row chunks of 16 tokens, so a token's bits do not depend on the other tokens
-of the step (cuBLAS picks its algorithm by the row count); the other kernels are
+On CUDA the op table is `ops.TRITON_BATCH_OPS`: the projections (bf16, the compressor's
+fp32, FP8 with their scales) on the tensor cores with one launch shape for every row count
+(`kernels/tc_mm.py`), so a token's bits do not depend on the other tokens of the step (cuBLAS picks its algorithm by the row count); the other kernels are
 batch-invariant as they are. `attnv41 check --batch` checks it on the golden files.
 
 `rollback(slot, pos)` returns a slot to a position inside its last step when that step

@@ -125,8 +125,8 @@ TRITON_OPS = Ops(
 
 # The batched runtime on CUDA (runtime/batch.py): the projections batch-invariant (cuBLAS
 # picks its algorithm by m, so a token's bits would follow the step's other tokens): bf16
-# weights on the tensor cores with one launch shape for every m (kernels/tc_mm.py), fp32
-# and FP8 weights through the GEMV in row chunks; the decode attention with a launch shape
+# (and fp32, and FP8 with their scales) weights on the tensor cores with one launch shape
+# for every m (kernels/tc_mm.py); the decode attention with a launch shape
 # for batches (`sparse_attn_batch`); the rest as TRITON_OPS (their kernels are
 # batch-invariant already).
 TRITON_BATCH_OPS = dataclasses.replace(
@@ -135,7 +135,7 @@ TRITON_BATCH_OPS = dataclasses.replace(
     mm=tc_mm.mm_batch,
     mm_many=tc_mm.mm_many_batch,
     group_mm=tc_mm.tc_group_mm,
-    fp8_mm=gemv.fp8_mm_invariant,
+    fp8_mm=tc_mm.fp8_mm_batch,
     sparse_attn_decode=sparse_split.sparse_attn_batch,  # one launch shape for every m, tiled for batches
 )
 
