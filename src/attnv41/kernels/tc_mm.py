@@ -8,15 +8,21 @@ tokens, nor on how many there are.
   - fp32, the compressor's (out fp32, no rounding): each chunk of w split in registers
     into three bf16 parts with hi + mid + lo == w exactly (`_split3`), three products
     into the same fp32 accumulator. Every product of bf16 x by a part is exact in fp32;
-    only the sums round (3K terms instead of K, fp32 order as below);
+    only the sums round (3K terms instead of K). The parts, made in registers, are the
+    first operand: the tile is computed transposed (H200, one [1024, 5120] weight, µs at m
+    = 1 / 64 / 256: 20.5 / 21.6 / 53.5 against 25.7 / 26.8 / 86.9 untransposed, 69 / 73 /
+    257 with fp32 FMAs, and the decode GEMV in row chunks of 16 at m = 64: 155.8);
   - float8_e4m3fn with its e8m0 block scale `[ceil(N/32), K/32]` (out bf16), the
     released FP8 linear (`reference.fp8.fp8_linear`): x must be the input's FP8 round
-    trip `fp8_qdq(x)` = q·sx (bf16, exact); per 32-column block b, in order, `p =
-    dot(x_b, e4m3 w_b)` (bf16 operands holding exact e4m3 values times powers of two: each
-    product exact in fp32; the block's 32 terms summed by the tensor core in fp32) and `acc
-    += p · sw_b` (a power of two: only the addition rounds): the reference's chain with
-    the block sum in fp32 instead of exact. Not the FP8 MMA (its 32-term sums keep about
-    13 bits; `fp8_linear.py`).
+    trip `fp8_qdq(x)` = q·sx (bf16, exact); each weight chunk is dequantized in registers
+    to e4m3 · 2^(e−127) (exact in bf16: 4 significant bits, normal for any weight whose
+    scale the released conversion made) and multiplied as a bf16 weight: every product
+    exact in fp32, the K terms summed in fp32, one rounding (the "wide GEMM" form the
+    golden README says reproduces the released outputs; the prefill path's too). Not the
+    FP8 MMA (its 32-term sums keep about 13 bits; `fp8_linear.py`). Measured and dropped
+    on the H200 (scripts/tc_kinds.py, 2026-12-03): one product per 32-column block
+    scaled as it is added (the reference's chain: 1.5-2x slower), 32-row tiles with one
+    scale row, 256-column chunks, the transposed tile (1.5x slower).
 - `tc_group_mm(o, w, out)`: per group g `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`; o bf16
   `[m, G, gw]`, w bf16 `[G, r, gw]` contiguous, out `[m, G, r]` (strided views allowed,
   last dims contiguous): wo_a's grouped low-rank projection.
@@ -111,37 +117,44 @@ if HAVE_TRITON:
         M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
     ):  # fmt: skip
+        """WK: 0 bf16 weights, 1 fp32 (three exact bf16 parts), 2 FP8 (e4m3 with e8m0 block
+        scales wsc, dequantized in registers). DOT_FP32: the interpreter's form of each
+        product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands."""
         pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         g, seg = pgs // SEGS, pgs % SEGS
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
         rok, cok = rows < M, cols < N
-        xp = x + g * sxg + rows[:, None] * sxm
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if WK == 2:  # FP8 weights: one 32-column block per product, scaled as it is added
-            ks = tl.arange(0, 32)
-            wp = w + cols[None, :] * K  # [32, BN] view of w's rows (transposed)
-            sp = wsc + (cols // 32) * (K // 32)  # [BN] the tile's rows' scale rows
-            for i in range(IPS * (BK // 32)):
-                kb = seg * IPS * (BK // 32) + i
-                k = kb * 32 + ks
+        ks = tl.arange(0, BK)
+        if WK == 1:  # the parts are made in registers and go first: the tile is computed transposed
+            xpt = x + g * sxg + rows[None, :] * sxm  # [BK, BM] view of x's rows
+            wpt = w + g * swg + cols[:, None] * K  # [BN, BK] the weight's rows
+            acct = tl.zeros((BN, BM), dtype=tl.float32)
+            for i in range(IPS):
+                k = (seg * IPS + i) * BK + ks
                 if EVEN_K:
-                    a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
-                    b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
-                    e = tl.load(sp + kb, mask=cok, other=127)
+                    at = tl.load(xpt + k[:, None], mask=rok[None, :], other=0.0)
+                    bt = tl.load(wpt + k[None, :], mask=cok[:, None], other=0.0)
                 else:
                     kok = k < K
-                    a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
-                    b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
-                    e = tl.load(sp + kb, mask=cok & (kb * 32 < K), other=127)
-                if DOT_FP32:  # interpreter only (module doc)
-                    p = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+                    at = tl.load(xpt + k[:, None], mask=rok[None, :] & kok[:, None], other=0.0)
+                    bt = tl.load(wpt + k[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+                hi, mid, lo = _split3(bt)
+                if DOT_FP32:
+                    a32 = at.to(tl.float32)
+                    acct = tl.dot(hi.to(tl.float32), a32, acct, input_precision="ieee")
+                    acct = tl.dot(mid.to(tl.float32), a32, acct, input_precision="ieee")
+                    acct = tl.dot(lo.to(tl.float32), a32, acct, input_precision="ieee")
                 else:
-                    p = tl.dot(a, b.to(tl.bfloat16))
-                acc += p * _e8m0(e.to(tl.int32))[None, :]
+                    acct = tl.dot(hi, at, acct)
+                    acct = tl.dot(mid, at, acct)
+                    acct = tl.dot(lo, at, acct)
+            acc = tl.trans(acct)
         else:
-            ks = tl.arange(0, BK)
+            xp = x + g * sxg + rows[:, None] * sxm
             wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
+            sp = wsc + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
             for i in range(IPS):
                 k = (seg * IPS + i) * BK + ks
                 if EVEN_K:
@@ -151,18 +164,12 @@ if HAVE_TRITON:
                     kok = k < K
                     a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
                     b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
-                if WK == 1:  # fp32 weights: three exact bf16 parts, three products
-                    hi, mid, lo = _split3(b)
-                    if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-                        a32 = a.to(tl.float32)
-                        acc = tl.dot(a32, hi.to(tl.float32), acc, input_precision="ieee")
-                        acc = tl.dot(a32, mid.to(tl.float32), acc, input_precision="ieee")
-                        acc = tl.dot(a32, lo.to(tl.float32), acc, input_precision="ieee")
-                    else:
-                        acc = tl.dot(a, hi, acc)
-                        acc = tl.dot(a, mid, acc)
-                        acc = tl.dot(a, lo, acc)
-                elif DOT_FP32:
+                if WK == 2:  # e4m3 · 2^(e−127): exact in bf16 (4 significant bits)
+                    e = tl.load(sp + (k // 32)[:, None], mask=cok[None, :] & (k < K)[:, None], other=127)
+                    b = b.to(tl.float32) * _e8m0(e.to(tl.int32))
+                    if not DOT_FP32:
+                        b = b.to(tl.bfloat16)
+                if DOT_FP32:
                     acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(a, b, acc)
