@@ -366,3 +366,14 @@ def test_bench_weights_that_cannot_run(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--device", "cpu", "--weights", "fp8", "--out", str(tmp_path / "c")]) == 2
     assert "attnv41 bench: weights = 'fp8', but the 'nofp8' op table" in capsys.readouterr().err
     assert not (tmp_path / "c").exists(), "nothing written on a refused format"
+
+
+def test_bench_contexts_shorter_than_the_prefill_rows(tmp_path):
+    """`--contexts` below the longest `--prefill` length: the stack's max_seq still holds
+    max_tokens (the config's rule), e.g. `bench --contexts 4096` on a GPU beside 8,192-token
+    prefill rows (it raised before)."""
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--parts", "decode", "--weights", "bf16", "--out", str(out)]
+    assert main([*args, "--contexts", "40", "--prefill", "300"]) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert not res.get("errors") and {r["context"] for r in res["decode"]} == {40}

@@ -155,7 +155,9 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
     max_tokens = max(opts.prefill)
     # room for the steps a decode row runs past its context, up to the geometry's last
     # position (a 1M context: --contexts 1048000 on V4.1-Flash, max_position_embeddings 2^20)
-    max_seq = min(max(opts.contexts) + 256, _geometry(opts).max_position_embeddings)
+    # (and at least max_tokens: the config requires max_tokens <= max_seq, e.g. --contexts 4096
+    # beside the default 8,192-token prefill rows)
+    max_seq = min(max(max(opts.contexts) + 256, max_tokens), _geometry(opts).max_position_embeddings)
     if opts.checkpoint is not None:
         from ..checkpoint import load_model
         from ..config import AttnV41Cfg
