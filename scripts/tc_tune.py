@@ -3,7 +3,7 @@ projection shapes (CUDA only; a development tool, not part of `attnv41 bench`).
 
 For m in M_LIST (default 1, 8, 64, 256): each bf16 projection of a layer and wo_a (grouped)
 through `tc_mm` with the production launch shape and with variants of (BM, BN, BK, warps,
-stages) (BK is part of the bits: a variant is another constant, not a launch detail), beside cuBLAS (`linear.mm`,
+stages, target programs) (the split count is part of the bits: a variant is another constant), beside cuBLAS (`linear.mm`,
 `linear.group_mm`) (the chunked GEMV the batched runtime ran before is gone; its figures
 are in BENCHMARKS.md, 2026-12-02 fifth entry). Every variant is checked first: within the fp64 bound of the kernel tests
 and equal bits on a second call. Times: `Timer.time_graph` over copies of the weights
@@ -35,17 +35,20 @@ SHAPES = {  # name: (N, K) or (G, r, gw) for the grouped wo_a
     "wo_a (grouped)": (8, 1024, 4096),
 }
 M_LIST = [int(v) for v in os.environ.get("M_LIST", "1,64,256").split(",")]
-# (BM, BN, BK, warps, stages); the first is production. BK changes the bits (another constant).
+# (BM, BN, BK, warps, stages, target programs); the first is production. The split count
+# (from the target) changes the bits (another constant). TC_VARIANTS="64/128/64/4/6/132 ..."
+# replaces the list after production.
 VARIANTS = [
-    (16, 64, 64, 4, 4),
-    (64, 64, 64, 4, 3),
-    (64, 128, 64, 4, 3),
-    (64, 64, 128, 4, 3),
-    (32, 64, 64, 4, 3),
-    (16, 64, 128, 4, 3),
-    (64, 128, 64, 8, 3),
-    (64, 256, 64, 8, 3),
+    (TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES, TC._TARGET_PROGRAMS),
+    (64, 128, 64, 4, 6, 132),
+    (64, 128, 64, 8, 6, 132),
+    (64, 128, 128, 8, 4, 132),
+    (64, 256, 64, 8, 5, 132),
+    (64, 64, 64, 4, 6, 264),
+    (64, 128, 64, 4, 4, 264),
 ]
+if os.environ.get("TC_VARIANTS"):
+    VARIANTS = VARIANTS[:1] + [tuple(int(v) for v in s.split("/")) for s in os.environ["TC_VARIANTS"].split()]
 BUDGET_S = float(os.environ.get("BUDGET_S", "200"))
 
 
@@ -87,7 +90,7 @@ def main() -> None:
             for v in VARIANTS:
                 if time.perf_counter() - t0 > BUDGET_S and v != VARIANTS[0]:
                     continue
-                cands["tc %d/%d/%d w%d s%d" % v] = lambda w, o, v=v: _with(v, tc, x, w, o)
+                cands["tc %d/%d/%d w%d s%d t%d" % v] = lambda w, o, v=v: _with(v, tc, x, w, o)
             for label, fn in cands.items():
                 try:
                     fn(ws[0], outs[0])
@@ -121,12 +124,12 @@ def main() -> None:
 
 
 def _with(v, fn, x, w, o):
-    saved = TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES
-    TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES = v
+    saved = TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES, TC._TARGET_PROGRAMS
+    TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES, TC._TARGET_PROGRAMS = v
     try:
         return fn(x, w, o)
     finally:
-        TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES = saved
+        TC.BM, TC.BN, TC.BK, TC._WARPS, TC._STAGES, TC._TARGET_PROGRAMS = saved
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 the pool (the callers' slots; the pad slot's contents are nobody's). On the CPU the
 captured body runs eagerly; on CUDA (gpu marker) it is captured and replayed."""
 
+import os
 import random
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnv41.kernels._triton import PDL_ENV
 from attnv41.runtime import BatchGraphs, BatchV41
 from attnv41.runtime.batch_graphs import default_sizes
 from attnv41.weights import AttnV41LayerWeights
@@ -207,3 +209,38 @@ def test_graph_replay_equals_eager_on_cuda(ratios):
         yb = b.step(wts, list(xd), slots, starts, [1] * 4)
         assert all(torch.equal(ya[i], yb[i]) for i in range(cfg.n_layers))
     assert g.recaptures == before + 1
+
+
+class _WithoutPDL:
+    """A batch whose steps launch every kernel without programmatic dependent launch."""
+
+    def __init__(self, bt):
+        self.bt = bt
+
+    def __getattr__(self, name):
+        return getattr(self.bt, name)
+
+    def step(self, *args, **kw):
+        old = os.environ.get(PDL_ENV)
+        os.environ[PDL_ENV] = "0"
+        try:
+            return self.bt.step(*args, **kw)
+        finally:
+            if old is None:
+                del os.environ[PDL_ENV]
+            else:
+                os.environ[PDL_ENV] = old
+
+
+@pytest.mark.gpu
+def test_pdl_changes_no_byte_on_cuda(monkeypatch):
+    """Graph steps with programmatic dependent launch (each kernel's programs start while
+    the previous kernel finishes and wait for it: `kernels/_triton.py`) against eager
+    steps without it: the same bytes in every output and in the pool. A kernel reading
+    before its wait would race its producer and show here."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU of compute capability 9.0 or newer (PDL)")
+    monkeypatch.setenv(PDL_ENV, "1")
+    cfg, wts, a, b = _twins(RATIOS[1], 8, 5, 4, 4, device="cuda")
+    g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
+    _drive(cfg, wts, a, _WithoutPDL(b), g, random.Random(5), 16, "cuda")

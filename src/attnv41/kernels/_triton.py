@@ -28,6 +28,8 @@ __all__ = [
     "e2m1_value",
     "e8m0_scale",
     "ArrivalCounters",
+    "pdl_launch",
+    "PDL_ENV",
 ]
 
 if HAVE_TRITON:
@@ -75,6 +77,59 @@ if HAVE_TRITON:
     def e8m0_scale(e):
         """int32 e8m0 bytes e in 1..254 → the fp32 scale 2^(e − 127)."""
         return (e << 23).to(tl.float32, bitcast=True)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def pdl_release(PDL: tl.constexpr):
+        """Programmatic dependent launch, first half: the next kernel in the stream may start
+        its programs now (they run up to their `pdl_wait` and no further). No memory
+        ordering is implied; every kernel calls it at its start."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """Programmatic dependent launch, second half: block until the previous kernel in the
+        stream has finished and its writes are visible. Every kernel launched with PDL calls
+        it before it reads or writes any buffer another kernel writes or reads (only
+        weights, constant for the step, may be touched before it), so the stream's order
+        holds for memory exactly as without PDL, and transitively (a kernel completes only
+        after its wait returned, i.e. after its predecessor completed)."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def prefetch_l2(ptrs):
+        """Ask L2 for the 128-byte lines holding `ptrs` (any shape of valid addresses; no
+        value is read into registers, nothing waits for it): a weight's first chunks fetched
+        while the previous kernel finishes (PDL)."""
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+PDL_ENV = "ATTNV41_PDL"
+PDL_DEFAULT = "0"  # off until measured on the H200 with every kernel converted ("1": on)
+_pdl_capable: dict[int, bool] = {}
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """The launch keywords for programmatic dependent launch (PDL) of a kernel whose tensors
+    live on t's device: `dict(PDL=True, launch_pdl=True)` on a CUDA device of compute
+    capability 9.0 or newer (Hopper: the kernel's programs may start while the previous
+    kernel finishes, and wait for it in `pdl_wait`), else `dict(PDL=False)` (the
+    interpreter, older GPUs, or `ATTNV41_PDL=0` in the environment; `PDL_DEFAULT` when
+    the variable is unset). Same bits either way:
+    PDL moves when programs start, not what they compute; graphs capture it."""
+    if t.device.type != "cuda" or interpreting() or os.environ.get(PDL_ENV, PDL_DEFAULT) == "0":
+        return {"PDL": False}
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    cap = _pdl_capable.get(idx)
+    if cap is None:
+        cap = _pdl_capable[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if cap else {"PDL": False}
 
 
 def interpreting() -> bool:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..reference import compressor as _ref
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
 
 __all__ = ["compress_pool", "compress_pool_torch"]
 
@@ -81,6 +84,7 @@ def compress_pool(a: torch.Tensor, g: torch.Tensor, out: torch.Tensor | None = N
         R=r,
         R_P=r_p,
         BLOCK_D=block_d,
+        **pdl_launch(a),
     )
     return out
 
@@ -101,7 +105,10 @@ if HAVE_TRITON:
         R: tl.constexpr,
         R_P: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (j, db): group j, channels db·BLOCK_D … +BLOCK_D−1
         j = tl.program_id(0).to(tl.int64)
         db = tl.program_id(1)

@@ -46,12 +46,12 @@ from . import norm as _norm
 from . import qdq as _qdq
 from . import ring as _ring
 from . import rope as _rope
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
 
 if HAVE_TRITON:
     from triton.language.extra import libdevice
 
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
     from .norm import _load_weight
     from .qdq import _bf16_to_f32, _e2m1_round, _e2m1_round_scaled, _e4m3_rne, _pow2_ceil_exp
 
@@ -266,7 +266,10 @@ if HAVE_TRITON:
         COUNT: tl.constexpr,
         EXACT_CAST: tl.constexpr,  # as qdq's: e4m3 by bit arithmetic (interpreter) or the GPU's cast
         RN: tl.constexpr,  # rotation products through mul_rn (GPU)
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (t, v): token t, vector v of it (v = 0 unless index queries)
         t = tl.program_id(0).to(tl.int64)
         vec = tl.program_id(1).to(tl.int64)
@@ -448,6 +451,7 @@ def _launch(
         RN=not interpreting(),
         # with a norm: rms_norm's warps, so its sum reduces in the same order
         num_warps=(4 if bl <= 1024 else 8) if norm_w is not None else 1,
+        **pdl_launch(x3),
     )
 
 

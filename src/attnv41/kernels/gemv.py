@@ -56,11 +56,11 @@ import torch
 from ..reference.fp8 import BLOCK, fp8_linear
 from . import linear
 from . import rope as _rope
-from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
 from .gemv_fp8 import ordered_terms
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
     from .gemv_fp8 import fp8_lanes
 
 __all__ = [
@@ -292,7 +292,10 @@ if HAVE_TRITON:
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
+        PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -348,7 +351,10 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -540,7 +546,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
-        num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES,
+        num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip
     return outs
 
@@ -581,6 +587,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
         o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, num_warps=_WARPS, num_stages=_STAGES,
+        **pdl_launch(o),
     )  # fmt: skip
     return out
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from ..reference import indexer as _ref
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
 from .packed_rows import fp4_words_ok
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
     from .packed_rows import fp4_rows
 
 __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
@@ -154,6 +154,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **pdl_launch(iq),
     )
     return out
 
@@ -225,7 +226,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_stages=cfg["num_stages"], **pdl_launch(iq),
     )  # fmt: skip
     return out
 
@@ -281,7 +282,10 @@ if HAVE_TRITON:
         BLOCK_ROWS: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (t, lb): token t, keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of
         # BLOCK_L (a loop: the token's queries and weights loaded once, the blocks' key
         # loads pipelined), all heads; each block's bits are those of a program of one

@@ -28,10 +28,10 @@ import torch
 
 from ..reference import norm as _ref
 from ..reference import qdq as _ref_qdq
-from ._triton import HAVE_TRITON, bf16_out_like, require_triton, tl, triton
+from ._triton import HAVE_TRITON, bf16_out_like, pdl_launch, require_triton, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import interpreting
+    from ._triton import interpreting, pdl_release, pdl_wait
     from .gemv_fp8 import _quant_block
     from .qdq import _bf16_to_f32, _f32_to_bf16_rne
 
@@ -122,7 +122,10 @@ if HAVE_TRITON:
         NUM_CHUNKS: tl.constexpr,  # cdiv(width, BLOCK)
         QDQ: tl.constexpr,
         EXACT_CAST: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # One program per row.
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
@@ -195,6 +198,7 @@ def rms_norm(
         QDQ=qdq_out is not None,
         EXACT_CAST=interpreting(),
         num_warps=4 if block <= 1024 else 8,
+        **pdl_launch(x),
     )
     return out
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
 
 __all__ = ["paged_selection", "paged_selection_torch"]
 
@@ -56,8 +59,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _paged_sel_kernel(
-        win_sel, width, logical, table, slot, out, W, K, B, base, s_tab, BLOCK: tl.constexpr
+        win_sel, width, logical, table, slot, out, W, K, B, base, s_tab, BLOCK: tl.constexpr, PDL: tl.constexpr = False
     ):  # fmt: skip
+        pdl_release(PDL)
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, BLOCK)
         ww = tl.load(width + t).to(tl.int32)
@@ -86,6 +91,6 @@ def paged_selection(win_sel, width, logical, table, slot, block_rows: int, base:
         raise ValueError("table.stride(1) != 1; allowed: rows contiguous")
     _paged_sel_kernel[(T,)](
         win_sel, width, logical, table, slot, out, W, K, block_rows, base, table.stride(0),
-        BLOCK=triton.next_power_of_2(W + K), num_warps=4,
+        BLOCK=triton.next_power_of_2(W + K), num_warps=4, **pdl_launch(win_sel),
     )  # fmt: skip
     return out

@@ -11,7 +11,10 @@ of every index source's selection sel[n, b]. Integer arithmetic: exact, the twin
 
 from __future__ import annotations
 
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
 
 __all__ = ["derive"]
 
@@ -32,7 +35,10 @@ if HAVE_TRITON:
         NIX: tl.constexpr,
         R_P2: tl.constexpr,
         W_P2: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         b = tl.program_id(0)
         p = tl.load(pos_ptr + b).to(tl.int64)
         k = tl.arange(0, R_P2)
@@ -70,5 +76,5 @@ def derive(pos, rs, meta, done, sel0, sel) -> None:
         return
     _derive_kernel[(B,)](
         pos, rs, meta, done, sel0, sel, B, R, W, sel.shape[2], NIX=sel.shape[0],
-        R_P2=triton.next_power_of_2(R), W_P2=triton.next_power_of_2(W), num_warps=1,
+        R_P2=triton.next_power_of_2(R), W_P2=triton.next_power_of_2(W), num_warps=1, **pdl_launch(pos),
     )  # fmt: skip

@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 
 from ..reference import qdq as _ref
-from ._triton import HAVE_TRITON, bf16_out_like, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, bf16_out_like, interpreting, pdl_launch, require_triton, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
 
 __all__ = [
     "fp8_qdq",
@@ -164,7 +164,10 @@ if HAVE_TRITON:
         BLOCKS: tl.constexpr,  # quantization blocks per program (power of two)
         COUNT: tl.constexpr,  # count non-finite inputs into count_ptr
         EXACT_CAST: tl.constexpr,  # e4m3 rounding by bit arithmetic (the interpreter) or the GPU's cast
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # The [rows, width] tensor is viewed as n_blocks_total blocks of QBLOCK values;
         # this program takes BLOCKS consecutive ones (they may span rows).
         pid = tl.program_id(0).to(tl.int64)
@@ -256,6 +259,7 @@ def _launch(
         COUNT=nonfinite is not None,
         EXACT_CAST=interpreting() or not _HW_E4M3,
         num_warps=_NUM_WARPS,
+        **pdl_launch(x),
     )
     return out
 

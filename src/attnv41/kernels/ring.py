@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
+
+if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
 
 __all__ = ["slot_write", "slot_write_torch", "ring_write", "ring_write_torch"]
 
@@ -78,6 +81,7 @@ def ring_write(ring: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> tor
         ring.stride(0),
         rows.stride(0),
         BLOCK_D=block_d,
+        **pdl_launch(rows),
     )
     return ring
 
@@ -110,7 +114,7 @@ def slot_write(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> 
         return cache
     block_d = min(triton.next_power_of_2(D), 1024)
     _slot_write_kernel[(m, triton.cdiv(D, block_d))](
-        cache, rows, slots, D, cache.stride(0), rows.stride(0), BLOCK_D=block_d
+        cache, rows, slots, D, cache.stride(0), rows.stride(0), BLOCK_D=block_d, **pdl_launch(rows)
     )
     return cache
 
@@ -126,7 +130,11 @@ def slot_write_torch(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tenso
 if HAVE_TRITON:
 
     @triton.jit
-    def _slot_write_kernel(cache_ptr, rows_ptr, slot_ptr, D, s_cache, s_rows, BLOCK_D: tl.constexpr):
+    def _slot_write_kernel(
+        cache_ptr, rows_ptr, slot_ptr, D, s_cache, s_rows, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False
+    ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (i, db): row i, channels db·BLOCK_D … +BLOCK_D−1; nothing for slot −1
         i = tl.program_id(0).to(tl.int64)
         db = tl.program_id(1)
@@ -147,7 +155,10 @@ if HAVE_TRITON:
         s_ring,
         s_rows,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (i, db): row first + i, channels db·BLOCK_D … +BLOCK_D−1
         i = tl.program_id(0).to(tl.int64) + first
         db = tl.program_id(1)

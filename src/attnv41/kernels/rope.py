@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..reference import rope as _ref
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
 
 __all__ = ["apply_rope", "apply_rope_torch"]
 
@@ -120,6 +120,7 @@ def apply_rope(x, cos, sin, pos, inverse: bool = False, out: torch.Tensor | None
         BLOCK_W=block_w,
         # The reference rounds a·c and b·s separately; a contracted fma would differ by an ulp.
         enable_fp_fusion=False,
+        **pdl_launch(x3),
     )
     return out
 
@@ -147,7 +148,10 @@ if HAVE_TRITON:
         BLOCK_V: tl.constexpr,
         HALF_P: tl.constexpr,
         BLOCK_W: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (t, vb): token t, vectors vb·BLOCK_V … +BLOCK_V−1
         t = tl.program_id(0).to(tl.int64)
         vb = tl.program_id(1)

@@ -46,11 +46,11 @@ import math
 import torch
 
 from ..reference.sparse_attn import sparse_attn as _sparse_attn_reference
-from ._triton import HAVE_TRITON, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
 from .packed_rows import fp4_words_ok
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
     from .packed_rows import fp4_rows
 
 __all__ = ["sparse_attn", "sparse_attn_torch", "BLOCK_K", "MAX_HEAD_DIM"]
@@ -94,7 +94,10 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED_COMP: tl.constexpr,
         WORDS: tl.constexpr,  # packed comp rows start 4-byte aligned (packed_rows.fp4_words_ok)
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         h0 = tl.program_id(1) * BLOCK_H
 
@@ -314,6 +317,7 @@ def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tenso
         num_warps=num_warps,
         num_stages=num_stages,
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
+        **pdl_launch(q),
     )
     return out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ._triton import HAVE_TRITON, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, round_bf16
     from .packed_rows import fp4_rows, fp8_e8m0_rows
 
 if HAVE_TRITON:
@@ -149,7 +149,10 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
 
         # [BLOCK_HC] heads, [BLOCK_DV] columns of this program's slice, [BLOCK_K] entries
@@ -280,6 +283,7 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
         pv = dot(bf16(exp(s − base)), R) for its slice, base the running max at that block
@@ -287,6 +291,8 @@ if HAVE_TRITON:
         stored; the last program of a (token, head block, slice) to arrive runs the fused
         loop's recurrence over the stored pv (den = den·α + Σp, acc = acc·α + pv) and the
         epilogue. The blocks' gathers and dots run in parallel instead of in sequence."""
+        pdl_release(PDL)
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
         n_dv = tl.cdiv(D, BLOCK_DV)

@@ -52,11 +52,12 @@ from __future__ import annotations
 import torch
 
 from . import rope
-from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
 from .packed_rows import fp4_words_ok
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
     from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
@@ -122,7 +123,10 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
         hb = tl.program_id(2)
@@ -247,6 +251,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
+        **pdl_launch(q),
     )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
@@ -265,7 +270,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
             KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words,
-            num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False,
+            num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
         )  # fmt: skip
         return out
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
@@ -304,6 +309,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
+        **pdl_launch(win),
     )
     return out
 

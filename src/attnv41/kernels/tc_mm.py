@@ -54,10 +54,10 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, require_triton, tl, triton
+from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import round_bf16
+    from ._triton import pdl_release, pdl_wait, prefetch_l2, round_bf16
 
 __all__ = [
     "tc_mm",
@@ -83,6 +83,9 @@ __all__ = [
 BM, BN, BK = 64, 64, 128
 _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per SM on an H200)
 _WARPS, _STAGES = 4, 3
+# PDL (kernels/_triton.py): before waiting for the previous kernel, each program asks L2 for
+# the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
+_PF_BYTES = 512
 _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of a split call
 _counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
@@ -116,16 +119,24 @@ if HAVE_TRITON:
         x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks,
         M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+        PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
     ):  # fmt: skip
         """WK: 0 bf16 weights, 1 fp32 (three exact bf16 parts), 2 FP8 (e4m3 with e8m0 block
         scales wsc, dequantized in registers). DOT_FP32: the interpreter's form of each
-        product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands."""
+        product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands.
+        PDL: started early (kernels/_triton.py); PF_LINES 128-byte lines of each weight
+        row's segment are prefetched into L2 before the wait (weights only)."""
+        pdl_release(PDL)
         pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         g, seg = pgs // SEGS, pgs % SEGS
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
         rok, cok = rows < M, cols < N
         ks = tl.arange(0, BK)
+        if PF_LINES > 0:  # [BN, PF_LINES] addresses (clamped into the weight): its first lines
+            kl = tl.minimum(seg * IPS * BK + tl.arange(0, PF_LINES) * (128 // PF_ELT), K - 1)
+            prefetch_l2(w + g * swg + tl.where(cok, cols, 0)[:, None].to(tl.int64) * K + kl[None, :])
+        pdl_wait(PDL)
         if WK == 1:  # the parts are made in registers and go first: the tile is computed transposed
             xpt = x + g * sxg + rows[None, :] * sxm  # [BK, BM] view of x's rows
             wpt = w + g * swg + cols[:, None] * K  # [BN, BK] the weight's rows
@@ -153,7 +164,10 @@ if HAVE_TRITON:
         else:
             xp = x + g * sxg + rows[:, None] * sxm
             wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
-            sp = wsc + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows
+            # FP8: the tile's BN // 32 scale rows (BN = 32 or 64, tiles start on a scale row)
+            sp = wsc + (pn * (BN // 32)).to(tl.int64) * (K // 32)
+            second = (tl.arange(0, BN) >= 32)[None, :]  # [1, BN] the columns of the second scale row
+            has2 = pn * BN + 32 < N
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for i in range(IPS):
                 k = (seg * IPS + i) * BK + ks
@@ -165,8 +179,13 @@ if HAVE_TRITON:
                     a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
                     b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
                 if WK == 2:  # e4m3 · 2^(e−127): exact in bf16 (4 significant bits)
-                    e = tl.load(sp + (k // 32)[:, None], mask=cok[None, :] & (k < K)[:, None], other=127)
-                    b = b.to(tl.float32) * _e8m0(e.to(tl.int32))
+                    # [BK] each column block's scale (one load per 32 columns' byte, L1-hit), [BK, BN] by a select
+                    kok = k < K
+                    sc = _e8m0(tl.load(sp + k // 32, mask=kok, other=127).to(tl.int32))[:, None]
+                    if BN > 32:
+                        sc2 = _e8m0(tl.load(sp + K // 32 + k // 32, mask=kok & has2, other=127).to(tl.int32))
+                        sc = tl.where(second, sc2[:, None], sc)
+                    b = b.to(tl.float32) * sc
                     if not DOT_FP32:
                         b = b.to(tl.bfloat16)
                 if DOT_FP32:
@@ -219,10 +238,19 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
     locks = _counters.buffer(dev) if segs > 1 else part
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
+    if wk == 2 and BN not in (32, 64):  # the kernel reads one or two scale rows per tile
+        raise ValueError(f"tc_mm.BN = {BN} with an FP8 weight; allowed: 32 or 64")
+    ips = -(-K // BK) // segs
+    pdl = pdl_launch(x)
+    pf = 0
+    if pdl["PDL"] and _PF_BYTES > 0:  # lines of the segment's first bytes, a power of two
+        pf = min(_PF_BYTES, ips * BK * w.element_size()) // 128
+        pf = 1 << (pf.bit_length() - 1) if pf else 0
     _tc_kernel[(*tiles, G * segs)](
         x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
-        SEGS=segs, IPS=-(-K // BK) // segs, WK=wk, OUT_F32=out.dtype == torch.float32,
-        BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), num_warps=_WARPS, num_stages=_STAGES,
+        SEGS=segs, IPS=ips, WK=wk, OUT_F32=out.dtype == torch.float32,
+        BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), PF_LINES=pf, PF_ELT=w.element_size(),
+        num_warps=_WARPS, num_stages=_STAGES, **pdl,
     )  # fmt: skip
 
 

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
 from .select import _MAX_LB, _check_int, _check_out, _check_scores_visible
+
+if HAVE_TRITON:
+    from ._triton import pdl_release, pdl_wait
 
 __all__ = ["topk_fixed", "candidate_mask_fixed"]
 
@@ -130,8 +133,8 @@ def topk_fixed(
         grid = (n_tiles, r1 - r0)
         strides = dict(s_row=bits.stride(0), s_col=bits.stride(1), k_row=k_row, k_col=k_col)
         b, kp, h, tb = bits[r0:r1], keep[r0:r1], hist[r0:r1], table[r0:r1]
-        _hist_high_kernel[grid](b, kp, h, Lb, **strides, **src)
-        _hist_low_kernel[grid](b, kp, h, tb, Lb, k, n_tiles, **strides, **src)
+        _hist_high_kernel[grid](b, kp, h, Lb, **strides, **src, **pdl_launch(b))
+        _hist_low_kernel[grid](b, kp, h, tb, Lb, k, n_tiles, **strides, **src, **pdl_launch(b))
         _topk_write_kernel[grid](
             b,
             kp,
@@ -149,6 +152,7 @@ def topk_fixed(
             o_col=out.stride(1),
             PREFIX=_PREFIX,
             **src,
+            **pdl_launch(b),
         )
     return out
 
@@ -222,8 +226,11 @@ def candidate_mask_fixed(
             visible.stride(0),
             CW=CW,
             **opt,
+            **pdl_launch(ky),
         )
-        _hist_low_kernel[grid](ky, ky, h, tb, n_blocks, keep_n, n_tiles, **kstr, FROM_BITS=False, HAS_MASK=False, **opt)
+        _hist_low_kernel[grid](
+            ky, ky, h, tb, n_blocks, keep_n, n_tiles, **kstr, FROM_BITS=False, HAS_MASK=False, **opt, **pdl_launch(ky)
+        )
         _mask_write_kernel[grid](
             ky,
             h,
@@ -239,6 +246,7 @@ def candidate_mask_fixed(
             CW=CW,
             PREFIX=_PREFIX,
             **opt,
+            **pdl_launch(ky),
         )
     return out
 
@@ -304,7 +312,10 @@ if HAVE_TRITON:
         TILE: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (tile, t): columns tile·TILE … of row t; adds into hist[t, :256]
         tile = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
@@ -333,7 +344,10 @@ if HAVE_TRITON:
         TILE: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (tile, t): adds the low bytes of keys with high byte B into hist[t, 256:],
         # writes table[t, :, tile]
         tile = tl.program_id(0)
@@ -407,7 +421,10 @@ if HAVE_TRITON:
         PREFIX: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (tile, t): writes the positions of this tile that are taken, at their slots
         tile = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
@@ -441,7 +458,10 @@ if HAVE_TRITON:
         s_vis,
         TILE: tl.constexpr,
         CW: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (tile, t): keys of blocks tile·TILE … of row t into keys[t], their high
         # bytes into hist[t, :256]
         tile = tl.program_id(0)
@@ -487,7 +507,10 @@ if HAVE_TRITON:
         TILE: tl.constexpr,
         CW: tl.constexpr,
         PREFIX: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
         # program (tile, t): every column of blocks tile·TILE … of row t, kept or not
         tile = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
