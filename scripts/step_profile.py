@@ -14,6 +14,10 @@ they are in a step (every kernel alone in `bench` (b) is timed with its own L2 f
 `--batch B`: a batched decode step of B sequences instead (`BatchV41` driven by
 `BatchGraphs`, every slot's pools assumed filled to the context with random index keys).
 
+Kernels launch without programmatic dependent launch here (`ATTNV41_PDL=0` unless set):
+with it a kernel's programs start early and wait for the previous kernel, so the
+profiler's durations would include the waits (the step's span stays right).
+
 Prints Markdown tables; writes `$OUT/step_profile_<weights>.json` when OUT is set.
 """
 
@@ -32,6 +36,8 @@ from attnv41.bench.stack import fill_context
 from attnv41.runtime.graphs import DecodeGraphs
 from attnv41.runtime.stack import RuntimeStack
 from attnv41.synthetic import PRESETS, random_weights, unit_rms_bf16
+
+os.environ.setdefault("ATTNV41_PDL", "0")  # per-kernel durations without the PDL waits (module doc)
 
 
 def _short(name: str) -> str:

@@ -238,7 +238,7 @@ if HAVE_TRITON:
             arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
             if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
                 total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-                for s in range(1, SEGS):
+                for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
                     total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
                 _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
                 tl.atomic_xchg(lock, 0)
