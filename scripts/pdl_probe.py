@@ -4,8 +4,8 @@ layer's projections at the V4.1-Flash shapes (CUDA only; a development tool, not
 
 A chain is what one layer's step launches for its projections, on 8 copies of the
 weights (past the L2, as in a step where every layer's weights are cold):
-- `tc_mm` (the batched runtime) at m = 1 and 64: wq_a, wkv (x), wq_b (cq), wo_a
-  (grouped), wo_b;
+- `tc_mm` (the batched runtime) at m = 1 and 64: wq_a + wkv (x, one launch), wq_b (cq),
+  wo_a (grouped), wo_b;
 - the decode GEMV (the single-sequence runtime) at m = 1: x → wq_a + wkv in one launch,
   cq → wq_b, wo_a (grouped), wo_b.
 Modes: PDL off (`ATTNV41_PDL=0`), PDL on without the weight prefetch, PDL on with
@@ -67,8 +67,7 @@ def main() -> None:
 
         def chain(w, ob, x=x, cq=cq, o=o, u=u, kind=kind):
             if kind == "tc_mm":
-                TC.tc_mm(x, w["wq_a"], ob["a"])
-                TC.tc_mm(x, w["wkv"], ob["kv"])
+                TC.mm_many_batch(x, (w["wq_a"], w["wkv"]), (ob["a"], ob["kv"]))
                 TC.tc_mm(cq, w["wq_b"], ob["q"])
                 TC.tc_group_mm(o, w["wo_a"], ob["u"])
                 TC.tc_mm(u, w["wo_b"], ob["y"])

@@ -240,6 +240,37 @@ def test_split_k_counters_return_to_zero(device):
     assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
 
 
+def test_one_launch_of_split_weights_gives_each_weight_its_alone_bytes(device):
+    """`mm_many_batch` runs all its weights in one launch (`_tc_many_kernel`): with K split
+    for each (4, 8 and 8 segments: partials and arrival counters per weight, two row tiles
+    of m = 70), a bf16, an FP8 and an fp32 weight give the bytes of `tc_mm` with each
+    alone, and leave every counter at zero; an argument error raises before any launch."""
+    from attnv41.kernels import qdq
+
+    g = _gen("many-split")
+    m, K = 70, 1024
+    x = _rand(g, (m, K)).to(device)
+    w8, sc = (t.to(device) for t in _fp8_weight(g, 96, K))
+    wb, wf = _rand(g, (2048, K)).to(device), _rand(g, (40, K)).float().to(device)
+    assert [TC.plan(n, K) for n in (2048, 96, 40)] == [4, 8, 8]
+    outs = [
+        torch.full((m, n), float("nan"), dtype=d, device=device) for n, d in ((2048, BF), (96, BF), (40, torch.float32))
+    ]
+    got = TC.mm_many_batch(x, (wb, w8, wf), outs, (None, sc, None))
+    alone = (
+        TC.tc_mm(x, wb, torch.empty(m, 2048, dtype=BF, device=device)),
+        TC.tc_mm(qdq.fp8_qdq(x.clone()), w8, torch.empty(m, 96, dtype=BF, device=device), sc),
+        TC.tc_mm(x, wf, torch.empty(m, 40, dtype=torch.float32, device=device)),
+    )
+    for i, (a, b) in enumerate(zip(got, alone)):
+        assert torch.equal(a.cpu(), b.cpu()), f"weight {i}"
+    assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
+    before = [o.clone() for o in outs]
+    with pytest.raises(ValueError, match="out.shape = \\(70, 39\\); allowed: \\(70, 40\\)"):
+        TC.mm_many_batch(x, (wb, wf), (outs[0], outs[2][:, :39]))
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(outs, before))
+
+
 def test_fp32_and_fp8_arguments_are_checked(device):
     x = torch.zeros(2, 64, dtype=BF, device=device)
     w8 = torch.zeros(32, 64, dtype=torch.float8_e4m3fn, device=device)

@@ -114,21 +114,21 @@ if HAVE_TRITON:
         lo = round_bf16(r - mid.to(tl.float32))
         return hi, mid, lo
 
-    @triton.jit(do_not_specialize=["M"])
-    def _tc_kernel(
-        x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks,
-        M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
+    @triton.jit
+    def _tc_tile(
+        x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, g, seg, n_pm, n_pn,
+        SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-        PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
+        PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr,
     ):  # fmt: skip
-        """WK: 0 bf16 weights, 1 fp32 (three exact bf16 parts), 2 FP8 (e4m3 with e8m0 block
+        """Output tile (pm, pn) of group g, K segment seg (of n_pm × n_pn tiles per group):
+        the weight's first lines prefetched, the wait for the previous kernel (PDL), the
+        segment's product, and the store or the ordered split-K sum (module doc).
+        WK: 0 bf16 weights, 1 fp32 (three exact bf16 parts), 2 FP8 (e4m3 with e8m0 block
         scales wsc, dequantized in registers). DOT_FP32: the interpreter's form of each
         product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands.
         PDL: started early (kernels/_triton.py); PF_LINES 128-byte lines of each weight
         row's segment are prefetched into L2 before the wait (weights only)."""
-        pdl_release(PDL)
-        pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        g, seg = pgs // SEGS, pgs % SEGS
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
         rok, cok = rows < M, cols < N
@@ -204,7 +204,7 @@ if HAVE_TRITON:
             pp = part + (g * SEGS * M + rows[:, None]) * N + cols[None, :]
             tl.store(pp + seg * plane, acc, mask=ok)
             tl.debug_barrier()  # every thread's partial stored before the release below
-            lock = locks + (g * tl.num_programs(0) + pm) * tl.num_programs(1) + pn
+            lock = locks + (g * n_pm + pm) * n_pn + pn
             arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
             if arrived == SEGS - 1:
                 s = tl.load(pp, mask=ok, other=0.0, cache_modifier=".cg")
@@ -216,6 +216,55 @@ if HAVE_TRITON:
                     tl.store(op, round_bf16(s), mask=ok)
                 tl.atomic_xchg(lock, 0)
 
+    @triton.jit(do_not_specialize=["M"])
+    def _tc_kernel(
+        x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks,
+        M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+        PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
+    ):  # fmt: skip
+        """One weight (G groups: tc_group_mm): grid (row tiles, weight tiles, G × SEGS)."""
+        pdl_release(PDL)
+        pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        _tc_tile(
+            x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, pgs // SEGS, pgs % SEGS,
+            tl.num_programs(0), tl.num_programs(1), SEGS, IPS, WK, OUT_F32, BM, BN, BK, EVEN_K, DOT_FP32,
+            PDL, PF_LINES, PF_ELT,
+        )  # fmt: skip
+
+    @triton.jit(do_not_specialize=["M", "n_pm"])
+    def _tc_many_kernel(
+        x, sxm, xq, sxqm, ws, scs, outs, ns, soms, starts, lock_offs, part_offs, part, locks, M, K, n_pm,
+        SEGSS: tl.constexpr, IPSS: tl.constexpr, WKS: tl.constexpr, OUT_F32S: tl.constexpr, PFS: tl.constexpr,
+        PF_ELTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        DOT_FP32: tl.constexpr, PDL: tl.constexpr = False,
+    ):  # fmt: skip
+        """Several weights sharing x in one launch (`mm_many_batch`): work item j of weight i
+        (starts[i] ≤ j < starts[i + 1]; weight tile fastest, then the segment) × n_pm row
+        tiles (fastest), each as `_tc_kernel` computes it alone: the same bits. FP8
+        weights (WKS[i] = 2) read xq, x's FP8 round trip."""
+        pdl_release(PDL)
+        pid = tl.program_id(0)
+        pm = pid % n_pm
+        item = pid // n_pm
+        for i in tl.static_range(len(ws)):
+            if (item >= starts[i]) & (item < starts[i + 1]):
+                local = item - starts[i]
+                n_pn = tl.cdiv(ns[i], BN)
+                pn, seg = local % n_pn, local // n_pn
+                if WKS[i] == 2:
+                    _tc_tile(
+                        xq, sxqm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
+                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i],
+                    )  # fmt: skip
+                else:
+                    _tc_tile(
+                        x, sxm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
+                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i],
+                    )  # fmt: skip
+
 
 def _check(name, t, dims, dtypes=(torch.bfloat16,)) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype not in dtypes:
@@ -226,10 +275,31 @@ def _check(name, t, dims, dtypes=(torch.bfloat16,)) -> None:
         raise ValueError(f"{name}.stride(-1) = {t.stride(-1)}; allowed: 1 (contiguous last dim)")
 
 
-def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
+def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, int, int]:
+    """(SEGS, IPS, WK, PF_LINES) of a weight `[N, K]` (per group, G groups): constants of
+    its shape and dtype (the bits), and the prefetch (lines of each row's segment: a power
+    of two, only with PDL)."""
     segs = plan(G * N if G > 1 else N, K)  # groups: the split sees all G·N rows, as one weight
+    wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
+    if wk == 2 and BN not in (32, 64):  # the kernel reads one or two scale rows per tile
+        raise ValueError(f"tc_mm.BN = {BN} with an FP8 weight; allowed: 32 or 64")
+    ips = -(-K // BK) // segs
+    pf = 0
+    if pdl and _PF_BYTES > 0:
+        pf = min(_PF_BYTES, ips * BK * w.element_size()) // 128
+        pf = 1 << (pf.bit_length() - 1) if pf else 0
+    return segs, ips, wk, pf
+
+
+def _counters_needed(m: int, G: int, N: int, segs: int) -> int:
+    return G * -(-m // BM) * -(-N // BN) if segs > 1 else 0
+
+
+def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
+    pdl = pdl_launch(x)
+    segs, ips, wk, pf = _weight_plan(w, N, K, G, wsc, pdl["PDL"])
     tiles = (-(-m // BM), -(-N // BN))
-    if segs > 1 and G * tiles[0] * tiles[1] > _LOCKS:  # checked before anything is launched
+    if _counters_needed(m, G, N, segs) > _LOCKS:  # checked before anything is launched
         raise ValueError(
             f"m = {m}: arrival counters needed = {G * tiles[0] * tiles[1]} (groups × row tiles × weight tiles "
             f"of {tuple(w.shape)}); allowed: <= {_LOCKS}"
@@ -237,20 +307,47 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     dev = x.device
     part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
     locks = _counters.buffer(dev) if segs > 1 else part
-    wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
-    if wk == 2 and BN not in (32, 64):  # the kernel reads one or two scale rows per tile
-        raise ValueError(f"tc_mm.BN = {BN} with an FP8 weight; allowed: 32 or 64")
-    ips = -(-K // BK) // segs
-    pdl = pdl_launch(x)
-    pf = 0
-    if pdl["PDL"] and _PF_BYTES > 0:  # lines of the segment's first bytes, a power of two
-        pf = min(_PF_BYTES, ips * BK * w.element_size()) // 128
-        pf = 1 << (pf.bit_length() - 1) if pf else 0
     _tc_kernel[(*tiles, G * segs)](
         x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
         SEGS=segs, IPS=ips, WK=wk, OUT_F32=out.dtype == torch.float32,
         BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), PF_LINES=pf, PF_ELT=w.element_size(),
         num_warps=_WARPS, num_stages=_STAGES, **pdl,
+    )  # fmt: skip
+
+
+def _launch_many(x, xq, weights, outs, scales) -> None:
+    """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
+    plan and counters as `tc_mm` alone would use them, so the same bits."""
+    m, K = x.shape
+    pdl = pdl_launch(x)
+    plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl["PDL"]) for w, sc in zip(weights, scales)]
+    starts, lock_offs, part_offs = [0], [], []
+    locks_used = part_used = 0
+    for w, (segs, _, _, _) in zip(weights, plans):
+        N = w.shape[0]
+        starts.append(starts[-1] + -(-N // BN) * segs)
+        lock_offs.append(locks_used)
+        part_offs.append(part_used)
+        locks_used += _counters_needed(m, 1, N, segs)
+        part_used += segs * m * N if segs > 1 else 0
+    if locks_used > _LOCKS:  # checked before anything is launched
+        raise ValueError(
+            f"m = {m}: arrival counters needed = {locks_used} (row tiles × weight tiles of "
+            f"{[tuple(w.shape) for w in weights]}); allowed: <= {_LOCKS}"
+        )
+    dev = x.device
+    part = torch.empty(max(part_used, 1), dtype=torch.float32, device=dev)
+    locks = _counters.buffer(dev) if locks_used else part
+    n_pm = -(-m // BM)
+    xr = x if xq is None else xq
+    _tc_many_kernel[(starts[-1] * n_pm,)](
+        x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
+        tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
+        tuple(lock_offs), tuple(part_offs), part, locks, m, K, n_pm,
+        SEGSS=tuple(p[0] for p in plans), IPSS=tuple(p[1] for p in plans), WKS=tuple(p[2] for p in plans),
+        OUT_F32S=tuple(o.dtype == torch.float32 for o in outs), PFS=tuple(p[3] for p in plans),
+        PF_ELTS=tuple(w.element_size() for w in weights), BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0,
+        DOT_FP32=interpreting(), num_warps=_WARPS, num_stages=_STAGES, **pdl,
     )  # fmt: skip
 
 
@@ -270,11 +367,9 @@ def _scale_bytes(scale, w) -> torch.Tensor:
     return scale.view(torch.uint8)
 
 
-def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """`out = x · wᵀ`, batch-invariant (module doc); returns out. w bf16 (out bf16), fp32
-    (out fp32: the compressor's projections) or float8_e4m3fn with its e8m0 `scale` (out
-    bf16; x must then be the FP8 round trip `fp8_qdq` of the input, as `fp8_mm_batch`
-    makes it)."""
+def _check_mm(x, w, out, scale):
+    """tc_mm's arguments checked (ValueError naming the value and what is allowed); returns
+    the scale as uint8 bytes (None for bf16 and fp32 weights)."""
     _check("x", x, 2)
     if scale is None:
         _check("w", w, 2, (torch.bfloat16, torch.float32))
@@ -290,8 +385,18 @@ def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tens
         raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}; allowed: x [m >= 1, K], w contiguous [N, K]")
     if tuple(out.shape) != (m, N):
         raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: ({m}, {N})")
+    return scale
+
+
+def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`out = x · wᵀ`, batch-invariant (module doc); returns out. w bf16 (out bf16), fp32
+    (out fp32: the compressor's projections) or float8_e4m3fn with its e8m0 `scale` (out
+    bf16; x must then be the FP8 round trip `fp8_qdq` of the input, as `fp8_mm_batch`
+    makes it)."""
+    scale = _check_mm(x, w, out, scale)
     require_triton("tc_mm", x, w, out)
-    _launch(x, x.stride(0), 0, w, out, out.stride(0), 0, m, 1, N, K, scale)
+    m, K = x.shape
+    _launch(x, x.stride(0), 0, w, out, out.stride(0), 0, m, 1, w.shape[0], K, scale)
     return out
 
 
@@ -321,8 +426,8 @@ def prepare(device: torch.device | str) -> None:
 
 
 def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
-    """`ops.mm_many` of the batched runtime on CUDA: every weight through `tc_mm` (bf16,
-    fp32, or FP8 with its scale; one launch each); FP8 weights read x's FP8 round trip,
+    """`ops.mm_many` of the batched runtime on CUDA: every weight as `tc_mm` computes it
+    alone (bf16, fp32, or FP8 with its scale), all in one launch; FP8 weights read x's FP8 round trip,
     `xq` if given (its producer made it), else `qdq.fp8_qdq(x)` once for the call; `rope`
     (i, head_dim, cos, sin, pos) rotates output i by the rope op after the product (the
     same bits as the GEMV's epilogue would give those values)."""
@@ -334,11 +439,14 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
         raise ValueError(f"{len(weights)} weights, {len(outs)} outs, {len(scales)} scales; allowed: as many of each")
     fp8 = [sc is not None for sc in scales]
     gemv._check_xq(x, xq, [w for w, f in zip(weights, fp8) if f])
+    sbytes = [_check_mm(x, w, o, sc) for w, o, sc in zip(weights, outs, scales)]
+    if rope is not None:
+        rope = gemv._check_rope(rope, weights, outs)
+    require_triton("mm_many_batch", x, *weights, *outs)
     xr = None
     if any(fp8):
         xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous())
-    for w, o, sc in zip(weights, outs, scales):
-        tc_mm(xr if sc is not None else x, w, o, sc)
+    _launch_many(x, xr, weights, outs, sbytes)
     if rope is not None:
         gemv._rope_after(outs, rope, _rope.apply_rope)
     return tuple(outs)
