@@ -27,8 +27,9 @@ from attnv41.bench.common import Timer
 from attnv41.kernels import tc_mm as TC
 
 BF = torch.bfloat16
-SHAPES = {"wq_a": (1280, 5120), "wkv": (512, 5120), "wq_b": (32768, 1280), "wo_b": (5120, 8192), "wo_a as one": (8192, 4096)}
-VARIANTS = [(64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 3), (128, 128, 8, 3)]  # BN, BK, warps, stages
+SHAPES = {"wq_b": (32768, 1280), "wo_b": (5120, 8192), "wq_a": (1280, 5120), "wkv": (512, 5120), "wo_a as one": (8192, 4096)}
+M_LIST = [int(v) for v in os.environ.get("M_LIST", "1,64").split(",")]
+VARIANTS = [(64, 128, 4, 3)]  # BN, BK, warps, stages (the production tile)
 
 
 @triton.jit
@@ -79,7 +80,7 @@ def main() -> None:
             TC.BN, TC.BK = saved
             ips = (K // bk) // segs
             tiled = [w.view(N // bn, bn, K // bk, bk).permute(0, 2, 1, 3).contiguous() for w in ws]
-            for m in (1, 64):
+            for m in M_LIST:
                 x = torch.randn(m, K, generator=gen, device=dev).to(BF)
                 outs = [torch.empty(m, N, dtype=BF, device=dev) for _ in ws]
                 part = torch.empty(max(segs, 1) * m * N, dtype=torch.float32, device=dev)
