@@ -111,7 +111,10 @@ if HAVE_TRITON:
 
 
 PDL_ENV = "ATTNV41_PDL"
-PDL_DEFAULT = "0"  # off until measured on the H200 with every kernel converted ("1": on)
+# Off by default ("1": on): on the H200 it took 1.5 % off the batch-1 decode step, and it
+# stays off until the quick GPU tier and the PDL on == off byte test have run with it on
+# (BENCHMARKS.md, 2026-12-03 second entry).
+PDL_DEFAULT = "0"
 _pdl_capable: dict[int, bool] = {}
 
 

@@ -164,10 +164,7 @@ if HAVE_TRITON:
         else:
             xp = x + g * sxg + rows[:, None] * sxm
             wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
-            # FP8: the tile's BN // 32 scale rows (BN = 32 or 64, tiles start on a scale row)
-            sp = wsc + (pn * (BN // 32)).to(tl.int64) * (K // 32)
-            second = (tl.arange(0, BN) >= 32)[None, :]  # [1, BN] the columns of the second scale row
-            has2 = pn * BN + 32 < N
+            sp = wsc + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for i in range(IPS):
                 k = (seg * IPS + i) * BK + ks
@@ -179,13 +176,8 @@ if HAVE_TRITON:
                     a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
                     b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
                 if WK == 2:  # e4m3 · 2^(e−127): exact in bf16 (4 significant bits)
-                    # [BK] each column block's scale (one load per 32 columns' byte, L1-hit), [BK, BN] by a select
-                    kok = k < K
-                    sc = _e8m0(tl.load(sp + k // 32, mask=kok, other=127).to(tl.int32))[:, None]
-                    if BN > 32:
-                        sc2 = _e8m0(tl.load(sp + K // 32 + k // 32, mask=kok & has2, other=127).to(tl.int32))
-                        sc = tl.where(second, sc2[:, None], sc)
-                    b = b.to(tl.float32) * sc
+                    e = tl.load(sp + (k // 32)[:, None], mask=cok[None, :] & (k < K)[:, None], other=127)
+                    b = b.to(tl.float32) * _e8m0(e.to(tl.int32))
                     if not DOT_FP32:
                         b = b.to(tl.bfloat16)
                 if DOT_FP32:
@@ -281,8 +273,6 @@ def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, i
     of two, only with PDL)."""
     segs = plan(G * N if G > 1 else N, K)  # groups: the split sees all G·N rows, as one weight
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
-    if wk == 2 and BN not in (32, 64):  # the kernel reads one or two scale rows per tile
-        raise ValueError(f"tc_mm.BN = {BN} with an FP8 weight; allowed: 32 or 64")
     ips = -(-K // BK) // segs
     pf = 0
     if pdl and _PF_BYTES > 0:
