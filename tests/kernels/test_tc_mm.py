@@ -20,6 +20,15 @@ import torch
 from attnv41.kernels import tc_mm as TC
 
 BF = torch.bfloat16
+PRODUCTION_MIN_SEG_PRODUCTS = TC._MIN_SEG_PRODUCTS
+
+
+@pytest.fixture(autouse=True)
+def _short_segments(monkeypatch):
+    """Segments of any length (`plan`'s rule without its floor), so that the small shapes
+    of these tests still split K and exercise the ordered split-K sum; the production
+    floor is checked by `test_plan_is_a_constant_of_the_shape_and_kind`."""
+    monkeypatch.setattr(TC, "_MIN_SEG_PRODUCTS", 1)
 
 
 def _gen(*key) -> torch.Generator:
@@ -94,12 +103,31 @@ def test_tc_group_mm_strided_views_and_invariance(device):
         _within(twin[:, k], o[:, k].cpu(), w[k].cpu(), f"twin group {k}")
 
 
-def test_plan_is_a_constant_of_the_shape():
+def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
+    # without the floor (this module's fixture): the smallest divisor reaching 128 programs
     assert TC.plan(1024, 4096) == 8  # 16 tiles × 8 segments ≥ 128
     assert TC.plan(32768, 1024) == 1
     assert TC.plan(40, 200) == 2  # 2 chunks: all of them
     assert TC.plan(40, 96) == 1
     assert TC.plan(4096, 8192) == 2
+    # the production floor: every segment keeps >= 10 chunk products (3 per fp32 chunk)
+    monkeypatch.setattr(TC, "_MIN_SEG_PRODUCTS", PRODUCTION_MIN_SEG_PRODUCTS)
+    assert PRODUCTION_MIN_SEG_PRODUCTS == 10
+    flash = {  # V4.1-Flash projections (N, K, products): segments
+        "wq_a": ((1280, 5120, 1), 4),  # 20 tiles; 8 without the floor
+        "wkv": ((512, 5120, 1), 4),  # 8 tiles; 20 without the floor
+        "indexer.wq_b": ((4096, 1280, 1), 1),  # 10 chunks; 2 without the floor
+        "wq_b": ((32768, 1280, 1), 1),
+        "wo_b": ((5120, 8192, 1), 2),
+        "wo_a (8 groups)": ((8 * 1024, 4096, 1), 1),
+        "compressor (fp32)": ((1024, 5120, 3), 8),  # 3 products per chunk: the floor allows 12
+    }
+    for name, ((N, K, p), segs) in flash.items():
+        assert TC.plan(N, K, p) == segs, name
+        chunks = -(-K // TC.BK)
+        assert chunks % segs == 0 and (segs == 1 or chunks // segs * p >= 10), name
+    assert TC.plan(40, 200) == 1  # 2 chunks of one product: one segment
+    assert TC.plan(64, 96 * 128, 3) == 24  # 1 tile, none reaches 128: the largest divisor of 96 the floor allows (≤ 28)
 
 
 def test_bad_shapes_are_refused(device):

@@ -111,10 +111,10 @@ if HAVE_TRITON:
 
 
 PDL_ENV = "ATTNV41_PDL"
-# Off by default ("1": on): on the H200 it took 1.5 % off the batch-1 decode step, and it
-# stays off until the quick GPU tier and the PDL on == off byte test have run with it on
-# (BENCHMARKS.md, 2026-12-03 second entry).
-PDL_DEFAULT = "0"
+# On by default ("0": off). H200, one run (BENCHMARKS.md, 2026-12-03 third entry): decode
+# step 4.26 -> 4.20 ms at batch 1, BatchGraphs 8.14 -> 8.02 ms at B = 64; the quick GPU tier
+# (1,107 passed, 0 failed) and the PDL on == off byte test passed with it on.
+PDL_DEFAULT = "1"
 _pdl_capable: dict[int, bool] = {}
 
 

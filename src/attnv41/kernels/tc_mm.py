@@ -31,7 +31,7 @@ Why invariant: every call runs the same compiled kernel whatever m is (BM = 64 t
 per program, BN weight rows, BK columns per chunk, warps and stages fixed; m is not
 specialized), rows past m are masked loads; a matrix product's row depends on its own row
 of x and on the weights only; K is cut into SEGS segments of IPS chunks, SEGS a constant
-of the weight's shape (`plan`); each segment accumulates its chunks in order; with SEGS > 1
+of the weight's shape and kind (`plan`); each segment accumulates its chunks in order; with SEGS > 1
 the fp32 segment partials go to a workspace, each program then counts its arrival on its
 tile's counter, and the last of the tile's SEGS programs to arrive (whichever it is) adds
 the partials in segment order 0, 1, … and rounds once (bf16 nearest even, or none for
@@ -82,6 +82,13 @@ __all__ = [
 # 103.4 / 109.5 / 138.8 (not batch-invariant); the chunked GEMV 98.4 / 2490.8 / 9931.9.
 BM, BN, BK = 64, 64, 128
 _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per SM on an H200)
+# ... but every segment keeps at least this many chunk products (a chunk of an fp32 weight is
+# three): a segment's partial store, counted arrival and load in the ordered sum cost about
+# the same whatever its length, so short segments lose. H200 (scripts/mm_probe.py,
+# BENCHMARKS.md 2026-12-03 third entry), x -> [wq_a, wkv] in one launch, µs at m = 1 / 64:
+# 8 and 20 segments (the rule without this floor) 12.1 / 18.4; 4 and 4 (with it) 11.2 / 12.6;
+# indexer.wq_b alone 2 segments 8.2 / 8.9, 1 segment 8.2 / 8.5.
+_MIN_SEG_PRODUCTS = 10
 _WARPS, _STAGES = 4, 3
 # PDL (kernels/_triton.py): before waiting for the previous kernel, each program asks L2 for
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
@@ -90,14 +97,19 @@ _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of 
 _counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
 
-def plan(N: int, K: int) -> int:
-    """SEGS for a weight `[N, K]`: the smallest divisor s of ceil(K/BK) with
-    ceil(N/BN)·s ≥ the target program count (else ceil(K/BK)). A constant of the shape."""
+def plan(N: int, K: int, products: int = 1) -> int:
+    """SEGS for a weight `[N, K]` whose chunks cost `products` tensor-core products each (3
+    for fp32 weights, else 1): among the divisors s of ceil(K/BK) that leave each segment at
+    least `_MIN_SEG_PRODUCTS` products (s ≤ chunks·products / that; s = 1 always allowed),
+    the smallest with ceil(N/BN)·s ≥ the target program count, else the largest. A constant
+    of the shape and weight kind."""
     chunks, tiles = -(-K // BK), -(-N // BN)
-    for s in range(1, chunks + 1):
-        if chunks % s == 0 and tiles * s >= _TARGET_PROGRAMS:
+    cap = max(1, chunks * products // _MIN_SEG_PRODUCTS)
+    allowed = [s for s in range(1, min(cap, chunks) + 1) if chunks % s == 0]
+    for s in allowed:
+        if tiles * s >= _TARGET_PROGRAMS:
             return s
-    return chunks
+    return allowed[-1]
 
 
 if HAVE_TRITON:
@@ -271,8 +283,8 @@ def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, i
     """(SEGS, IPS, WK, PF_LINES) of a weight `[N, K]` (per group, G groups): constants of
     its shape and dtype (the bits), and the prefetch (lines of each row's segment: a power
     of two, only with PDL)."""
-    segs = plan(G * N if G > 1 else N, K)  # groups: the split sees all G·N rows, as one weight
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
+    segs = plan(G * N if G > 1 else N, K, 3 if wk == 1 else 1)  # groups: the split sees all G·N rows
     ips = -(-K // BK) // segs
     pf = 0
     if pdl and _PF_BYTES > 0:

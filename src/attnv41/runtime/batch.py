@@ -23,7 +23,9 @@ rows; on the CPU the bytes are the same (tested). How:
 - A token's window rows are physical rows of the layer's ring tensor: positions before
   its sequence's call from the slot's ring, positions inside the call from the staging
   rows (the call's own kv), so a chunk never reads a ring slot it overwrote; the rings
-  are written after the attention.
+  are written after the attention. A decode-only step (one token per sequence after
+  position 0) writes each token's row straight into its ring row instead: the row it
+  replaces (position p − W) is in no window of the step; no staging, no copy.
 - Selections are physical rows of the pools (`row = table[slot, j // B]·B + j % B`, after
   the ring tensor's rows), so sparse attention reads the paged pools in place with the
   decode regime's kernel (`ops.sparse_attn_decode`).
@@ -235,8 +237,8 @@ class BatchStep:
     tok_slot: torch.Tensor  # int32 [T]
     win_sel: torch.Tensor  # int32 [T, window]: physical ring rows, −1 absent, columns as the regime lays them
     win_width: torch.Tensor  # int64 [T]: where the compressed part starts (min(m, W) for a prefill, else W)
-    ring_dst: torch.Tensor  # int64: ring rows written after attention
-    ring_src: torch.Tensor  # int64: the step rows written there
+    ring_dst: torch.Tensor  # int64: ring rows written after attention (decode-only: by the kv chain)
+    ring_src: torch.Tensor  # int64: the step rows written there (unused by decode-only steps)
     next_layer: int = 0
     logged: tuple[int, ...] = ()  # slots whose call is a continuation of 2..window tokens (undo logs kept)
     id: int = 0
@@ -329,6 +331,8 @@ class BatchV41:
         st.bucket = bucket
         st.keys_plan = plan
         st.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
+        if st.decode_only:  # the own row in the ring, as a captured step lays it out
+            self._derive_decode(st)
         self._register(st)
         return st
 
@@ -456,17 +460,15 @@ class BatchV41:
             self.undo[sl]["done"] = True
 
     def _derive_decode(self, st: BatchStep) -> None:
-        """A decode-only step's window selection and ring writes from its device `pos` and
-        `tok_slot` (in place; capturable): what `_metadata` builds on the host for one
-        token per sequence after position 0 (decode layout: position p − W + 1 + c, the
-        last column the token's own staging row, −1 before position 0)."""
-        W, pool = self.cfg.window, self.pool
+        """A decode-only step's window selection and ring rows from its device `pos` and
+        `tok_slot` (in place; capturable; eager decode-only steps too): decode layout,
+        position p − W + 1 + c at its ring row, −1 before position 0. The last column is the
+        token's own row, which the kv chain writes straight into the ring (`_layer`): the
+        row it replaces holds position p − W, in no window of the step."""
+        W = self.cfg.window
         p, sl = st.pos.long(), st.tok_slot.long()
         q = p[:, None] - (W - 1) + self._cols
-        ring_row = sl[:, None] * W + q.remainder(W)
-        stage = (pool.ring_rows + self._rows[: st.T])[:, None]
-        win = torch.where(q < 0, -1, torch.where(self._cols == W - 1, stage, ring_row))
-        st.win_sel.copy_(win)
+        st.win_sel.copy_(torch.where(q < 0, -1, sl[:, None] * W + q.remainder(W)))
         st.ring_dst.copy_(sl * W + p.remainder(W))
 
     def _metadata(self, slots, starts, lens) -> BatchStep:
@@ -541,9 +543,11 @@ class BatchV41:
         pos = step.pos
         cos, sin = attn._tables(r)
         ring = pool.ring[i]
-        # the step's window rows go straight into the staging rows (packed there when the pool is)
-        stage = ring[pool.ring_rows : pool.ring_rows + T]
-        cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, stage, ring_slot=self._rows[:T])
+        if step.decode_only:  # one token per sequence: its row straight into its ring row (`_derive_decode`)
+            cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, ring, ring_slot=step.ring_dst)
+        else:  # the step's window rows into the staging rows, copied into the ring after attention
+            stage = ring[pool.ring_rows : pool.ring_rows + T]  # (packed there when the pool is)
+            cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, stage, ring_slot=self._rows[:T])
         sel = step.win_sel  # a window-only layer attends its window rows
         comp = attn._empty_rows
         if r > 0:
@@ -577,7 +581,8 @@ class BatchV41:
             self._trace(w, step, q, kv, o, out, sel)
         for sl in step.logged:  # the slot's ring before this step writes it
             self.undo[sl]["ring"][i] = ring[sl * W : (sl + 1) * W].clone()
-        ring.index_copy_(0, step.ring_dst, stage.index_select(0, step.ring_src))
+        if not step.decode_only:
+            ring.index_copy_(0, step.ring_dst, stage.index_select(0, step.ring_src))
         if (
             traced
             and step.starts[step.slots.index(self.trace_slot)] > 0
