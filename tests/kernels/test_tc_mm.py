@@ -342,3 +342,46 @@ def test_split3_parts_sum_to_the_fp32_weight_exactly(device):
     _parts[(n // 1024,)](v.to(device), parts, n, BLOCK=1024)
     p = parts.view(3, n).double().cpu()
     assert torch.equal(p.sum(0), v.double()), "hi + mid + lo != v"
+
+
+ROPE_CASES = [  # m, heads, head_dim, half, K, fp8: one segment and split K (this module's fixture), two row tiles
+    (1, 4, 64, 8, 256, False),
+    (3, 2, 128, 32, 1024, False),
+    (70, 2, 64, 16, 512, True),
+]
+
+
+@pytest.mark.parametrize(
+    "m,H,D,half,K,fp8",
+    ROPE_CASES,
+    ids=[f"m{c[0]}-H{c[1]}-D{c[2]}-h{c[3]}-K{c[4]}-{'fp8' if c[5] else 'bf16'}" for c in ROPE_CASES],
+)
+def test_rope_epilogue_is_the_rope_op_after(device, m, H, D, half, K, fp8):
+    """`mm_many_batch(..., rope=)` stores output i rotated in the store (the decode GEMV's
+    epilogue, `gemv._store`): the bytes of the same call without it, then `rope.apply_rope`;
+    the other weight of the launch unchanged; with split K (segments here: the fixture's)."""
+    from attnv41.kernels import qdq
+    from attnv41.kernels import rope as R
+
+    g = _gen("tc-rope", m, H, D, half, K, fp8)
+    x = _rand(g, (m, K)).to(device)
+    if fp8:
+        w, sc = (t.to(device) for t in _fp8_weight(g, H * D, K))
+        xq = qdq.fp8_qdq(x.clone())
+    else:
+        w, sc, xq = _rand(g, (H * D, K)).to(device), None, None
+    w2 = _rand(g, (40, K)).to(device)
+    ang = torch.rand(90, half, generator=g) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    pos = torch.randint(0, 90, (m,), generator=g, dtype=torch.int32).to(device)
+    assert TC.plan(H * D, K) > 1 or K <= 256, "the cases split K"
+    plain = (torch.empty(m, H * D, dtype=BF, device=device), torch.empty(m, 40, dtype=BF, device=device))
+    TC.mm_many_batch(x, (w, w2), plain, (sc, None), xq=xq)
+    want = R.apply_rope(plain[0].view(m, H, D), cos, sin, pos).view(m, H * D)
+    got = (torch.full_like(plain[0], float("nan")), torch.full_like(plain[1], float("nan")))
+    TC.mm_many_batch(x, (w, w2), got, (sc, None), xq=xq, rope=(0, D, cos, sin, pos))
+    assert torch.equal(got[0].cpu().view(torch.int16), want.cpu().view(torch.int16)), "rotated != mm then apply_rope"
+    assert torch.equal(got[1].cpu(), plain[1].cpu()), "the other weight's output changed"
+    assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
+    with pytest.raises(ValueError, match="rope i = 2"):
+        TC.mm_many_batch(x, (w, w2), got, (sc, None), xq=xq, rope=(2, D, cos, sin, pos))

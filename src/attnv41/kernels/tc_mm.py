@@ -113,6 +113,7 @@ def plan(N: int, K: int, products: int = 1) -> int:
 
 
 if HAVE_TRITON:
+    from .gemv import _store
     from .gemv_fp8 import _e8m0
 
     @triton.jit
@@ -131,7 +132,7 @@ if HAVE_TRITON:
         x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, g, seg, n_pm, n_pn,
         SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-        PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr,
+        PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr, rope, ROPE: tl.constexpr,
     ):  # fmt: skip
         """Output tile (pm, pn) of group g, K segment seg (of n_pm × n_pn tiles per group):
         the weight's first lines prefetched, the wait for the previous kernel (PDL), the
@@ -140,7 +141,9 @@ if HAVE_TRITON:
         scales wsc, dequantized in registers). DOT_FP32: the interpreter's form of each
         product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands.
         PDL: started early (kernels/_triton.py); PF_LINES 128-byte lines of each weight
-        row's segment are prefetched into L2 before the wait (weights only)."""
+        row's segment are prefetched into L2 before the wait (weights only). ROPE: the
+        rounded tile's RoPE-tail pairs rotated before the store (`gemv._store`, the decode
+        GEMV's epilogue: the rope op's bits)."""
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
         rok, cok = rows < M, cols < N
@@ -198,11 +201,9 @@ if HAVE_TRITON:
                     acc = tl.dot(a, b, acc)
         ok = rok[:, None] & cok[None, :]
         op = out + g * sog + rows[:, None] * som + cols[None, :]
+        toks = (rok, rows)
         if SEGS == 1:
-            if OUT_F32:
-                tl.store(op, acc, mask=ok)
-            else:
-                tl.store(op, round_bf16(acc), mask=ok)
+            _store(op, acc, ok, toks, cols, rope, ROPE, BN, BM)  # bf16: rounded (and rotated); fp32 as is
         else:  # the partials in the workspace; the last segment of the tile to arrive sums them in order
             plane = M * N
             pp = part + (g * SEGS * M + rows[:, None]) * N + cols[None, :]
@@ -214,10 +215,7 @@ if HAVE_TRITON:
                 s = tl.load(pp, mask=ok, other=0.0, cache_modifier=".cg")
                 for j in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
                     s += tl.load(pp + j * plane, mask=ok, other=0.0, cache_modifier=".cg")
-                if OUT_F32:
-                    tl.store(op, s, mask=ok)
-                else:
-                    tl.store(op, round_bf16(s), mask=ok)
+                _store(op, s, ok, toks, cols, rope, ROPE, BN, BM)
                 tl.atomic_xchg(lock, 0)
 
     @triton.jit(do_not_specialize=["M"])
@@ -233,20 +231,21 @@ if HAVE_TRITON:
         _tc_tile(
             x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, pgs // SEGS, pgs % SEGS,
             tl.num_programs(0), tl.num_programs(1), SEGS, IPS, WK, OUT_F32, BM, BN, BK, EVEN_K, DOT_FP32,
-            PDL, PF_LINES, PF_ELT,
+            PDL, PF_LINES, PF_ELT, (x, x, x, 0, 0, 2, 1), False,
         )  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "n_pm"])
     def _tc_many_kernel(
-        x, sxm, xq, sxqm, ws, scs, outs, ns, soms, starts, lock_offs, part_offs, part, locks, M, K, n_pm,
+        x, sxm, xq, sxqm, ws, scs, outs, ns, soms, starts, lock_offs, part_offs, part, locks, M, K, n_pm, rope,
         SEGSS: tl.constexpr, IPSS: tl.constexpr, WKS: tl.constexpr, OUT_F32S: tl.constexpr, PFS: tl.constexpr,
         PF_ELTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        DOT_FP32: tl.constexpr, PDL: tl.constexpr = False,
+        DOT_FP32: tl.constexpr, ROPE_I: tl.constexpr = -1, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """Several weights sharing x in one launch (`mm_many_batch`): work item j of weight i
         (starts[i] ≤ j < starts[i + 1]; weight tile fastest, then the segment) × n_pm row
         tiles (fastest), each as `_tc_kernel` computes it alone: the same bits. FP8
-        weights (WKS[i] = 2) read xq, x's FP8 round trip."""
+        weights (WKS[i] = 2) read xq, x's FP8 round trip. Weight ROPE_I's output (−1: none)
+        is stored rotated (`rope`: cos, sin, pos, their strides, head_dim, half the tail)."""
         pdl_release(PDL)
         pid = tl.program_id(0)
         pm = pid % n_pm
@@ -260,13 +259,13 @@ if HAVE_TRITON:
                     _tc_tile(
                         xq, sxqm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
                         M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
-                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i],
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
                     )  # fmt: skip
                 else:
                     _tc_tile(
                         x, sxm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
                         M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
-                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i],
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
                     )  # fmt: skip
 
 
@@ -317,9 +316,10 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     )  # fmt: skip
 
 
-def _launch_many(x, xq, weights, outs, scales) -> None:
+def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
-    plan and counters as `tc_mm` alone would use them, so the same bits."""
+    plan and counters as `tc_mm` alone would use them, so the same bits; `rope` (checked):
+    output i rotated in the store."""
     m, K = x.shape
     pdl = pdl_launch(x)
     plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl["PDL"]) for w, sc in zip(weights, scales)]
@@ -342,14 +342,21 @@ def _launch_many(x, xq, weights, outs, scales) -> None:
     locks = _counters.buffer(dev) if locks_used else part
     n_pm = -(-m // BM)
     xr = x if xq is None else xq
+    if rope is None:
+        rope_i, rargs = -1, (x, x, x, 0, 0, 2, 1)  # any pointers: nothing reads them
+    else:
+        rope_i, D, cos, sin, pos = rope
+        rargs = (cos, sin, pos, cos.stride(0), sin.stride(0), D, cos.shape[1])
     _tc_many_kernel[(starts[-1] * n_pm,)](
         x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
         tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
-        tuple(lock_offs), tuple(part_offs), part, locks, m, K, n_pm,
+        tuple(lock_offs), tuple(part_offs), part, locks, m, K, n_pm, rargs,
         SEGSS=tuple(p[0] for p in plans), IPSS=tuple(p[1] for p in plans), WKS=tuple(p[2] for p in plans),
         OUT_F32S=tuple(o.dtype == torch.float32 for o in outs), PFS=tuple(p[3] for p in plans),
         PF_ELTS=tuple(w.element_size() for w in weights), BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0,
-        DOT_FP32=interpreting(), num_warps=_WARPS, num_stages=_STAGES, **pdl,
+        DOT_FP32=interpreting(), ROPE_I=rope_i, num_warps=_WARPS, num_stages=_STAGES,
+        enable_fp_fusion=rope is None,  # the rotation as the rope op computes it: no FMA contraction
+        **pdl,
     )  # fmt: skip
 
 
@@ -431,10 +438,10 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     """`ops.mm_many` of the batched runtime on CUDA: every weight as `tc_mm` computes it
     alone (bf16, fp32, or FP8 with its scale), all in one launch; FP8 weights read x's FP8 round trip,
     `xq` if given (its producer made it), else `qdq.fp8_qdq(x)` once for the call; `rope`
-    (i, head_dim, cos, sin, pos) rotates output i by the rope op after the product (the
-    same bits as the GEMV's epilogue would give those values)."""
+    (i, head_dim, cos, sin, pos) rotates output i in the store, as the decode GEMV's
+    epilogue does (`gemv._store`): the bits of the rope op applied after the product, no
+    launch of its own."""
     from . import gemv, qdq  # noqa: PLC0415
-    from . import rope as _rope  # noqa: PLC0415
 
     scales = (None,) * len(weights) if scales is None else tuple(scales)
     if len(scales) != len(weights) or len(outs) != len(weights):
@@ -448,9 +455,7 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     xr = None
     if any(fp8):
         xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous())
-    _launch_many(x, xr, weights, outs, sbytes)
-    if rope is not None:
-        gemv._rope_after(outs, rope, _rope.apply_rope)
+    _launch_many(x, xr, weights, outs, sbytes, rope)
     return tuple(outs)
 
 
