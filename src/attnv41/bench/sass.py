@@ -7,6 +7,7 @@ of two trees and diff it (identical SASS, identical behaviour on the GPU).
     python -m attnv41.bench.sass gemv --K 1280 --N 32768 --dtype fp8
     python -m attnv41.bench.sass attn --m 1 --combine auto --dump /tmp/sass-new
     python -m attnv41.bench.sass attn --packed    # over packed rows; `index [--packed]`: index scores
+    python -m attnv41.bench.sass tc --dtype fp8 --rope   # the batched projections over q's latent
     # the same from another revision's tree, then diff the two folders:
     git worktree add /tmp/rev REV && PYTHONPATH=/tmp/rev/src python -m attnv41.bench.sass attn --dump /tmp/sass-old
 
@@ -32,7 +33,7 @@ from collections import Counter
 
 import torch
 
-__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches"]
+__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches", "tc_launches"]
 
 
 def _bin(name: str) -> str:
@@ -189,6 +190,27 @@ def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False) -> list:
     return launches
 
 
+def tc_launches(m: int = 64, dtype: str = "bf16", rope: bool = False) -> list:
+    """The batched runtime's pass over q's latent (`tc_mm.mm_many_batch`: wq_b [32768, 1280]
+    and indexer.wq_b [4096, 1280] in one launch, bf16 or FP8 weights), m tokens, with q's
+    RoPE in the store when asked (heads of 512, a 64-value tail), compiled: [(name, kernel)]."""
+    from ..kernels import tc_mm as TC  # noqa: PLC0415
+
+    K, bf = 1280, torch.bfloat16
+    x = torch.zeros(m, K, dtype=bf)
+    shapes = ((32768, K), (4096, K))
+    if dtype == "fp8":
+        ws = tuple(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn) for n, k in shapes)
+        scales = tuple(torch.zeros(-(-n // 32), k // 32, dtype=torch.uint8) for n, k in shapes)
+    else:
+        ws, scales = tuple(torch.zeros(n, k, dtype=bf) for n, k in shapes), (None, None)
+    outs = tuple(torch.zeros(m, n, dtype=bf) for n, _ in shapes)
+    r = (0, 512, torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(m, dtype=torch.int32)) if rope else None
+    with compile_only() as launches:
+        TC.mm_many_batch(x, ws, outs, scales, xq=torch.zeros_like(x) if dtype == "fp8" else None, rope=r)
+    return launches
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -206,7 +228,11 @@ def main(argv=None) -> None:
     i.add_argument("--m", type=int, default=1)
     i.add_argument("--L", type=int, default=1 << 20)
     i.add_argument("--packed", action="store_true", help="packed fp4_e8m0 keys")
-    for p in (g, a, i):
+    t = sub.add_parser("tc")
+    t.add_argument("--m", type=int, default=64)
+    t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    t.add_argument("--rope", action="store_true", help="q's RoPE in the store (mm_many_batch's rope=)")
+    for p in (g, a, i, t):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
     args = ap.parse_args(argv)
@@ -214,6 +240,8 @@ def main(argv=None) -> None:
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     elif args.what == "index":
         launches = index_launches(args.m, args.L, args.packed)
+    elif args.what == "tc":
+        launches = tc_launches(args.m, args.dtype, args.rope)
     else:
         launches = attn_launches(args.m, args.combine, packed=args.packed)
     out = []
