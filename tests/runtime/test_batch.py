@@ -142,10 +142,6 @@ def test_released_keys_refusals():
         bt.rollback(0, 7)
     with pytest.raises(ValueError, match=r"index_keys = 'shared'; allowed: \('own', 'released'\)"):
         BatchV41(cfg, n_slots=1, index_keys="shared")
-    from attnv41.runtime.batch_graphs import BatchGraphs
-
-    with pytest.raises(ValueError, match=r"index_keys = 'released'; allowed: 'own' \(released keys run eager steps\)"):
-        BatchGraphs(bt, wts, use_graphs=False)
 
 
 def test_paged_placement_changes_nothing():

@@ -20,12 +20,12 @@ from helpers import pool_snapshot, random_weights, same_pool, small_cfg
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
 
 
-def _twins(ratios, window, seed, n_slots, block_rows, device="cpu"):
+def _twins(ratios, window, seed, n_slots, block_rows, device="cpu", index_keys="own"):
     cfg = small_cfg(window=window, index_topk=6, compress_ratios=ratios, max_seq=128, max_tokens=64)
     w = random_weights(cfg, seed)
     wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=device) for i in range(cfg.n_layers)]
-    a = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
-    b = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows)
+    a = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows, index_keys=index_keys)
+    b = BatchV41(cfg, device, n_slots=n_slots, block_rows=block_rows, index_keys=index_keys)
     return cfg, wts, a, b
 
 
@@ -33,16 +33,23 @@ def _x(cfg, gen, T, device):
     return torch.randn(cfg.n_layers, T, cfg.dim, generator=gen).to(torch.bfloat16).to(device)
 
 
-def _drive(cfg, wts, a, b, g, rng, steps, device):
-    """Prompts in every slot (eager, both twins), then `steps` steps: mostly decode steps
-    of a random subset (graphs on `a`, eager on `b`), sometimes an eager continuation of
-    2-4 tokens on both. Asserts equal outputs at each step and equal pools at the end."""
+def _prompts(cfg, wts, a, b, rng, device):
+    """A prompt of 1-12 tokens in every slot of both twins (eager); returns the inputs'
+    generator and the slot count."""
     gen = torch.Generator().manual_seed(rng.randint(0, 1 << 30))
     n = a.pool.n_slots
     lens = [rng.randint(1, 12) for _ in range(n)]
     x = _x(cfg, gen, sum(lens), device)
     for bt in (a, b):
         bt.step(wts, list(x), list(range(n)), [0] * n, lens)
+    return gen, n
+
+
+def _drive(cfg, wts, a, b, g, rng, steps, device):
+    """Prompts in every slot (eager, both twins), then `steps` steps: mostly decode steps
+    of a random subset (graphs on `a`, eager on `b`), sometimes an eager continuation of
+    2-4 tokens on both. Asserts equal outputs at each step and equal pools at the end."""
+    gen, n = _prompts(cfg, wts, a, b, rng, device)
     for j in range(steps):
         slots = rng.sample(range(n), rng.randint(1, n))
         starts = [a.pool.length[s] for s in slots]
@@ -75,6 +82,92 @@ def test_padded_decode_steps_equal_eager_steps(ratios, window, block_rows, sizes
     cfg, wts, a, b = _twins(ratios, window, seed, 4, block_rows)
     g = BatchGraphs(a, wts, sizes=sizes, bucket_min=8)
     _drive(cfg, wts, a, b, g, random.Random(seed), 12, "cpu")
+
+
+def _drive_released(cfg, wts, a, b, g, rng, steps, device):
+    """As `_drive` with index_keys="released" on both twins: decode steps (graphs on a,
+    eager on b) and eager continuations. A step the released rule refuses (a layer would
+    score more keys than the last publisher holds) must be refused by both, with the same
+    message and no state change; the schedule goes on with other slots."""
+    gen, n = _prompts(cfg, wts, a, b, rng, device)
+    graph_steps = refused = 0
+    for j in range(steps):
+        slots = rng.sample(range(n), rng.randint(1, n))
+        starts = [a.pool.length[s] for s in slots]
+        m = [rng.randint(2, 4) for _ in slots] if rng.random() < 0.2 else [1] * len(slots)
+        xs = _x(cfg, gen, sum(m), device)
+        before = (pool_snapshot(a), list(a.keys_owner))
+        try:
+            ya = g.step(xs, slots) if m == [1] * len(slots) else a.step(wts, list(xs), slots, starts, m)
+        except ValueError as e:
+            with pytest.raises(ValueError) as eb:
+                b.step(wts, list(xs), slots, starts, m)
+            assert str(eb.value) == str(e)
+            same_pool(pool_snapshot(a), before[0])
+            assert a.keys_owner == before[1]
+            refused += 1
+            continue
+        yb = b.step(wts, list(xs), slots, starts, m)
+        graph_steps += m == [1] * len(slots)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} lens {m} L{i}"
+        assert a.keys_owner == b.keys_owner, f"step {j}: owners"
+    same_pool(pool_snapshot(a, real=True), pool_snapshot(b, real=True))
+    return graph_steps, refused
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS + [(0, 2, 0, 1, 0, 1)]),
+    window=st.sampled_from([4, 8]),
+    block_rows=st.sampled_from([1, 4]),
+    sizes=st.sampled_from([(1, 2, 4), (4,)]),
+    seed=st.integers(0, 10_000),
+)
+def test_released_keys_decode_steps_equal_eager_steps(ratios, window, block_rows, sizes, seed):
+    """index_keys="released" (attention-v41.md §9): the owners of each token's index keys
+    go up with the step's metadata, and every publishing layer's keys are scored with the
+    other tokens masked; the bytes, the pools and the owners equal the eager released
+    steps' (which group the tokens by owner on the host)."""
+    cfg, wts, a, b = _twins(ratios, window, seed, 4, block_rows, index_keys="released")
+    g = BatchGraphs(a, wts, sizes=sizes, bucket_min=8)
+    graph_steps, _ = _drive_released(cfg, wts, a, b, g, random.Random(seed), 12, "cpu")
+    assert graph_steps > 0
+
+
+def test_released_keys_graph_steps_mix_owners():
+    """At the golden geometry's roles (a ratio-2 Full layer before a ratio-1 one): in one
+    graph step, a token completing no ratio-2 group scores the ratio-1 layer's keys and
+    one completing a group its own; both equal the eager step, and the owners after the
+    step are the eager ones."""
+    cfg, wts, a, b = _twins((0, 2, 0, 1, 0, 1), 8, 5, 2, 4, index_keys="released")
+    g = BatchGraphs(a, wts, sizes=(2,), bucket_min=8)
+    gen = torch.Generator().manual_seed(5)
+    x = _x(cfg, gen, 13, "cpu")
+    for bt in (a, b):
+        bt.step(wts, list(x), [0, 1], [0, 0], [6, 7])
+    i = next(r.layer for r in cfg.roles if r.ratio == 2 and r.is_kv_source and r.is_index_source)
+    later = next(r.layer for r in cfg.roles if r.ratio == 1 and r.is_kv_source and r.is_index_source)
+    xd = _x(cfg, gen, 2, "cpu")
+    ya = g.step(xd, [0, 1])  # positions 6 (no ratio-2 group completes) and 7 (group 3 does)
+    row = a.index_sources.index(i)
+    assert g._meta[2 + row, :2].tolist() == [later, i]
+    yb = b.step(wts, list(xd), [0, 1], [6, 7], [1, 1])
+    assert all(torch.equal(ya[k], yb[k]) for k in range(cfg.n_layers))
+    assert a.keys_owner == b.keys_owner == [later, later]
+
+
+def test_released_keys_refused_steps_change_nothing():
+    """A graph step the released rule refuses (layer 1 would score 2 keys of layer 3's
+    cache holding 1) raises the eager step's message and changes nothing."""
+    cfg, wts, a, b = _twins((0, 2, 2, 4, 4, 4), 4, 1, 1, 4, index_keys="released")
+    g = BatchGraphs(a, wts, sizes=(1,), bucket_min=8)
+    a.step(wts, list(_x(cfg, torch.Generator().manual_seed(1), 4, "cpu")), [0], [0], [4])
+    before = (pool_snapshot(a), list(a.keys_owner))
+    with pytest.raises(ValueError, match=r"slot 0: layer 1 would score 2 index keys of layer 3, which holds 1"):
+        g.step(_xs(cfg, 1), [0])
+    same_pool(pool_snapshot(a), before[0])
+    assert a.keys_owner == before[1]
 
 
 def _drive_decode_only(cfg, wts, a, b, g, steps):
@@ -209,6 +302,19 @@ def test_graph_replay_equals_eager_on_cuda(ratios):
         yb = b.step(wts, list(xd), slots, starts, [1] * 4)
         assert all(torch.equal(ya[i], yb[i]) for i in range(cfg.n_layers))
     assert g.recaptures == before + 1
+
+
+@pytest.mark.gpu
+def test_released_keys_graph_replay_equals_eager_on_cuda():
+    """index_keys="released" captured and replayed on CUDA (owners uploaded per step, every
+    publisher's keys scored with the others masked) against eager released steps: byte
+    for byte, refusals alike."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg, wts, a, b = _twins((0, 2, 2, 1, 1, 1), 8, 13, 4, 4, device="cuda", index_keys="released")
+    g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
+    graph_steps, _ = _drive_released(cfg, wts, a, b, g, random.Random(13), 24, "cuda")
+    assert graph_steps > 0 and g.captures >= 2
 
 
 class _WithoutPDL:

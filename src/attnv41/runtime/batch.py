@@ -56,8 +56,9 @@ Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 
 `index_keys="released"` (attention-v41.md §9: the released code's Full layers score the
 keys published last when a call completes none of their groups): which layer's keys a
-sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_plan`);
-eager steps only (`BatchGraphs` and `rollback` refuse it).
+sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_plan`).
+`BatchGraphs` uploads each token's owners with its metadata and scores every publishing
+layer's keys with the others' rows masked (`_released_scores_dev`); `rollback` refuses it.
 
 Limits of this version: steps with prompt chunks or verifies run
 eagerly (host-side metadata and compressor plans, per-sequence loops); on CUDA a
@@ -245,6 +246,9 @@ class BatchStep:
     bucket: int | None = None  # index widths bucket // ratio (fixed shapes), else the widest visible count
     decode_only: bool = False  # every sequence one token after position 0: the fixed-shape compressor
     keys_plan: tuple | None = None  # released index keys: (per index source the owner per sequence, owners after)
+    # released index keys in a captured step (`BatchGraphs`): int32 [index sources, T], per
+    # index source (in layer order) the layer whose keys each token scores, on the device
+    owners_dev: torch.Tensor | None = None
 
 
 class BatchV41:
@@ -298,6 +302,9 @@ class BatchV41:
         # its sequence published last (None before any); `_keys_plan` follows it through a step
         self.index_keys = index_keys
         self.keys_owner: list[int | None] = [None] * n_slots
+        # the index sources (rows of `BatchStep.owners_dev`) and the layers that publish keys
+        self.index_sources = [i for i, r in enumerate(cfg.roles) if r.ratio > 0 and r.is_index_source]
+        self.publishers = [i for i in self.index_sources if cfg.roles[i].is_kv_source]
         self.sel_buf = torch.empty(M, cfg.window + cfg.index_topk, dtype=torch.int32, device=self.device)
         self._step: BatchStep | None = None
         # Tracing (tests, `attnv41 check --batch`): with `trace_slot` set, every layer call
@@ -713,6 +720,30 @@ class BatchV41:
             )
         return scores
 
+    def _released_scores_dev(self, iq, hw, step: BatchStep, vis, own, t0: int, t1: int, Lw: int) -> torch.Tensor:
+        """`_released_scores` at fixed shapes (capturable): the owners `own` [T] on the
+        device. One `index_scores_paged` per layer that publishes keys, each token seeing
+        its visible rows only in its owner's (the others see none: nothing of them is
+        read), the owner's row kept. A row's bits depend on its own inputs only, so each
+        token gets the bytes of the eager grouping."""
+        ops, pool, roles = self.ops, self.pool, self.cfg.roles
+        o, v = own[t0:t1], vis[t0:t1]
+        scores = None
+        for j in self.publishers:
+            mine = o == j
+            s = ops.index_scores_paged(
+                iq[t0:t1],
+                hw[t0:t1],
+                pool.index_k[j],
+                pool.tables[roles[j].ratio],
+                step.tok_slot[t0:t1],
+                pool.block_rows,
+                torch.where(mine, v, 0),
+                Lw,
+            )
+            scores = s if scores is None else torch.where(mine[:, None], s, scores)
+        return scores
+
     def _compress_decode(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
         """A decode-only step's compressor (ratio ≥ 2) at fixed shapes, as the one-sequence
         decode step runs it (`AttnV41._compress_step`): each token into its slot's state at
@@ -904,11 +935,16 @@ class BatchV41:
             b = step.slots.index(self.trace_slot)
             trace = (step.offsets[b], step.lens[b], widths[b])
         owners = None  # released keys: the layer each token's sequence scores (host, per token)
-        if step.keys_plan is not None:  # no owner yet: the sequence sees no key (L = 0), any pool reads nothing
+        own_dev = None  # ... or on the device (a captured step)
+        if step.owners_dev is not None:
+            own_dev = step.owners_dev[self.index_sources.index(i)]
+        elif step.keys_plan is not None:  # no owner yet: the sequence sees no key (L = 0), any pool reads nothing
             owners = [keys_layer if j is None else j for j, m in zip(step.keys_plan[0][i], step.lens) for _ in range(m)]
         for t0 in range(0, T, tile):
             t1 = min(T, t0 + tile)
-            if owners is None:
+            if own_dev is not None:
+                scores = self._released_scores_dev(iq, hw, step, vis, own_dev, t0, t1, Lw)
+            elif owners is None:
                 scores = ops.index_scores_paged(
                     iq[t0:t1],
                     hw[t0:t1],

@@ -16,11 +16,18 @@ those a graph baked; a change recaptures (`recaptures`).
 
 Per step the host checks the call (all or nothing: a refused step changes nothing),
 allocates the blocks sequences grow into (block-table entries written on the device, no
-sync), uploads the step's metadata (each token's position and slot: one copy of 2·T
-int32, from pinned memory, non-blocking) and replays. The graph derives the window
+sync), uploads the step's metadata (each token's position and slot, and its index-key
+owners in released mode: one copy of int32 rows, from pinned memory, non-blocking) and
+replays. The graph derives the window
 selections and ring writes from that metadata (`BatchV41._derive_decode`), then runs
 every layer: layer i reads `x_in[i, :T]` and writes `y[i, :T]`. Nothing waits for the
 device.
+
+With `index_keys="released"` the host works out, per index source, the layer whose keys
+each token scores (`BatchV41._keys_plan`, which also refuses a step the released rule
+cannot run) and uploads it with the metadata; the graph scores every publishing layer's
+keys with the other tokens' rows masked and keeps each token's owner's
+(`BatchV41._released_scores_dev`).
 
 A token's bytes are those the eager `BatchV41.step` gives it: graphs, padding and the
 context bucket change no bits (the batch-invariance contract of the batched op table;
@@ -85,10 +92,6 @@ class BatchGraphs:
     ):
         if not isinstance(batch, BatchV41):
             raise TypeError(f"batch is a {type(batch).__name__}; allowed: a BatchV41")
-        if batch.index_keys != "own":  # which keys a layer scores follows each sequence's history (host-side)
-            raise ValueError(
-                f"a BatchV41 with index_keys = {batch.index_keys!r}; allowed: 'own' (released keys run eager steps)"
-            )
         cfg = batch.cfg
         self.batch, self.cfg = batch, cfg
         cuda = batch.device.type == "cuda"
@@ -119,7 +122,11 @@ class BatchGraphs:
         dev, T = batch.device, self.sizes[-1]
         self.x_in = torch.zeros(cfg.n_layers, T, cfg.dim, dtype=torch.bfloat16, device=dev)
         self.y = torch.zeros(cfg.n_layers, T, cfg.dim, dtype=torch.bfloat16, device=dev)
-        self._meta = torch.zeros(2, T, dtype=torch.int32, device=dev)  # per token: position, slot
+        # per token: position, slot; with released index keys, per index source the layer
+        # whose keys the token scores (`BatchV41._keys_plan`, host-side, uploaded with them)
+        self._released = batch.index_keys != "own"
+        n_own = len(batch.index_sources) if self._released else 0
+        self._meta = torch.zeros(2 + n_own, T, dtype=torch.int32, device=dev)
         self._steps: dict[int, BatchStep] = {}
         self._graphs: dict[tuple[int, int], _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -176,6 +183,7 @@ class BatchGraphs:
         ones = [1] * B
         bucket = bucket_of(max(starts), c.max_seq, self.bucket_min)
         bt._check_begin(list(slots), starts, ones, bucket)
+        plan = bt._keys_plan(list(slots), starts, ones)  # released index keys (raises, nothing changed)
         for w in self.weights:  # cached: the same dict holding the same tensors
             bt.attn._check_weights(w)
         # nothing below can fail
@@ -185,12 +193,16 @@ class BatchGraphs:
             self.x_in[:, B:T].zero_()
         bt._allocate(slots, starts, ones)
         cuda = bt.device.type == "cuda"
-        host = torch.tensor([starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)], dtype=torch.int32)
+        host = torch.tensor(
+            [starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)] + self._owner_rows(plan, T),
+            dtype=torch.int32,
+        )
         if cuda:
             host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
         self._meta[:, :T].copy_(host, non_blocking=cuda)
         st = self._step_for(T)
         st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, ones, list(range(B)), bucket
+        st.keys_plan = plan  # the owners after the step (`_finish`)
         bt._register(st)
         if not self.use_graphs:
             self._body(st)
@@ -238,13 +250,16 @@ class BatchGraphs:
                 cap = self._graphs.get((T, b))
                 if cap is not None and cap.baked == baked:
                     continue
-                pads = torch.tensor([[PAD_POS] * T, [bt.pool.pad_slot] * T], dtype=torch.int32)
+                pads = torch.tensor(
+                    [[PAD_POS] * T, [bt.pool.pad_slot] * T] + self._owner_rows(None, T), dtype=torch.int32
+                )
                 if self.use_graphs:
                     pads = pads.pin_memory()
                 self._meta[:, :T].copy_(pads, non_blocking=self.use_graphs)
                 self.x_in[:, :T].zero_()
                 st = self._step_for(T)
                 st.slots, st.starts, st.lens, st.offsets, st.bucket = [], [], [], [], b
+                st.keys_plan = None
                 if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
                     self._body(st)
                     st.next_layer = c.n_layers
@@ -275,9 +290,24 @@ class BatchGraphs:
                 ring_dst=torch.zeros(T, dtype=torch.int64, device=dev),
                 ring_src=torch.arange(T, dtype=torch.int64, device=dev),
                 decode_only=True,
+                owners_dev=self._meta[2:, :T] if self._released else None,
             )
             self._steps[T] = st
         return st
+
+    def _owner_rows(self, plan, T: int) -> list[list[int]]:
+        """With released index keys: per index source, the layer whose keys each of the T
+        tokens scores (the plan's owner of its sequence; the layer's own keys layer for a
+        sequence with no owner yet and for padding tokens); else no rows."""
+        if not self._released:
+            return []
+        bt = self.batch
+        rows = []
+        for i in bt.index_sources:
+            own = bt.wiring[i][1]
+            got = [] if plan is None else [own if j is None else j for j in plan[0][i]]
+            rows.append(got + [own] * (T - len(got)))
+        return rows
 
     def _body(self, st: BatchStep) -> None:
         """The whole step's device work from the uploaded metadata (capturable)."""
