@@ -18,10 +18,9 @@ Per step the host checks the call (all or nothing: a refused step changes nothin
 allocates the blocks sequences grow into (block-table entries written on the device, no
 sync), uploads the step's metadata (each token's position and slot, and its index-key
 owners in released mode: one copy of int32 rows, from pinned memory, non-blocking) and
-replays. The graph derives the window
-selections and ring writes from that metadata (`BatchV41._derive_decode`), then runs
-every layer: layer i reads `x_in[i, :T]` and writes `y[i, :T]`. Nothing waits for the
-device.
+replays. The graph derives the window selections and ring rows from that metadata
+(`BatchV41._derive_decode`), then runs every layer: layer i reads `x_in[i, :T]` and
+writes `y[i, :T]`. Nothing waits for the device.
 
 With `index_keys="released"` the host works out, per index source, the layer whose keys
 each token scores (`BatchV41._keys_plan`, which also refuses a step the released rule
