@@ -469,6 +469,16 @@ def _check_xq(x: torch.Tensor, xq, weights) -> None:
         raise ValueError("xq: given, but no weight is torch.float8_e4m3fn; allowed: None")
 
 
+def _rope_args(rope, x) -> tuple[int, tuple]:
+    """(the rotated output's index, −1 for none; the kernel's `rope` tuple: cos, sin, pos,
+    their row strides, head_dim, half the tail) of a checked `rope` (any pointers when None:
+    nothing reads them). Shared with `tc_mm`, whose store is this module's `_store`."""
+    if rope is None:
+        return -1, (x, x, x, 0, 0, 2, 1)
+    i, D, cos, sin, pos = rope
+    return i, (cos, sin, pos, cos.stride(0), sin.stride(0), D, cos.shape[1])
+
+
 def _check_rope(rope, weights, outs):
     """`rope` of `gemv`/`mm_many`: None or (i, head_dim, cos, sin, pos) fitting weight i's
     output (ValueError naming the field); returns it with pos checked by the rope op."""
@@ -535,11 +545,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     if rope is not None and (bn % 2 or bn8 % 2):  # step 5 rotates pairs inside one row tile
         raise ValueError(f"rope with row tiles of {bn} / {bn8} rows; allowed: even tiles (the launch shape)")
     xin = x if xq is None else xq  # what the fp8 weights read
-    if rope is None:
-        rope_i, rargs = -1, (x, x, x, 0, 0, 2, 1)  # any pointers: nothing reads them
-    else:
-        rope_i, D, cos, sin, pos = rope
-        rargs = (cos, sin, pos, cos.stride(0), sin.stride(0), D, cos.shape[1])
+    rope_i, rargs = _rope_args(rope, x)
     _gemv_kernel[(starts[-1] * ntb,)](
         x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),

@@ -320,6 +320,8 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
     plan and counters as `tc_mm` alone would use them, so the same bits; `rope` (checked):
     output i rotated in the store."""
+    from .gemv import _rope_args  # noqa: PLC0415
+
     m, K = x.shape
     pdl = pdl_launch(x)
     plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl["PDL"]) for w, sc in zip(weights, scales)]
@@ -342,11 +344,7 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     locks = _counters.buffer(dev) if locks_used else part
     n_pm = -(-m // BM)
     xr = x if xq is None else xq
-    if rope is None:
-        rope_i, rargs = -1, (x, x, x, 0, 0, 2, 1)  # any pointers: nothing reads them
-    else:
-        rope_i, D, cos, sin, pos = rope
-        rargs = (cos, sin, pos, cos.stride(0), sin.stride(0), D, cos.shape[1])
+    rope_i, rargs = _rope_args(rope, x)
     _tc_many_kernel[(starts[-1] * n_pm,)](
         x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
         tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
