@@ -50,6 +50,26 @@ ATTN = [
     ("logits bh=64 dk=256", dict(dk=256)),
     ("logits st4", dict(stages_a=4)),
 ]
+# `--attn-set heads`: the combine's head and column tiles (comb_h / comb_d / warps) and the
+# logits kernel's head tile and chunk, around BATCH_TUNE (2026-12-03)
+ATTN_SETS = {
+    "default": ATTN,
+    "heads": [
+        ("production", {}),
+        ("logits only", {"only_logits": True}),
+        ("comb_h=32", dict(comb_h=32)),
+        ("comb_h=32 comb_d=256 w8", dict(comb_h=32, comb_d=256, warps_b=8)),
+        ("comb_h=32 comb_d=64", dict(comb_h=32, comb_d=64)),
+        ("comb_h=16 comb_d=256", dict(comb_h=16, comb_d=256)),
+        ("comb_h=16 comb_d=512 w8", dict(comb_h=16, comb_d=512, warps_b=8)),
+        ("comb_h=32 st2", dict(comb_h=32, stages_b=2)),
+        ("comb_h=64 comb_d=512 w8", dict(comb_d=512, warps_b=8)),
+        ("logits bh=32", dict(bh=32)),
+        ("logits dk=64", dict(dk=64)),
+        ("logits w8", dict(warps_a=8)),
+        ("logits bh=32 comb_h=32", dict(bh=32, comb_h=32)),
+    ],
+}
 INDEX = [("production", {})] + [
     (f"bl={bl} sub={sub} w={w} st={st}", dict(block_l=bl, sub=sub, num_warps=w, num_stages=st))
     for bl, sub, w, st in (
@@ -130,6 +150,8 @@ def main() -> int:
         default=0,
         help="L > 0: also the single-sequence index_scores (m = 1) over L random keys, per launch shape",
     )
+    ap.add_argument("--no-index", action="store_true", help="time the attention only")
+    ap.add_argument("--attn-set", default="default", choices=sorted(ATTN_SETS), help="the attention's launch shapes")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing meaning)")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -181,7 +203,7 @@ def main() -> int:
         q, win, comp, sel, offset, sink, scale = a
         ref = ss.sparse_attn_split_torch(q, win, comp, sel, offset, sink, scale)
         base = None
-        for name, tune in ATTN:
+        for name, tune in ATTN_SETS[args.attn_set]:
             tune = dict(tune)
             no_rot = tune.pop("_no_rot", False)
             kw = {} if no_rot else {"rot": k["rot"]}
@@ -229,7 +251,7 @@ def main() -> int:
 
         a, k = rec["index"]
         base = None
-        for name, tune in INDEX:
+        for name, tune in [] if args.no_index else INDEX:
             try:
                 out = torch.empty(a[0].shape[0], a[7], dtype=torch.bfloat16, device=dev)
 
