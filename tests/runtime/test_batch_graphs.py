@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from attnv41.kernels._triton import PDL_ENV
 from attnv41.runtime import BatchGraphs, BatchV41
-from attnv41.runtime.batch_graphs import default_sizes
+from attnv41.runtime.batch_graphs import _OWN_ROW, default_sizes
 from attnv41.weights import AttnV41LayerWeights
 from helpers import pool_snapshot, random_weights, same_pool, small_cfg
 
@@ -84,6 +84,103 @@ def test_padded_decode_steps_equal_eager_steps(ratios, window, block_rows, sizes
     _drive(cfg, wts, a, b, g, random.Random(seed), 12, "cpu")
 
 
+def _host_path(bt):
+    """`bt` with continuation steps forced onto the host-planned path (`_compress_plan`,
+    per-slot undo logs), the one steps with prompts take: the reference for the
+    fixed-shape path that continuation steps and their graphs run."""
+    bt._is_cont = lambda starts, lens: False
+    return bt
+
+
+def _same_visible(a, b) -> None:
+    """Pools equal where anything reads them: lengths, block lists, tables, the callers'
+    rings and compressor states, and each slot's visible cache rows and index keys (the
+    fixed-shape path also writes rows of groups still in progress, which nothing reads
+    before they complete)."""
+    pa, pb = pool_snapshot(a, real=True), pool_snapshot(b, real=True)
+    n_tab, n_ring = len(a.pool.tables), len(a.pool.ring)
+    n_pool = 2 * len(a.pool.compress_kv)
+    for k in ("length", "free", "owned"):
+        assert pa[k] == pb[k], k
+    keep = list(range(n_tab + n_ring)) + list(range(n_tab + n_ring + n_pool, len(pa["tensors"])))
+    for j in keep:
+        assert torch.equal(pa["tensors"][j].cpu(), pb["tensors"][j].cpu()), f"pool tensor {j}"
+    for i in a.pool.compress_kv:
+        r = a.cfg.roles[i].ratio
+        for sl in range(a.pool.n_slots):
+            n = a.pool.length[sl] // r
+            for keys in (False, True):
+                u, v = a.pool.cache_rows(i, sl, n, keys=keys), b.pool.cache_rows(i, sl, n, keys=keys)
+                assert torch.equal(u.cpu(), v.cpu()), f"L{i} slot {sl} keys={keys}"
+
+
+def _drive_verify(cfg, wts, a, b, g, rng, steps, device):
+    """Prompts in every slot, then steps of a random subset of slots, each 1..4 tokens
+    (verify steps, decode tokens among them; all-one steps are decode steps): through
+    `g.step(xs, slots, lens)` on a, eager on b (`_host_path`). After a step, some of its
+    slots roll back to a random position inside their call, on both. Asserts equal
+    outputs at each step and equal pools after each rollback round and at the end."""
+    gen, n = _prompts(cfg, wts, a, b, rng, device)
+    rolled = 0
+    for j in range(steps):
+        slots = rng.sample(range(n), rng.randint(1, n))
+        starts = [a.pool.length[s] for s in slots]
+        lens = [rng.choice([1, 2, 3, 4]) for _ in slots]
+        lens = [min(m, g.sizes[-1] // len(slots)) or 1 for m in lens]
+        xs = _x(cfg, gen, sum(lens), device)
+        ya = g.step(xs, slots, lens)
+        yb = b.step(wts, list(xs), slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} lens {lens} L{i}"
+        back = [(sl, rng.randint(s, s + m)) for sl, s, m in zip(slots, starts, lens) if m >= 2 and rng.random() < 0.6]
+        for sl, pos in back:
+            rolled += pos < a.pool.length[sl]
+            a.rollback(sl, pos)
+            b.rollback(sl, pos)
+        if back:
+            _same_visible(a, b)
+    _same_visible(a, b)
+    return rolled
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS),
+    window=st.sampled_from([4, 8]),
+    block_rows=st.sampled_from([1, 4]),
+    sizes=st.sampled_from([(2, 8), (16,), (4, 16)]),
+    seed=st.integers(0, 10_000),
+)
+def test_verify_steps_and_rollback_equal_eager_steps(ratios, window, block_rows, sizes, seed):
+    """Verify steps (1..4 tokens per sequence, mixed in one step) through `BatchGraphs`
+    (the capturable body, eagerly on the CPU) and rollbacks from their device undo
+    buffers: the bytes of eager steps on the host-planned path, outputs and pools."""
+    cfg, wts, a, b = _twins(ratios, window, seed, 4, block_rows)
+    g = BatchGraphs(a, wts, sizes=sizes, bucket_min=8)
+    _drive_verify(cfg, wts, a, _host_path(b), g, random.Random(seed), 10, "cpu")
+
+
+def test_rollback_after_a_later_step_of_the_same_size_is_refused():
+    """A verify step's undo data lives in its graph's buffers: a later continuation step
+    of the same size (other slots) reuses them, so rolling back the first step's slot is
+    refused (naming both steps), and nothing changes; a slot of the later step still rolls
+    back."""
+    cfg, wts, a, b = _twins((0, 2, 2, 1, 1, 1), 8, 3, 3, 4)
+    g = BatchGraphs(a, wts, sizes=(4,), bucket_min=8)
+    gen = torch.Generator().manual_seed(3)
+    x = _x(cfg, gen, 12, "cpu")
+    a.step(wts, list(x), [0, 1, 2], [0, 0, 0], [5, 4, 3])
+    g.step(_x(cfg, gen, 3, "cpu"), [0], [3])
+    g.step(_x(cfg, gen, 2, "cpu"), [1], [2])
+    before = pool_snapshot(a)
+    with pytest.raises(ValueError, match=r"slot 0: rollback to 6: a later captured step of the same size reused"):
+        a.rollback(0, 6)
+    same_pool(before, pool_snapshot(a))
+    assert a.pool.length[0] == 8
+    a.rollback(1, 5)
+    assert a.pool.length[1] == 5
+
+
 def _drive_released(cfg, wts, a, b, g, rng, steps, device):
     """As `_drive` with index_keys="released" on both twins: decode steps (graphs on a,
     eager on b) and eager continuations. A step the released rule refuses (a layer would
@@ -151,7 +248,7 @@ def test_released_keys_graph_steps_mix_owners():
     xd = _x(cfg, gen, 2, "cpu")
     ya = g.step(xd, [0, 1])  # positions 6 (no ratio-2 group completes) and 7 (group 3 does)
     row = a.index_sources.index(i)
-    assert g._meta[2 + row, :2].tolist() == [later, i]
+    assert g._meta[_OWN_ROW + row, :2].tolist() == [later, i]
     yb = b.step(wts, list(xd), [0, 1], [6, 7], [1, 1])
     assert all(torch.equal(ya[k], yb[k]) for k in range(cfg.n_layers))
     assert a.keys_owner == b.keys_owner == [later, later]
@@ -206,7 +303,13 @@ REFUSED = {
     "empty_slot": (lambda g, c: g.step(_xs(c, 1), [2]), "slot 2 holds no sequence (length 0)"),
     "slot_out_of_range": (lambda g, c: g.step(_xs(c, 1), [3]), "slot = 3; allowed: 0..2"),
     "slot_twice": (lambda g, c: g.step(_xs(c, 2), [0, 0]), "slots [0] appear twice"),
-    "too_many": (lambda g, c: g.step(_xs(c, 3), [0, 1, 2]), "3 sequences in a step; allowed: 1..2"),
+    "too_many": (lambda g, c: g.step(_xs(c, 3), [0, 1, 2]), "3 tokens in a step; allowed: 1..2"),
+    "too_many_tokens": (lambda g, c: g.step(_xs(c, 3), [0, 1], [2, 1]), "3 tokens in a step; allowed: 1..2"),
+    "lens_zero": (lambda g, c: g.step(_xs(c, 1), [0], [0]), "slot 0: lens = 0; allowed: 1..8 (the window)"),
+    "lens_past_window": (lambda g, c: g.step(_xs(c, 9), [0], [9]), "slot 0: lens = 9; allowed: 1..8 (the window)"),
+    "lens_count": (lambda g, c: g.step(_xs(c, 2), [0], [1, 1]), "2 lens for 1 slots; allowed: one per slot"),
+    "lens_not_ints": (lambda g, c: g.step(_xs(c, 2), [0], [2.0]), "lens = [2.0]; allowed: a list of ints"),
+    "xs_tokens": (lambda g, c: g.step(_xs(c, 1), [0], [2]), "xs.shape = (6, 1, 64); allowed: [6, 2, 64]"),
     "no_slots": (lambda g, c: g.step(_xs(c, 1), []), "allowed: at least one slot"),
     "xs_shape": (lambda g, c: g.step(_xs(c, 2), [0]), "xs.shape = (6, 2, 64); allowed: [6, 1, 64]"),
     "xs_dtype": (lambda g, c: g.step(_xs(c, 1).float(), [0]), "x.dtype = torch.float32; allowed: torch.bfloat16"),
@@ -315,6 +418,20 @@ def test_released_keys_graph_replay_equals_eager_on_cuda():
     g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
     graph_steps, _ = _drive_released(cfg, wts, a, b, g, random.Random(13), 24, "cuda")
     assert graph_steps > 0 and g.captures >= 2
+
+
+@pytest.mark.gpu
+def test_verify_graph_replay_equals_eager_on_cuda():
+    """Verify steps captured and replayed on CUDA (one graph per kind, size and bucket)
+    with rollbacks from the graphs' undo buffers, against eager host-planned steps of a
+    twin batch: byte for byte (outputs, rings, states, visible cache rows)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg, wts, a, b = _twins((0, 2, 2, 1, 1, 1), 8, 17, 4, 4, device="cuda")
+    g = BatchGraphs(a, wts, sizes=(4, 16), bucket_min=8)
+    rolled = _drive_verify(cfg, wts, a, _host_path(b), g, random.Random(17), 24, "cuda")
+    kinds = {k[0] for k in g._graphs}
+    assert rolled > 0 and kinds == {"decode", "cont"} and 2 <= g.captures < 20, (rolled, kinds, g.captures)
 
 
 class _WithoutPDL:

@@ -249,6 +249,19 @@ class BatchStep:
     # released index keys in a captured step (`BatchGraphs`): int32 [index sources, T], per
     # index source (in layer order) the layer whose keys each token scores, on the device
     owners_dev: torch.Tensor | None = None
+    # A continuation step (every sequence 1..window tokens after position 0, not all one:
+    # verify steps, mixed with decode tokens) runs at fixed shapes from device metadata
+    # (`_derive_cont`, `_compress_cont`), eagerly or captured: per token its sequence's first
+    # position, end (first position after the call) and first row in the step, int32 [T]
+    cont: bool = False
+    seq_start: torch.Tensor | None = None
+    seq_end: torch.Tensor | None = None
+    seq_off: torch.Tensor | None = None
+    # ... and its undo data on the device (what `rollback` restores): per layer the ring rows
+    # the step overwrote [T, row]; per ratio ≥ 2 kv source the compressor state of each
+    # token's slot before the step [T, r, D] (values, gates) and the step's own rows [T, D]
+    undo_ring: dict | None = None
+    undo_state: dict | None = None
 
 
 class BatchV41:
@@ -340,8 +353,35 @@ class BatchV41:
         st.decode_only = all(s > 0 and m == 1 for s, m in zip(starts, lens))
         if st.decode_only:  # the own row in the ring, as a captured step lays it out
             self._derive_decode(st)
+        elif self._is_cont(starts, lens):  # verify-sized calls: the fixed-shape path a captured step runs
+            st.cont = True
+            per_tok = torch.tensor(
+                [[s, s + m, o] for s, m, o in zip(starts, lens, st.offsets) for _ in range(m)], dtype=torch.int32
+            ).T.contiguous()
+            st.seq_start, st.seq_end, st.seq_off = per_tok.to(self.device).unbind(0)
+            st.undo_ring, st.undo_state = self._undo_buffers(st.T)
+            self._derive_cont(st)
         self._register(st)
         return st
+
+    def _is_cont(self, starts, lens) -> bool:
+        """Whether a step runs the fixed-shape continuation path: every sequence 1..window
+        tokens at a position > 0, not all of them one token (that is a decode step)."""
+        W = self.cfg.window
+        return all(s > 0 and 1 <= m <= W for s, m in zip(starts, lens)) and any(m > 1 for m in lens)
+
+    def _undo_buffers(self, T: int) -> tuple[dict, dict]:
+        """A continuation step's undo buffers for T tokens (`BatchStep.undo_ring`, `undo_state`)."""
+        pool = self.pool
+        ring = {i: torch.empty(T, rg.shape[1], dtype=rg.dtype, device=self.device) for i, rg in enumerate(pool.ring)}
+        state = {}
+        for i, sa in pool.comp_a.items():
+            r, D = sa.shape[1], sa.shape[2]
+            f32 = dict(dtype=torch.float32, device=self.device)
+            state[i] = tuple(torch.empty(T, r, D, **f32) for _ in range(2)) + tuple(
+                torch.empty(T, D, **f32) for _ in range(2)
+            )
+        return ring, state
 
     def _check_begin(self, slots, starts, lens, bucket) -> None:
         """Everything `begin` refuses (it raises; nothing changes)."""
@@ -449,10 +489,13 @@ class BatchV41:
         self._steps += 1
         st.id = self._steps
         st.logged = tuple(sl for sl, s, m in zip(st.slots, st.starts, st.lens) if s > 0 and 2 <= m <= W)
-        for sl, s, m in zip(st.slots, st.starts, st.lens):
+        for sl, s, m, o in zip(st.slots, st.starts, st.lens, st.offsets):
             self.last_step[sl] = st.id
             if sl in st.logged:
-                self.undo[sl] = {"span": (s, s + m), "step": st.id, "done": False, "ring": {}, "a": {}}
+                u = {"span": (s, s + m), "step": st.id, "done": False, "ring": {}, "a": {}}
+                if st.cont:  # the step's device undo buffers, valid while st.id is this step's
+                    u["cont"] = (st, o)
+                self.undo[sl] = u
             else:
                 self.undo.pop(sl, None)
 
@@ -477,6 +520,22 @@ class BatchV41:
         q = p[:, None] - (W - 1) + self._cols
         st.win_sel.copy_(torch.where(q < 0, -1, sl[:, None] * W + q.remainder(W)))
         st.ring_dst.copy_(sl * W + p.remainder(W))
+
+    def _derive_cont(self, st: BatchStep) -> None:
+        """A continuation step's window selection and ring writes from its device metadata
+        (in place; capturable): the decode layout, positions of the call from the staging
+        rows, earlier ones from the ring; every token's row into its ring row after the
+        attention (at most window tokens per sequence: no two write one ring row)."""
+        W = self.cfg.window
+        p, sl = st.pos.long(), st.tok_slot.long()
+        s, off = st.seq_start.long()[:, None], st.seq_off.long()[:, None]
+        q = p[:, None] - (W - 1) + self._cols
+        ring_row = sl[:, None] * W + q.remainder(W)
+        stage_row = self.pool.ring_rows + off + (q - s)
+        st.win_sel.copy_(torch.where(q < 0, -1, torch.where(q >= s, stage_row, ring_row)))
+        st.win_width.fill_(W)
+        st.ring_dst.copy_(sl * W + p.remainder(W))
+        st.ring_src.copy_(self._rows[: st.T])
 
     def _metadata(self, slots, starts, lens) -> BatchStep:
         c, pool, dev = self.cfg, self.pool, self.device
@@ -560,7 +619,12 @@ class BatchV41:
         if r > 0:
             src, keys_layer, isrc = self.wiring[i]
             if role.is_kv_source:
-                (self._compress_decode if step.decode_only and role.ratio >= 2 else self._compress)(w, x, step)
+                if step.decode_only and r >= 2:
+                    self._compress_decode(w, x, step)
+                elif step.cont and r >= 2:
+                    self._compress_cont(w, x, step)
+                else:
+                    self._compress(w, x, step)
             if role.is_index_source:
                 self._select(w, cq, x, step, keys_layer, cos, sin, hw_done)
             # window rows, then from the token's window width its compressed rows' physical
@@ -586,8 +650,11 @@ class BatchV41:
         traced = self.trace_slot is not None and self.trace_slot in step.slots
         if traced:
             self._trace(w, step, q, kv, o, out, sel)
-        for sl in step.logged:  # the slot's ring before this step writes it
-            self.undo[sl]["ring"][i] = ring[sl * W : (sl + 1) * W].clone()
+        if step.cont:  # the ring rows this step overwrites (`rollback`)
+            torch.index_select(ring, 0, step.ring_dst, out=step.undo_ring[i])
+        else:
+            for sl in step.logged:  # the slot's ring before this step writes it
+                self.undo[sl]["ring"][i] = ring[sl * W : (sl + 1) * W].clone()
         if not step.decode_only:
             ring.index_copy_(0, step.ring_dst, stage.index_select(0, step.ring_src))
         if (
@@ -629,8 +696,18 @@ class BatchV41:
         s = u["span"][0]
         if not s <= pos <= end:
             raise ValueError(f"slot {slot}: pos = {pos}; allowed: {s}..{end} (inside its last continuation)")
+        if "cont" in u and u["cont"][0].id != u["step"]:
+            raise ValueError(
+                f"slot {slot}: rollback to {pos}: a later captured step of the same size reused its undo buffers "
+                f"(step {u['cont'][0].id}, this slot's {u['step']}); allowed: pos = {end}, or roll back before "
+                f"the next continuation step of {u['cont'][0].T} tokens"
+            )
         W = c.window
         rows = slot * W + torch.remainder(torch.arange(pos, end, device=self.device), W)
+        if "cont" in u:
+            self._rollback_cont(slot, pos, end, s, *u["cont"])
+            pool.length[slot] = pos
+            return
         for i, ring in enumerate(pool.ring):
             ring.index_copy_(0, rows, u["ring"][i].index_select(0, rows - slot * W))
         for i, (a0, a, g) in u["a"].items():
@@ -641,6 +718,27 @@ class BatchV41:
             pool.comp_g[i][slot, :h].copy_(g[g0 - a0 : pos - a0])
             pool.comp_g[i][slot, h:].fill_(float("-inf"))
         pool.length[slot] = pos
+
+    def _rollback_cont(self, slot: int, pos: int, end: int, s: int, st: BatchStep, o: int) -> None:
+        """`rollback` from a continuation step's device undo buffers (the slot's tokens from
+        step row o): the ring rows of positions pos..end−1 get back what the step overwrote;
+        the compressor's group in progress at pos is rebuilt from the state before the step
+        (positions before s) and the step's own rows, gate scores past it −∞."""
+        c, pool = self.cfg, self.pool
+        W = c.window
+        rows = slot * W + torch.remainder(torch.arange(pos, end, device=self.device), W)
+        for i, ring in enumerate(pool.ring):
+            ring.index_copy_(0, rows, st.undo_ring[i][o + pos - s : o + end - s])
+        for i, (pa, pg, sa, sg) in st.undo_state.items():
+            r = c.roles[i].ratio
+            g0 = (pos // r) * r
+            h = pos - g0
+            for j in range(h):
+                q = g0 + j
+                a, g = (sa[o + q - s], sg[o + q - s]) if q >= s else (pa[o, j], pg[o, j])
+                pool.comp_a[i][slot, j].copy_(a)
+                pool.comp_g[i][slot, j].copy_(g)
+            pool.comp_g[i][slot, h:].fill_(float("-inf"))
 
     def _trace(self, w, step: BatchStep, q, kv, o, out, sel) -> None:
         """The traced slot's layer call in `AttnV41.forward`'s encoding: window rows (a
@@ -779,6 +877,62 @@ class BatchV41:
             step.tok_slot.long(),
             sgv.index_select(0, step.tok_slot.long()).masked_fill(plan["done"][:, :, None], float("-inf")),
         )
+        attn.lat_pre[:T].copy_(pooled)
+        self._compressed_rows(w, attn.lat_pre[:T], plan)
+
+    def _compress_cont(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> None:
+        """A continuation step's compressor (ratio r ≥ 2) at fixed shapes (capturable): every
+        token pools the group it belongs to as it stands after the step (positions before
+        its sequence's call from the slot's state, those of the call from the step's rows,
+        later ones absent: gate −∞, value 0) and writes it at cache row ⌊p/r⌋. A completed
+        group's row has `_compress`'s inputs in its order, so its bytes; the tokens of one
+        group write the same bytes; a group still in progress lies past the visible rows,
+        unread, rewritten until it completes. The state then holds what one token at a time
+        leaves: each slot the step's last token on it, and after a completed group the
+        gate scores of the slots past the new group in progress −∞. The undo buffers get
+        the state before the step and the step's rows first (`rollback`)."""
+        c, ops, pool, attn = self.cfg, self.ops, self.pool, self.attn
+        i, r, D, T = w.role.layer, w.role.ratio, c.head_dim, step.T
+        plan = step.__dict__.setdefault("_plans", {}).get(("cont", r))
+        if plan is None:
+            p, sl = step.pos.long(), step.tok_slot.long()
+            s, e, off = step.seq_start.long(), step.seq_end.long(), step.seq_off.long()
+            j = torch.arange(r, device=self.device)[None, :]
+            q = (p // r)[:, None] * r + j  # [T, r]: the positions of each token's group
+            S1 = pool.state_slots
+            src = torch.where(
+                q < s[:, None],
+                sl[:, None] * r + j,
+                torch.where(q < e[:, None], S1 * r + off[:, None] + (q - s[:, None]), S1 * r + T),
+            )
+            last = p + r * torch.div(e - 1 - p, r, rounding_mode="floor")  # the step's last token on p's slot
+            done = (e // r > s // r)[:, None] & (j >= (e % r)[:, None])  # gates reset by a completed group
+            plan = dict(
+                src=src.reshape(-1),
+                state=sl * r + p % r,
+                last=off + last - s,
+                done=done[:, :, None],
+                phys=pool.physical(r, sl, p // r),
+                row_pos=((p // r) * r).to(torch.int32),
+            )
+            step._plans[("cont", r)] = plan
+        a_all = ops.mm(x, w["compressor.wkv.weight"], out=attn.comp_a[:T])
+        g_all = ops.mm(x, w["compressor.wgate.weight"], out=attn.comp_g[:T])
+        sa3, sg3 = pool.comp_a[i], pool.comp_g[i]
+        sa, sg = sa3.view(-1, D), sg3.view(-1, D)
+        pa, pg, ua, ug = step.undo_state[i]
+        sl = step.tok_slot.long()
+        torch.index_select(sa3, 0, sl, out=pa)
+        torch.index_select(sg3, 0, sl, out=pg)
+        ua.copy_(a_all)
+        ug.copy_(g_all)
+        a = torch.cat([sa, a_all, a_all.new_zeros(1, D)]).index_select(0, plan["src"]).view(T, r, D)
+        g = torch.cat([sg, g_all, g_all.new_full((1, D), float("-inf"))]).index_select(0, plan["src"]).view(T, r, D)
+        # the state: each slot the step's last token on it (a sequence's tokens on one slot write the same row)
+        sa.index_copy_(0, plan["state"], a_all.index_select(0, plan["last"]))
+        sg.index_copy_(0, plan["state"], g_all.index_select(0, plan["last"]))
+        sg3.index_copy_(0, sl, sg3.index_select(0, sl).masked_fill(plan["done"], float("-inf")))
+        pooled = ops.compress_pool(a, g, out=attn.comp_a[:T])
         attn.lat_pre[:T].copy_(pooled)
         self._compressed_rows(w, attn.lat_pre[:T], plan)
 

@@ -49,6 +49,8 @@ from .plan import DEFAULT_BUCKET_MIN, bucket_of
 __all__ = ["BatchGraphs", "default_sizes"]
 
 PAD_POS = 1  # the padding tokens' position (a decode position: ≥ 1)
+_OWN_ROW = 5  # the metadata's first owner row (released index keys)
+KINDS = ("decode", "cont")
 
 
 def default_sizes(n_slots: int, max_tokens: int) -> tuple[int, ...]:
@@ -125,9 +127,11 @@ class BatchGraphs:
         # whose keys the token scores (`BatchV41._keys_plan`, host-side, uploaded with them)
         self._released = batch.index_keys != "own"
         n_own = len(batch.index_sources) if self._released else 0
-        self._meta = torch.zeros(2 + n_own, T, dtype=torch.int32, device=dev)
-        self._steps: dict[int, BatchStep] = {}
-        self._graphs: dict[tuple[int, int], _Captured] = {}
+        # rows: position, slot, then (continuation steps) the sequence's first position, end
+        # and first step row, then the owners
+        self._meta = torch.zeros(_OWN_ROW + n_own, T, dtype=torch.int32, device=dev)
+        self._steps: dict[tuple[str, int], BatchStep] = {}
+        self._graphs: dict[tuple[str, int, int], _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0
         self.recaptures = 0
@@ -135,27 +139,41 @@ class BatchGraphs:
         self.last_host_s = 0.0
 
     def size_for(self, n: int) -> int:
-        """The captured size a step of n sequences runs in."""
+        """The captured size (tokens) a step of n tokens runs in."""
         for t in self.sizes:
             if t >= n:
                 return t
-        raise ValueError(f"{n} sequences in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
+        raise ValueError(f"{n} tokens in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
 
     # ------------------------------------------------------------------ stepping
-    def step(self, xs, slots: Sequence[int]) -> torch.Tensor:
-        """One decode token for each of `slots` (distinct, each holding a sequence) at its
-        next position, through every layer. xs: `[n_layers, B, dim]` bf16 on the batch's
-        device (layer i's inputs, in `slots` order), or `x_in[:, :B]` itself (no copy).
-        All or nothing: a refused call raises and changes no state."""
+    def step(self, xs, slots: Sequence[int], lens: Sequence[int] | None = None) -> torch.Tensor:
+        """For each of `slots` (distinct, each holding a sequence) its next `lens[i]` tokens
+        (default 1: a decode step; 1..window: draft tokens to verify, `BatchV41.rollback`
+        then returns a slot to any position inside them), through every layer. xs:
+        `[n_layers, N, dim]` bf16 on the batch's device, N = Σ lens (layer i's inputs, the
+        sequences' tokens contiguous in `slots` order), or `x_in[:, :N]` itself (no copy).
+        Decode steps and steps with longer calls run in separate graphs (`KINDS`). All or
+        nothing: a refused call raises and changes no state."""
         t0 = time.perf_counter()
         bt, pool, c = self.batch, self.batch.pool, self.cfg
         if not isinstance(slots, (list, tuple)) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in slots
         ):
             raise TypeError(f"slots = {slots!r}; allowed: a list of ints")
-        B = len(slots)
-        if B == 0:
+        if len(slots) == 0:
             raise ValueError(f"slots = {slots!r}; allowed: at least one slot")
+        if lens is None:
+            lens = [1] * len(slots)
+        if not isinstance(lens, (list, tuple)) or not all(isinstance(m, int) and not isinstance(m, bool) for m in lens):
+            raise TypeError(f"lens = {lens!r}; allowed: a list of ints")
+        if len(lens) != len(slots):
+            raise ValueError(f"{len(lens)} lens for {len(slots)} slots; allowed: one per slot")
+        for sl, m in zip(slots, lens):
+            if not 1 <= m <= c.window:
+                raise ValueError(f"slot {sl}: lens = {m}; allowed: 1..{c.window} (the window)")
+        lens = list(lens)
+        B = sum(lens)
+        kind = "decode" if B == len(slots) else "cont"
         T = self.size_for(B)
         for s in slots:
             pool._check_slot(s)
@@ -179,10 +197,9 @@ class BatchGraphs:
             if tuple(xs.shape) != (c.n_layers, B, c.dim):
                 raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{c.n_layers}, {B}, {c.dim}]")
             bt.attn._check_x(xs[0])  # dtype, device
-        ones = [1] * B
-        bucket = bucket_of(max(starts), c.max_seq, self.bucket_min)
-        bt._check_begin(list(slots), starts, ones, bucket)
-        plan = bt._keys_plan(list(slots), starts, ones)  # released index keys (raises, nothing changed)
+        bucket = bucket_of(max(s + m - 1 for s, m in zip(starts, lens)), c.max_seq, self.bucket_min)
+        bt._check_begin(list(slots), starts, lens, bucket)
+        plan = bt._keys_plan(list(slots), starts, lens)  # released index keys (raises, nothing changed)
         for w in self.weights:  # cached: the same dict holding the same tensors
             bt.attn._check_weights(w)
         # nothing below can fail
@@ -190,23 +207,23 @@ class BatchGraphs:
             self.x_in[:, :B].copy_(xs)
         if T > B:
             self.x_in[:, B:T].zero_()
-        bt._allocate(slots, starts, ones)
+        bt._allocate(slots, starts, lens)
         cuda = bt.device.type == "cuda"
+        offsets = [sum(lens[:b]) for b in range(len(lens))]
         host = torch.tensor(
-            [starts + [PAD_POS] * (T - B), list(slots) + [pool.pad_slot] * (T - B)] + self._owner_rows(plan, T),
-            dtype=torch.int32,
+            self._meta_rows(slots, starts, lens, offsets, T) + self._owner_rows(plan, T, lens), dtype=torch.int32
         )
         if cuda:
             host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
         self._meta[:, :T].copy_(host, non_blocking=cuda)
-        st = self._step_for(T)
-        st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, ones, list(range(B)), bucket
+        st = self._step_for(kind, T)
+        st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, lens, offsets, bucket
         st.keys_plan = plan  # the owners after the step (`_finish`)
         bt._register(st)
         if not self.use_graphs:
             self._body(st)
         else:
-            key = (T, bucket)
+            key = (kind, T, bucket)
             baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in self.weights)
             cap = self._graphs.get(key)
             if cap is None or cap.baked != baked:
@@ -223,19 +240,25 @@ class BatchGraphs:
         self.last_host_s = time.perf_counter() - t0
         return self.y[:, :B]
 
-    def capture(self, buckets: Sequence[int], sizes: Sequence[int] | None = None) -> int:
-        """Capture the graphs of `sizes` (default all) × context `buckets` before serving,
-        largest size first (the shared pool is sized by the largest graph; smaller ones
-        reuse its memory). Each warm-up step runs padding tokens only, in the pad slot, so
-        no sequence's state changes. A bucket must be one `bucket_of` gives (a power of two
-        ≥ bucket_min, or max_seq). Returns the number of graphs captured (keys already
-        captured with the current weights are skipped). Without graphs (the CPU) the pad
-        steps run eagerly and nothing is captured (0)."""
+    def capture(
+        self, buckets: Sequence[int], sizes: Sequence[int] | None = None, kinds: Sequence[str] = ("decode",)
+    ) -> int:
+        """Capture the graphs of `kinds` (`KINDS`: decode steps, steps with longer calls) ×
+        `sizes` (default all) × context `buckets` before serving, largest size first (the
+        shared pool is sized by the largest graph; smaller ones reuse its memory). Each
+        warm-up step runs padding tokens only, in the pad slot, so no sequence's state
+        changes. A bucket must be one `bucket_of` gives (a power of two ≥ bucket_min, or
+        max_seq). Returns the number of graphs captured (keys already captured with the
+        current weights are skipped). Without graphs (the CPU) the pad steps run eagerly
+        and nothing is captured (0)."""
         c, bt = self.cfg, self.batch
         sizes = self.sizes if sizes is None else tuple(sizes)
         for t in sizes:
             if t not in self.sizes:
                 raise ValueError(f"size {t!r}; allowed: one of sizes {self.sizes}")
+        for k in kinds:
+            if k not in KINDS:
+                raise ValueError(f"kind {k!r}; allowed: one of {KINDS}")
         allowed = _buckets(c.max_seq, self.bucket_min)
         for b in buckets:
             if b not in allowed:
@@ -244,38 +267,56 @@ class BatchGraphs:
             raise ValueError(f"capture during a step (layer {bt._step.next_layer} runs next); allowed: between steps")
         n = 0
         baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in self.weights)
-        for T in sorted(set(sizes), reverse=True):
-            for b in sorted(set(buckets), reverse=True):
-                cap = self._graphs.get((T, b))
-                if cap is not None and cap.baked == baked:
-                    continue
-                pads = torch.tensor(
-                    [[PAD_POS] * T, [bt.pool.pad_slot] * T] + self._owner_rows(None, T), dtype=torch.int32
-                )
-                if self.use_graphs:
-                    pads = pads.pin_memory()
-                self._meta[:, :T].copy_(pads, non_blocking=self.use_graphs)
-                self.x_in[:, :T].zero_()
-                st = self._step_for(T)
-                st.slots, st.starts, st.lens, st.offsets, st.bucket = [], [], [], [], b
-                st.keys_plan = None
-                if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
-                    self._body(st)
-                    st.next_layer = c.n_layers
-                    continue
-                t1 = time.perf_counter()
-                self._warm_up(st)
-                self._graphs[(T, b)] = self._capture(st, baked)
-                self.capture_s[(T, b)] = time.perf_counter() - t1
+        for kind, T, b in [
+            (k, T, b)
+            for T in sorted(set(sizes), reverse=True)
+            for b in sorted(set(buckets), reverse=True)
+            for k in kinds
+        ]:
+            cap = self._graphs.get((kind, T, b))
+            if cap is not None and cap.baked == baked:
+                continue
+            pads = torch.tensor(self._meta_rows([], [], [], [], T) + self._owner_rows(None, T, []), dtype=torch.int32)
+            if self.use_graphs:
+                pads = pads.pin_memory()
+            self._meta[:, :T].copy_(pads, non_blocking=self.use_graphs)
+            self.x_in[:, :T].zero_()
+            st = self._step_for(kind, T)
+            st.slots, st.starts, st.lens, st.offsets, st.bucket = [], [], [], [], b
+            st.keys_plan = None
+            if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
+                self._body(st)
                 st.next_layer = c.n_layers
-                n += 1
+                continue
+            t1 = time.perf_counter()
+            self._warm_up(st)
+            self._graphs[(kind, T, b)] = self._capture(st, baked)
+            self.capture_s[(kind, T, b)] = time.perf_counter() - t1
+            st.next_layer = c.n_layers
+            n += 1
         return n
 
-    def _step_for(self, T: int) -> BatchStep:
-        """The persistent step of size T: its tensors are views of buffers the graphs bake."""
-        st = self._steps.get(T)
+    def _meta_rows(self, slots, starts, lens, offsets, T: int) -> list[list[int]]:
+        """The step's metadata rows for T tokens (padding past Σ lens: one-token sequences
+        at PAD_POS in the pad slot): position, slot, the sequence's first position, its
+        end, its first row in the step."""
+        rows: list[list[int]] = [[], [], [], [], []]
+        for sl, s, m, o in zip(slots, starts, lens, offsets):
+            for t in range(m):
+                for row, v in zip(rows, (s + t, sl, s, s + m, o)):
+                    row.append(v)
+        for t in range(len(rows[0]), T):
+            for row, v in zip(rows, (PAD_POS, self.batch.pool.pad_slot, PAD_POS, PAD_POS + 1, t)):
+                row.append(v)
+        return rows
+
+    def _step_for(self, kind: str, T: int) -> BatchStep:
+        """The persistent step of a kind and size T: its tensors are views of buffers the
+        graphs bake (a continuation step's undo buffers too)."""
+        st = self._steps.get((kind, T))
         if st is None:
             c, dev = self.cfg, self.batch.device
+            cont = kind == "cont"
             st = BatchStep(
                 slots=[],
                 starts=[],
@@ -288,23 +329,30 @@ class BatchGraphs:
                 win_width=torch.full((T,), c.window, dtype=torch.int64, device=dev),
                 ring_dst=torch.zeros(T, dtype=torch.int64, device=dev),
                 ring_src=torch.arange(T, dtype=torch.int64, device=dev),
-                decode_only=True,
-                owners_dev=self._meta[2:, :T] if self._released else None,
+                decode_only=not cont,
+                owners_dev=self._meta[_OWN_ROW:, :T] if self._released else None,
+                cont=cont,
+                seq_start=self._meta[2, :T],
+                seq_end=self._meta[3, :T],
+                seq_off=self._meta[4, :T],
             )
-            self._steps[T] = st
+            if cont:
+                st.undo_ring, st.undo_state = self.batch._undo_buffers(T)
+            self._steps[(kind, T)] = st
         return st
 
-    def _owner_rows(self, plan, T: int) -> list[list[int]]:
+    def _owner_rows(self, plan, T: int, lens) -> list[list[int]]:
         """With released index keys: per index source, the layer whose keys each of the T
-        tokens scores (the plan's owner of its sequence; the layer's own keys layer for a
-        sequence with no owner yet and for padding tokens); else no rows."""
+        tokens scores (the plan's owner of its sequence, lens[b] tokens each; the layer's
+        own keys layer for a sequence with no owner yet and for padding tokens); else no
+        rows."""
         if not self._released:
             return []
         bt = self.batch
         rows = []
         for i in bt.index_sources:
             own = bt.wiring[i][1]
-            got = [] if plan is None else [own if j is None else j for j in plan[0][i]]
+            got = [] if plan is None else [own if j is None else j for j, m in zip(plan[0][i], lens) for _ in range(m)]
             rows.append(got + [own] * (T - len(got)))
         return rows
 
@@ -313,7 +361,7 @@ class BatchGraphs:
         bt = self.batch
         st.__dict__.pop("_plans", None)  # the compressor's index plans: derived in the body
         st.next_layer = 0
-        bt._derive_decode(st)
+        (bt._derive_cont if st.cont else bt._derive_decode)(st)
         for i, w in enumerate(self.weights):
             bt._layer(w, self.x_in[i, : st.T], st, out=self.y[i, : st.T])
 
