@@ -44,6 +44,15 @@ batch-invariant as they are. `attnv41 check --batch` checks it on the golden fil
 `rollback(slot, pos)` returns a slot to a position inside its last step when that step
 was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 
+Continuation steps (every sequence 1..window tokens after position 0, not all of them
+one: verify steps, decode tokens among them) run at fixed shapes from device metadata
+(`_derive_cont`, `_compress_cont`: each token pools its group as it stands after the
+step), eagerly and in `BatchGraphs`' second graph kind, with their undo data on the
+device (the ring rows they overwrite, the compressor state before them and their own
+compressor rows); `rollback` restores from it. Steps with a prompt (a call from 0) or a
+call longer than the window take the host-planned path (`_compress_plan`, per-slot undo
+logs); the two give the same bytes (tested).
+
 `kv_format="packed"` stores every cached row in V4.1's byte format (`attnv41.packed`:
 window rows fp8_e8m0 528 B, compressed rows fp4_e4m3 288 B, index keys fp4_e8m0 68 B at
 the Flash shapes; lossless, so every output and cache value is the bf16 form's, bit for
@@ -60,7 +69,7 @@ sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_pla
 `BatchGraphs` uploads each token's owners with its metadata and scores every publishing
 layer's keys with the others' rows masked (`_released_scores_dev`); `rollback` refuses it.
 
-Limits of this version: steps with prompt chunks or verifies run
+Limits of this version: steps with prompts or calls longer than the window run
 eagerly (host-side metadata and compressor plans, per-sequence loops); on CUDA a
 prefill token runs the decode attention kernel and the batched projections (bits within
 the golden tolerance of `AttnV41.forward`'s prefill, not equal).
