@@ -262,6 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         batch_contexts=args.batch_contexts,
         batch_kv_formats=args.batch_kv_formats,
+        verify_lens=args.verify_lens,
         kv_formats=args.kv_formats,
         preset=args.preset,
         device=args.device,
@@ -427,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-sizes", type=_ints, help="part batch: sequences per decode step (default 1,8,64,256 on a GPU)"
     )
     b.add_argument("--batch-contexts", type=_ints, help="part batch: contexts (default 4096,32768 on a GPU)")
+    b.add_argument(
+        "--verify-lens",
+        type=_ints,
+        default=(1,),
+        help="part batch: tokens per sequence per step, 1 a decode step, k > 1 a verify step (default 1)",
+    )
     b.add_argument(
         "--kv-formats",
         type=_kv_formats,

@@ -7,9 +7,11 @@ selected rows, index keys, compressor, activations), over the copy bandwidth mea
 the same run. The contexts are set up without running them: each slot gets the blocks
 for `context` tokens (`SeqPool.assume`) and the index-key pools random values, so the
 top-k works on distinct scores; the steps then run at positions context, context + 1, …
-Steps run eagerly (batched steps have no CUDA graphs yet), so host time is included:
-`host ms` is the step's wall time on the host, `ms/step` the device time between events
-around the whole step.
+Steps run through `BatchGraphs` (CUDA graphs on a GPU): `host ms` is the step's host time
+(checks, upload, replay), `ms/step` the device time between events around the steps.
+With `verify_lens` k > 1 a row's steps are verify steps: k tokens per sequence (the
+"cont" graph kind), its floor counting k tokens' bytes per sequence besides the weights,
+tok/s counting B·k tokens (none rolled back: the context grows by k per step).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = ["bench_batch", "BATCH_COLUMNS", "CHUNK_COLUMNS"]
 BATCH_COLUMNS = (
     ("context", "context"),
     ("batch", "batch"),
+    ("k", "tokens/seq"),
     ("weights", "weights"),
     ("kv_format", "caches"),
     ("ms", "ms/step"),
@@ -71,27 +74,29 @@ def bench_batch(
     chunk: int = 2048,
     seed: int = 0,
     kv_formats: Sequence[str] = ("bf16",),
+    verify_lens: Sequence[int] = (1,),
 ) -> dict[str, list[dict]]:
-    """Rows for each (context, batch): decode steps of `batch` sequences at `context`;
-    and per context a chunked prefill of one `context`-token prompt in chunks of `chunk`.
-    `stack`: a `RuntimeStack` whose weights (and format) are used."""
+    """Rows for each (context, batch, k in verify_lens): steps of `batch` sequences at
+    `context`, k tokens each (1: decode steps); and per context a chunked prefill of one
+    `context`-token prompt in chunks of `chunk`. `stack`: a `RuntimeStack` whose weights
+    (and format) are used."""
     dev = stack.attn.device
     cuda = dev.type == "cuda"
     fmt = stack.weights[0].format
     gen = torch.Generator(device=dev).manual_seed(seed)
     rows, chunks = [], []
     for ctx in contexts:
-        for B, kvf in ((B, f) for B in batches for f in kv_formats):
-            bt = _batch(stack, B, ctx + steps + 3, max(B, 1), kvf)
+        for B, kvf, k in ((B, f, k) for B in batches for f in kv_formats for k in verify_lens):
+            bt = _batch(stack, B, ctx + k * (steps + 3), max(B * k, 1), kvf)
             for sl in range(B):
                 bt.pool.assume(sl, ctx)
             _random_keys(bt, gen)
-            g = BatchGraphs(bt, stack.weights, sizes=(B,))
-            xs = g.x_in[:, :B]  # the graphs' input buffer itself: no copy per step
+            g = BatchGraphs(bt, stack.weights, sizes=(B * k,))
+            xs = g.x_in[:, : B * k]  # the graphs' input buffer itself: no copy per step
             xs.copy_(torch.randn(xs.shape, generator=gen, device=dev).to(torch.bfloat16))
-            slots = list(range(B))
+            slots, lens = list(range(B)), [k] * B
             for _ in range(2):  # the capture (its warm-up is a real step) and one replay
-                g.step(xs, slots)
+                g.step(xs, slots, lens)
             if cuda:
                 torch.cuda.synchronize(dev)
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -99,24 +104,25 @@ def bench_batch(
             t0 = time.perf_counter()
             host_ms = []
             for _ in range(steps):
-                g.step(xs, slots)
+                g.step(xs, slots, lens)
                 host_ms.append(g.last_host_s * 1e3)
             if cuda:
                 e1.record()
                 torch.cuda.synchronize(dev)
             ms = (e0.elapsed_time(e1) if cuda else (time.perf_counter() - t0) * 1e3) / steps
             nb = decode_step_bytes(stack.cfg, stack.weights, ctx, kvf)
-            total = nb["weights"] + B * (nb["total"] - nb["weights"])
+            total = nb["weights"] + B * k * (nb["total"] - nb["weights"])
             fl = floor_ms(total, 0.0, ceil)
             rows.append(
                 dict(
                     context=ctx,
                     batch=B,
+                    k=k,
                     weights=fmt,
                     kv_format=kvf,
                     ms=ms,
                     host_ms=sorted(host_ms)[len(host_ms) // 2],
-                    tok_s=B / (ms * 1e-3),
+                    tok_s=B * k / (ms * 1e-3),
                     floor_ms=fl,
                     x_floor=ms / fl,
                     bytes=total,

@@ -68,6 +68,7 @@ class BenchOptions:
     batch_sizes: Sequence[int] | None = None  # part "batch": sequences per step
     batch_contexts: Sequence[int] | None = None  # part "batch": contexts of its decode rows
     batch_kv_formats: Sequence[str] = ("bf16", "packed")  # part "batch": cache formats of its decode rows
+    verify_lens: Sequence[int] = (1,)  # part "batch": tokens per sequence per step (1: decode; k > 1: verify)
     kv_formats: Sequence[str] = ("bf16", "packed")  # part "decode": cache formats of its rows
     preset: str = "auto"
     device: str = "auto"
@@ -95,6 +96,8 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     for k, v in vals.items():
         if not v or any(int(x) < 1 for x in v):
             raise ValueError(f"{k} = {v}; allowed: positive integers")
+    if not opts.verify_lens or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in opts.verify_lens):
+        raise ValueError(f"verify_lens = {tuple(opts.verify_lens)}; allowed: positive integers (1: decode steps)")
     preset = opts.preset if opts.preset != "auto" else ("flash" if cuda else "small")
     if opts.checkpoint is None and preset not in PRESETS:
         raise ValueError(f"preset = {opts.preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
@@ -330,6 +333,7 @@ def run_bench(
             chunk=2048 if dev.type == "cuda" else 32,
             seed=opts.seed,
             kv_formats=opts.batch_kv_formats,
+            verify_lens=opts.verify_lens,
         )
         count()
         res["batch_prefill"] = b["prefill"]
@@ -385,7 +389,7 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
         ("peer", "(c) sparse attention vs FlashMLA legacy sparse decode", PEER_COLS),
         ("index", "(d) index scores + top-k, one query", INDEX_COLS),
         ("prefill", "(e) prefill through 40 layers", PREFILL_COLS),
-        ("batch", "(f) batched decode steps (BatchGraphs), one token per sequence", BATCH_COLUMNS),
+        ("batch", "(f) batched decode and verify steps (BatchGraphs)", BATCH_COLUMNS),
         ("batch_prefill", "(g) chunked prefill of one prompt through BatchV41", CHUNK_COLUMNS),
     ):
         if res.get(key):
