@@ -119,7 +119,8 @@ def _drive_verify(cfg, wts, a, b, g, rng, steps, device):
     (verify steps, decode tokens among them; all-one steps are decode steps): through
     `g.step(xs, slots, lens)` on a, eager on b (`_host_path`). After a step, some of its
     slots roll back to a random position inside their call, on both. Asserts equal
-    outputs at each step and equal pools after each rollback round and at the end."""
+    outputs at each step and equal pools after each rollback round and at the end (a
+    rolls back with one `rollback_many` per step, b slot by slot)."""
     gen, n = _prompts(cfg, wts, a, b, rng, device)
     rolled = 0
     for j in range(steps):
@@ -133,9 +134,9 @@ def _drive_verify(cfg, wts, a, b, g, rng, steps, device):
         for i in range(cfg.n_layers):
             assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} lens {lens} L{i}"
         back = [(sl, rng.randint(s, s + m)) for sl, s, m in zip(slots, starts, lens) if m >= 2 and rng.random() < 0.6]
+        rolled += sum(pos < a.pool.length[sl] for sl, pos in back)
+        a.rollback_many([sl for sl, _ in back], [pos for _, pos in back])  # one call for them all
         for sl, pos in back:
-            rolled += pos < a.pool.length[sl]
-            a.rollback(sl, pos)
             b.rollback(sl, pos)
         if back:
             _same_visible(a, b)
@@ -179,6 +180,28 @@ def test_rollback_after_a_later_step_of_the_same_size_is_refused():
     assert a.pool.length[0] == 8
     a.rollback(1, 5)
     assert a.pool.length[1] == 5
+
+
+def test_rollback_many_is_all_or_nothing():
+    """`rollback_many` checks every pair before changing anything: a bad pair (a position
+    outside the slot's last call, a slot twice, counts that differ) refuses the whole
+    call, and the good pairs then roll back as one call."""
+    cfg, wts, a, _ = _twins((0, 2, 2, 1, 1, 1), 8, 4, 3, 4)
+    g = BatchGraphs(a, wts, sizes=(8,), bucket_min=8)
+    gen = torch.Generator().manual_seed(4)
+    a.step(wts, list(_x(cfg, gen, 12, "cpu")), [0, 1, 2], [0, 0, 0], [5, 4, 3])
+    g.step(_x(cfg, gen, 7, "cpu"), [0, 1, 2], [3, 2, 2])
+    before = pool_snapshot(a)
+    for slots, pos, msg in (
+        ([0, 1], [6, 3], r"slot 1: pos = 3; allowed: 4..6"),
+        ([0, 0], [6, 7], r"slots \[0\] appear twice"),
+        ([0, 1], [6], r"2 slots, 1 positions; allowed: the same count"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            a.rollback_many(slots, pos)
+        same_pool(before, pool_snapshot(a))
+    a.rollback_many([0, 1, 2], [5, 5, 3])
+    assert a.pool.length == [5, 5, 3]
 
 
 def _drive_released(cfg, wts, a, b, g, rng, steps, device):

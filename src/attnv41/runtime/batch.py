@@ -682,41 +682,73 @@ class BatchV41:
         continuation of 2..window tokens at s > 0 (draft tokens verified), for s ≤ pos ≤
         its length, again after a rollback; not during a step. Restores the slot's ring
         slots of positions ≥ pos and its compressor's group in progress; blocks stay
-        allocated (rows past the new count are unread). Refused calls change nothing."""
+        allocated (rows past the new count are unread). Refused calls change nothing.
+        `rollback_many` does it for many slots at once."""
+        self.rollback_many([slot], [pos])
+
+    def rollback_many(self, slots, positions) -> None:
+        """`rollback(slot, pos)` for every pair, all or nothing (each pair is checked
+        before anything changes), with a few launches per layer for all the slots whose
+        last step was a continuation step (`BatchStep.cont`: the undo buffers on the
+        device), instead of a few per slot and layer: what an engine runs after verifying
+        a batch's drafts."""
         c, pool = self.cfg, self.pool
-        pool._check_slot(slot)
-        if isinstance(pos, bool) or not isinstance(pos, int):
-            raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+        for name, v in (("slots", slots), ("positions", positions)):
+            if not isinstance(v, (list, tuple)):
+                raise TypeError(f"{name} is a {type(v).__name__}; allowed: a list of ints")
+        if len(slots) != len(positions):
+            raise ValueError(f"{len(slots)} slots, {len(positions)} positions; allowed: the same count")
+        for slot, pos in zip(slots, positions):
+            pool._check_slot(slot)
+            if isinstance(pos, bool) or not isinstance(pos, int):
+                raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+        if len(set(slots)) != len(slots):
+            dup = sorted({s for s in slots if list(slots).count(s) > 1})
+            raise ValueError(f"slots {dup} appear twice; allowed: each slot at most once")
         if self._step is not None and 0 < self._step.next_layer < c.n_layers:
             raise ValueError(
                 f"rollback during a step (layer {self._step.next_layer} runs next); allowed: between steps"
             )
         if self.index_keys != "own":  # which keys were published last would have to be undone too
             raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
-        end = pool.length[slot]
-        if pos == end:
-            return
-        u = self.undo.get(slot)
-        if u is None or not u["done"] or u["step"] != self.last_step[slot]:
-            raise ValueError(
-                f"slot {slot}: rollback to {pos}: its last step kept no undo log; allowed: pos = {end} (no change), "
-                f"or a position inside its last step when that was a continuation of 2..{c.window} tokens"
-            )
-        s = u["span"][0]
-        if not s <= pos <= end:
-            raise ValueError(f"slot {slot}: pos = {pos}; allowed: {s}..{end} (inside its last continuation)")
-        if "cont" in u and u["cont"][0].id != u["step"]:
-            raise ValueError(
-                f"slot {slot}: rollback to {pos}: a later captured step of the same size reused its undo buffers "
-                f"(step {u['cont'][0].id}, this slot's {u['step']}); allowed: pos = {end}, or roll back before "
-                f"the next continuation step of {u['cont'][0].T} tokens"
-            )
+        todo = []
+        for slot, pos in zip(slots, positions):
+            end = pool.length[slot]
+            if pos == end:
+                continue
+            u = self.undo.get(slot)
+            if u is None or not u["done"] or u["step"] != self.last_step[slot]:
+                raise ValueError(
+                    f"slot {slot}: rollback to {pos}: its last step kept no undo log; allowed: pos = {end} (no "
+                    f"change), or a position inside its last step when that was a continuation of 2..{c.window} tokens"
+                )
+            s = u["span"][0]
+            if not s <= pos <= end:
+                raise ValueError(f"slot {slot}: pos = {pos}; allowed: {s}..{end} (inside its last continuation)")
+            if "cont" in u and u["cont"][0].id != u["step"]:
+                raise ValueError(
+                    f"slot {slot}: rollback to {pos}: a later captured step of the same size reused its undo buffers "
+                    f"(step {u['cont'][0].id}, this slot's {u['step']}); allowed: pos = {end}, or roll back before "
+                    f"the next continuation step of {u['cont'][0].T} tokens"
+                )
+            todo.append((slot, pos, end, s, u))
+        # nothing below can fail
+        by_step: dict[int, list] = {}
+        for slot, pos, end, s, u in todo:
+            if "cont" in u:
+                by_step.setdefault(id(u["cont"][0]), []).append((slot, pos, end, s, *u["cont"]))
+            else:
+                self._rollback_logged(slot, pos, end, u)
+        for group in by_step.values():
+            self._rollback_cont(group)
+        for slot, pos, _end, _s, _u in todo:
+            pool.length[slot] = pos
+
+    def _rollback_logged(self, slot: int, pos: int, end: int, u: dict) -> None:
+        """One slot's rollback from its per-slot undo log (a host-planned step)."""
+        c, pool = self.cfg, self.pool
         W = c.window
         rows = slot * W + torch.remainder(torch.arange(pos, end, device=self.device), W)
-        if "cont" in u:
-            self._rollback_cont(slot, pos, end, s, *u["cont"])
-            pool.length[slot] = pos
-            return
         for i, ring in enumerate(pool.ring):
             ring.index_copy_(0, rows, u["ring"][i].index_select(0, rows - slot * W))
         for i, (a0, a, g) in u["a"].items():
@@ -726,28 +758,54 @@ class BatchV41:
             pool.comp_a[i][slot, :h].copy_(a[g0 - a0 : pos - a0])
             pool.comp_g[i][slot, :h].copy_(g[g0 - a0 : pos - a0])
             pool.comp_g[i][slot, h:].fill_(float("-inf"))
-        pool.length[slot] = pos
 
-    def _rollback_cont(self, slot: int, pos: int, end: int, s: int, st: BatchStep, o: int) -> None:
-        """`rollback` from a continuation step's device undo buffers (the slot's tokens from
-        step row o): the ring rows of positions pos..end−1 get back what the step overwrote;
-        the compressor's group in progress at pos is rebuilt from the state before the step
-        (positions before s) and the step's own rows, gate scores past it −∞."""
+    def _rollback_cont(self, group: list) -> None:
+        """Rollbacks of slots whose last step was the continuation step `st` (each entry
+        (slot, pos, end, s, st, o): the slot's tokens from step row o), from its device
+        undo buffers, one gather-and-write per layer for them all: the ring rows of
+        positions pos..end−1 get back what the step overwrote; the compressor's group in
+        progress at pos is rebuilt from the state before the step (positions before s)
+        and the step's own rows, the gate scores past it −∞."""
         c, pool = self.cfg, self.pool
         W = c.window
-        rows = slot * W + torch.remainder(torch.arange(pos, end, device=self.device), W)
+        st = group[0][4]
+        dst, src = [], []
+        for slot, pos, end, s, _st, o in group:
+            dst += [slot * W + q % W for q in range(pos, end)]
+            src += [o + q - s for q in range(pos, end)]
+
+        def t(v):
+            return torch.tensor(v, dtype=torch.int64, device=self.device)
+
+        dst_t, src_t = t(dst), t(src)
         for i, ring in enumerate(pool.ring):
-            ring.index_copy_(0, rows, st.undo_ring[i][o + pos - s : o + end - s])
+            ring.index_copy_(0, dst_t, st.undo_ring[i].index_select(0, src_t))
         for i, (pa, pg, sa, sg) in st.undo_state.items():
-            r = c.roles[i].ratio
-            g0 = (pos // r) * r
-            h = pos - g0
-            for j in range(h):
-                q = g0 + j
-                a, g = (sa[o + q - s], sg[o + q - s]) if q >= s else (pa[o, j], pg[o, j])
-                pool.comp_a[i][slot, j].copy_(a)
-                pool.comp_g[i][slot, j].copy_(g)
-            pool.comp_g[i][slot, h:].fill_(float("-inf"))
+            r, D = c.roles[i].ratio, c.head_dim
+            before, before_src, own, own_src, dead = [], [], [], [], []
+            for slot, pos, _end, s, _st, o in group:
+                g0 = (pos // r) * r
+                for j in range(r):
+                    q = g0 + j
+                    if q >= pos:
+                        dead.append(slot * r + j)
+                    elif q >= s:
+                        own.append(slot * r + j)
+                        own_src.append(o + q - s)
+                    else:
+                        before.append(slot * r + j)
+                        before_src.append(o * r + j)
+            av, gv = pool.comp_a[i].view(-1, D), pool.comp_g[i].view(-1, D)
+            if before:
+                b, bs = t(before), t(before_src)
+                av.index_copy_(0, b, pa.view(-1, D).index_select(0, bs))
+                gv.index_copy_(0, b, pg.view(-1, D).index_select(0, bs))
+            if own:
+                b, bs = t(own), t(own_src)
+                av.index_copy_(0, b, sa.index_select(0, bs))
+                gv.index_copy_(0, b, sg.index_select(0, bs))
+            if dead:
+                gv.index_fill_(0, t(dead), float("-inf"))
 
     def _trace(self, w, step: BatchStep, q, kv, o, out, sel) -> None:
         """The traced slot's layer call in `AttnV41.forward`'s encoding: window rows (a
