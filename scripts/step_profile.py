@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=0, help="B > 0: a BatchGraphs step of B sequences")
+    ap.add_argument("--verify-len", type=int, default=1, help="with --batch: k tokens per sequence (a verify step)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
     ap.add_argument("--kv-format", default="bf16", choices=["bf16", "packed"], help="the caches' format")
     args = ap.parse_args()
@@ -70,17 +71,17 @@ def main() -> None:
 
         from attnv41.bench.batch import _random_keys
 
-        B = args.batch
-        bt = BatchV41(cfg.replace(max_tokens=B), dev, n_slots=B, kv_format=args.kv_format)
+        B, k = args.batch, args.verify_len
+        bt = BatchV41(cfg.replace(max_tokens=B * k), dev, n_slots=B, kv_format=args.kv_format)
         for sl in range(B):
             bt.pool.assume(sl, args.context)
         _random_keys(bt, gen)
-        drv = BatchGraphs(bt, stack.weights, sizes=(B,))
-        xs = drv.x_in[:, :B]
+        drv = BatchGraphs(bt, stack.weights, sizes=(B * k,))
+        xs = drv.x_in[:, : B * k]
         xs.copy_(unit_rms_bf16(torch.randn(xs.shape, generator=gen, device=dev)))
 
         def one(p):
-            drv.step(xs, list(range(B)))
+            drv.step(xs, list(range(B)), [k] * B)
     else:
         fill_context(stack, args.context, 0)
         xs = unit_rms_bf16(torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen, device=dev))
@@ -128,7 +129,7 @@ def main() -> None:
             names[n].append(e - s)
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
-    what = (f"batch {args.batch}, " if args.batch else "") + f"{args.kv_format} caches, "
+    what = (f"batch {args.batch}{f' x {args.verify_len} tokens' if args.verify_len > 1 else ''}, " if args.batch else "") + f"{args.kv_format} caches, "
     print(f"\n### decode step under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
@@ -147,7 +148,7 @@ def main() -> None:
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}_{args.kv_format}.json"), "w") as f:
+        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}_{args.kv_format}.json"), "w") as f:
             json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
 
 
