@@ -385,3 +385,45 @@ def test_rope_epilogue_is_the_rope_op_after(device, m, H, D, half, K, fp8):
     assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
     with pytest.raises(ValueError, match="rope i = 2"):
         TC.mm_many_batch(x, (w, w2), got, (sc, None), xq=xq, rope=(2, D, cos, sin, pos))
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8"])
+def test_rows_past_one_row_tile_keep_their_one_token_bits(device, kind):
+    """Calls of more than BM rows (verify steps: B·k tokens): a row's bytes among 200 rows
+    (four row tiles, the last partial) equal its bytes in calls of 1, 64, 65 and 128 rows
+    from either end, through `tc_mm` and `mm_many_batch` (with rope), split K and not."""
+    from attnv41.kernels import qdq
+
+    g = _gen("large-tiles", kind)
+    N, K = (40, 1024) if kind != "bf16" else (96, 256)
+    x = _rand(g, (200, K)).to(device)
+    sc = None
+    if kind == "fp8":
+        w, sc = (t.to(device) for t in _fp8_weight(g, N, K))
+        x = qdq.fp8_qdq(x.clone())
+    elif kind == "fp32":
+        w = (torch.randn(N, K, generator=g) * torch.exp2(torch.randint(-6, 7, (N, K), generator=g).float())).to(device)
+    else:
+        w = _rand(g, (N, K)).to(device)
+    dt = torch.float32 if kind == "fp32" else BF
+    rope = None
+    if kind == "bf16":
+        cos = (torch.rand(64, 4, generator=g) * 2 - 1).to(device)
+        sin = (torch.rand(64, 4, generator=g) * 2 - 1).to(device)
+        pos = torch.randint(0, 64, (200,), generator=g).to(device)
+        rope = (0, 16, cos, sin, pos)
+
+    def call(rows, many):
+        out = torch.full((len(rows), N), float("nan"), dtype=dt, device=device)
+        if not many:
+            return TC.tc_mm(x[rows], w, out, sc)
+        r = None if rope is None else (*rope[:4], rope[4][rows])
+        return TC.mm_many_batch(x[rows], (w,), (out,), (sc,), xq=x[rows] if sc is not None else None, rope=r)[0]
+
+    for many in (False, True):
+        ref = call(list(range(200)), many)
+        assert not torch.isnan(ref.float()).any()
+        for m in (1, 64, 65, 128):
+            for lo in (0, 200 - m):
+                got = call(list(range(lo, lo + m)), many)
+                assert torch.equal(got.cpu(), ref[lo : lo + m].cpu()), f"{kind} many={many} rows {lo}..{lo + m - 1}"
