@@ -161,6 +161,100 @@ def test_verify_steps_and_rollback_equal_eager_steps(ratios, window, block_rows,
     _drive_verify(cfg, wts, a, _host_path(b), g, random.Random(seed), 10, "cpu")
 
 
+def _drive_mixed(cfg, wts, a, b, g, rng, steps, device):
+    """As `_drive_verify`, with every kind of call mixed in the steps: new prompts (a slot
+    restarted at 0, 1-12 tokens), continuations longer than the window, verify calls and
+    decode tokens. Graph steps on a (`g.step(xs, slots, lens, starts)`), eager host-
+    planned steps on b; rollbacks of verified slots on both. Returns the number of steps
+    with a prompt and with a call longer than the window."""
+    W = cfg.window
+    gen, n = _prompts(cfg, wts, a, b, rng, device)
+    seen = {"prompt": 0, "long": 0}
+    for j in range(steps):
+        slots = rng.sample(range(n), rng.randint(1, n))
+        starts, lens = [], []
+        for sl in slots:
+            kind = rng.choice(["prompt", "long", "verify", "decode", "decode"])
+            s = a.pool.length[sl]
+            m = {"prompt": rng.randint(1, 12), "long": rng.randint(W + 1, W + 5), "verify": rng.randint(2, 4)}.get(
+                kind, 1
+            )
+            if kind == "prompt" or s + m > 110:
+                s, m = 0, rng.randint(1, 12)
+            starts.append(s)
+            lens.append(m)
+        while sum(lens) > g.sizes[-1]:
+            lens[lens.index(max(lens))] = 1 if starts[lens.index(max(lens))] > 0 else max(lens) // 2
+        seen["prompt"] += any(s == 0 for s in starts)
+        seen["long"] += any(m > W for m in lens)
+        xs = _x(cfg, gen, sum(lens), device)
+        ya = g.step(xs, slots, lens, starts)
+        yb = b.step(wts, list(xs), slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} starts {starts} lens {lens} L{i}"
+        back = [(sl, rng.randint(s, s + m)) for sl, s, m in zip(slots, starts, lens) if s > 0 and 2 <= m <= W]
+        a.rollback_many([sl for sl, _ in back], [pos for _, pos in back])
+        for sl, pos in back:
+            b.rollback(sl, pos)
+        _same_visible(a, b)
+    return seen
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    ratios=st.sampled_from(RATIOS),
+    window=st.sampled_from([4, 8]),
+    block_rows=st.sampled_from([1, 4]),
+    seed=st.integers(0, 10_000),
+)
+def test_mixed_steps_with_prompts_equal_eager_steps(ratios, window, block_rows, seed):
+    """Steps mixing new prompts, calls longer than the window, verify calls and decode
+    tokens through `BatchGraphs` (the capturable body, eagerly on the CPU): the bytes of
+    eager host-planned steps, outputs and visible pools, rollbacks included."""
+    cfg, wts, a, b = _twins(ratios, window, seed, 4, block_rows)
+    g = BatchGraphs(a, wts, sizes=(16, 64), bucket_min=8)
+    _drive_mixed(cfg, wts, a, _host_path(b), g, random.Random(seed), 10, "cpu")
+
+
+@settings(max_examples=30, deadline=None)
+@given(window=st.sampled_from([4, 8]), seed=st.integers(0, 10_000))
+def test_device_metadata_equals_the_host_metadata(window, seed):
+    """`_derive_cont` (device, fixed shapes) against `_metadata` (host) for random steps of
+    prompts, calls longer than the window, verify calls and decode tokens: the same window
+    selection and widths, and the same ring writes (the host's (row, source) pairs; every
+    other token of the device's copies its staging row onto itself)."""
+    from attnv41.runtime.batch import BatchStep
+
+    cfg, _, a, _ = _twins((0, 2, 2, 1, 1, 1), window, seed, 4, 4)
+    rng = random.Random(seed)
+    W = cfg.window
+    slots = rng.sample(range(4), rng.randint(1, 4))
+    starts, lens = [], []
+    for sl in slots:
+        s = rng.choice([0, rng.randint(1, 60)])
+        a.pool.length[sl] = s
+        starts.append(s)
+        lens.append(rng.choice([1, 2, 3, W, W + 1, 2 * W + 3, 12]))
+    host = a._metadata(slots, starts, lens)
+    T = host.T
+    per = [[s, s + m, o] for s, m, o in zip(starts, lens, host.offsets) for _ in range(m)]
+    st = BatchStep(
+        slots, starts, lens, host.offsets, T, host.pos, host.tok_slot,
+        win_sel=torch.zeros(T, W, dtype=torch.int32), win_width=torch.zeros(T, dtype=torch.int64),
+        ring_dst=torch.zeros(T, dtype=torch.int64), ring_src=torch.zeros(T, dtype=torch.int64),
+        cont=True, seq_start=torch.tensor([r[0] for r in per], dtype=torch.int32),
+        seq_end=torch.tensor([r[1] for r in per], dtype=torch.int32),
+        seq_off=torch.tensor([r[2] for r in per], dtype=torch.int32),
+    )  # fmt: skip
+    a._derive_cont(st)
+    assert torch.equal(st.win_sel, host.win_sel), (starts, lens)
+    assert torch.equal(st.win_width, host.win_width), (starts, lens)
+    stage = a.pool.ring_rows + torch.arange(T)
+    real = st.ring_dst != stage
+    assert torch.equal(st.ring_src, torch.arange(T))
+    assert torch.equal(st.ring_dst[real], host.ring_dst) and torch.equal(st.ring_src[real], host.ring_src)
+
+
 def test_rollback_after_a_later_step_of_the_same_size_is_refused():
     """A verify step's undo data lives in its graph's buffers: a later continuation step
     of the same size (other slots) reuses them, so rolling back the first step's slot is
@@ -328,8 +422,13 @@ REFUSED = {
     "slot_twice": (lambda g, c: g.step(_xs(c, 2), [0, 0]), "slots [0] appear twice"),
     "too_many": (lambda g, c: g.step(_xs(c, 3), [0, 1, 2]), "3 tokens in a step; allowed: 1..2"),
     "too_many_tokens": (lambda g, c: g.step(_xs(c, 3), [0, 1], [2, 1]), "3 tokens in a step; allowed: 1..2"),
-    "lens_zero": (lambda g, c: g.step(_xs(c, 1), [0], [0]), "slot 0: lens = 0; allowed: 1..8 (the window)"),
-    "lens_past_window": (lambda g, c: g.step(_xs(c, 9), [0], [9]), "slot 0: lens = 9; allowed: 1..8 (the window)"),
+    "lens_zero": (lambda g, c: g.step(_xs(c, 1), [0], [0]), "slot 0: lens = 0; allowed: >= 1"),
+    "start_other": (
+        lambda g, c: g.step(_xs(c, 1), [0], [1], [3]),
+        "slot 0: start = 3; allowed: 0 (a new sequence) or 5",
+    ),
+    "starts_count": (lambda g, c: g.step(_xs(c, 1), [0], [1], [5, 0]), "starts = [5, 0]; allowed: one int per slot"),
+    "past_max_seq": (lambda g, c: g.step(_xs(c, 2), [0], [2], [127]), "slot 0: start = 127; allowed: 0 (a new"),
     "lens_count": (lambda g, c: g.step(_xs(c, 2), [0], [1, 1]), "2 lens for 1 slots; allowed: one per slot"),
     "lens_not_ints": (lambda g, c: g.step(_xs(c, 2), [0], [2.0]), "lens = [2.0]; allowed: a list of ints"),
     "xs_tokens": (lambda g, c: g.step(_xs(c, 1), [0], [2]), "xs.shape = (6, 1, 64); allowed: [6, 2, 64]"),
@@ -455,6 +554,19 @@ def test_verify_graph_replay_equals_eager_on_cuda():
     rolled = _drive_verify(cfg, wts, a, _host_path(b), g, random.Random(17), 24, "cuda")
     kinds = {k[0] for k in g._graphs}
     assert rolled > 0 and kinds == {"decode", "cont"} and 2 <= g.captures < 20, (rolled, kinds, g.captures)
+
+
+@pytest.mark.gpu
+def test_mixed_graph_replay_equals_eager_on_cuda():
+    """Steps mixing prompts, calls longer than the window, verify calls and decode tokens,
+    captured and replayed on CUDA, with rollbacks, against eager host-planned steps of a
+    twin: byte for byte (outputs, rings, states, visible rows)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg, wts, a, b = _twins((0, 2, 2, 1, 1, 1), 8, 19, 4, 4, device="cuda")
+    g = BatchGraphs(a, wts, sizes=(16, 64), bucket_min=8)
+    seen = _drive_mixed(cfg, wts, a, _host_path(b), g, random.Random(19), 24, "cuda")
+    assert seen["prompt"] > 0 and seen["long"] > 0 and 2 <= g.captures < 40, (seen, g.captures)
 
 
 class _WithoutPDL:

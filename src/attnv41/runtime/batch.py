@@ -47,11 +47,12 @@ was a continuation of 2..window tokens (a verify), as `AttnV41.rollback` does.
 Continuation steps (every sequence 1..window tokens after position 0, not all of them
 one: verify steps, decode tokens among them) run at fixed shapes from device metadata
 (`_derive_cont`, `_compress_cont`: each token pools its group as it stands after the
-step), eagerly and in `BatchGraphs`' second graph kind, with their undo data on the
-device (the ring rows they overwrite, the compressor state before them and their own
-compressor rows); `rollback` restores from it. Steps with a prompt (a call from 0) or a
-call longer than the window take the host-planned path (`_compress_plan`, per-slot undo
-logs); the two give the same bytes (tested).
+step), with their undo data on the device (the ring rows they overwrite, the compressor
+state before them and their own compressor rows); `rollback` restores from it. Eager
+steps with a prompt (a call from 0) or a call longer than the window take the
+host-planned path (`_compress_plan`, per-slot undo logs); `BatchGraphs`' second graph
+kind runs every step that is not a decode step, those too, on the fixed-shape path. The
+two paths give the same bytes (tested).
 
 `kv_format="packed"` stores every cached row in V4.1's byte format (`attnv41.packed`:
 window rows fp8_e8m0 528 B, compressed rows fp4_e4m3 288 B, index keys fp4_e8m0 68 B at
@@ -69,8 +70,7 @@ sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_pla
 `BatchGraphs` uploads each token's owners with its metadata and scores every publishing
 layer's keys with the others' rows masked (`_released_scores_dev`); `rollback` refuses it.
 
-Limits of this version: steps with prompts or calls longer than the window run
-eagerly (host-side metadata and compressor plans, per-sequence loops); on CUDA a
+Limits of this version: on CUDA a
 prefill token runs the decode attention kernel and the batched projections (bits within
 the golden tolerance of `AttnV41.forward`'s prefill, not equal).
 """
@@ -531,20 +531,30 @@ class BatchV41:
         st.ring_dst.copy_(sl * W + p.remainder(W))
 
     def _derive_cont(self, st: BatchStep) -> None:
-        """A continuation step's window selection and ring writes from its device metadata
-        (in place; capturable): the decode layout, positions of the call from the staging
-        rows, earlier ones from the ring; every token's row into its ring row after the
-        attention (at most window tokens per sequence: no two write one ring row)."""
+        """A fixed-shape step's window selection and ring writes from its device metadata
+        (in place; capturable), as `_metadata` builds them on the host: a call from 0 (a
+        prompt) takes the released prefill layout (positions max(0, p − W + 1) + c, width
+        min(m, W)), any other the decode layout (p − W + 1 + c, width W); positions of the
+        call from the staging rows, earlier ones from the ring. After the attention the
+        last min(m, W) tokens of each call go into their ring rows; an earlier token's
+        "write" copies its staging row onto itself (a fixed shape, no effect)."""
         W = self.cfg.window
+        T = st.T
         p, sl = st.pos.long(), st.tok_slot.long()
-        s, off = st.seq_start.long()[:, None], st.seq_off.long()[:, None]
-        q = p[:, None] - (W - 1) + self._cols
+        s, e, off = st.seq_start.long(), st.seq_end.long(), st.seq_off.long()
+        prefill = (s == 0)[:, None]
+        first = p[:, None] - (W - 1)
+        q = torch.where(prefill, first.clamp_min(0), first) + self._cols
+        width = torch.where(s == 0, (e - s).clamp_max(W), W)
+        present = (q >= 0) & (q <= p[:, None]) & (self._cols < width[:, None])
         ring_row = sl[:, None] * W + q.remainder(W)
-        stage_row = self.pool.ring_rows + off + (q - s)
-        st.win_sel.copy_(torch.where(q < 0, -1, torch.where(q >= s, stage_row, ring_row)))
-        st.win_width.fill_(W)
-        st.ring_dst.copy_(sl * W + p.remainder(W))
-        st.ring_src.copy_(self._rows[: st.T])
+        stage_row = self.pool.ring_rows + off[:, None] + (q - s[:, None])
+        sel = torch.where(q >= s[:, None], stage_row, ring_row)
+        st.win_sel.copy_(torch.where(present, sel, -1))
+        st.win_width.copy_(width)
+        rows = self._rows[:T]
+        st.ring_dst.copy_(torch.where(p >= e - W, sl * W + p.remainder(W), self.pool.ring_rows + rows))
+        st.ring_src.copy_(rows)
 
     def _metadata(self, slots, starts, lens) -> BatchStep:
         c, pool, dev = self.cfg, self.pool, self.device

@@ -1,12 +1,12 @@
 """Whole batched decode and verify steps as CUDA graphs, one per (kind, token-count
 bucket, context bucket).
 
-`BatchGraphs` drives the decode steps of a `BatchV41`: every sequence of a step
-contributes one token at its next position (≥ 1: a sequence starts with an eager
-`BatchV41.step`, a prefill or its chunks), or, in a verify step (kind "cont"), 1..window
-tokens each (draft tokens; `BatchV41.rollback` then returns a slot to any position inside
-its call, from undo buffers the graph fills). As engines do, it captures per size
-bucket: a step of B tokens runs in the graph of its kind and the smallest size T ≥ B of
+`BatchGraphs` drives the steps of a `BatchV41`: in a decode step every sequence of the
+step contributes one token at its next position (≥ 1); in the other kind ("cont") each
+sequence any number of tokens from its next position or from 0 (a new prompt): verify
+calls (draft tokens; `BatchV41.rollback` then returns a slot to any position inside a
+call of 2..window tokens, from undo buffers the graph fills), prompt chunks, decode
+tokens, mixed in one step. As engines do, it captures per size bucket: a step of B tokens runs in the graph of its kind and the smallest size T ≥ B of
 `sizes`, its T − B padding tokens computing in the pool's pad slot (`SeqPool.pad_slot`:
 position 1, one-token calls, zero inputs, a spare block per ratio; nothing reads what
 they compute). A verify step's undo buffers belong to its graph: the next verify step of
@@ -151,14 +151,19 @@ class BatchGraphs:
         raise ValueError(f"{n} tokens in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
 
     # ------------------------------------------------------------------ stepping
-    def step(self, xs, slots: Sequence[int], lens: Sequence[int] | None = None) -> torch.Tensor:
-        """For each of `slots` (distinct, each holding a sequence) its next `lens[i]` tokens
-        (default 1: a decode step; 1..window: draft tokens to verify, `BatchV41.rollback`
-        then returns a slot to any position inside them), through every layer. xs:
-        `[n_layers, N, dim]` bf16 on the batch's device, N = Σ lens (layer i's inputs, the
-        sequences' tokens contiguous in `slots` order), or `x_in[:, :N]` itself (no copy).
-        Decode steps and steps with longer calls run in separate graphs (`KINDS`). All or
-        nothing: a refused call raises and changes no state."""
+    def step(
+        self, xs, slots: Sequence[int], lens: Sequence[int] | None = None, starts: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """For each of `slots` (distinct) `lens[i]` tokens from position `starts[i]`
+        (default: the slot's length, its next position; 0 starts a new sequence in the
+        slot, a prompt or its first chunk), through every layer. lens default 1: a decode
+        step. Longer calls: draft tokens to verify (2..window tokens after position 0;
+        `BatchV41.rollback` then returns a slot to any position inside them), prompt
+        chunks, or both, mixed with decode tokens in one step. xs: `[n_layers, N, dim]`
+        bf16 on the batch's device, N = Σ lens (layer i's inputs, the sequences' tokens
+        contiguous in `slots` order), or `x_in[:, :N]` itself (no copy). Decode steps and
+        the others run in separate graphs (`KINDS`). All or nothing: a refused call raises
+        and changes no state."""
         t0 = time.perf_counter()
         bt, pool, c = self.batch, self.batch.pool, self.cfg
         if not isinstance(slots, (list, tuple)) or not all(
@@ -174,20 +179,28 @@ class BatchGraphs:
         if len(lens) != len(slots):
             raise ValueError(f"{len(lens)} lens for {len(slots)} slots; allowed: one per slot")
         for sl, m in zip(slots, lens):
-            if not 1 <= m <= c.window:
-                raise ValueError(f"slot {sl}: lens = {m}; allowed: 1..{c.window} (the window)")
+            if m < 1:
+                raise ValueError(f"slot {sl}: lens = {m}; allowed: >= 1")
         lens = list(lens)
         B = sum(lens)
-        kind = "decode" if B == len(slots) else "cont"
         T = self.size_for(B)
         for s in slots:
             pool._check_slot(s)
-        starts = [pool.length[s] for s in slots]
-        for s, p in zip(slots, starts):
-            if p < 1:
-                raise ValueError(
-                    f"slot {s} holds no sequence (length 0); allowed: slots holding one (start it with BatchV41.step)"
-                )
+        if starts is None:
+            starts = [pool.length[s] for s in slots]
+            for s, p in zip(slots, starts):
+                if p < 1:
+                    raise ValueError(
+                        f"slot {s} holds no sequence (length 0); allowed: slots holding one, or starts = 0 (a prompt)"
+                    )
+        elif (
+            not isinstance(starts, (list, tuple))
+            or len(starts) != len(slots)
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in starts)
+        ):
+            raise ValueError(f"starts = {starts!r}; allowed: one int per slot (0 or the slot's length)")
+        starts = list(starts)
+        kind = "decode" if B == len(slots) and all(p > 0 for p in starts) else "cont"
         if bt.trace_slot is not None:
             raise ValueError(f"batch.trace_slot = {bt.trace_slot}; allowed: None (graph steps are not traced)")
         same = xs is self.x_in or (
@@ -202,8 +215,8 @@ class BatchGraphs:
             if tuple(xs.shape) != (c.n_layers, B, c.dim):
                 raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{c.n_layers}, {B}, {c.dim}]")
             bt.attn._check_x(xs[0])  # dtype, device
+        bt._check_begin(list(slots), starts, lens, None)
         bucket = bucket_of(max(s + m - 1 for s, m in zip(starts, lens)), c.max_seq, self.bucket_min)
-        bt._check_begin(list(slots), starts, lens, bucket)
         plan = bt._keys_plan(list(slots), starts, lens)  # released index keys (raises, nothing changed)
         for w in self.weights:  # cached: the same dict holding the same tensors
             bt.attn._check_weights(w)
