@@ -487,13 +487,15 @@ def test_capture_ahead_changes_no_sequence():
     for bt in (a, b):
         bt.step(wts, list(x), [0, 1, 2], [0, 0, 0], [5, 4, 3])
     before = pool_snapshot(a, real=True)
-    assert g.capture([8, 16, 128]) == 0  # nothing captured on the CPU
+    assert g.capture([8, 16, 128], kinds=("decode", "cont")) == 0  # nothing captured on the CPU
     same_pool(before, pool_snapshot(a, real=True))
     _drive(cfg, wts, a, b, g, rng, 6, "cpu")
     with pytest.raises(ValueError, match="bucket 12; allowed: one of \\[8, 16, 32, 64, 128\\]"):
         g.capture([12])
     with pytest.raises(ValueError, match="size 3; allowed: one of sizes \\(1, 2, 4\\)"):
         g.capture([8], sizes=[3])
+    with pytest.raises(ValueError, match="kind 'prefill'; allowed: one of \\('decode', 'cont'\\)"):
+        g.capture([8], kinds=["prefill"])
 
 
 @pytest.mark.gpu
