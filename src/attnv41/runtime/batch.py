@@ -258,10 +258,11 @@ class BatchStep:
     # released index keys in a captured step (`BatchGraphs`): int32 [index sources, T], per
     # index source (in layer order) the layer whose keys each token scores, on the device
     owners_dev: torch.Tensor | None = None
-    # A continuation step (every sequence 1..window tokens after position 0, not all one:
-    # verify steps, mixed with decode tokens) runs at fixed shapes from device metadata
-    # (`_derive_cont`, `_compress_cont`), eagerly or captured: per token its sequence's first
-    # position, end (first position after the call) and first row in the step, int32 [T]
+    # A fixed-shape step (eager: every sequence 1..window tokens after position 0, not all
+    # one, i.e. verify calls and decode tokens; in `BatchGraphs` every step that is not a
+    # decode step) runs from device metadata (`_derive_cont`, `_compress_cont`): per token
+    # its sequence's first position, end (first position after the call) and first row in
+    # the step, int32 [T]
     cont: bool = False
     seq_start: torch.Tensor | None = None
     seq_end: torch.Tensor | None = None
