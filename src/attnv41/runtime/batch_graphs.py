@@ -6,11 +6,12 @@ step contributes one token at its next position (≥ 1); in the other kind ("con
 sequence any number of tokens from its next position or from 0 (a new prompt): verify
 calls (draft tokens; `BatchV41.rollback` then returns a slot to any position inside a
 call of 2..window tokens, from undo buffers the graph fills), prompt chunks, decode
-tokens, mixed in one step. As engines do, it captures per size bucket: a step of B tokens runs in the graph of its kind and the smallest size T ≥ B of
-`sizes`, its T − B padding tokens computing in the pool's pad slot (`SeqPool.pad_slot`:
-position 1, one-token calls, zero inputs, a spare block per ratio; nothing reads what
-they compute). A verify step's undo buffers belong to its graph: the next verify step of
-the same size reuses them, so a slot rolls back before that (refused after). Index sources
+tokens, mixed in one step. As engines do, it captures per size bucket: a step of B
+tokens runs in the graph of its kind and the smallest size T ≥ B of `sizes`, its T − B
+padding tokens computing in the pool's pad slot (`SeqPool.pad_slot`: position 1,
+one-token calls, zero inputs, a spare block per ratio; nothing reads what they compute).
+A "cont" step's undo buffers belong to its graph: the next "cont" step of the same size
+reuses them, so a slot rolls back before that (refused after). Index sources
 score `bucket // ratio` keys, bucket = `bucket_of(the step's last position, max_seq,
 bucket_min)` (a power of two, as `DecodeGraphs`). A graph's shapes follow from (T, bucket)
 only, so there is one graph per pair, captured on the pair's first step: that step runs
@@ -24,8 +25,8 @@ allocates the blocks sequences grow into (block-table entries written on the dev
 sync), uploads the step's metadata (each token's position and slot, and its index-key
 owners in released mode: one copy of int32 rows, from pinned memory, non-blocking) and
 replays. The graph derives the window selections and ring rows from that metadata
-(`BatchV41._derive_decode`, `_derive_cont`), then runs every layer: layer i reads `x_in[i, :T]` and
-writes `y[i, :T]`. Nothing waits for the device.
+(`BatchV41._derive_decode`, `_derive_cont`), then runs every layer: layer i reads
+`x_in[i, :T]` and writes `y[i, :T]`. Nothing waits for the device.
 
 With `index_keys="released"` the host works out, per index source, the layer whose keys
 each token scores (`BatchV41._keys_plan`, which also refuses a step the released rule
@@ -80,13 +81,14 @@ def _buckets(max_seq: int, bucket_min: int) -> set[int]:
 
 
 class BatchGraphs:
-    """Decode steps of a `BatchV41` over `weights` (one `AttnV41LayerWeights` per layer,
-    in order), captured per (size, context bucket) (module docstring).
+    """Steps of a `BatchV41` over `weights` (one `AttnV41LayerWeights` per layer, in
+    order), captured per (kind, size, context bucket) (module docstring).
 
-    `step(xs, slots, lens=None)` returns `y[:, :B]` (`[n_layers, B, dim]` bf16, B tokens, valid until the next
-    step). `captures`, `recaptures`: graphs captured; `capture_s[key]`: host seconds of
-    each capture (its warm-up step included); `last_host_s`: host time of the last step
-    (checks, bookkeeping, upload, replay; no device sync)."""
+    `step(xs, slots, lens=None, starts=None)` returns `y[:, :B]` (`[n_layers, B, dim]`
+    bf16, B tokens, valid until the next step). `captures`, `recaptures`: graphs
+    captured; `capture_s[key]`: host seconds of each capture (its warm-up step included);
+    `last_host_s`: host time of the last step (checks, bookkeeping, upload, replay; no
+    device sync)."""
 
     def __init__(
         self,
