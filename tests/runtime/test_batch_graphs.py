@@ -161,7 +161,7 @@ def test_verify_steps_and_rollback_equal_eager_steps(ratios, window, block_rows,
     _drive_verify(cfg, wts, a, _host_path(b), g, random.Random(seed), 10, "cpu")
 
 
-def _drive_mixed(cfg, wts, a, b, g, rng, steps, device):
+def _drive_mixed(cfg, wts, a, b, g, rng, steps, device, rollbacks=True):
     """As `_drive_verify`, with every kind of call mixed in the steps: new prompts (a slot
     restarted at 0, 1-12 tokens), continuations longer than the window, verify calls and
     decode tokens. Graph steps on a (`g.step(xs, slots, lens, starts)`), eager host-
@@ -188,14 +188,24 @@ def _drive_mixed(cfg, wts, a, b, g, rng, steps, device):
         seen["prompt"] += any(s == 0 for s in starts)
         seen["long"] += any(m > W for m in lens)
         xs = _x(cfg, gen, sum(lens), device)
-        ya = g.step(xs, slots, lens, starts)
+        before = pool_snapshot(a)
+        try:
+            ya = g.step(xs, slots, lens, starts)
+        except ValueError as e:  # released keys: a step the rule refuses, refused alike, nothing changed
+            with pytest.raises(ValueError) as eb:
+                b.step(wts, list(xs), slots, starts, lens)
+            assert str(eb.value) == str(e)
+            same_pool(pool_snapshot(a), before)
+            continue
         yb = b.step(wts, list(xs), slots, starts, lens)
         for i in range(cfg.n_layers):
             assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} starts {starts} lens {lens} L{i}"
+        assert a.keys_owner == b.keys_owner, f"step {j}: owners"
         back = [(sl, rng.randint(s, s + m)) for sl, s, m in zip(slots, starts, lens) if s > 0 and 2 <= m <= W]
-        a.rollback_many([sl for sl, _ in back], [pos for _, pos in back])
-        for sl, pos in back:
-            b.rollback(sl, pos)
+        if rollbacks:
+            a.rollback_many([sl for sl, _ in back], [pos for _, pos in back])
+            for sl, pos in back:
+                b.rollback(sl, pos)
         _same_visible(a, b)
     return seen
 
@@ -253,6 +263,17 @@ def test_device_metadata_equals_the_host_metadata(window, seed):
     real = st.ring_dst != stage
     assert torch.equal(st.ring_src, torch.arange(T))
     assert torch.equal(st.ring_dst[real], host.ring_dst) and torch.equal(st.ring_src[real], host.ring_src)
+
+
+@settings(max_examples=6, deadline=None)
+@given(ratios=st.sampled_from(RATIOS), block_rows=st.sampled_from([1, 4]), seed=st.integers(0, 10_000))
+def test_mixed_steps_with_released_keys_equal_eager_steps(ratios, block_rows, seed):
+    """index_keys="released" in mixed graph steps (prompts, long calls, verify calls,
+    decode tokens; no rollback in this mode): each token scores its sequence's owner's
+    keys, the bytes of eager host-planned released steps, owners alike."""
+    cfg, wts, a, b = _twins(ratios, 8, seed, 4, block_rows, index_keys="released")
+    g = BatchGraphs(a, wts, sizes=(16, 64), bucket_min=8)
+    _drive_mixed(cfg, wts, a, _host_path(b), g, random.Random(seed), 8, "cpu", rollbacks=False)
 
 
 def test_rollback_after_a_later_step_of_the_same_size_is_refused():
