@@ -12,6 +12,10 @@ Steps run through `BatchGraphs` (CUDA graphs on a GPU): `host ms` is the step's 
 With `verify_lens` k > 1 a row's steps are verify steps: k tokens per sequence (the
 "cont" graph kind), its floor counting k tokens' bytes per sequence besides the weights,
 tok/s counting B·k tokens (none rolled back: the context grows by k per step).
+
+Chunked prefill of one prompt: eagerly (`BatchV41.step`, host-planned) and through
+`BatchGraphs` (the "cont" graph kind, one graph per context bucket the prompt crosses);
+each timed on its second pass, after the kernels compiled and the graphs were captured.
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ BATCH_COLUMNS = (
     ("floor_ms", "floor ms"),
     ("x_floor", "x floor"),
 )
-CHUNK_COLUMNS = (("prompt", "prompt"), ("chunk", "chunk"), ("weights", "weights"), ("ms", "ms"), ("tok_s", "tok/s"))
+CHUNK_COLUMNS = (
+    ("prompt", "prompt"),
+    ("chunk", "chunk"),
+    ("mode", "mode"),
+    ("weights", "weights"),
+    ("ms", "ms"),
+    ("tok_s", "tok/s"),
+)
 
 
 def _batch(stack, n_slots: int, max_seq: int, max_tokens: int, kv_format: str = "bf16") -> BatchV41:
@@ -130,24 +141,32 @@ def bench_batch(
             )
             del g, bt, xs
             gc.collect()
-        # chunked prefill of one prompt of ctx tokens
-        # (the whole prefill twice on fresh states, the second timed: the first pays the
-        # kernels' compilation; on 2026-12-02 a 32K prefill timed first in its process took
-        # 6.0 s, 4.1 s in a process that had run the 4K one before)
+        # chunked prefill of one prompt of ctx tokens, eager (`BatchV41.step`) and through
+        # `BatchGraphs` (the "cont" kind: one graph per context bucket the prompt crosses)
+        # (the whole prefill twice, the second timed: the first pays the kernels'
+        # compilation and the captures; on 2026-12-02 a 32K prefill timed first in its
+        # process took 6.0 s, 4.1 s in a process that had run the 4K one before)
         c = min(chunk, ctx)
-        xs = [torch.randn(ctx, stack.cfg.dim, generator=gen, device=dev).to(torch.bfloat16) for _ in stack.weights]
-        for _pass in range(2):  # the second pass is the one recorded
-            bt = _batch(stack, 1, ctx, c)
-            if cuda:
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            for s in range(0, ctx, c):
-                m = min(c, ctx - s)
-                bt.step(stack.weights, [x[s : s + m] for x in xs], [0], [s], [m], keep=False)
-            if cuda:
-                torch.cuda.synchronize(dev)
-            ms = (time.perf_counter() - t0) * 1e3
-            del bt
+        xs = torch.randn(len(stack.weights), ctx, stack.cfg.dim, generator=gen, device=dev).to(torch.bfloat16)
+        for mode in ("eager", "graphs"):
+            bt = g = None
+            for _pass in range(2):  # the second pass is the one recorded
+                if mode == "eager" or bt is None:
+                    bt = _batch(stack, 1, ctx, c)
+                    g = BatchGraphs(bt, stack.weights, sizes=(c,)) if mode == "graphs" else None
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                for s in range(0, ctx, c):
+                    m = min(c, ctx - s)
+                    if g is None:
+                        bt.step(stack.weights, list(xs[:, s : s + m]), [0], [s], [m], keep=False)
+                    else:
+                        g.step(xs[:, s : s + m], [0], [m], [s])
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                ms = (time.perf_counter() - t0) * 1e3
+            del bt, g
             gc.collect()
-        chunks.append(dict(prompt=ctx, chunk=c, weights=fmt, ms=ms, tok_s=ctx / (ms * 1e-3)))
+            chunks.append(dict(prompt=ctx, chunk=c, mode=mode, weights=fmt, ms=ms, tok_s=ctx / (ms * 1e-3)))
     return {"decode": rows, "prefill": chunks}

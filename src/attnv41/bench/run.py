@@ -390,7 +390,11 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
         ("index", "(d) index scores + top-k, one query", INDEX_COLS),
         ("prefill", "(e) prefill through 40 layers", PREFILL_COLS),
         ("batch", "(f) batched decode and verify steps (BatchGraphs)", BATCH_COLUMNS),
-        ("batch_prefill", "(g) chunked prefill of one prompt through BatchV41", CHUNK_COLUMNS),
+        (
+            "batch_prefill",
+            "(g) chunked prefill of one prompt, eager (BatchV41) and graphs (BatchGraphs)",
+            CHUNK_COLUMNS,
+        ),
     ):
         if res.get(key):
             fmts = list(dict.fromkeys(r["weights"] for r in res[key] if r.get("weights")))
