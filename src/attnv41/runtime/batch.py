@@ -365,10 +365,8 @@ class BatchV41:
             self._derive_decode(st)
         elif self._is_cont(starts, lens):  # verify-sized calls: the fixed-shape path a captured step runs
             st.cont = True
-            per_tok = torch.tensor(
-                [[s, s + m, o] for s, m, o in zip(starts, lens, st.offsets) for _ in range(m)], dtype=torch.int32
-            ).T.contiguous()
-            st.seq_start, st.seq_end, st.seq_off = per_tok.to(self.device).unbind(0)
+            rows = torch.tensor(seq_rows(starts, lens, st.offsets), dtype=torch.int32)
+            st.seq_start, st.seq_end, st.seq_off = rows.to(self.device).unbind(0)
             st.undo_ring, st.undo_state = self._undo_buffers(st.T)
             self._derive_cont(st)
         self._register(st)
@@ -1213,6 +1211,17 @@ class BatchV41:
         if cand.dtype == torch.bool:
             return cand[:, :width]
         return select.candidate_mask_of_blocks(cand, width, self.cfg.cand_block)
+
+
+def seq_rows(starts, lens, offsets) -> list[list[int]]:
+    """A fixed-shape step's per-token sequence metadata (`BatchStep.seq_start`, `seq_end`,
+    `seq_off`) as three host rows: each token's sequence's first position, end (first
+    position after the call) and first row in the step."""
+    rows: list[list[int]] = [[], [], []]
+    for s, m, o in zip(starts, lens, offsets):
+        for row, v in zip(rows, (s, s + m, o)):
+            row += [v] * m
+    return rows
 
 
 def _kept_blocks(mask: torch.Tensor, cand_block: int, out: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 import torch
 
 from ..weights import AttnV41LayerWeights
-from .batch import BatchStep, BatchV41
+from .batch import BatchStep, BatchV41, seq_rows
 from .graphs import _capture_graph, _Captured, _run_on_side_stream
 from .plan import DEFAULT_BUCKET_MIN, bucket_of
 
@@ -320,11 +320,11 @@ class BatchGraphs:
         """The step's metadata rows for T tokens (padding past Σ lens: one-token sequences
         at PAD_POS in the pad slot): position, slot, the sequence's first position, its
         end, its first row in the step."""
-        rows: list[list[int]] = [[], [], [], [], []]
-        for sl, s, m, o in zip(slots, starts, lens, offsets):
-            for t in range(m):
-                for row, v in zip(rows, (s + t, sl, s, s + m, o)):
-                    row.append(v)
+        rows = [
+            [s + t for s, m in zip(starts, lens) for t in range(m)],
+            [sl for sl, m in zip(slots, lens) for _ in range(m)],
+            *seq_rows(starts, lens, offsets),
+        ]
         for t in range(len(rows[0]), T):
             for row, v in zip(rows, (PAD_POS, self.batch.pool.pad_slot, PAD_POS, PAD_POS + 1, t)):
                 row.append(v)
