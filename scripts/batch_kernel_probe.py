@@ -70,6 +70,12 @@ ATTN_SETS = {
         ("logits bh=32 comb_h=32", dict(bh=32, comb_h=32)),
     ],
 }
+# `--attn-set single`: the single-sequence shape (`_TUNE`, what a batch-1 call takes) with
+# other logits tiles: head blocks of 16 / 32 (4 / 2 times the programs), warps, stages
+ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
+    (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
+    for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
+]
 INDEX = [("production", {})] + [
     (f"bl={bl} sub={sub} w={w} st={st}", dict(block_l=bl, sub=sub, num_warps=w, num_stages=st))
     for bl, sub, w, st in (

@@ -90,7 +90,7 @@ def test_check_cli_batch(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_format", ["bf16", "packed"])
-@pytest.mark.parametrize("name", ["tiny", "headdim", "fp8"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("headdim", marks=pytest.mark.gpu_full), "fp8"])
 def test_batched_golden_on_cuda(name, kv_format):
     """On CUDA the golden rules hold and the golden slot's bytes equal the batch-1 run's
     (the batched runtime's kernels are batch-invariant: `ops.TRITON_BATCH_OPS`), with

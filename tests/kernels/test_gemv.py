@@ -393,7 +393,7 @@ FLASH = {  # name: (K, [(N, dtype), ...]) as the runtime fuses them
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16], ids=["m1", "m16"])
+@pytest.mark.parametrize("m", [1, pytest.param(16, marks=pytest.mark.gpu_full)], ids=["m1", "m16"])
 def test_flash_shapes_on_cuda(m):
     """At the V4.1-Flash shapes on the GPU: the bound against mm_exact (a few tokens),
     the bits of the order twin (bf16 weights), fused = alone, m = 1 rows = m rows, the

@@ -247,7 +247,7 @@ FLASH = {"wq_a": (5120, 1280), "wkv": (5120, 512), "wq_b": (1280, 32768), "wo_b"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16], ids=["m1", "m16"])
+@pytest.mark.parametrize("m", [1, pytest.param(16, marks=pytest.mark.gpu_full)], ids=["m1", "m16"])
 def test_flash_shapes_on_cuda(m):
     """At the V4.1-Flash shapes on the GPU: the order twin's bits, the bound against the
     reference (2 tokens), the last token alone = inside m, equal bits on a second call and

@@ -203,6 +203,7 @@ def _live_state(rt):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full
 def test_rollback_on_cuda_restores_the_state_bit_for_bit():
     """On CUDA: a rejected verify of 7 tokens, rolled back to its start, leaves every live
     state tensor as it was before; then a continuation of 12 tokens and a decode step

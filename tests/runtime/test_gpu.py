@@ -156,7 +156,7 @@ def _replay_run(index_keys: str, prompt: int, steps: int, seed: int, name: str) 
     return res
 
 
-@pytest.mark.parametrize("index_keys", ["own", "released"])
+@pytest.mark.parametrize("index_keys", ["own", pytest.param("released", marks=pytest.mark.gpu_full)])
 def test_flash_graph_replay_short(index_keys):
     """Quick tier: the 40-layer V4.1-Flash stack, a 1,016-token prefill then 16 decode
     steps across the 1,024 bucket boundary (the window wraps), each step one graph replay

@@ -34,7 +34,7 @@ def test_golden_on_cuda(name, variant, impl):
 
 
 @pytest.mark.parametrize("variant", ["released", "intended"])
-@pytest.mark.parametrize("name", ["tiny", "headdim"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("headdim", marks=pytest.mark.gpu_full)])
 def test_golden_inputs_stage_checked(name, variant):
     """The golden files' inputs through the runtime on CUDA; every o and out value
     compared with the reference stage on our own inputs, nothing excused."""

@@ -155,10 +155,10 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = Fals
     return launches
 
 
-def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False) -> list:
+def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False, tune=None) -> list:
     """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
-    entries: window 128 + top-k 512), m tokens, over bf16 or packed rows, compiled:
-    [(name, kernel)]."""
+    entries: window 128 + top-k 512), m tokens, over bf16 or packed rows, with `tune`'s
+    launch shape (`sparse_attn_split`'s tuning keywords), compiled: [(name, kernel)]."""
     from ..kernels.sparse_attn_split import sparse_attn_split  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
 
@@ -171,7 +171,9 @@ def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: b
     sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
     tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
     with compile_only() as launches:
-        sparse_attn_split(q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, combine=combine)
+        sparse_attn_split(
+            q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, **{"combine": combine, **(tune or {})}
+        )
     return launches
 
 
@@ -223,6 +225,7 @@ def main(argv=None) -> None:
     a = sub.add_parser("attn")
     a.add_argument("--m", type=int, default=1)
     a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
+    a.add_argument("--tune", type=json.loads, default=None, help='launch shape as JSON, e.g. \'{"oh": 32, "warps_o": 8}\'')
     a.add_argument("--packed", action="store_true", help="packed rows (fp8_e8m0 window, fp4_e4m3 compressed)")
     i = sub.add_parser("index")
     i.add_argument("--m", type=int, default=1)
@@ -243,7 +246,7 @@ def main(argv=None) -> None:
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     else:
-        launches = attn_launches(args.m, args.combine, packed=args.packed)
+        launches = attn_launches(args.m, args.combine, packed=args.packed, tune=args.tune)
     out = []
     for name, k in launches:
         rep = report(k, sass_lines=bool(args.dump))
