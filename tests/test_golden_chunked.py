@@ -51,7 +51,14 @@ def test_check_cli_prefill_chunk(capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, chunk", [("tiny", 3), ("headdim", 50), ("headdim", 200)])
+@pytest.mark.parametrize(
+    "name, chunk",
+    [
+        ("tiny", 3),
+        pytest.param("headdim", 50, marks=pytest.mark.gpu_full),
+        pytest.param("headdim", 200, marks=pytest.mark.gpu_full),
+    ],
+)
 def test_chunked_prefill_passes_the_golden_file_on_cuda(name, chunk):
     """The continuation path's kernels on CUDA (the decode attention over context rows,
     the compressor from a group in progress) against the external oracle."""

@@ -201,7 +201,7 @@ def test_bad_inputs_rejected(what, kw, msg, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 300], ids=["m1", "m4", "m300"])
+@pytest.mark.parametrize("m", [1, 4, pytest.param(300, marks=pytest.mark.gpu_full)], ids=["m1", "m4", "m300"])
 def test_flash_shapes_deterministic_and_graph_replay(m):
     """At the V4.1-Flash shapes: within the bound of the exact twin, the same bits on every
     call, and a CUDA graph of the call (the decode split and its counters included)
