@@ -226,7 +226,7 @@ def main(argv=None) -> None:
     a.add_argument("--m", type=int, default=1)
     a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
     a.add_argument(
-        "--tune", type=json.loads, default=None, help='launch shape as JSON, e.g. \'{"oh": 32, "warps_o": 8}\''
+        "--tune", type=json.loads, default=None, help='launch shape as JSON, e.g. \'{"bh": 16, "warps_a": 2}\''
     )
     a.add_argument("--packed", action="store_true", help="packed rows (fp8_e8m0 window, fp4_e4m3 compressed)")
     i = sub.add_parser("index")
