@@ -6,6 +6,11 @@ forms with the same bits, and their shared pieces.
 - `_pv_combine_kernel`: the loop itself, block by block.
 - `_pv_blocks_kernel`: each block's dot(bf16(p), R) in its own program, the recurrence in
   the last program of a slice to arrive.
+- `_pv_lookback_kernel`: `_pv_blocks_kernel` with the logits kernel folded in (one launch):
+  each program takes its block's logits itself and waits, as a decoupled look-back, for the
+  maxima that lower blocks' programs publish. A tuning option (`combine="lookback"`), not
+  the runtime's choice: interpreter-tested and compiled for sm_90 offline, not yet timed
+  or run on a GPU (scripts/dev_lookback.sh).
 - `_gather_ptrs` (the selection's row pointers, also read by the logits kernel),
   `_load_rows` (the rows themselves, bf16 or V4.1's packed formats dequantized in place
   by `kernels.packed_rows`),
@@ -68,6 +73,36 @@ if HAVE_TRITON:
                 c_base[:, None] + cols64[None, :] * stride_cd,
             )
             return tl.load(ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
+
+    @triton.jit
+    def block_logits(
+        q_ptr, t, offs_h64, mask_h, present, from_win, ok, w_base, c_base, D, scale, stride_qt, stride_qh,
+        stride_qd, stride_wd, stride_cd, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, D_CHUNKS: tl.constexpr,
+        DK: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
+    ):  # fmt: skip
+        """[BLOCK_H, BLOCK_K] fp32: one block's logits τ·q·Rᵀ for heads offs_h64 of token t
+        (absent → −inf), summed over D in chunks of DK columns: q's chunk and the rows'
+        chunk loaded together, each chunk's dot accumulated onto the running sum."""
+        offs_c = tl.arange(0, DK)
+        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        for c in range(0, D_CHUNKS):
+            cols = c * DK + offs_c
+            cm = cols < D
+            cols64 = cols.to(tl.int64)
+            q_c = tl.load(
+                q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols64[None, :] * stride_qd,
+                mask=mask_h[:, None] & cm[None, :],
+                other=0.0,
+            )
+            r_c = _load_rows(
+                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
+            )
+            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+            else:
+                s = tl.dot(q_c, tl.trans(r_c), s)
+        s = s * scale
+        return tl.where(present[None, :], s, float("-inf"))
 
     @triton.jit
     def _opaque(x):
@@ -240,6 +275,51 @@ if HAVE_TRITON:
             tl.store(r_ptrs, r, mask=om)
 
     @triton.jit
+    def _stored_recurrence(
+        s_ptr, bm_ptr, pv_ptr, t, offs_h64, offs_v64, offs_k, mask_h, mask_v, H, D,
+        BLOCK_HC: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr, LOG2_K: tl.constexpr,
+        K_BLOCKS: tl.constexpr, CG_LOGITS: tl.constexpr,
+    ):  # fmt: skip
+        """The fused loop's recurrence over token t's stored blocks, in block order, for one
+        slice (heads offs_h64, columns offs_v64): den = den·α + Σp, acc = acc·α + pv, the
+        running max the max of the block maxima; → (mx, den, acc). The products are read past
+        L1 (`.cg`: other programs wrote them during this launch); CG_LOGITS: the logits and
+        maxima too (also written during this launch)."""
+        mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_HC], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
+        for b in tl.static_range(K_BLOCKS):
+            rb = t * K_BLOCKS + b
+            if CG_LOGITS:
+                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"), cache_modifier=".cg")
+                sb = tl.load(
+                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                    mask=mask_h[:, None],
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+            else:
+                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
+                sb = tl.load(
+                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                    mask=mask_h[:, None],
+                    other=float("-inf"),
+                )
+            pvb = tl.load(
+                pv_ptr + (rb * H + offs_h64[:, None]) * D + offs_v64[None, :],
+                mask=mask_h[:, None] & mask_v[None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            new = tl.maximum(mx, bm)
+            nb = tl.where(new == float("-inf"), 0.0, new)
+            alpha = tl.exp(mx - nb)
+            den = den * alpha + _row_sum(tl.exp(sb - nb[:, None]), BLOCK_HC, BLOCK_K, LOG2_K)
+            acc = acc * alpha[:, None] + pvb
+            mx = new
+        return mx, den, acc
+
+    @triton.jit
     def _pv_blocks_kernel(
         win_ptr,
         comp_ptr,
@@ -336,32 +416,185 @@ if HAVE_TRITON:
         lock = lock_ptr + t * tl.num_programs(2) + tl.program_id(2)
         arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
         if arrived == K_BLOCKS - 1:  # the last block of this slice: the recurrence, in block order
-            mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-            den = tl.zeros([BLOCK_HC], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
-            for b in tl.static_range(K_BLOCKS):
-                rb = t * K_BLOCKS + b
-                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
-                sb = tl.load(
-                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
-                    mask=mask_h[:, None],
-                    other=float("-inf"),
-                )
-                pvb = tl.load(
-                    pv_ptr + (rb * H + offs_h64[:, None]) * D + offs_v64[None, :],
-                    mask=mask_h[:, None] & mask_v[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                new = tl.maximum(mx, bm)
-                nb = tl.where(new == float("-inf"), 0.0, new)
-                alpha = tl.exp(mx - nb)
-                den = den * alpha + _row_sum(tl.exp(sb - nb[:, None]), BLOCK_HC, BLOCK_K, LOG2_K)
-                acc = acc * alpha[:, None] + pvb
-                mx = new
+            mx, den, acc = _stored_recurrence(
+                s_ptr, bm_ptr, pv_ptr, t, offs_h64, offs_v64, offs_k, mask_h, mask_v, H, D, BLOCK_HC, BLOCK_DV,
+                BLOCK_K, LOG2_K, K_BLOCKS, False,
+            )  # fmt: skip
             _combine_epilogue(
                 mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h,
                 mask_v, D, dv * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
                 ROT=ROT, HALF=HALF, BLOCK_DV=BLOCK_DV,
             )  # fmt: skip
             tl.atomic_xchg(lock, 0)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _spin_until_set(flag_ptr):
+        """Wait until the int32 at flag_ptr is non-zero (acquire: the writes released
+        before it was set are visible after)."""
+        while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu") == 0:
+            pass
+
+    @triton.jit
+    def _pv_lookback_kernel(
+        q_ptr,
+        win_ptr,
+        comp_ptr,
+        sel_ptr,
+        s_ptr,  # fp32 [m, KB, H, BLOCK_K]: the logits, written here
+        bm_ptr,  # fp32 [m, KB, H]: the block maxima, written here
+        pv_ptr,  # fp32 [m, KB, H, D]: each block's weighted rows
+        lock_ptr,  # int32: [m · slices] arrival counters, [m · KB · head blocks] flags, [m] done counters
+        sink_ptr,
+        out_ptr,
+        rot_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        H,
+        D,
+        K,
+        offset,
+        n_comp,
+        scale,
+        stride_qt,
+        stride_qh,
+        stride_qd,
+        stride_wn,
+        stride_wd,
+        stride_cn,
+        stride_cd,
+        stride_st,
+        stride_sk,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_rt,
+        stride_rh,
+        stride_cos,
+        stride_sin,
+        ROT: tl.constexpr,
+        HALF: tl.constexpr,
+        BLOCK_HC: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        D_CHUNKS: tl.constexpr,
+        DK: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        LOG2_K: tl.constexpr,
+        K_BLOCKS: tl.constexpr,
+        KB_P2: tl.constexpr,
+        FLAGS_P2: tl.constexpr,
+        DOT_FP32: tl.constexpr,
+        PACKED: tl.constexpr,
+        WORDS: tl.constexpr,
+        PDL: tl.constexpr = False,
+    ):
+        """The block-parallel combine with the logits kernel folded in (one launch). 1-D
+        grid, program p = ((t · K_BLOCKS + kb) · head blocks + hc) · D slices + dv: a lower
+        block of a token always has a lower program id, so the waits below only wait on
+        programs dispatched earlier (the GPU dispatches in id order; the interpreter runs
+        programs in id order), as a decoupled look-back.
+
+        Each program: block kb's logits for its BLOCK_HC heads, as the logits kernel takes
+        them (q·Rᵀ over D in chunks of DK, τ after, absent → −inf; the head tile does not
+        move their bits: the GPU tests check it); the slice dv = 0 stores them and their
+        maxima and sets the block's flag. Then it waits for the flags of blocks 0 … kb − 1,
+        takes the running max at kb from their maxima (exact), and stores
+        dot(bf16(exp(s − base)), R) for its columns, as `_pv_blocks_kernel`. The last
+        program of a slice to arrive waits for every flag and runs the recurrence and the
+        epilogue; the last program of the token to finish resets its flags and counters."""
+        pdl_release(PDL)
+        pdl_wait(PDL)
+        pid = tl.program_id(0)
+        n_dv_rt = tl.cdiv(D, BLOCK_DV)
+        n_hc = tl.cdiv(H, BLOCK_HC)
+        n_sl = n_hc * n_dv_rt
+        per_tok = K_BLOCKS * n_sl
+        t32 = pid // per_tok
+        r = pid % per_tok
+        kb = r // n_sl
+        sl = r % n_sl
+        hc = sl // n_dv_rt
+        dv = sl % n_dv_rt
+        t = t32.to(tl.int64)
+        m = tl.num_programs(0) // per_tok
+        lock = lock_ptr + t * n_sl + sl
+        flags = lock_ptr + m * n_sl + (t * K_BLOCKS) * n_hc + hc  # + b · n_hc: block b's flag
+        done = lock_ptr + m * n_sl + m * K_BLOCKS * n_hc + t
+
+        offs_h = hc * BLOCK_HC + tl.arange(0, BLOCK_HC)
+        offs_v = dv * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_h = offs_h < H
+        mask_v = offs_v < D
+        offs_h64 = offs_h.to(tl.int64)
+        offs_v64 = offs_v.to(tl.int64)
+        present, from_win, ok, w_base, c_base = _gather_ptrs(
+            win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk, stride_wn,
+            stride_cn,
+        )  # fmt: skip
+
+        # s: [BLOCK_HC, BLOCK_K] fp32, the logits kernel's chunked sum over D
+        s = block_logits(
+            q_ptr, t, offs_h64, mask_h, present, from_win, ok, w_base, c_base, D, scale, stride_qt, stride_qh,
+            stride_qd, stride_wd, stride_cd, BLOCK_HC, BLOCK_K, D_CHUNKS, DK, DOT_FP32, PACKED, WORDS,
+        )  # fmt: skip
+        row = t * K_BLOCKS + kb
+        if dv == 0:  # one slice publishes the block's logits and maxima, then its flag
+            tl.store(s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], s, mask=mask_h[:, None])
+            tl.store(bm_ptr + row * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
+            tl.debug_barrier()  # every thread's stores issued before the release below
+            tl.atomic_xchg(flags + kb * n_hc, 1, sem="release", scope="gpu")
+
+        # base: [BLOCK_HC] the running max at block kb = max of the block maxima 0..kb
+        for bw in range(0, K_BLOCKS):
+            if bw < kb:
+                _spin_until_set(flags + bw * n_hc)
+        kbs = tl.arange(0, KB_P2)
+        bms = tl.load(
+            bm_ptr + (t * K_BLOCKS + kbs)[None, :] * H + offs_h64[:, None],
+            mask=mask_h[:, None] & (kbs < kb)[None, :],
+            other=float("-inf"),
+            cache_modifier=".cg",
+        )
+        run = tl.maximum(tl.max(bms, axis=1), tl.max(s, axis=1))
+        base = tl.where(run == float("-inf"), 0.0, run)
+        rows = _load_rows(
+            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV, BLOCK_DV, PACKED,
+            WORDS,
+        )  # fmt: skip
+        p_bf16 = round_bf16(tl.exp(s - base[:, None]))
+        if DOT_FP32:
+            pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p_bf16, rows)
+        tl.store(
+            pv_ptr + (row * H + offs_h64[:, None]) * D + offs_v64[None, :], pv, mask=mask_h[:, None] & mask_v[None, :]
+        )
+        tl.debug_barrier()  # every thread's pv stored before the release below
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+        if arrived == K_BLOCKS - 1:  # the last block of this slice: the recurrence, in block order
+            for bf in range(0, K_BLOCKS):
+                _spin_until_set(flags + bf * n_hc)
+            mx, den, acc = _stored_recurrence(
+                s_ptr, bm_ptr, pv_ptr, t, offs_h64, offs_v64, offs_k, mask_h, mask_v, H, D, BLOCK_HC, BLOCK_DV,
+                BLOCK_K, LOG2_K, K_BLOCKS, True,
+            )  # fmt: skip
+            _combine_epilogue(
+                mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h,
+                mask_v, D, dv * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+                ROT=ROT, HALF=HALF, BLOCK_DV=BLOCK_DV,
+            )  # fmt: skip
+            tl.atomic_xchg(lock, 0)
+        # the token's last program to finish: every flag read by now, reset them
+        fin = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
+        if fin == per_tok - 1:
+            fl = tl.arange(0, FLAGS_P2)
+            tl.store(
+                lock_ptr + m * n_sl + t * K_BLOCKS * n_hc + fl,
+                tl.zeros([FLAGS_P2], tl.int32),
+                mask=fl < K_BLOCKS * n_hc,
+            )
+            tl.atomic_xchg(done, 0)
