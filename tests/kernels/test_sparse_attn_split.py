@@ -233,7 +233,7 @@ def test_differs_from_fused_only_in_fp32_order():
         pytest.param(BATCH_TUNE, id="batch"),
         pytest.param(dict(comb_d=16, combine="loop"), id="d16-loop"),
         pytest.param(dict(comb_d=16, combine="blocks"), id="d16-blocks"),
-        pytest.param(dict(comb_d=16, combine="lookback"), id="d16-lookback"),
+        pytest.param(dict(combine="lookback"), id="lookback"),
     ],
 )
 @pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16), (1, 2, 48, 16)], ids=str)
