@@ -76,17 +76,6 @@ ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
     for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
 ]
-# `--attn-set lookback`: the block-parallel combine with the logits in the same launch
-# (`combine="lookback"`, 2026-12-03: interpreter-tested, first GPU run pending) against
-# production, at the single-sequence tiles and around them
-ATTN_SETS["lookback"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
-    (f"lookback {ch}x{cd} w={w}" + (f" dk={dk}" if dk != 128 else ""),
-     dict(ss._TUNE, combine="lookback", comb_h=ch, comb_d=cd, warps_pv=w, dk=dk))
-    for ch, cd, w, dk in (
-        (16, 64, 4, 128), (16, 64, 2, 128), (16, 128, 4, 128), (32, 64, 4, 128), (16, 32, 4, 128),
-        (16, 64, 4, 256), (32, 128, 8, 128), (64, 128, 4, 128),
-    )
-]  # fmt: skip
 INDEX = [("production", {})] + [
     (f"bl={bl} sub={sub} w={w} st={st}", dict(block_l=bl, sub=sub, num_warps=w, num_stages=st))
     for bl, sub, w, st in (

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# For the next session's first device call: the look-back decode attention
-# (`combine="lookback"`: the block-parallel combine with the logits in the same launch, its
-# programs waiting on flags set by lower programs of the same launch), interpreter-tested
-# only so far. Every step has a hard timeout: a wrong wait would hang, not fail.
+# The look-back decode attention (`combine="lookback"`: the block-parallel combine with the
+# logits in the same launch, its programs waiting on flags set by lower programs of the same
+# launch) on the H200, one device call (2026-12-03, sixth entry). It gave production's bytes
+# everywhere and replayed in a CUDA graph, but lost to the two-kernel split (22.3 against
+# 16.3 µs at batch 1, bf16 rows) and was removed after this run (BENCHMARKS.md says what it
+# was); the script stays as the record and no longer runs as is. Every step had a hard
+# timeout: a wrong wait would hang, not fail.
 # 1. its GPU tests: the same bytes as the loop at the Flash shapes, graph replay, packed rows;
 # 2. `batch_kernel_probe.py --attn-set lookback` at B = 1 (32K, bf16 and packed), B = 8 and 64
 #    (bf16): each shape timed and compared byte for byte with production.

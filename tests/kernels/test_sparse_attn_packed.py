@@ -58,8 +58,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
 @pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
 @pytest.mark.parametrize(
     "tune",
-    [dict(combine="loop"), dict(combine="blocks"), BATCH_TUNE, dict(combine="lookback")],
-    ids=["loop", "blocks", "batch", "lookback"],
+    [dict(combine="loop"), dict(combine="blocks"), BATCH_TUNE],
+    ids=["loop", "blocks", "batch"],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):
     q, win, comp, pw, pc, sel, sink = _case(device, 1, layout=layout)

@@ -126,7 +126,6 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(comb_h=32, comb_d=16, combine="blocks", warps_pv=8), id="blocks-32x16"),
         pytest.param(dict(combine="loop"), id="loop"),
         pytest.param(BATCH_TUNE, id="batch-runtime"),
-        pytest.param(dict(combine="lookback", comb_h=16, comb_d=32, dk=32), id="lookback-16x32"),
     ],
 )
 def test_tuning_variants(device, tune):
@@ -139,32 +138,29 @@ def test_tuning_variants(device, tune):
 
 @pytest.mark.parametrize("m, H, D, K, Nw, offset, Nc", CASES)
 def test_block_combine_equals_loop_combine(device, m, H, D, K, Nw, offset, Nc):
-    """The combines (block-parallel, sequential, and block-parallel with the logits in the
-    same launch) give the same bytes: the logits as the logits kernel's chunked sum, Σp as
-    the same tree, the same dot tile; the wrapper may pick any by m. With the rope
-    epilogue."""
+    """The combines (block-parallel and sequential) give the same bytes: Σp as the same
+    tree, the same dot tile; the wrapper may pick either by m. With the rope epilogue."""
     q, win, comp, sel, sink = _inputs(m * 77 + K, m, H, D, K, Nw, offset, Nc, device)
     gen = torch.Generator().manual_seed(K)
     ang = torch.rand(40, 8, generator=gen) * 6
     cos, sin = ang.cos().to(device), ang.sin().to(device)
     pos = torch.randint(0, 40, (m,), generator=gen, dtype=torch.int32).to(device)
     got = {}
-    for combine in ("loop", "blocks", "lookback"):
+    for combine in ("loop", "blocks"):
         o_rot = torch.full((m, H, D), float("nan"), dtype=torch.bfloat16, device=device)
         o = sparse_attn_split(q, win, comp, sel, offset, sink, D**-0.5, rot=(cos, sin, pos, o_rot), combine=combine)
         got[combine] = (o, o_rot)
-    for other in ("blocks", "lookback"):
-        for i, name in enumerate(("o", "o_rot")):
-            a, b = got["loop"][i], got[other][i]
-            n = int((_bits(a) != _bits(b)).sum())
-            assert n == 0, f"{name}: {n} of {a.numel()} elements differ between the loop and {other} combines"
-    assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters or flags left set"
+    for i, name in enumerate(("o", "o_rot")):
+        a, b = got["loop"][i], got["blocks"][i]
+        n = int((_bits(a) != _bits(b)).sum())
+        assert n == 0, f"{name}: {n} of {a.numel()} elements differ between the loop and block combines"
+    assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters left set"
 
 
 def test_combine_validation(device):
     q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
     out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop', 'lookback'"):
+    with pytest.raises(ValueError, match=r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop'"):
         sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, combine="tree")
     assert torch.isnan(out.float()).all(), "out: written by a call that raised"
 
@@ -172,41 +168,14 @@ def test_combine_validation(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")
 @pytest.mark.parametrize("m", [1, 3, 8], ids=["m1", "m3", "m8"])
 def test_block_combine_equals_loop_combine_at_flash_shapes(m):
-    """At the Flash shapes (64 heads × 512, 640 entries) on the GPU: the same bytes, for the
-    look-back form (logits in the same launch, 16 and 32 heads per program) too, and its
-    flags and counters back at zero after each call."""
+    """At the Flash shapes (64 heads × 512, 640 entries) on the GPU: the same bytes, and the
+    block form's counters back at zero after the call."""
     q, win, comp, sel, sink = _inputs(17 + m, m, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
     a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, combine="loop")
-    others = {
-        "blocks": dict(combine="blocks"),
-        "lookback": dict(combine="lookback"),
-        "lookback 32x64": dict(combine="lookback", comb_h=32),
-    }
-    for name, kw in others.items():
-        b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **kw)
-        n = int((_bits(a) != _bits(b)).sum())
-        assert n == 0, f"o: {n} of {a.numel()} elements differ between the loop and {name} combines"
-        assert int(_counters.buffer(torch.device("cuda")).abs().sum()) == 0, f"{name}: counters or flags left set"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
-def test_lookback_replays_in_a_cuda_graph():
-    """The look-back form (its programs wait on flags that other programs of the same launch
-    set) captured in a CUDA graph: each replay gives the eager bytes, its flags reset."""
-    q, win, comp, sel, sink = _inputs(29, 1, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
-    want = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, combine="loop")
-    out = torch.empty_like(want)
-    sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, out=out, combine="lookback")  # compile, counters
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, out=out, combine="lookback")
-    for _ in range(3):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(_bits(out), _bits(want)), "replay != the loop combine's bytes"
-    assert int(_counters.buffer(torch.device("cuda")).abs().sum()) == 0, "counters or flags left set"
+    b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, combine="blocks")
+    n = int((_bits(a) != _bits(b)).sum())
+    assert n == 0, f"o: {n} of {a.numel()} elements differ between the loop and block combines"
+    assert int(_counters.buffer(torch.device("cuda")).abs().sum()) == 0, "counters left set"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's bits on the GPU")
@@ -233,7 +202,6 @@ def test_differs_from_fused_only_in_fp32_order():
         pytest.param(BATCH_TUNE, id="batch"),
         pytest.param(dict(comb_d=16, combine="loop"), id="d16-loop"),
         pytest.param(dict(comb_d=16, combine="blocks"), id="d16-blocks"),
-        pytest.param(dict(combine="lookback"), id="lookback"),
     ],
 )
 @pytest.mark.parametrize("m, H, D, half", [(1, 4, 64, 8), (3, 20, 128, 32), (2, 2, 32, 16), (1, 2, 48, 16)], ids=str)

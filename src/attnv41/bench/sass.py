@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     g.add_argument("--xq", action="store_true", help="fp8 weights read the input's round trip (gemv's xq=)")
     a = sub.add_parser("attn")
     a.add_argument("--m", type=int, default=1)
-    a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop", "lookback"])
+    a.add_argument("--combine", default="auto", choices=["auto", "blocks", "loop"])
     a.add_argument(
         "--tune", type=json.loads, default=None, help='launch shape as JSON, e.g. \'{"bh": 16, "warps_a": 2}\''
     )

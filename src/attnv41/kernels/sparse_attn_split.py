@@ -27,8 +27,6 @@ batch 1 on an H200); this one spreads the work over programs and keeps the order
    Both take Σp as a fixed pairwise tree (`_row_sum`) and the same dot tile, so they give
    the same bits (checked on the GPU at the Flash shapes): the wrapper takes blocks for
    m ≤ `_BLOCKS_MAX_M` tokens, the loop above, and a token's bits do not depend on which.
-   `combine="lookback"` (tuning only until timed on a GPU) runs the block-parallel form and
-   the logits in one launch (`_pv_lookback_kernel`), for the same bits.
 
 So each block's bf16 probabilities are rounded against the same running max as in the
 reference and the fused kernel; what may differ is fp32 summation order only (the logits'
@@ -64,7 +62,6 @@ if HAVE_TRITON:
         _gather_ptrs,
         _pv_blocks_kernel,
         _pv_combine_kernel,
-        _pv_lookback_kernel,
         block_logits,
     )
 
@@ -202,8 +199,8 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     cfg = dict(_TUNE)
     cfg.update(tune)
     combine = cfg["combine"]
-    if combine not in ("auto", "blocks", "loop", "lookback"):
-        raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop', 'lookback'")
+    if combine not in ("auto", "blocks", "loop"):
+        raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
     blocks = combine == "blocks" or (combine == "auto" and m <= _BLOCKS_MAX_M)
     dev = q.device
     block_d = max(16, triton.next_power_of_2(D))
@@ -212,10 +209,8 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     block_h = min(cfg["bh"], max(16, triton.next_power_of_2(H)))
     n_hb = triton.cdiv(H, block_h)
     kbs = max(1, triton.cdiv(K, BLOCK_K))
-    lookback = combine == "lookback"
-    n_counters = m * (n_slices + kbs * triton.cdiv(H, cfg["comb_h"]) + 1) if lookback else m * n_slices
-    if (blocks or lookback) and n_counters > _LOCKS:  # checked before anything is launched
-        raise ValueError(f"m = {m}: counters needed = {n_counters}; allowed: <= {_LOCKS} (tokens × slices)")
+    if blocks and m * n_slices > _LOCKS:  # checked before anything is launched
+        raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"])
@@ -226,19 +221,6 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     else:
         cos, sin, pos, o_rot = rot
         half = cos.shape[1]
-    if lookback:  # the logits in the same launch (`_pv_lookback_kernel`)
-        pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
-        _pv_lookback_kernel[(m * kbs * n_slices,)](
-            q, win, comp, sel, s_buf, bm, pv, _counters.buffer(dev), sink, out, o_rot, cos, sin, pos,
-            H, D, K, offset, n_comp, float(scale), *q.stride(), *strides, *out.stride(), o_rot.stride(0),
-            o_rot.stride(1), cos.stride(0), sin.stride(0),
-            ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, D_CHUNKS=triton.cdiv(D, dk), DK=dk,
-            BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs, KB_P2=triton.next_power_of_2(kbs),
-            FLAGS_P2=triton.next_power_of_2(kbs * triton.cdiv(H, cfg["comb_h"])),
-            DOT_FP32=interpreting(), PACKED=packed, WORDS=words,
-            num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(q),
-        )  # fmt: skip
-        return out
     _logits_kernel[(m, kbs, n_hb)](
         q,
         win,
