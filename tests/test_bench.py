@@ -217,7 +217,7 @@ def test_bench_command_on_cpu(tmp_path, capsys):
     assert "gate: bundled golden tiny (bf16 weights) through the runtime on cpu" in text and "0 failed" in text
     res = json.loads((out / "bench.json").read_text())
     assert not res.get("errors")
-    for part in bench_run.PARTS:
+    for part in bench_run.DEFAULT_PARTS:
         assert res[part], f"part {part} produced no rows"
     assert [(r["weights"], r["kv_format"], r["context"]) for r in res["decode"]] == [
         (f, k, c) for f in ("bf16", "fp8") for k in ("bf16", "packed") for c in (96, 96, 200, 200)
@@ -379,3 +379,51 @@ def test_bench_contexts_shorter_than_the_prefill_rows(tmp_path):
     assert main([*args, "--contexts", "40", "--prefill", "300"]) == 0
     res = json.loads((out / "bench.json").read_text())
     assert not res.get("errors") and {r["context"] for r in res["decode"]} == {40}
+
+
+def test_bench_long_part_on_cpu(tmp_path, capsys):
+    """`--parts long`: one prompt prefilled in chunks through BatchGraphs, decode at its end;
+    its row says how far the prefill got and what the caches hold (both cache formats), and
+    the part is not in the default run."""
+    assert "long" in bench_run.PARTS and "long" not in bench_run.DEFAULT_PARTS
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--parts", "long", "--weights", "bf16", "--out", str(out)]
+    assert main([*args, "--long-context", "80", "--long-kv-formats", "bf16,packed"]) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert not res.get("errors")
+    rows = res["long"]
+    assert [(r["kv_format"], r["context"], r["reached"], r["chunk"]) for r in rows] == [
+        ("bf16", 80, 80, 32),
+        ("packed", 80, 80, 32),
+    ]
+    for r in rows:
+        assert r["prefill_s"] > 0 and r["tok_s"] > 0 and r["decode_ms"] > 0
+        assert r["decode_at"] == 80 + 2 + 3, "two untimed decode steps and three timed ones after the prompt"
+        assert [end for end, _ in r["chunk_ms"]] == [32, 64, 80], "every chunk timed, ending at its last position"
+    assert rows[1]["caches_gib"] < rows[0]["caches_gib"], "packed caches hold fewer bytes"
+    assert "(h) one long prompt in chunks" in (out / "bench.md").read_text()
+    assert "long: 80 of 80 tokens (bf16 caches)" in capsys.readouterr().out
+
+
+def test_bench_long_budget_and_bad_input(tmp_path):
+    """A spent budget stops the prefill at a sync point (every 8 chunks) and the decode runs
+    where it stopped; bad values raise naming them, before anything runs."""
+    from attnv41.bench.long import bench_long
+    from attnv41.runtime.stack import RuntimeStack
+    from attnv41.synthetic import PRESETS, random_weights
+
+    cfg = PRESETS["small"](max_tokens=8, max_seq=256)
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, torch.device("cpu")), device=torch.device("cpu"))
+    r = bench_long(stack, 200, 8, steps=1, budget_s=1e-9, log=lambda s: None)
+    assert r["reached"] == 64 and r["decode_at"] == 64 + 3, "stopped at the first check, 8 chunks of 8"
+    for kw, match in (
+        (dict(context=0), r"context = 0; allowed: an int >= 1"),
+        (dict(chunk=True), r"chunk = True; allowed: an int >= 1"),
+        (dict(budget_s=0), r"budget_s = 0; allowed: None or > 0 seconds"),
+        (dict(context=cfg.max_position_embeddings), r"allowed: <= "),
+    ):
+        with pytest.raises(ValueError, match=match):
+            bench_long(stack, **{"context": 200, "chunk": 8, **kw})
+    with pytest.raises(ValueError, match=r"long_context = -3; allowed: a positive integer"):
+        bench_run.run_bench(bench_run.BenchOptions(parts=("long",), long_context=-3, device="cpu"))
+    assert not any(tmp_path.iterdir())

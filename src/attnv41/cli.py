@@ -264,6 +264,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batch_kv_formats=args.batch_kv_formats,
         verify_lens=args.verify_lens,
         kv_formats=args.kv_formats,
+        long_context=args.long_context,
+        long_kv_formats=args.long_kv_formats,
+        long_budget_s=args.long_budget_s,
         preset=args.preset,
         device=args.device,
         checkpoint=args.checkpoint,
@@ -418,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--parts",
         default="kernels,decode,prefill,peer,index,batch",
-        help="comma-separated subset of kernels,decode,prefill,peer,index,batch (default: all)",
+        help="comma-separated subset of kernels,decode,prefill,peer,index,batch,long (default: all but long, "
+        "which prefills one 1M-token prompt on a GPU: minutes)",
     )
     b.add_argument("--contexts", type=_ints, help="decode contexts (default 4096,32768,131072 on a GPU)")
     b.add_argument("--prefill", type=_ints, help="prefill lengths (default 2048,8192 on a GPU)")
@@ -445,6 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=_kv_formats,
         default=("bf16", "packed"),
         help="part batch: cache formats of the decode rows (default bf16,packed)",
+    )
+    b.add_argument(
+        "--long-context",
+        type=int,
+        help="part long: the prompt's tokens, prefilled in chunks, decode at its end (default 1048000 on a GPU)",
+    )
+    b.add_argument(
+        "--long-kv-formats",
+        type=_kv_formats,
+        default=("bf16",),
+        help="part long: cache formats, one whole prompt each (default bf16)",
+    )
+    b.add_argument(
+        "--long-budget-s",
+        type=float,
+        help="part long: stop launching chunks after this many seconds; the row says how far it got",
     )
     b.add_argument(
         "--preset",

@@ -2,7 +2,9 @@
 measured in the same run, after a correctness gate, and writes `bench.json`,
 `bench.md` (the tables as Markdown) and `decode_step.png` into the output folder.
 
-Parts: kernels (b), decode (a), prefill (e), peer (c), index (d). Gate: the bundled
+Parts: kernels (b), decode (a), prefill (e), peer (c), index (d), batch (f, g), and, only
+when asked for (`--parts long`: minutes on a GPU), long (h): one prompt of
+`long_context` tokens (1,048,000 on a GPU) prefilled in chunks, then decode at its end. Gate: the bundled
 golden file (tensors from DeepSeek's released code) replayed through the runtime on the
 bench device, both variants, must pass before anything is timed; each part checks its
 own results as well (kernels against their torch twins, the decode step by the graph
@@ -35,9 +37,10 @@ from ..synthetic import PRESETS, random_weights
 from ..weights import WEIGHT_FORMATS
 from .common import environment, format_table, markdown_table, measure_ceilings
 
-__all__ = ["BenchOptions", "run_bench", "PARTS", "WEIGHT_CHOICES", "write_outputs"]
+__all__ = ["BenchOptions", "run_bench", "PARTS", "DEFAULT_PARTS", "WEIGHT_CHOICES", "write_outputs"]
 
-PARTS = ("kernels", "decode", "prefill", "peer", "index", "batch")
+PARTS = ("kernels", "decode", "prefill", "peer", "index", "batch", "long")
+DEFAULT_PARTS = PARTS[:-1]  # "long" only when asked for: a whole 1M-token prefill takes minutes
 WEIGHT_CHOICES = ("both", *WEIGHT_FORMATS)
 
 GPU_DEFAULTS = dict(
@@ -60,7 +63,7 @@ CPU_DEFAULTS = dict(
 
 @dataclass
 class BenchOptions:
-    parts: Sequence[str] = PARTS
+    parts: Sequence[str] = DEFAULT_PARTS
     contexts: Sequence[int] | None = None
     prefill: Sequence[int] | None = None
     index_lengths: Sequence[int] | None = None
@@ -70,6 +73,9 @@ class BenchOptions:
     batch_kv_formats: Sequence[str] = ("bf16", "packed")  # part "batch": cache formats of its decode rows
     verify_lens: Sequence[int] = (1,)  # part "batch": tokens per sequence per step (1: decode; k > 1: verify)
     kv_formats: Sequence[str] = ("bf16", "packed")  # part "decode": cache formats of its rows
+    long_context: int | None = None  # part "long": the prompt's tokens (default 1,048,000 on a GPU, 96 on the CPU)
+    long_kv_formats: Sequence[str] = ("bf16",)  # part "long": one prompt per cache format
+    long_budget_s: float | None = None  # part "long": stop launching chunks after this many seconds (per format)
     preset: str = "auto"
     device: str = "auto"
     checkpoint: str | None = None
@@ -98,10 +104,17 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
             raise ValueError(f"{k} = {v}; allowed: positive integers")
     if not opts.verify_lens or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in opts.verify_lens):
         raise ValueError(f"verify_lens = {tuple(opts.verify_lens)}; allowed: positive integers (1: decode steps)")
+    long_ctx = opts.long_context if opts.long_context is not None else (1048000 if cuda else 96)
+    if isinstance(long_ctx, bool) or not isinstance(long_ctx, int) or long_ctx < 1:
+        raise ValueError(f"long_context = {long_ctx!r}; allowed: a positive integer")
+    if opts.long_budget_s is not None and not opts.long_budget_s > 0:
+        raise ValueError(f"long_budget_s = {opts.long_budget_s!r}; allowed: None or > 0 seconds")
+    if not opts.long_kv_formats or any(f not in ("bf16", "packed") for f in opts.long_kv_formats):
+        raise ValueError(f"long_kv_formats = {tuple(opts.long_kv_formats)}; allowed: a subset of bf16, packed")
     preset = opts.preset if opts.preset != "auto" else ("flash" if cuda else "small")
     if opts.checkpoint is None and preset not in PRESETS:
         raise ValueError(f"preset = {opts.preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
-    o = BenchOptions(**{**asdict(opts), **vals, "preset": preset, "device": dev.type})
+    o = BenchOptions(**{**asdict(opts), **vals, "preset": preset, "device": dev.type, "long_context": long_ctx})
     return dev, o
 
 
@@ -339,9 +352,33 @@ def run_bench(
         res["batch_prefill"] = b["prefill"]
         return b["decode"]
 
+    def long():
+        from .long import bench_long
+
+        fmt = "bf16" if "bf16" in stack_fmts else stack_fmts[0]
+        rows = []
+        for kvf in opts.long_kv_formats:
+            r = bench_long(
+                stack(fmt),
+                opts.long_context,
+                2048 if dev.type == "cuda" else 32,
+                kv_format=kvf,
+                steps=3 if opts.quick else 20,
+                seed=opts.seed,
+                budget_s=opts.long_budget_s,
+                log=log,
+            )
+            log(
+                f"long: {r['reached']:,} of {r['context']:,} tokens ({kvf} caches) in {r['prefill_s']:.1f} s "
+                f"({r['tok_s']:,.0f} tok/s, {r['capture_s']:.1f} s of captures), decode {r['decode_ms']:.2f} ms/step"
+            )
+            rows.append(r)
+            count()
+        return rows
+
     # One part failing does not stop the others; its error is kept and the command fails.
     parts = (("kernels", kernels), ("decode", decode), ("prefill", prefill), ("peer", peer), ("index", index))
-    for name, fn in (*parts, ("batch", batch)):
+    for name, fn in (*parts, ("batch", batch), ("long", long)):
         if name not in opts.parts:
             continue
         t = time.perf_counter()
@@ -378,6 +415,7 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
     from .batch import BATCH_COLUMNS, CHUNK_COLUMNS
     from .index import INDEX_COLS
     from .kernels import KERNEL_COLS
+    from .long import LONG_COLUMNS
     from .peer import PEER_COLS
     from .stack import DECODE_COLS, PREFILL_COLS
 
@@ -395,6 +433,7 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
             "(g) chunked prefill of one prompt, eager (BatchV41) and graphs (BatchGraphs)",
             CHUNK_COLUMNS,
         ),
+        ("long", "(h) one long prompt in chunks (BatchGraphs, batch 1), then decode at its end", LONG_COLUMNS),
     ):
         if res.get(key):
             fmts = list(dict.fromkeys(r["weights"] for r in res[key] if r.get("weights")))

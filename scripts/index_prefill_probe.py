@@ -1,0 +1,94 @@
+# ruff: noqa: B023  (the timed call runs inside the loop iteration that made it)
+"""Timing of the index scores' prefill regime (GPU only; a development tool, not part of
+`attnv41 bench`), 2026-12-03 sixth entry.
+
+A prompt chunk's index scores at the Flash shapes (32 heads × 128, a paged pool of 64-row
+blocks, bf16 or packed keys), as `BatchV41._select` launches them: (a) the 64-token tile of a
+chunk at a ~1M context (2²⁶ / 1M tokens per launch), visible counts 900,000 + t; (b) a
+2,048-token chunk at a 32K context. Per launch shape: µs, the score bytes equal to the decode
+regime's (one token per program), and the key bytes read per token over the time. Prints
+one Markdown table; writes JSON to $OUT/index_prefill_probe.json when OUT is set.
+
+    python scripts/index_prefill_probe.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from attnv41.bench.common import Timer
+from attnv41.kernels import indexer as I
+from attnv41.packed import pack
+from attnv41.reference.qdq import fp4_e8m0_qdq
+
+SHAPES = (("1M tile", 64, 1048576, 900000), ("32K chunk", 2048, 32768, 30000))
+TUNES = [
+    ("decode regime (tok=1)", {}),
+    ("prefill regime", dict(prefill=True)),
+    ("tok=4 w4", dict(tok=4, num_warps=4)),
+    ("tok=16 w4", dict(tok=16, num_warps=4)),
+    ("tok=8 w8", dict(tok=8, num_warps=8)),
+    ("tok=8 w4 sub=1", dict(tok=8, num_warps=4, sub=1)),
+    ("tok=8 w4 sub=2", dict(tok=8, num_warps=4, sub=2)),
+    ("tok=16 w8 sub=2", dict(tok=16, num_warps=8, sub=2)),
+    ("tok=32 w8 sub=1", dict(tok=32, num_warps=8, sub=1)),
+]
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    timer = Timer(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    H, d, B = 32, 128, 64
+    rows = []
+    for kvf in ("bf16", "packed"):
+        for name, T, L, v0 in SHAPES:
+            nb = L // B
+            table = torch.randperm(nb, device=dev, generator=gen).to(torch.int32)[None]
+            keys = torch.randn(nb * B, d, device=dev, generator=gen).to(torch.bfloat16)
+            if kvf == "packed":
+                keys = pack(fp4_e8m0_qdq(keys), "fp4_e8m0")
+            iq = torch.randn(T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+            w = torch.randn(T, H, device=dev, generator=gen).to(torch.bfloat16)
+            slots = torch.zeros(T, dtype=torch.int32, device=dev)
+            vis = (v0 + torch.arange(T, device=dev)).clamp_max(L).to(torch.int32)
+            out = torch.empty(T, L, dtype=torch.bfloat16, device=dev)
+            base = None
+            key_bytes = float(vis.sum()) * keys.shape[1] * keys.element_size()
+            for label, kw in TUNES:
+                r = dict(kv=kvf, shape=name, tokens=T, keys=L, config=label)
+                try:
+
+                    def call(kw=kw):
+                        I.index_scores_paged(iq, w, keys, table, slots, B, vis, L, out=out, **kw)
+
+                    call()
+                    timer.sync()
+                    if base is None:
+                        base = out.clone()
+                    r["same"] = bool(torch.equal(out.view(torch.int16), base.view(torch.int16)))
+                    t = timer.time(call, warmup=2, reps=10)
+                    r["us"] = t.median_ms * 1e3
+                    r["key_tb_s"] = key_bytes / (t.median_ms * 1e-3) / 1e12
+                except Exception as ex:  # one shape failing must not stop the probe
+                    r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+                rows.append(r)
+                print(r, flush=True)
+            keys = out = base = None
+            torch.cuda.empty_cache()
+    print("\n| kv | shape | config | µs | same bits | token-key bytes / time (TB/s) |\n|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['kv']} | {r['shape']} | {r['config']} | error: {r['error']} | | |")
+        else:
+            print(f"| {r['kv']} | {r['shape']} | {r['config']} | {r['us']:.1f} | {r['same']} | {r['key_tb_s']:.2f} |")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "index_prefill_probe.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
