@@ -31,10 +31,7 @@ TUNES = [
     ("tok=4 w4", dict(tok=4, num_warps=4)),
     ("tok=16 w4", dict(tok=16, num_warps=4)),
     ("tok=8 w8", dict(tok=8, num_warps=8)),
-    ("tok=8 w4 sub=1", dict(tok=8, num_warps=4, sub=1)),
-    ("tok=8 w4 sub=2", dict(tok=8, num_warps=4, sub=2)),
     ("tok=16 w8 sub=2", dict(tok=16, num_warps=8, sub=2)),
-    ("tok=32 w8 sub=1", dict(tok=32, num_warps=8, sub=1)),
 ]
 
 
