@@ -1,6 +1,9 @@
 # ruff: noqa: B023  (the timed call runs inside the loop iteration that made it)
 """Timing of the index scores' prefill regime (GPU only; a development tool, not part of
-`attnv41 bench`), 2026-12-03 sixth entry.
+`attnv41 bench`), 2026-12-03 sixth entry. The record of one device call: the regime (`tok`
+tokens per program sharing each key tile, `prefill=True`) lost to one token per program
+(6.8 against 4.3 ms on the 1M tile), its packed keys moved 2 scores in 6.2M, and it was
+removed after this run (BENCHMARKS.md); the script no longer runs as is.
 
 A prompt chunk's index scores at the Flash shapes (32 heads × 128, a paged pool of 64-row
 blocks, bf16 or packed keys), as `BatchV41._select` launches them: (a) the 64-token tile of a

@@ -49,17 +49,13 @@ def test_paged_equals_each_sequence_alone(seed, device):
 
 
 @pytest.mark.parametrize(
-    "tune",
-    [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8), dict(tok=4), dict(tok=3, sub=2)],
-    ids=["sub2", "sub3-32", "bl128", "tok4", "tok3-sub2"],
+    "tune", [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8)], ids=["sub2", "sub3-32", "bl128"]
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_launch_shapes_keep_the_bits(tune, packed, device):
     """Other launch shapes (keys per block, blocks per program as a loop, warps): every
     score's bytes as the production shape's, paged and contiguous, bf16 and packed keys;
-    widths that leave a program's last blocks past L; several tokens per program (the
-    prefill regime's form), whose programs here mix sequences (a token of another sequence
-    than the program's first reads its own keys) and end past the last token."""
+    widths that leave a program's last blocks past L."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
     if packed:
         pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)
@@ -75,7 +71,7 @@ def test_launch_shapes_keep_the_bits(tune, packed, device):
 def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
-        ValueError, match=r"tune keys \['blockl'\]; allowed: \['block_l', 'num_stages', 'num_warps', 'sub', 'tok'\]"
+        ValueError, match=r"tune keys \['blockl'\]; allowed: \['block_l', 'num_stages', 'num_warps', 'sub'\]"
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 
@@ -108,65 +104,3 @@ def test_bad_arguments(change, msg, device):
     for fn in (I.index_scores_paged, I.index_scores_paged_torch):
         with pytest.raises(ValueError, match=msg.replace("(", "\\(").replace(")", "\\)")):
             fn(iq, w, pool, a["table"], a["tok_slot"], a["block_rows"], vis, a["width"])
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
-def test_prefill_regime_keeps_the_bits(packed, device):
-    """`prefill=True` (a prompt chunk: 8 tokens per program sharing each key tile) gives
-    every score the bytes of the decode regime's one-token programs: a chunk of one sequence
-    (causal visible counts, a token count that leaves the last program part-empty) followed
-    by single tokens of two other sequences; contiguous keys as well. Bad `prefill` or `tok`
-    values are refused."""
-    gen = torch.Generator().manual_seed(11)
-    B, d, H = 4, 64, 4
-    rows = (37, 9, 14)
-    table, n_blocks = paged_table(gen, rows, B, 40, spare=2)
-    pool = torch.randn(n_blocks * B, d, generator=gen).to(BF)
-    if packed:
-        pool = pack(fp4_e8m0_qdq(pool), "fp4_e8m0")
-    lens = (19, 1, 1)
-    T = sum(lens)
-    iq = torch.randn(T, H, d, generator=gen).to(BF)
-    w = torch.randn(T, H, generator=gen).to(BF)
-    tok_slot = torch.tensor([0] * 19 + [1, 2], dtype=torch.int32)
-    vis = torch.tensor([18 + i for i in range(19)] + [9, 14], dtype=torch.int32)  # causal: 18..36
-    args = [t.to(device) for t in (iq, w, pool, table, tok_slot)]
-    base = I.index_scores_paged(*args[:4], args[4], B, vis.to(device), 40)
-    got = I.index_scores_paged(*args[:4], args[4], B, vis.to(device), 40, prefill=True)
-    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), "paged, prefill regime"
-    keys = _contiguous(args[2], args[3].clamp_min(0), 0, rows[0], B)
-    v0 = vis[:19].to(device)
-    base = I.index_scores(args[0][:19], args[1][:19], keys, v0)
-    got = I.index_scores(args[0][:19], args[1][:19], keys, v0, prefill=True)
-    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), "contiguous, prefill regime"
-    with pytest.raises(ValueError, match=r"prefill = 1; allowed: True or False"):
-        I.index_scores(args[0][:19], args[1][:19], keys, v0, prefill=1)
-    with pytest.raises(ValueError, match=r"tok = 0; allowed: an int in 1..64"):
-        I.index_scores(args[0][:19], args[1][:19], keys, v0, tok=0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")
-@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
-def test_prefill_regime_keeps_the_bits_at_flash_shapes(packed):
-    """At the Flash shapes (32 heads × 128) on the GPU: a 300-token chunk of one sequence over
-    20K keys in 64-row blocks, then 5 single tokens of other sequences; the prefill regime
-    and its neighbours (4 or 16 tokens per program, 8 warps) give every score the decode
-    regime's bytes."""
-    gen = torch.Generator().manual_seed(5)
-    B, d, H = 64, 128, 32
-    rows = (20000, 3000, 5000, 64, 1, 7000)
-    table, n_blocks = paged_table(gen, rows, B, 20480, spare=2)
-    pool = torch.randn(n_blocks * B, d, generator=gen).to(BF)
-    if packed:
-        pool = pack(fp4_e8m0_qdq(pool), "fp4_e8m0")
-    T = 305
-    iq = torch.randn(T, H, d, generator=gen).to(BF)
-    w = torch.randn(T, H, generator=gen).to(BF)
-    tok_slot = torch.tensor([0] * 300 + [1, 2, 3, 4, 5], dtype=torch.int32)
-    vis = torch.tensor([19700 + i for i in range(300)] + [3000, 5000, 64, 1, 7000], dtype=torch.int32)
-    a = [t.cuda() for t in (iq, w, pool, table, tok_slot)] + [B, vis.cuda(), 20480]
-    base = I.index_scores_paged(*a)
-    for kw in (dict(prefill=True), dict(prefill=True, tok=4), dict(prefill=True, tok=16), dict(tok=8, num_warps=8)):
-        got = I.index_scores_paged(*a, **kw)
-        n = int((got.view(torch.int16) != base.view(torch.int16)).sum())
-        assert n == 0, f"{kw}: {n} of {base.numel()} scores differ from the decode regime's"

@@ -177,13 +177,10 @@ def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: b
     return launches
 
 
-def index_launches(
-    m: int = 1, L: int = 1 << 20, packed: bool = False, prefill: bool = False, paged: bool = False
-) -> list:
-    """Index scores (`indexer.index_scores`, or `index_scores_paged` over 64-row blocks when
-    `paged`) at the Flash shapes (32 heads × 128) over L keys, bf16 or packed (fp4_e8m0
-    rows), m tokens, the decode or prefill regime's launch shape, compiled: [(name, kernel)]."""
-    from ..kernels.indexer import index_scores, index_scores_paged  # noqa: PLC0415
+def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False) -> list:
+    """Index scores (`indexer.index_scores`) at the Flash shapes (32 heads × 128) over L
+    keys, bf16 or packed (fp4_e8m0 rows), m tokens, compiled: [(name, kernel)]."""
+    from ..kernels.indexer import index_scores  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
 
     H, d = 32, 128
@@ -191,12 +188,7 @@ def index_launches(
     keys = torch.zeros(L, row_bytes("fp4_e8m0", d), dtype=torch.uint8) if packed else torch.zeros(L, d, dtype=bf)
     iq, w, vis = torch.zeros(m, H, d, dtype=bf), torch.zeros(m, H, dtype=bf), torch.zeros(m, dtype=torch.int32)
     with compile_only() as launches:
-        if paged:
-            table = torch.zeros(1, -(-L // 64), dtype=torch.int32)
-            slots = torch.zeros(m, dtype=torch.int32)
-            index_scores_paged(iq, w, keys, table, slots, 64, vis, L, prefill=prefill)
-        else:
-            index_scores(iq, w, keys, vis, prefill=prefill)
+        index_scores(iq, w, keys, vis)
     return launches
 
 
@@ -241,8 +233,6 @@ def main(argv=None) -> None:
     i.add_argument("--m", type=int, default=1)
     i.add_argument("--L", type=int, default=1 << 20)
     i.add_argument("--packed", action="store_true", help="packed fp4_e8m0 keys")
-    i.add_argument("--prefill", action="store_true", help="the prefill regime's launch shape (tokens per program)")
-    i.add_argument("--paged", action="store_true", help="index_scores_paged (the batched runtime's)")
     t = sub.add_parser("tc")
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
@@ -254,7 +244,7 @@ def main(argv=None) -> None:
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     elif args.what == "index":
-        launches = index_launches(args.m, args.L, args.packed, args.prefill, args.paged)
+        launches = index_launches(args.m, args.L, args.packed)
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     else:

@@ -16,28 +16,19 @@ if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
     from .packed_rows import fp4_rows
 
-__all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch", "PREFILL_RUN"]
+__all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
 _INT = (torch.int32, torch.int64)
 _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
 # blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
 # scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
-_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, tok=1)
+_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3)
 # `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
 # H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
 # 2026-12-02): 86.6 µs against 101.9 (bf16 keys), 110.8 against 113.2 (packed), the same
 # bytes. The single-sequence `index_scores` keeps `_TUNE` (its 1M-key decode not re-timed).
-_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, tok=1)
-# The prefill regime (`prefill=True`: a prompt chunk, whose tokens score the same keys): TOK
-# tokens per program share each key tile, loaded once for them, instead of one program per
-# token each reading every key (a 2,048-token chunk at a 1M context read ~0.5 TB of keys per
-# index layer through L2: 1.41 s per chunk on the H200, BENCHMARKS 2026-12-03 sixth entry).
-# Each token's dot, epilogue and store are the one-token program's, so the same bits.
-_PREFILL = dict(tok=8, num_warps=4)  # 4 warps: the tile and 8 tokens' own-key path fit in registers
-# The runtimes take the prefill regime for calls where one sequence brings at least this
-# many tokens (a prompt chunk); decode and verify steps keep one token per program.
-PREFILL_RUN = _PREFILL["tok"]
+_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2)
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
@@ -88,11 +79,8 @@ def _check(iq, weights, keys, visible, out) -> None:
             raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
-def index_scores_torch(
-    iq, weights, keys, visible, out: torch.Tensor | None = None, prefill: bool = False
-) -> torch.Tensor:
-    """Fallback of `index_scores` (same contract), the reference twin (one regime: `prefill`
-    is accepted and changes nothing)."""
+def index_scores_torch(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fallback of `index_scores` (same contract), the reference twin."""
     _check(iq, weights, keys, visible, out)
     s = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible)
     return s if out is None else out.copy_(s)
@@ -107,9 +95,7 @@ def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
     return unpack(keys, "fp4_e8m0", d)
 
 
-def index_scores(
-    iq, weights, keys, visible, out: torch.Tensor | None = None, prefill: bool = False, **tune
-) -> torch.Tensor:
+def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **tune) -> torch.Tensor:
     """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
 
     iq: bf16 `[m, H, d]` (d = index_head_dim, a multiple of 32); weights: bf16 `[m, H]`;
@@ -123,11 +109,9 @@ def index_scores(
     anything). Results may differ from the reference only where a differently ordered
     fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
-    out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `prefill`:
-    the prefill regime's launch shape (`_PREFILL`: 8 tokens per program sharing each key
-    tile; the same bits, chosen by regime, never by m). `tune` (block_l, sub, num_warps,
-    num_stages, tok) is for the tuning script only: the launch shape is a constant
-    (`_TUNE`) in the runtime.
+    out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
+    (block_l, sub, num_warps, num_stages) is for the tuning script only: the launch shape
+    is a constant (`_TUNE`) in the runtime.
     """
     _check(iq, weights, keys, visible, out)
     require_triton("index_scores", iq, weights, keys, visible)
@@ -137,15 +121,14 @@ def index_scores(
         out = torch.empty(m, L, dtype=torch.bfloat16, device=iq.device)
     if m == 0 or L == 0:
         return out
-    cfg = _tune(tune, _TUNE, prefill)
-    grid = (triton.cdiv(m, cfg["tok"]), triton.cdiv(L, cfg["block_l"] * cfg["sub"]))
+    cfg = _tune(tune)
+    grid = (m, triton.cdiv(L, cfg["block_l"] * cfg["sub"]))
     _index_scores_kernel[grid](
         iq,
         weights,
         keys,
         visible,
         out,
-        m,
         L,
         iq.stride(0),
         iq.stride(1),
@@ -162,7 +145,6 @@ def index_scores(
         D_P=triton.next_power_of_2(d),
         BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"],
-        TOK=cfg["tok"],
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
@@ -177,18 +159,12 @@ def index_scores(
     return out
 
 
-def _tune(tune: dict, base: dict = _TUNE, prefill: bool = False) -> dict:
-    """The launch shape: `base` (with the prefill regime's tokens per program) and the
-    tuning script's overrides (checked)."""
+def _tune(tune: dict, base: dict = _TUNE) -> dict:
+    """The launch shape: `base` with the tuning script's overrides (checked)."""
     bad = set(tune) - set(base)
     if bad:
         raise ValueError(f"tune keys {sorted(bad)}; allowed: {sorted(base)}")
-    if not isinstance(prefill, bool):
-        raise ValueError(f"prefill = {prefill!r}; allowed: True or False")
-    cfg = {**base, **(_PREFILL if prefill else {}), **tune}
-    if isinstance(cfg["tok"], bool) or not isinstance(cfg["tok"], int) or not 1 <= cfg["tok"] <= 64:
-        raise ValueError(f"tok = {cfg['tok']!r}; allowed: an int in 1..64")
-    return cfg
+    return {**base, **tune}
 
 
 # --------------------------------------------------------------- paged (many sequences)
@@ -224,9 +200,7 @@ def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width,
         raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
-def index_scores_paged(
-    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, prefill: bool = False, **tune
-):
+def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, **tune):
     """`index_scores` for the tokens of many sequences in one launch, each over its own
     sequence's keys in a paged pool: token t scores logical rows j < width of sequence
     `tok_slot[t]`, whose row j lives at pool row `block_table[tok_slot[t], j // block_rows]
@@ -235,9 +209,7 @@ def index_scores_paged(
     int `[sequences, blocks]`; tok_slot, visible: int `[m]`; out: None or bf16 `[m,
     width]`. Rows j ≥ visible[t] are −∞ and neither their table entries nor their keys
     are read (a table entry of an unallocated block may hold anything, e.g. −1). Each
-    entry's bits are those of `index_scores` of the token over its sequence's keys.
-    `prefill`: the prefill regime's launch shape (as `index_scores`; a program's tokens of
-    the first one's sequence share its key tiles, the others read their own)."""
+    entry's bits are those of `index_scores` of the token over its sequence's keys."""
     _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
     require_triton("index_scores_paged", iq, weights, keys, visible, block_table, tok_slot)
     m, H, d = iq.shape
@@ -245,24 +217,22 @@ def index_scores_paged(
         out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
     if m == 0:
         return out
-    cfg = _tune(tune, _PAGED_TUNE, prefill)
-    grid = (triton.cdiv(m, cfg["tok"]), triton.cdiv(width, cfg["block_l"] * cfg["sub"]))
+    cfg = _tune(tune, _PAGED_TUNE)
+    grid = (m, triton.cdiv(width, cfg["block_l"] * cfg["sub"]))
     _index_scores_kernel[grid](
-        iq, weights, keys, visible, out, m, width,
+        iq, weights, keys, visible, out, width,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
-        SUB=cfg["sub"], TOK=cfg["tok"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        SUB=cfg["sub"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(iq),
     )  # fmt: skip
     return out
 
 
-def index_scores_paged_torch(
-    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, prefill: bool = False
-):
-    """Twin of `index_scores_paged` (same contract; `prefill` changes nothing): per run of tokens of one sequence,
+def index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None):
+    """Twin of `index_scores_paged` (same contract): per run of tokens of one sequence,
     the reference scores over its first `width` logical key rows, gathered through the
     table (entries of unallocated blocks read as row 0: their scores are −∞ anyway)."""
     _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
@@ -285,34 +255,12 @@ def index_scores_paged_torch(
 if HAVE_TRITON:
 
     @triton.jit
-    def _key_tile(
-        k_ptr, tbl_ptr, slot, s_tbl, s_k, j64, k_ok, c, c_ok, D, D_P: tl.constexpr, PAGED: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
-    ):  # fmt: skip
-        """[BLOCK_L, D_P] bf16 keys of logical rows j64 (of sequence `slot` when PAGED);
-        rows where k_ok is False are not read (0)."""
-        if PAGED:
-            # logical row j of the sequence: block table[slot, j // B], row j % B
-            blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-            rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
-        else:
-            rows = j64
-        if PACKED:
-            # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-            # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-            k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
-        else:
-            k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        return k
-
-    @triton.jit
     def _index_scores_kernel(
         iq_ptr,
         w_ptr,
         k_ptr,
         vis_ptr,
         out_ptr,
-        M,
         L,
         s_iq_m,
         s_iq_h,
@@ -329,7 +277,6 @@ if HAVE_TRITON:
         D_P: tl.constexpr,
         BLOCK_L: tl.constexpr,
         SUB: tl.constexpr,
-        TOK: tl.constexpr,
         DOT_F32: tl.constexpr,
         PAGED: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
@@ -339,38 +286,26 @@ if HAVE_TRITON:
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
-        # program (tb, lb): tokens tb·TOK … tb·TOK + TOK − 1 (the prefill regime: TOK > 1;
-        # decode: TOK = 1), keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of BLOCK_L (a
-        # loop, the key loads pipelined), all heads. Each block's key tile is loaded once
-        # for the tokens of the first token's sequence (a prompt chunk: all of them) and
-        # each token's dot, epilogue and store are those of a program of one token, so a
-        # score's bits do not depend on TOK, SUB or BLOCK_L's neighbours (GPU tests check it).
-        t0 = tl.program_id(0).to(tl.int64) * TOK
+        # program (t, lb): token t, keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of
+        # BLOCK_L (a loop: the token's queries and weights loaded once, the blocks' key
+        # loads pipelined), all heads; each block's bits are those of a program of one
+        t = tl.program_id(0).to(tl.int64)
         lb = tl.program_id(1)
+        vis = tl.load(vis_ptr + t).to(tl.int64)
         # [H_P] head h, [D_P] channel c
         h = tl.arange(0, H_P)
         c = tl.arange(0, D_P)
         h_ok = h < H
         c_ok = c < D
         h64 = h.to(tl.int64)
-        slot0 = tl.load(slot_ptr + t0).to(tl.int64) if PAGED else t0 * 0
-        # the widest visible count among the tokens sharing the first token's keys
-        vmax = tl.load(vis_ptr + t0).to(tl.int64)
-        for i in tl.static_range(1, TOK):
-            ok_i = t0 + i < M
-            v_i = tl.load(vis_ptr + t0 + i, mask=ok_i, other=0).to(tl.int64)
-            if PAGED:
-                ok_i = ok_i & (tl.load(slot_ptr + t0 + i, mask=ok_i, other=-1).to(tl.int64) == slot0)
-            vmax = tl.maximum(vmax, tl.where(ok_i, v_i, 0))
-        if TOK == 1:
-            # [H_P, D_P] the token's index queries (padded heads are 0), [H_P] head weights
-            # (padded heads are 0, so they add 0): loaded once for every block
-            q1 = tl.load(
-                iq_ptr + t0 * s_iq_m + h64[:, None] * s_iq_h + c[None, :],
-                mask=h_ok[:, None] & c_ok[None, :],
-                other=0.0,
-            )
-            w1 = tl.load(w_ptr + t0 * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
+        # [H_P, D_P] the token's index queries (padded heads are 0)
+        q = tl.load(
+            iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0
+        )
+        # [H_P] head weights (padded heads are 0, so they add 0)
+        w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
+        if PAGED:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
         for sb in range(SUB):
             # [BLOCK_L] key row j
             j = (lb * SUB + sb) * BLOCK_L + tl.arange(0, BLOCK_L)
@@ -378,45 +313,28 @@ if HAVE_TRITON:
             j64 = j.to(tl.int64)
             # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
             # scores are −∞ whatever they hold), so a wide L costs no key traffic
-            k0 = _key_tile(
-                k_ptr, tbl_ptr, slot0, s_tbl, s_k, j64, j_ok & (j64 < vmax), c, c_ok, D, D_P,
-                PAGED, BLOCK_ROWS, PACKED, WORDS,
-            )  # fmt: skip
-            for i in tl.static_range(TOK):
-                t = t0 + i
-                ok_t = t < M
-                if TOK == 1:
-                    q = q1
-                    w = w1
-                    vis = vmax
-                    k = k0
-                else:
-                    q = tl.load(
-                        iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :],
-                        mask=ok_t & h_ok[:, None] & c_ok[None, :],
-                        other=0.0,
-                    )
-                    w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=ok_t & h_ok, other=0.0).to(tl.float32)
-                    vis = tl.load(vis_ptr + t, mask=ok_t, other=0).to(tl.int64)
-                    if PAGED:  # a token of another sequence (a mixed step) reads its own keys
-                        slot = tl.load(slot_ptr + t, mask=ok_t, other=-1).to(tl.int64)
-                        k = k0
-                        if ok_t & (slot != slot0):
-                            k = _key_tile(
-                                k_ptr, tbl_ptr, slot, s_tbl, s_k, j64, j_ok & (j64 < vis), c, c_ok, D, D_P, PAGED,
-                                BLOCK_ROWS, PACKED, WORDS,
-                            )  # fmt: skip
-                    else:
-                        k = k0
-                # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
-                if DOT_F32:
-                    dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-                dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-                # [H_P, BLOCK_L] weighted, rounded to bf16
-                prod = round_bf16(dots * w[:, None]).to(tl.float32)
-                # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
-                s = tl.sum(prod, axis=0)
-                s = tl.where(j64 < vis, s, float("-inf"))
-                tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok & ok_t)
+            k_ok = j_ok & (j64 < vis)
+            if PAGED:
+                # logical row j of the token's sequence: block table[slot, j // B], row j % B
+                blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+            else:
+                rows = j64
+            if PACKED:
+                # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+                # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+                k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
+            else:
+                k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
+            if DOT_F32:
+                dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+            dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+            # [H_P, BLOCK_L] weighted, rounded to bf16
+            prod = round_bf16(dots * w[:, None]).to(tl.float32)
+            # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
+            s = tl.sum(prod, axis=0)
+            s = tl.where(j64 < vis, s, float("-inf"))
+            tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)

@@ -25,7 +25,6 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm
-from ..kernels.indexer import PREFILL_RUN
 from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
@@ -614,9 +613,7 @@ class AttnV41:
                     kk = min(c.index_topk, L)
                     tile = max(1, self.index_tile_entries // L)  # tokens scored at a time
                     if tile >= m:
-                        scores = self._index_scores(
-                            w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done, prefill=m >= PREFILL_RUN
-                        )
+                        scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
                         if role.is_candidate_source:
                             shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
                             shared.candidates_pos = s
@@ -1264,23 +1261,11 @@ class AttnV41:
         return iq, hw
 
     def _index_scores(
-        self,
-        w,
-        cq,
-        x,
-        pos,
-        vis,
-        keys,
-        cos,
-        sin,
-        out: torch.Tensor | None = None,
-        hw_done: bool = False,
-        prefill: bool = False,
+        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
     ) -> torch.Tensor:
-        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4); `prefill`: the
-        kernel's prefill-regime launch shape (the same bits)."""
+        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
         iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
-        return self.ops.index_scores(iq, hw, keys, vis, out=out, prefill=prefill)
+        return self.ops.index_scores(iq, hw, keys, vis, out=out)
 
     def _candidates(self, shared: SharedV41, t0: int, t1: int, L: int) -> torch.Tensor:
         """bool `[t1 − t0, L]`: the published candidate mask of tokens t0..t1−1, from the
@@ -1307,7 +1292,7 @@ class AttnV41:
             ids = torch.empty(m, min(c.cand_blocks, -(-L // c.cand_block)), dtype=torch.int32, device=self.device)
         for t0 in range(0, m, tile):
             t1 = min(m, t0 + tile)
-            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1], prefill=m >= PREFILL_RUN)
+            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1])
             if ids is not None:
                 select.candidate_blocks(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=ids[t0:t1])
                 if role.uses_candidates:  # its own mask (as the untiled path: published first)

@@ -83,7 +83,6 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import select
-from ..kernels.indexer import PREFILL_RUN
 from ..packed import row_bytes, unpack
 from ..reference import INDEX_KEY_MODES
 from ..state import check_kv_format
@@ -1153,9 +1152,6 @@ class BatchV41:
         # context; every op is row-wise, so the bits do not depend on the tiling
         tile = max(1, attn.index_tile_entries // Lw)
         tiled = tile < T
-        # a prompt chunk in the step: the index kernel's prefill-regime launch shape (its
-        # tokens share key tiles; the same bits, so a graph captured with either is exact)
-        prefill = max(step.lens) >= PREFILL_RUN
         if w.role.is_candidate_source:
             keep = min(c.cand_blocks, _cdiv(Lw, c.cand_block))
             self._cand_width = Lw
@@ -1188,7 +1184,6 @@ class BatchV41:
                     pool.block_rows,
                     vis[t0:t1],
                     Lw,
-                    prefill=prefill,
                 )
             else:
                 scores = self._released_scores(iq, hw, step, vis, owners, t0, t1, Lw)
