@@ -424,6 +424,19 @@ def test_bench_long_budget_and_bad_input(tmp_path):
     ):
         with pytest.raises(ValueError, match=match):
             bench_long(stack, **{"context": 200, "chunk": 8, **kw})
+    from attnv41.bench import long as long_mod
+
+    class NanOnSecond(long_mod.BatchGraphs):  # the second chunk's outputs hold a NaN
+        def step(self, *a, **k):
+            y = super().step(*a, **k)
+            if self.batch.pool.length[0] == 16:
+                y[0, 0, 0] = float("nan")
+            return y
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(long_mod, "BatchGraphs", NanOnSecond)
+        with pytest.raises(RuntimeError, match=r"non-finite outputs in a chunk ending at or before position 24"):
+            bench_long(stack, 24, 8, steps=1, log=lambda s: None)
     with pytest.raises(ValueError, match=r"long_context = -3; allowed: a positive integer"):
         bench_run.run_bench(bench_run.BenchOptions(parts=("long",), long_context=-3, device="cpu"))
     assert not any(tmp_path.iterdir())

@@ -352,7 +352,7 @@ def run_bench(
         res["batch_prefill"] = b["prefill"]
         return b["decode"]
 
-    def long():
+    def long_prompt():
         from .long import bench_long
 
         fmt = "bf16" if "bf16" in stack_fmts else stack_fmts[0]
@@ -378,7 +378,7 @@ def run_bench(
 
     # One part failing does not stop the others; its error is kept and the command fails.
     parts = (("kernels", kernels), ("decode", decode), ("prefill", prefill), ("peer", peer), ("index", index))
-    for name, fn in (*parts, ("batch", batch), ("long", long)):
+    for name, fn in (*parts, ("batch", batch), ("long", long_prompt)):
         if name not in opts.parts:
             continue
         t = time.perf_counter()
