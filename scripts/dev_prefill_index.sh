@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The index scores' prefill regime on the H200 (2026-12-03, sixth entry), one device call
-# (the record: the regime lost and was removed after it, BENCHMARKS.md; no longer runs as is):
+# (the record: the regime lost and was removed after it, BENCHMARKS.md; its probe now times
+# `skip=True` instead, scripts/dev_skip.sh):
 # 1. the indexer's GPU tests (the prefill regime's bytes equal the decode regime's, Flash
 #    shapes included);
 # 2. scripts/index_prefill_probe.py: the kernel alone on a 1M-context tile and a 32K chunk;

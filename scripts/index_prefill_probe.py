@@ -1,16 +1,18 @@
 # ruff: noqa: B023  (the timed call runs inside the loop iteration that made it)
-"""Timing of the index scores' prefill regime (GPU only; a development tool, not part of
-`attnv41 bench`), 2026-12-03 sixth entry. The record of one device call: the regime (`tok`
-tokens per program sharing each key tile, `prefill=True`) lost to one token per program
-(6.8 against 4.3 ms on the 1M tile), its packed keys moved 2 scores in 6.2M, and it was
-removed after this run (BENCHMARKS.md); the script no longer runs as is.
+"""Timing of the index scores at a prompt chunk's shapes (GPU only; a development tool, not
+part of `attnv41 bench`).
 
-A prompt chunk's index scores at the Flash shapes (32 heads × 128, a paged pool of 64-row
-blocks, bf16 or packed keys), as `BatchV41._select` launches them: (a) the 64-token tile of a
-chunk at a ~1M context (2²⁶ / 1M tokens per launch), visible counts 900,000 + t; (b) a
-2,048-token chunk at a 32K context. Per launch shape: µs, the score bytes equal to the decode
-regime's (one token per program), and the key bytes read per token over the time. Prints
-one Markdown table; writes JSON to $OUT/index_prefill_probe.json when OUT is set.
+A chunk's index scores at the Flash shapes (32 heads × 128, a paged pool of 64-row blocks,
+bf16 or packed keys), as `BatchV41._select` launches them: (a) the 64-token tile of a chunk in
+the 1M context bucket (2²⁶ / 1M tokens per launch) with visible counts at 90 % and 55 % of the
+width; (b) a 2,048-token chunk in the 32K bucket at 90 %. Per launch shape: µs, the score
+bytes equal to production's, and the token × key bytes over the time.
+
+History: on 2026-12-03 (sixth entry) this script timed a prefill form (8 tokens per program
+sharing each key tile), which lost (6.8 against 4.3 ms on the 1M tile) and was removed; it
+now times `skip=True` (blocks wholly past a token's visible rows: −∞ without the dot), not
+yet run. Prints one Markdown table; writes JSON to $OUT/index_prefill_probe.json when OUT
+is set.
 
     python scripts/index_prefill_probe.py
 """
@@ -27,14 +29,16 @@ from attnv41.kernels import indexer as I
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e8m0_qdq
 
-SHAPES = (("1M tile", 64, 1048576, 900000), ("32K chunk", 2048, 32768, 30000))
+SHAPES = (
+    ("1M tile, 90 % visible", 64, 1048576, 943000),
+    ("1M tile, 55 % visible", 64, 1048576, 577000),
+    ("32K chunk, 90 % visible", 2048, 32768, 29490),
+)
 TUNES = [
-    ("decode regime (tok=1)", {}),
-    ("prefill regime", dict(prefill=True)),
-    ("tok=4 w4", dict(tok=4, num_warps=4)),
-    ("tok=16 w4", dict(tok=16, num_warps=4)),
-    ("tok=8 w8", dict(tok=8, num_warps=8)),
-    ("tok=16 w8 sub=2", dict(tok=16, num_warps=8, sub=2)),
+    ("production", {}),
+    ("skip", dict(skip=True)),
+    ("skip sub=2", dict(skip=True, sub=2)),
+    ("skip w4", dict(skip=True, num_warps=4)),
 ]
 
 

@@ -49,13 +49,16 @@ def test_paged_equals_each_sequence_alone(seed, device):
 
 
 @pytest.mark.parametrize(
-    "tune", [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8)], ids=["sub2", "sub3-32", "bl128"]
+    "tune",
+    [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8), dict(skip=True), dict(skip=True, sub=3)],
+    ids=["sub2", "sub3-32", "bl128", "skip", "skip-sub3"],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_launch_shapes_keep_the_bits(tune, packed, device):
     """Other launch shapes (keys per block, blocks per program as a loop, warps): every
     score's bytes as the production shape's, paged and contiguous, bf16 and packed keys;
-    widths that leave a program's last blocks past L."""
+    widths that leave a program's last blocks past L; blocks wholly past a token's visible
+    rows skipped (−∞ without the dot)."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
     if packed:
         pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)
@@ -71,7 +74,7 @@ def test_launch_shapes_keep_the_bits(tune, packed, device):
 def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
-        ValueError, match=r"tune keys \['blockl'\]; allowed: \['block_l', 'num_stages', 'num_warps', 'sub'\]"
+        ValueError, match=r"tune keys \['blockl'\]; allowed: \['block_l', 'num_stages', 'num_warps', 'skip', 'sub'\]"
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -23,12 +23,17 @@ _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
 # blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
 # scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
-_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3)
+_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=False)
 # `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
 # H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
 # 2026-12-02): 86.6 µs against 101.9 (bf16 keys), 110.8 against 113.2 (packed), the same
 # bytes. The single-sequence `index_scores` keeps `_TUNE` (its 1M-key decode not re-timed).
-_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2)
+_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=False)
+# skip=True (a tuning option, not yet timed on a GPU): a block of keys wholly past the token's
+# visible count stores −∞ without its loads' address math, dot and epilogue. The kernel's
+# time follows the width (the context bucket), not the visible count: on the H200 a 2,048-
+# token chunk cost 1.42 s from 524K to 917K tokens in the 1M bucket (BENCHMARKS 2026-12-03
+# sixth entry). Same bits where visible, −∞ elsewhere as before.
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
@@ -110,7 +115,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
     out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
-    (block_l, sub, num_warps, num_stages) is for the tuning script only: the launch shape
+    (block_l, sub, num_warps, num_stages, skip) is for the tuning script only: the launch shape
     is a constant (`_TUNE`) in the runtime.
     """
     _check(iq, weights, keys, visible, out)
@@ -145,6 +150,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         D_P=triton.next_power_of_2(d),
         BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"],
+        SKIP=cfg["skip"],
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
@@ -224,7 +230,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
-        SUB=cfg["sub"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        SUB=cfg["sub"], SKIP=cfg["skip"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(iq),
     )  # fmt: skip
@@ -283,6 +289,7 @@ if HAVE_TRITON:
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
         PDL: tl.constexpr = False,
+        SKIP: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -308,33 +315,43 @@ if HAVE_TRITON:
             slot = tl.load(slot_ptr + t).to(tl.int64)
         for sb in range(SUB):
             # [BLOCK_L] key row j
-            j = (lb * SUB + sb) * BLOCK_L + tl.arange(0, BLOCK_L)
+            j0 = (lb * SUB + sb) * BLOCK_L
+            j = j0 + tl.arange(0, BLOCK_L)
             j_ok = j < L
             j64 = j.to(tl.int64)
-            # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
-            # scores are −∞ whatever they hold), so a wide L costs no key traffic
-            k_ok = j_ok & (j64 < vis)
-            if PAGED:
-                # logical row j of the token's sequence: block table[slot, j // B], row j % B
-                blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-                rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+            if SKIP:  # a block wholly past the visible rows: −∞, no dot (tuning option)
+                live = j0 < vis
             else:
-                rows = j64
-            if PACKED:
-                # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-                # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
+                live = True
+            if live:
+                # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
+                # scores are −∞ whatever they hold), so a wide L costs no key traffic
+                k_ok = j_ok & (j64 < vis)
+                if PAGED:
+                    # logical row j of the token's sequence: block table[slot, j // B], row j % B
+                    blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                    rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+                else:
+                    rows = j64
+                if PACKED:
+                    # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+                    # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+                    k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
+                else:
+                    k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
+                if DOT_F32:
+                    dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+                dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+                # [H_P, BLOCK_L] weighted, rounded to bf16
+                prod = round_bf16(dots * w[:, None]).to(tl.float32)
+                # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
+                s = tl.sum(prod, axis=0)
+                s = tl.where(j64 < vis, s, float("-inf"))
+                tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
             else:
-                k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-            # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
-            if DOT_F32:
-                dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-            dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-            # [H_P, BLOCK_L] weighted, rounded to bf16
-            prod = round_bf16(dots * w[:, None]).to(tl.float32)
-            # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
-            s = tl.sum(prod, axis=0)
-            s = tl.where(j64 < vis, s, float("-inf"))
-            tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
+                tl.store(
+                    out_ptr + t * s_out + j64, tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16), mask=j_ok
+                )
