@@ -14,6 +14,11 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
+# Under pytest-xdist (`bin/test -n auto --dist loadfile`, what CI runs) each worker computes
+# on one thread: the workers share the machine's cores instead of oversubscribing them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 # CI runs a fixed set of examples (derandomized) so that a red run is reproducible;
 # local runs explore fresh examples each time.
 settings.register_profile("ci", derandomize=True, print_blob=True)
