@@ -70,36 +70,6 @@ if HAVE_TRITON:
             return tl.load(ptrs, mask=ok[:, None] & cm[None, :], other=0.0)
 
     @triton.jit
-    def block_logits(
-        q_ptr, t, offs_h64, mask_h, present, from_win, ok, w_base, c_base, D, scale, stride_qt, stride_qh,
-        stride_qd, stride_wd, stride_cd, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, D_CHUNKS: tl.constexpr,
-        DK: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
-    ):  # fmt: skip
-        """[BLOCK_H, BLOCK_K] fp32: one block's logits τ·q·Rᵀ for heads offs_h64 of token t
-        (absent → −inf), summed over D in chunks of DK columns: q's chunk and the rows'
-        chunk loaded together, each chunk's dot accumulated onto the running sum."""
-        offs_c = tl.arange(0, DK)
-        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
-        for c in range(0, D_CHUNKS):
-            cols = c * DK + offs_c
-            cm = cols < D
-            cols64 = cols.to(tl.int64)
-            q_c = tl.load(
-                q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols64[None, :] * stride_qd,
-                mask=mask_h[:, None] & cm[None, :],
-                other=0.0,
-            )
-            r_c = _load_rows(
-                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
-            )
-            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-                s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
-            else:
-                s = tl.dot(q_c, tl.trans(r_c), s)
-        s = s * scale
-        return tl.where(present[None, :], s, float("-inf"))
-
-    @triton.jit
     def _opaque(x):
         """x itself through an inline-asm move: no pattern rewrite can see through it."""
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
@@ -270,51 +240,6 @@ if HAVE_TRITON:
             tl.store(r_ptrs, r, mask=om)
 
     @triton.jit
-    def _stored_recurrence(
-        s_ptr, bm_ptr, pv_ptr, t, offs_h64, offs_v64, offs_k, mask_h, mask_v, H, D,
-        BLOCK_HC: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr, LOG2_K: tl.constexpr,
-        K_BLOCKS: tl.constexpr, CG_LOGITS: tl.constexpr,
-    ):  # fmt: skip
-        """The fused loop's recurrence over token t's stored blocks, in block order, for one
-        slice (heads offs_h64, columns offs_v64): den = den·α + Σp, acc = acc·α + pv, the
-        running max the max of the block maxima; → (mx, den, acc). The products are read past
-        L1 (`.cg`: other programs wrote them during this launch); CG_LOGITS: the logits and
-        maxima too (also written during this launch)."""
-        mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-        den = tl.zeros([BLOCK_HC], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
-        for b in tl.static_range(K_BLOCKS):
-            rb = t * K_BLOCKS + b
-            if CG_LOGITS:
-                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"), cache_modifier=".cg")
-                sb = tl.load(
-                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
-                    mask=mask_h[:, None],
-                    other=float("-inf"),
-                    cache_modifier=".cg",
-                )
-            else:
-                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
-                sb = tl.load(
-                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
-                    mask=mask_h[:, None],
-                    other=float("-inf"),
-                )
-            pvb = tl.load(
-                pv_ptr + (rb * H + offs_h64[:, None]) * D + offs_v64[None, :],
-                mask=mask_h[:, None] & mask_v[None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            new = tl.maximum(mx, bm)
-            nb = tl.where(new == float("-inf"), 0.0, new)
-            alpha = tl.exp(mx - nb)
-            den = den * alpha + _row_sum(tl.exp(sb - nb[:, None]), BLOCK_HC, BLOCK_K, LOG2_K)
-            acc = acc * alpha[:, None] + pvb
-            mx = new
-        return mx, den, acc
-
-    @triton.jit
     def _pv_blocks_kernel(
         win_ptr,
         comp_ptr,
@@ -411,10 +336,29 @@ if HAVE_TRITON:
         lock = lock_ptr + t * tl.num_programs(2) + tl.program_id(2)
         arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
         if arrived == K_BLOCKS - 1:  # the last block of this slice: the recurrence, in block order
-            mx, den, acc = _stored_recurrence(
-                s_ptr, bm_ptr, pv_ptr, t, offs_h64, offs_v64, offs_k, mask_h, mask_v, H, D, BLOCK_HC, BLOCK_DV,
-                BLOCK_K, LOG2_K, K_BLOCKS, False,
-            )  # fmt: skip
+            mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+            den = tl.zeros([BLOCK_HC], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
+            for b in tl.static_range(K_BLOCKS):
+                rb = t * K_BLOCKS + b
+                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
+                sb = tl.load(
+                    s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                    mask=mask_h[:, None],
+                    other=float("-inf"),
+                )
+                pvb = tl.load(
+                    pv_ptr + (rb * H + offs_h64[:, None]) * D + offs_v64[None, :],
+                    mask=mask_h[:, None] & mask_v[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                new = tl.maximum(mx, bm)
+                nb = tl.where(new == float("-inf"), 0.0, new)
+                alpha = tl.exp(mx - nb)
+                den = den * alpha + _row_sum(tl.exp(sb - nb[:, None]), BLOCK_HC, BLOCK_K, LOG2_K)
+                acc = acc * alpha[:, None] + pvb
+                mx = new
             _combine_epilogue(
                 mx, den, acc, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, offs_h64, offs_v64, mask_h,
                 mask_v, D, dv * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,

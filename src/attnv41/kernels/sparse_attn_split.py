@@ -58,12 +58,7 @@ from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
-    from .sparse_attn_combine import (
-        _gather_ptrs,
-        _pv_blocks_kernel,
-        _pv_combine_kernel,
-        block_logits,
-    )
+    from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
 
@@ -137,8 +132,9 @@ if HAVE_TRITON:
         hb = tl.program_id(2)
         KB = tl.num_programs(1)
 
-        # [BLOCK_H] heads, [BLOCK_K] entries of this block
+        # [BLOCK_H] heads, [DK] columns of one chunk, [BLOCK_K] entries of this block
         offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        offs_c = tl.arange(0, DK)
         offs_k = tl.arange(0, BLOCK_K)
         mask_h = offs_h < H
         offs_h64 = offs_h.to(tl.int64)
@@ -148,10 +144,25 @@ if HAVE_TRITON:
         )
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
-        s = block_logits(
-            q_ptr, t, offs_h64, mask_h, present, from_win, ok, w_base, c_base, D, scale, stride_qt, stride_qh,
-            stride_qd, stride_wd, stride_cd, BLOCK_H, BLOCK_K, D_CHUNKS, DK, DOT_FP32, PACKED, WORDS,
-        )  # fmt: skip
+        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        for c in range(0, D_CHUNKS):
+            cols = c * DK + offs_c
+            cm = cols < D
+            cols64 = cols.to(tl.int64)
+            q_c = tl.load(
+                q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols64[None, :] * stride_qd,
+                mask=mask_h[:, None] & cm[None, :],
+                other=0.0,
+            )
+            r_c = _load_rows(
+                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
+            )
+            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+            else:
+                s = tl.dot(q_c, tl.trans(r_c), s)
+        s = s * scale
+        s = tl.where(present[None, :], s, float("-inf"))
 
         row = t * KB + kb
         s_ptrs = s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :]
@@ -206,21 +217,15 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     block_d = max(16, triton.next_power_of_2(D))
     bdv = min(block_d, cfg["comb_d"])
     n_slices = triton.cdiv(H, cfg["comb_h"]) * triton.cdiv(D, bdv)
+    if blocks and m * n_slices > _LOCKS:  # checked before anything is launched
+        raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
     block_h = min(cfg["bh"], max(16, triton.next_power_of_2(H)))
     n_hb = triton.cdiv(H, block_h)
     kbs = max(1, triton.cdiv(K, BLOCK_K))
-    if blocks and m * n_slices > _LOCKS:  # checked before anything is launched
-        raise ValueError(f"m = {m}: counters needed = {m * n_slices}; allowed: <= {_LOCKS} (tokens × slices)")
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"])
     strides = (*win.stride(), *comp.stride(), *sel.stride())
-    if rot is None:
-        cos = sin = sink
-        pos, o_rot, half = sel, out, 1
-    else:
-        cos, sin, pos, o_rot = rot
-        half = cos.shape[1]
     _logits_kernel[(m, kbs, n_hb)](
         q,
         win,
@@ -250,6 +255,12 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
+    if rot is None:
+        cos = sin = sink
+        pos, o_rot, half = sel, out, 1
+    else:
+        cos, sin, pos, o_rot = rot
+        half = cos.shape[1]
     if blocks:
         locks = _counters.buffer(dev)
         pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
