@@ -50,15 +50,15 @@ def test_paged_equals_each_sequence_alone(seed, device):
 
 @pytest.mark.parametrize(
     "tune",
-    [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8), dict(skip=True), dict(skip=True, sub=3)],
-    ids=["sub2", "sub3-32", "bl128", "skip", "skip-sub3"],
+    [dict(sub=2), dict(sub=3, block_l=32), dict(block_l=128, num_warps=8), dict(skip=False), dict(skip=False, sub=3)],
+    ids=["sub2", "sub3-32", "bl128", "noskip", "noskip-sub3"],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_launch_shapes_keep_the_bits(tune, packed, device):
     """Other launch shapes (keys per block, blocks per program as a loop, warps): every
     score's bytes as the production shape's, paged and contiguous, bf16 and packed keys;
     widths that leave a program's last blocks past L; blocks wholly past a token's visible
-    rows skipped (−∞ without the dot)."""
+    rows stored −∞ without the dot (production) or after it (skip=False)."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
     if packed:
         pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)

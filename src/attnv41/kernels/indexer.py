@@ -23,17 +23,18 @@ _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
 # blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
 # scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
-_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=False)
+_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=True)
 # `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
 # H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
 # 2026-12-02): 86.6 µs against 101.9 (bf16 keys), 110.8 against 113.2 (packed), the same
 # bytes. The single-sequence `index_scores` keeps `_TUNE` (its 1M-key decode not re-timed).
-_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=False)
-# skip=True (a tuning option, not yet timed on a GPU): a block of keys wholly past the token's
-# visible count stores −∞ without its loads' address math, dot and epilogue. The kernel's
-# time follows the width (the context bucket), not the visible count: on the H200 a 2,048-
-# token chunk cost 1.42 s from 524K to 917K tokens in the 1M bucket (BENCHMARKS 2026-12-03
-# sixth entry). Same bits where visible, −∞ elsewhere as before.
+_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=True)
+# skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
+# without its loads' address math, dot and epilogue, so a chunk's time follows its visible
+# rows, not the context bucket's width. H200 (scripts/index_prefill_probe.py, 2026-12-03
+# seventh entry), a 64-token tile in the 1M bucket at 55 % visible: 2.55 ms against 4.24
+# (bf16 keys), 3.45 against 6.03 (packed); at 90 %: 4.00 against 4.24, 5.48 against 6.05;
+# a 2,048-token chunk in the 32K bucket: 4.04 against 4.21. Every score's bytes equal.
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
