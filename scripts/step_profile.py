@@ -13,6 +13,10 @@ they are in a step (every kernel alone in `bench` (b) is timed with its own L2 f
 
 `--batch B`: a batched decode step of B sequences instead (`BatchV41` driven by
 `BatchGraphs`, every slot's pools assumed filled to the context with random index keys).
+`--chunk M`: a prompt chunk of M tokens of one sequence instead, at the context (the
+"cont" graph kind, as `bench --parts long` runs a long prompt's chunks; each profiled
+chunk follows the last, so the context grows by M per step): where a long prompt's chunk
+goes, e.g. `--chunk 2048 --context 786432 --steps 3`.
 
 Kernels launch without programmatic dependent launch here (`ATTNV41_PDL=0` unless set):
 with it a kernel's programs start early and wait for the previous kernel, so the
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=0, help="B > 0: a BatchGraphs step of B sequences")
     ap.add_argument("--verify-len", type=int, default=1, help="with --batch: k tokens per sequence (a verify step)")
+    ap.add_argument("--chunk", type=int, default=0, help="M > 0: a prompt chunk of M tokens of one sequence")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
     ap.add_argument("--kv-format", default="bf16", choices=["bf16", "packed"], help="the caches' format")
     args = ap.parse_args()
@@ -62,7 +67,10 @@ def main() -> None:
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    cfg = PRESETS[args.preset](max_tokens=256, max_seq=args.context + 256)
+    if args.chunk > 0 and args.batch > 0:
+        ap.error("--chunk and --batch: one or the other")
+    span = (args.steps + 4) * args.chunk if args.chunk > 0 else 256
+    cfg = PRESETS[args.preset](max_tokens=256, max_seq=max(256, args.context + span))
     stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev, kv_format=args.kv_format)
     gen = torch.Generator(device=dev).manual_seed(7)
     if args.batch > 0:
@@ -82,6 +90,22 @@ def main() -> None:
 
         def one(p):
             drv.step(xs, list(range(B)), [k] * B)
+    elif args.chunk > 0:
+        from attnv41.runtime.batch import BatchV41
+        from attnv41.runtime.batch_graphs import BatchGraphs
+
+        from attnv41.bench.batch import _random_keys
+
+        M = args.chunk
+        bt = BatchV41(cfg.replace(max_tokens=M), dev, n_slots=1, kv_format=args.kv_format)
+        bt.pool.assume(0, args.context)
+        _random_keys(bt, gen)
+        drv = BatchGraphs(bt, stack.weights, sizes=(M,))
+        xs = drv.x_in[:, :M]
+        xs.copy_(unit_rms_bf16(torch.randn(xs.shape, generator=gen, device=dev)))
+
+        def one(p):
+            drv.step(xs, [0], [M], [args.context + (p - args.context) * M])
     else:
         fill_context(stack, args.context, 0)
         xs = unit_rms_bf16(torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen, device=dev))
@@ -95,13 +119,14 @@ def main() -> None:
         one(p)
         p += 1
     sync()
+    gap_us = 1000.0 if args.chunk == 0 else 20_000.0  # a chunk's kernels may idle longer
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             one(p)
             p += 1
             sync()
             if cuda:
-                torch.cuda._sleep(4_000_000)  # steps apart: a gap > 1 ms separates them below
+                torch.cuda._sleep(4_000_000 if args.chunk == 0 else 80_000_000)  # steps apart: gaps separate them below
     ks = sorted(
         (e.time_range.start, e.time_range.end, _short(e.name))
         for e in prof.events()
@@ -110,7 +135,7 @@ def main() -> None:
     )
     steps, cur = [], []
     for k in ks:
-        if cur and k[0] - cur[-1][1] > 1000.0:  # µs
+        if cur and k[0] - cur[-1][1] > gap_us:
             steps.append(cur)
             cur = []
         cur.append(k)
@@ -130,7 +155,8 @@ def main() -> None:
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
     what = (f"batch {args.batch}{f' x {args.verify_len} tokens' if args.verify_len > 1 else ''}, " if args.batch else "") + f"{args.kv_format} caches, "
-    print(f"\n### decode step under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
+    what = (f"a {args.chunk}-token prompt chunk, " if args.chunk else "") + what
+    print(f"\n### {'prompt chunk' if args.chunk else 'decode step'} under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
@@ -148,7 +174,7 @@ def main() -> None:
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}_{args.kv_format}.json"), "w") as f:
+        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}c{args.chunk}_{args.kv_format}.json"), "w") as f:
             json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
 
 
