@@ -74,10 +74,9 @@ def main() -> None:
     stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev, kv_format=args.kv_format)
     gen = torch.Generator(device=dev).manual_seed(7)
     if args.batch > 0:
+        from attnv41.bench.batch import _random_keys
         from attnv41.runtime.batch import BatchV41
         from attnv41.runtime.batch_graphs import BatchGraphs
-
-        from attnv41.bench.batch import _random_keys
 
         B, k = args.batch, args.verify_len
         bt = BatchV41(cfg.replace(max_tokens=B * k), dev, n_slots=B, kv_format=args.kv_format)
@@ -91,10 +90,9 @@ def main() -> None:
         def one(p):
             drv.step(xs, list(range(B)), [k] * B)
     elif args.chunk > 0:
+        from attnv41.bench.batch import _random_keys
         from attnv41.runtime.batch import BatchV41
         from attnv41.runtime.batch_graphs import BatchGraphs
-
-        from attnv41.bench.batch import _random_keys
 
         M = args.chunk
         bt = BatchV41(cfg.replace(max_tokens=M), dev, n_slots=1, kv_format=args.kv_format)
