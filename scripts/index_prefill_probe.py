@@ -12,8 +12,10 @@ History: on 2026-12-03 (sixth entry) this script timed a prefill form (8 tokens 
 sharing each key tile), which lost (6.8 against 4.3 ms on the 1M tile) and was removed; it
 timed `skip=True` (blocks wholly past a token's visible rows: −∞ without the dot), which won
 (2.55 against 4.24 ms at 55 % visible) and became the production shape (seventh entry); it
-now times production against `skip=False`. Prints one Markdown table; writes JSON to $OUT/index_prefill_probe.json when OUT
-is set.
+now times production against `skip=False`, and the top-k (k = 512) over each bf16
+shape's scores with and without `neg_inf_past=True` (not yet run: tiles wholly past a
+token's visible rows counted without a read). Prints two Markdown tables; writes JSON to
+$OUT/index_prefill_probe.json when OUT is set.
 
     python scripts/index_prefill_probe.py
 """
@@ -27,6 +29,7 @@ import torch
 
 from attnv41.bench.common import Timer
 from attnv41.kernels import indexer as I
+from attnv41.kernels.topk import topk_fixed
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e8m0_qdq
 
@@ -48,7 +51,7 @@ def main() -> None:
     timer = Timer(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     H, d, B = 32, 128, 64
-    rows = []
+    rows, topk_rows = [], []
     for kvf in ("bf16", "packed"):
         for name, T, L, v0 in SHAPES:
             nb = L // B
@@ -82,6 +85,26 @@ def main() -> None:
                     r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
                 rows.append(r)
                 print(r, flush=True)
+            if kvf == "bf16" and base is not None:  # the top-k over these scores (k = 512)
+                sel = torch.empty(T, 512, dtype=torch.int32, device=dev)
+                first = None
+                for label, kw in (("production", {}), ("neg_inf_past", dict(neg_inf_past=True))):
+                    r = dict(shape=name, tokens=T, keys=L, config=label)
+                    try:
+
+                        def pick(kw=kw):
+                            topk_fixed(base, vis, 512, 0, sel, **kw)
+
+                        pick()
+                        timer.sync()
+                        if first is None:
+                            first = sel.clone()
+                        r["same"] = bool(torch.equal(sel, first))
+                        r["us"] = timer.time(pick, warmup=2, reps=10).median_ms * 1e3
+                    except Exception as ex:
+                        r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+                    topk_rows.append(r)
+                    print(r, flush=True)
             keys = out = base = None
             torch.cuda.empty_cache()
     print("\n| kv | shape | config | µs | same bits | token-key bytes / time (TB/s) |\n|---|---|---|---|---|---|")
@@ -90,9 +113,12 @@ def main() -> None:
             print(f"| {r['kv']} | {r['shape']} | {r['config']} | error: {r['error']} | | |")
         else:
             print(f"| {r['kv']} | {r['shape']} | {r['config']} | {r['us']:.1f} | {r['same']} | {r['key_tb_s']:.2f} |")
+    print("\n| top-k over | config | µs | same selection |\n|---|---|---|---|")
+    for r in topk_rows:
+        print(f"| {r['shape']} | {r['config']} | {r.get('us', float('nan')):.1f} | {r.get('same', r.get('error'))} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "index_prefill_probe.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(dict(scores=rows, topk=topk_rows), f, indent=1)
 
 
 if __name__ == "__main__":

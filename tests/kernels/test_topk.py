@@ -113,6 +113,29 @@ def test_topk_matches_twin(device, m, Lb, k, tile, mode):
         assert bool((outside == -9).all()), f"topk {name}: wrote outside its view"
 
 
+@pytest.mark.parametrize("m,Lb,k,tile", TOPK_CASES[1:])
+@pytest.mark.parametrize("mode", ["randn", "ties", "nan", "all_neg_inf"])
+def test_topk_neg_inf_past_reads_nothing_past_visible(device, m, Lb, k, tile, mode):
+    """neg_inf_past=True: every position ≥ visible[t] counts as −∞ unread, whole tiles past it
+    counted without a read: on the index source's scores (−∞ there) the same result as
+    without it; on raw scores the result on scores.masked_fill(past, −∞); with a mask too.
+    Visible counts of every kind (0, below k, Lb, past Lb, negative, random) over small tiles."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"topk-skip,{m},{Lb},{k},{mode}".encode()))
+    scores = _scores(gen, max(m, 5), Lb, mode)  # ≥ 5 rows: every fixed visible kind
+    vis = _visible(gen, scores.shape[0], Lb, k, torch.int64)
+    past = _neg_inf_past(scores, vis)
+    poisoned = scores.clone()
+    cols = torch.arange(Lb)[None, :] >= vis[:, None]
+    poisoned[cols] = float("nan")  # unread: a NaN past visible would rank above +∞ if it were
+    for name, s in (("neg_inf_past", past), ("raw", scores), ("nan_past", poisoned)):
+        got, outside = _topk_in_view(s, vis, k, 7, device, tile=tile, neg_inf_past=True)
+        _equal(f"topk skip {name}", got, _twin_topk(past, vis, k, 7))
+        assert bool((outside == -9).all()), f"topk skip {name}: wrote outside its view"
+    mask = torch.rand(scores.shape, generator=gen) < 0.5
+    got, _ = _topk_in_view(poisoned, vis, k, 0, device, mask=mask, tile=tile, neg_inf_past=True)
+    _equal("topk skip mask", got, _twin_topk(past, vis, k, 0, mask))
+
+
 MASK_TOPK_CASES = [
     pytest.param(3, 40, 17, 16, id="m3-Lb40-k17"),
     pytest.param(1, 2048 + 13, 512, 512, id="m1-Lb2061-k512"),
@@ -260,6 +283,7 @@ TOPK_BAD = [
     pytest.param(dict(tile=24), "tile = 24; allowed: a power of two in 16..65536", id="tile-not-pow2"),
     pytest.param(dict(tile=8), r"tile = 8; allowed: 16\.\.65536", id="tile-small"),
     pytest.param(dict(num_warps=3), "num_warps = 3; allowed: 1, 2, 4, 8, 16", id="warps-3"),
+    pytest.param(dict(neg_inf_past=1), "neg_inf_past = 1; allowed: True, False", id="skip-int"),
 ]
 
 

@@ -8,6 +8,7 @@ of two trees and diff it (identical SASS, identical behaviour on the GPU).
     python -m attnv41.bench.sass attn --m 1 --combine auto --dump /tmp/sass-new
     python -m attnv41.bench.sass attn --packed    # over packed rows; `index [--packed]`: index scores
     python -m attnv41.bench.sass tc --dtype fp8 --rope   # the batched projections over q's latent
+    python -m attnv41.bench.sass topk --neg-inf-past      # the radix top-k and candidate mask
     # the same from another revision's tree, then diff the two folders:
     git worktree add /tmp/rev REV && PYTHONPATH=/tmp/rev/src python -m attnv41.bench.sass attn --dump /tmp/sass-old
 
@@ -33,7 +34,7 @@ from collections import Counter
 
 import torch
 
-__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches", "tc_launches"]
+__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches", "tc_launches", "topk_launches"]
 
 
 def _bin(name: str) -> str:
@@ -192,6 +193,22 @@ def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False) -> list:
     return launches
 
 
+def topk_launches(m: int = 64, Lb: int = 1 << 20, k: int = 512, neg_inf_past: bool = False) -> list:
+    """The radix top-k (`topk.topk_fixed`, with and without a candidate mask) and the
+    candidate mask (`topk.candidate_mask_fixed`, blocks of 64) over m rows of Lb scores,
+    compiled: [(name, kernel)] (a kernel compiled twice appears twice)."""
+    from ..kernels.topk import candidate_mask_fixed, topk_fixed  # noqa: PLC0415
+
+    scores, vis = torch.zeros(m, Lb, dtype=torch.bfloat16), torch.zeros(m, dtype=torch.int32)
+    out, keep = torch.zeros(m, k, dtype=torch.int32), torch.zeros(m, Lb, dtype=torch.bool)
+    opt = dict(neg_inf_past=True) if neg_inf_past else {}  # (a tree from before the option compiles too)
+    with compile_only() as launches:
+        topk_fixed(scores, vis, k, 0, out, **opt)
+        topk_fixed(scores, vis, k, 0, out, keep, **opt)
+        candidate_mask_fixed(scores, vis, 512, 64, keep)
+    return launches
+
+
 def tc_launches(m: int = 64, dtype: str = "bf16", rope: bool = False) -> list:
     """The batched runtime's pass over q's latent (`tc_mm.mm_many_batch`: wq_b [32768, 1280]
     and indexer.wq_b [4096, 1280] in one launch, bf16 or FP8 weights), m tokens, with q's
@@ -237,7 +254,11 @@ def main(argv=None) -> None:
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
     t.add_argument("--rope", action="store_true", help="q's RoPE in the store (mm_many_batch's rope=)")
-    for p in (g, a, i, t):
+    k = sub.add_parser("topk")
+    k.add_argument("--m", type=int, default=64)
+    k.add_argument("--Lb", type=int, default=1 << 20)
+    k.add_argument("--neg-inf-past", action="store_true", help="topk_fixed's neg_inf_past=True")
+    for p in (g, a, i, t, k):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
     args = ap.parse_args(argv)
@@ -247,16 +268,20 @@ def main(argv=None) -> None:
         launches = index_launches(args.m, args.L, args.packed)
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
+    elif args.what == "topk":
+        launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
     else:
         launches = attn_launches(args.m, args.combine, packed=args.packed, tune=args.tune)
-    out = []
+    out, seen = [], Counter()
     for name, k in launches:
         rep = report(k, sass_lines=bool(args.dump))
-        if args.dump:
+        seen[name] += 1
+        if args.dump:  # a kernel's second compilation: name_2 (e.g. the top-k with a mask)
             os.makedirs(args.dump, exist_ok=True)
-            with open(os.path.join(args.dump, f"{name}.sass"), "w") as f:
+            stem = name if seen[name] == 1 else f"{name}_{seen[name]}"
+            with open(os.path.join(args.dump, f"{stem}.sass"), "w") as f:
                 f.write("\n".join(rep.pop("sass")) + "\n")
-            with open(os.path.join(args.dump, f"{name}.ttgir"), "w") as f:
+            with open(os.path.join(args.dump, f"{stem}.ttgir"), "w") as f:
                 f.write(rep["ttgir"])
         if not args.ttgir:
             rep.pop("ttgir")

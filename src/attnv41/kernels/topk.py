@@ -88,6 +88,7 @@ def topk_fixed(
     *,
     tile: int | None = None,
     num_warps: int | None = None,
+    neg_inf_past: bool = False,
 ) -> torch.Tensor:
     """The compressed part of the selection at a fixed width: writes `out` and returns it.
 
@@ -105,6 +106,12 @@ def topk_fixed(
 
     tile, num_warps: tuning knobs for tests and benchmarks (a power of two 16..65536
     positions per tile, warps per program); None takes the production constants.
+    neg_inf_past: every score at a position ≥ visible[t] counts as −∞ and is not read (the
+    index scores store −∞ there, so the result is the same as without it); the histogram
+    passes count a tile wholly past visible[t] without reading or sorting it (a long
+    prompt's early tokens in a wide context bucket). The result is that of
+    `scores.masked_fill(position ≥ visible, −∞)`. Off in the runtime: not yet timed on a
+    GPU.
     Four launches (a zeroing memset and three passes), no host sync: capturable.
     Arguments are checked on host metadata only, before anything is written.
     """
@@ -118,6 +125,8 @@ def topk_fixed(
     num_warps = _WARPS if num_warps is None else num_warps
     _check_pow2("topk_fixed: tile", tile, 16, 65536)
     _check_warps("topk_fixed: num_warps", num_warps)
+    if not isinstance(neg_inf_past, bool):
+        raise ValueError(f"topk_fixed: neg_inf_past = {neg_inf_past!r}; allowed: True, False")
     require_triton("topk_fixed", scores, visible, out, *([] if mask is None else [mask]))
     if m == 0:
         return out
@@ -133,8 +142,9 @@ def topk_fixed(
         grid = (n_tiles, r1 - r0)
         strides = dict(s_row=bits.stride(0), s_col=bits.stride(1), k_row=k_row, k_col=k_col)
         b, kp, h, tb = bits[r0:r1], keep[r0:r1], hist[r0:r1], table[r0:r1]
-        _hist_high_kernel[grid](b, kp, h, Lb, **strides, **src, **pdl_launch(b))
-        _hist_low_kernel[grid](b, kp, h, tb, Lb, k, n_tiles, **strides, **src, **pdl_launch(b))
+        vr = dict(vis_ptr=visible[r0:r1], s_vis=visible.stride(0), SKIP=neg_inf_past)
+        _hist_high_kernel[grid](b, kp, h, Lb, **strides, **vr, **src, **pdl_launch(b))
+        _hist_low_kernel[grid](b, kp, h, tb, Lb, k, n_tiles, **strides, **vr, **src, **pdl_launch(b))
         _topk_write_kernel[grid](
             b,
             kp,
@@ -151,6 +161,7 @@ def topk_fixed(
             o_row=out.stride(0),
             o_col=out.stride(1),
             PREFIX=_PREFIX,
+            SKIP=neg_inf_past,
             **src,
             **pdl_launch(b),
         )
@@ -229,8 +240,9 @@ def candidate_mask_fixed(
             **pdl_launch(ky),
         )
         _hist_low_kernel[grid](
-            ky, ky, h, tb, n_blocks, keep_n, n_tiles, **kstr, FROM_BITS=False, HAS_MASK=False, **opt, **pdl_launch(ky)
-        )
+            ky, ky, h, tb, n_blocks, keep_n, n_tiles, **kstr, vis_ptr=visible[r0:r1], s_vis=visible.stride(0),
+            SKIP=False, FROM_BITS=False, HAS_MASK=False, **opt, **pdl_launch(ky),
+        )  # fmt: skip
         _mask_write_kernel[grid](
             ky,
             h,
@@ -272,20 +284,39 @@ if HAVE_TRITON:
 
     @triton.jit
     def _load_keys(
-        src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS: tl.constexpr, HAS_MASK: tl.constexpr
+        src_ptr,
+        keep_ptr,
+        t,
+        idx,
+        ok,
+        s_row,
+        s_col,
+        k_row,
+        k_col,
+        FROM_BITS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        vis=0,
+        SKIP: tl.constexpr = False,
     ):
         """Keys of row t at columns idx (int64): from bf16 bits (FROM_BITS) or stored int16
-        keys; −∞ (0x7F) where the keep mask is 0 (HAS_MASK). Lanes outside `ok` get key 0,
-        below every real key (≥ 0x7F): they never compare ≥ a threshold T, which is the key
-        of a real entry, so only the histograms need `ok` as a mask."""
-        raw = tl.load(src_ptr + t * s_row + idx * s_col, mask=ok, other=0)
+        keys; −∞ (0x7F) where the keep mask is 0 (HAS_MASK), and with SKIP at columns
+        ≥ vis (not read). Lanes outside `ok` get key 0, below every real key (≥ 0x7F): they
+        never compare ≥ a threshold T, which is the key of a real entry, so only the
+        histograms need `ok` as a mask."""
+        if SKIP:
+            seen = ok & (idx < vis)
+        else:
+            seen = ok
+        raw = tl.load(src_ptr + t * s_row + idx * s_col, mask=seen, other=0)
         if FROM_BITS:
             key = _order_key(raw)
         else:
             key = raw.to(tl.int32) & 0xFFFF
         if HAS_MASK:
-            kept = tl.load(keep_ptr + t * k_row + idx * k_col, mask=ok, other=0)
+            kept = tl.load(keep_ptr + t * k_row + idx * k_col, mask=seen, other=0)
             key = tl.where(kept != 0, key, 0x7F)
+        if SKIP:
+            key = tl.where(seen, key, 0x7F)
         return tl.where(ok, key, 0)
 
     @triton.jit
@@ -300,6 +331,19 @@ if HAVE_TRITON:
         return b, above
 
     @triton.jit
+    def _past_visible(vis_ptr, s_vis, t, tile, N, TILE: tl.constexpr, SKIP: tl.constexpr):
+        """With SKIP: visible[t] (int64), and how many columns tile `tile` of row t holds
+        when it lies wholly past it (keys all −∞, 0x7F: high byte 0, low byte 0x7F), else 0.
+        Without SKIP: (0, 0)."""
+        n = tl.program_id(0) * 0  # int32 0
+        vis = n.to(tl.int64)
+        if SKIP:
+            c0 = tile.to(tl.int64) * TILE
+            vis = tl.load(vis_ptr + t * s_vis).to(tl.int64)
+            n = tl.where(c0 >= vis, tl.minimum(N - c0, TILE), 0).to(tl.int32)
+        return vis, n
+
+    @triton.jit
     def _hist_high_kernel(
         src_ptr,
         keep_ptr,
@@ -309,9 +353,12 @@ if HAVE_TRITON:
         s_col,
         k_row,
         k_col,
+        vis_ptr,
+        s_vis,
         TILE: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        SKIP: tl.constexpr,
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -319,14 +366,18 @@ if HAVE_TRITON:
         # program (tile, t): columns tile·TILE … of row t; adds into hist[t, :256]
         tile = tl.program_id(0)
         t = tl.program_id(1).to(tl.int64)
-        # [TILE] column
-        idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
-        ok = idx < N
-        key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
-        # [256] this tile's high-byte counts
-        h = tl.histogram(key >> 8, 256, mask=ok)
-        byte = tl.arange(0, 256)
-        tl.atomic_add(hist_ptr + t * 512 + byte, h, mask=h != 0, sem="relaxed")
+        vis, past = _past_visible(vis_ptr, s_vis, t, tile, N, TILE, SKIP)
+        if past > 0:  # all −∞: high byte 0, counted without a read
+            tl.atomic_add(hist_ptr + t * 512, past, sem="relaxed")
+        else:
+            # [TILE] column
+            idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+            ok = idx < N
+            key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK, vis, SKIP)
+            # [256] this tile's high-byte counts
+            h = tl.histogram(key >> 8, 256, mask=ok)
+            byte = tl.arange(0, 256)
+            tl.atomic_add(hist_ptr + t * 512 + byte, h, mask=h != 0, sem="relaxed")
 
     @triton.jit
     def _hist_low_kernel(
@@ -341,9 +392,12 @@ if HAVE_TRITON:
         s_col,
         k_row,
         k_col,
+        vis_ptr,
+        s_vis,
         TILE: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        SKIP: tl.constexpr,
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -355,14 +409,19 @@ if HAVE_TRITON:
         # [256] byte value
         byte = tl.arange(0, 256)
         hi, _ = _byte_threshold(tl.load(hist_ptr + t * 512 + byte), k)
-        # [TILE] column
-        idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
-        ok = idx < N
-        key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
-        high = key >> 8
-        gt_hi = tl.sum((high > hi).to(tl.int32), 0)  # lanes outside ok have high byte 0 ≤ hi
-        # [256] this tile's low-byte counts among keys with high byte hi
-        low = tl.histogram(key & 0xFF, 256, mask=ok & (high == hi))
+        vis, past = _past_visible(vis_ptr, s_vis, t, tile, N, TILE, SKIP)
+        if past > 0:  # all −∞ (key 0x7F): no key above hi; `past` of low byte 0x7F when hi = 0
+            gt_hi = past * 0
+            low = tl.where((byte == 0x7F) & (hi == 0), past, 0)
+        else:
+            # [TILE] column
+            idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+            ok = idx < N
+            key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK, vis, SKIP)
+            high = key >> 8
+            gt_hi = tl.sum((high > hi).to(tl.int32), 0)  # lanes outside ok have high byte 0 ≤ hi
+            # [256] this tile's low-byte counts among keys with high byte hi
+            low = tl.histogram(key & 0xFF, 256, mask=ok & (high == hi))
         ge = gt_hi + tl.sum(low, 0) - tl.cumsum(low, 0) + low  # #(key ≥ hi·256 + b)
         col = table_ptr + t * 257 * n_tiles + tile
         tl.store(col + byte.to(tl.int64) * n_tiles, ge)
@@ -421,6 +480,7 @@ if HAVE_TRITON:
         PREFIX: tl.constexpr,
         FROM_BITS: tl.constexpr,
         HAS_MASK: tl.constexpr,
+        SKIP: tl.constexpr = False,
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -435,7 +495,13 @@ if HAVE_TRITON:
             # [TILE] position
             idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
             ok = idx < N
-            key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
+            if SKIP:
+                vs = tl.load(vis_ptr + t * s_vis).to(tl.int64)
+                key = _load_keys(
+                    src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK, vs, SKIP
+                )
+            else:
+                key = _load_keys(src_ptr, keep_ptr, t, idx, ok, s_row, s_col, k_row, k_col, FROM_BITS, HAS_MASK)
             eq = (key == thresh).to(tl.int32)
             eq_rank = eq_before + tl.cumsum(eq, 0) - eq  # ties in position order, over the row
             take = ((key > thresh) | ((eq != 0) & (eq_rank < need))).to(tl.int32)
