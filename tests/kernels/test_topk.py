@@ -114,7 +114,7 @@ def test_topk_matches_twin(device, m, Lb, k, tile, mode):
 
 
 @pytest.mark.parametrize("m,Lb,k,tile", TOPK_CASES[1:])
-@pytest.mark.parametrize("mode", ["randn", "ties", "nan", "all_neg_inf"])
+@pytest.mark.parametrize("mode", ["ties", "nan", "all_neg_inf"])
 def test_topk_neg_inf_past_reads_nothing_past_visible(device, m, Lb, k, tile, mode):
     """neg_inf_past=True: every position ≥ visible[t] counts as −∞ unread, whole tiles past it
     counted without a read: on the index source's scores (−∞ there) the same result as
