@@ -320,7 +320,7 @@ if HAVE_TRITON:
             j = j0 + tl.arange(0, BLOCK_L)
             j_ok = j < L
             j64 = j.to(tl.int64)
-            if SKIP:  # a block wholly past the visible rows: −∞, no dot (tuning option)
+            if SKIP:  # a block wholly past the visible rows: −∞, no dot (production: _TUNE, _PAGED_TUNE)
                 live = j0 < vis
             else:
                 live = True
