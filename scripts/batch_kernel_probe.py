@@ -76,21 +76,26 @@ ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
     for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
 ]
+# The index scores' launch shapes (2026-12-04): production against the keys-major
+# orientation (`keys_m`: keys as the MMA's 64 rows, a warpgroup MMA at 4 warps, the heads'
+# sum within a thread and its quad) at several tiles. The earlier heads-major sweeps
+# (BENCHMARKS.md, 2026-12-02 eighth entry) chose production's 4 blocks, 2 warps, 2 stages.
 INDEX = [("production", {})] + [
-    (f"bl={bl} sub={sub} w={w} st={st}", dict(block_l=bl, sub=sub, num_warps=w, num_stages=st))
-    for bl, sub, w, st in (
-        (64, 2, 4, 3),
-        (64, 4, 4, 3),
-        (64, 8, 4, 3),
-        (64, 4, 4, 2),
-        (64, 4, 8, 3),
-        (128, 1, 4, 3),
-        (128, 2, 4, 3),
-        (128, 4, 8, 3),
-        (32, 4, 4, 3),
-        (64, 1, 2, 3),
-        (64, 4, 2, 2),
-        (128, 2, 4, 2),
+    (
+        f"{'keys_m ' if km else ''}bl={bl} sub={sub} w={w} st={st}",
+        dict(keys_m=km, block_l=bl, sub=sub, num_warps=w, num_stages=st),
+    )
+    for km, bl, sub, w, st in (
+        (False, 64, 1, 4, 3),
+        (True, 64, 4, 2, 2),
+        (True, 64, 4, 4, 2),
+        (True, 64, 4, 4, 3),
+        (True, 64, 1, 4, 3),
+        (True, 64, 2, 4, 2),
+        (True, 64, 8, 4, 2),
+        (True, 128, 2, 4, 2),
+        (True, 128, 2, 8, 2),
+        (True, 128, 1, 4, 3),
     )
 ]
 
@@ -133,6 +138,7 @@ def _single_index(L: int, kvs, dev, timed) -> list[dict]:
                     config=name,
                     us=t.median_ms * 1e3,
                     same=bool(torch.equal(out, base)),
+                    ndiff=int((out.view(torch.int16) != base.view(torch.int16)).sum()),
                 )
             except Exception as ex:  # one shape failing must not stop the probe
                 r = dict(
@@ -274,6 +280,7 @@ def main() -> int:
                     config=name,
                     us=t.median_ms * 1e3,
                     same=bool(torch.equal(out, base)),
+                    ndiff=int((out.view(torch.int16) != base.view(torch.int16)).sum()),
                 )
             except Exception as ex:
                 r = dict(
@@ -299,7 +306,8 @@ def main() -> int:
             print(f"| {r['kv']} | {r['kernel']} | {r['config']} | error: {r['error']} | | |")
         else:
             err = f"{r['err']:.2g}" if "err" in r else "-"
-            print(f"| {r['kv']} | {r['kernel']} | {r['config']} | {r['us']:.1f} | {r.get('same', '-')} | {err} |")
+            same = r.get("same", "-") if r.get("same", True) else f"False ({r['ndiff']} entries)"
+            print(f"| {r['kv']} | {r['kernel']} | {r['config']} | {r['us']:.1f} | {same} | {err} |")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "batch_kernel_probe.json"), "w") as f:

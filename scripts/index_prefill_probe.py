@@ -43,6 +43,8 @@ TUNES = [
     ("no skip", dict(skip=False)),
     ("sub=2", dict(sub=2)),
     ("w4", dict(num_warps=4)),
+    ("keys_m", dict(keys_m=True)),
+    ("keys_m w4", dict(keys_m=True, num_warps=4)),
 ]
 
 

@@ -61,10 +61,15 @@ SHAPES = [
 ]
 
 
+# the production orientation, and the keys as the MMA's rows (the heads' sum within a thread)
+ORIENT = [pytest.param({}, id="heads-m"), pytest.param(dict(keys_m=True), id="keys-m")]
+
+
+@pytest.mark.parametrize("tune", ORIENT)
 @pytest.mark.parametrize("m,H,d,L", SHAPES)
-def test_matches_reference(device, m, H, d, L):
+def test_matches_reference(device, m, H, d, L, tune):
     iq, w, keys, vis = _inputs(m * 1000 + H * 100 + L, m, H, d, L, device)
-    got = index_scores(iq, w, keys, vis)
+    got = index_scores(iq, w, keys, vis, **tune)
     _assert_scores_close("index_scores", got, ref_index_scores(iq, w, keys, vis))
 
 
@@ -79,9 +84,10 @@ EXACT = [
 ]
 
 
+@pytest.mark.parametrize("tune", ORIENT)
 @pytest.mark.parametrize("v,d,lo,hi,continuous", EXACT)
 @pytest.mark.parametrize("m,H,L", [(7, 4, 70), (13, 2, 13)], ids=["m7-h4-L70", "m13-h2-L13"])
-def test_exact_on_small_integers(device, m, H, L, v, d, lo, hi, continuous):
+def test_exact_on_small_integers(device, m, H, L, v, d, lo, hi, continuous, tune):
     """Integer iq and keys and weights of bounded exponent keep every fp32 sum exact in any
     order (all bits lie within 24 consecutive powers of two), so each rounding step
     (dot → bf16, product → bf16, head sum → bf16) must match the reference bit for bit."""
@@ -93,7 +99,7 @@ def test_exact_on_small_integers(device, m, H, L, v, d, lo, hi, continuous):
     w = (sign * torch.exp2(e if continuous else e.round())).bfloat16().to(device)
     vis = torch.full((m,), L, dtype=torch.int32, device=device)
     ref = ref_index_scores(iq, w, keys, vis)
-    _assert_scores_close("index_scores exact", index_scores(iq, w, keys, vis), ref, exact=True)
+    _assert_scores_close("index_scores exact", index_scores(iq, w, keys, vis, **tune), ref, exact=True)
 
 
 @pytest.mark.parametrize("vis_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])

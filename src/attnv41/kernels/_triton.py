@@ -32,7 +32,18 @@ __all__ = [
     "PDL_ENV",
 ]
 
-if HAVE_TRITON:
+# How `round_bf16` rounds on CUDA (a development switch, read at import; the interpreter
+# always takes "bits"): "bits", explicit bit arithmetic; "cvt", the hardware conversion
+# (cvt.rn.bf16.f32, two values per instruction) with NaN made canonical. The same bits
+# either way; scripts/batch_kernel_probe.py times the kernels under each.
+ROUND_ENV = "ATTNV41_ROUND_BF16"
+ROUND_BF16 = os.environ.get(ROUND_ENV, "bits")
+if ROUND_BF16 not in ("bits", "cvt"):
+    raise ValueError(f"{ROUND_ENV} = {ROUND_BF16!r}; allowed: 'bits', 'cvt'")
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    ROUND_BF16 = "bits"
+
+if HAVE_TRITON and ROUND_BF16 == "bits":
 
     @triton.jit
     def round_bf16(x):
@@ -51,6 +62,20 @@ if HAVE_TRITON:
         bits = tl.where(x != x, 0x7FC00000, bits)
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
+
+if HAVE_TRITON and ROUND_BF16 == "cvt":
+
+    @triton.jit
+    def round_bf16(x):
+        """fp32 → bf16 as the bit form (round to nearest even, every NaN → 0x7FC0): the
+        hardware conversion rounds to nearest even and keeps ±inf, overflow and subnormals
+        as the bit arithmetic does; only its NaN (0x7FFF) is replaced."""
+        y = x.to(tl.bfloat16)
+        nan = tl.full(x.shape, 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x != x, nan, y)
+
+
+if HAVE_TRITON:
     # The packed formats' codes and scales (attnv41.packed) → their fp32 values, exactly:
     # the dequantization of every kernel that reads packed rows, in few instructions per
     # element (it runs once per element read, on CUDA cores beside the dot).

@@ -23,12 +23,12 @@ _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
 # blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
 # scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
-_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=True)
+_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=True, keys_m=False)
 # `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
 # H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
 # 2026-12-02): 86.6 µs against 101.9 (bf16 keys), 110.8 against 113.2 (packed), the same
 # bytes. The single-sequence `index_scores` keeps `_TUNE` (its 1M-key decode not re-timed).
-_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=True)
+_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=True, keys_m=False)
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
 # without its loads' address math, dot and epilogue, so a chunk's time follows its visible
 # rows, not the context bucket's width. H200 (scripts/index_prefill_probe.py, 2026-12-03
@@ -152,6 +152,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"],
         SKIP=cfg["skip"],
+        KEYS_M=cfg["keys_m"],
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
@@ -231,7 +232,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
-        SUB=cfg["sub"], SKIP=cfg["skip"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        SUB=cfg["sub"], SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(iq),
     )  # fmt: skip
@@ -291,6 +292,7 @@ if HAVE_TRITON:
         WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
         PDL: tl.constexpr = False,
         SKIP: tl.constexpr = False,
+        KEYS_M: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -340,16 +342,29 @@ if HAVE_TRITON:
                     k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
                 else:
                     k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-                # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
-                if DOT_F32:
-                    dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+                if KEYS_M:
+                    # [BLOCK_L, H_P] dots with the keys as the MMA's rows (64 rows: a warpgroup
+                    # MMA at 4 warps), the heads as its columns: the sum over heads stays
+                    # within a thread and its quad instead of crossing warps
+                    if DOT_F32:
+                        dots = tl.dot(k.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
+                    else:
+                        dots = tl.dot(k, tl.trans(q), out_dtype=tl.float32)
+                    dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+                    prod = round_bf16(dots * w[None, :]).to(tl.float32)
+                    s = tl.sum(prod, axis=1)
                 else:
-                    dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-                dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-                # [H_P, BLOCK_L] weighted, rounded to bf16
-                prod = round_bf16(dots * w[:, None]).to(tl.float32)
-                # [BLOCK_L] sum over heads in fp32, rounded to bf16; −inf past the visible rows
-                s = tl.sum(prod, axis=0)
+                    # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
+                    if DOT_F32:
+                        dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+                    else:
+                        dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+                    dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+                    # [H_P, BLOCK_L] weighted, rounded to bf16
+                    prod = round_bf16(dots * w[:, None]).to(tl.float32)
+                    # [BLOCK_L] sum over heads in fp32, rounded to bf16
+                    s = tl.sum(prod, axis=0)
+                # −inf past the visible rows
                 s = tl.where(j64 < vis, s, float("-inf"))
                 tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
             else:
