@@ -61,8 +61,9 @@ SHAPES = [
 ]
 
 
-# the production orientation, and the keys as the MMA's rows (the heads' sum within a thread)
-ORIENT = [pytest.param({}, id="heads-m"), pytest.param(dict(keys_m=True), id="keys-m")]
+# the production shape (keys as the MMA's rows, the heads' sum within a thread), and the
+# heads as the MMA's rows (keys_m=False)
+ORIENT = [pytest.param({}, id="keys-m"), pytest.param(dict(keys_m=False), id="heads-m")]
 
 
 @pytest.mark.parametrize("tune", ORIENT)

@@ -51,29 +51,29 @@ def test_paged_equals_each_sequence_alone(seed, device):
 @pytest.mark.parametrize(
     "tune",
     [
-        dict(sub=2),
+        dict(sub=4),
         dict(sub=3, block_l=32),
         dict(block_l=128, num_warps=8),
         dict(skip=False),
-        dict(skip=False, sub=3),
-        dict(keys_m=True, sub=3, block_l=32),
-        dict(keys_m=True, block_l=128, num_warps=8),
-        dict(keys_m=True, skip=False, num_warps=4),
+        dict(skip=False, sub=3, num_warps=2),
+        dict(keys_m=False),
+        dict(keys_m=False, sub=3, block_l=32, num_warps=2),
+        dict(keys_m=False, block_l=128, num_warps=8, skip=False),
     ],
-    ids=["sub2", "sub3-32", "bl128", "noskip", "noskip-sub3", "km-sub3-32", "km-bl128", "km-noskip-w4"],
+    ids=["sub4", "sub3-32", "bl128", "noskip", "noskip-sub3-w2", "hm", "hm-sub3-32-w2", "hm-bl128-noskip"],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_launch_shapes_keep_the_bits(tune, packed, device):
     """Other launch shapes (keys per block, blocks per program as a loop, warps): every
-    score's bytes as the production shape's of the same orientation (keys_m: the keys as
-    the MMA's rows, whose head sums may run in another fp32 order), paged and contiguous,
+    score's bytes as the production shape's of the same orientation (keys_m=False: the
+    heads as the MMA's rows, whose head sums may run in another fp32 order), paged and contiguous,
     bf16 and packed keys; widths that leave a program's last blocks past L; blocks wholly
     past a token's visible rows stored −∞ without the dot (production) or after it
     (skip=False)."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
     if packed:
         pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)
-    orient = {"keys_m": tune.get("keys_m", False)}
+    orient = {"keys_m": tune.get("keys_m", True)}
     base = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, **orient)
     got = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, **tune)
     assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"paged {tune}"

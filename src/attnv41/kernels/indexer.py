@@ -21,14 +21,20 @@ __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_sc
 _INT = (torch.int32, torch.int64)
 _BLOCK_L = 64  # keys per program
 # The launch shape (a constant: a key's bits never depend on m or L): keys per block,
-# blocks per program (a loop), warps, pipeline stages (Triton's defaults 4 and 3).
+# blocks per program (a loop), warps, pipeline stages, skip (below), keys_m (below).
 # scripts/batch_kernel_probe.py times alternatives (in a batched step, or at m = 1).
-_TUNE = dict(block_l=_BLOCK_L, sub=1, num_warps=4, num_stages=3, skip=True, keys_m=False)
-# `index_scores_paged` (the batched runtime's): 4 blocks per program, 2 warps, 2 stages.
-# H200, batch 64 at a 32K context on one step's own inputs (scripts/batch_kernel_probe.py,
-# 2026-12-02): 86.6 µs against 101.9 (bf16 keys), 110.8 against 113.2 (packed), the same
-# bytes. The single-sequence `index_scores` keeps `_TUNE` (its 1M-key decode not re-timed).
-_PAGED_TUNE = dict(block_l=_BLOCK_L, sub=4, num_warps=2, num_stages=2, skip=True, keys_m=False)
+# keys_m=True: the keys are the MMA's 64 rows and the heads its columns (a warpgroup MMA at
+# 4 warps); the sum over heads then stays within a thread and its quad instead of crossing
+# warps, in another fp32 order than keys_m=False (the reference's contract allows any: one
+# score of 1M differed by one bf16 ulp on the H200). H200, 2026-12-04 (batch_kernel_probe,
+# the kernels alone, with round_bf16's hardware form): 1,048,000 keys at m = 1 75.2 µs
+# against 81.6 (keys_m=False, 1 block, 4 warps, 3 stages; packed 92.7 against 105.7); B = 64
+# at 32K on a batched step's own inputs 78.9 against 82.9 (keys_m=False, 4 blocks, 2 warps,
+# 2 stages; packed 93.3 against 101.1). Both entry points take the same shape, so a token's
+# scores have the same bits through either (the runtimes' equality tests rely on it).
+_TUNE = dict(block_l=_BLOCK_L, sub=2, num_warps=4, num_stages=2, skip=True, keys_m=True)
+# `index_scores_paged` (the batched runtime's)
+_PAGED_TUNE = dict(_TUNE)
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
 # without its loads' address math, dot and epilogue, so a chunk's time follows its visible
 # rows, not the context bucket's width. H200 (scripts/index_prefill_probe.py, 2026-12-03
@@ -116,7 +122,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     fp32 sum rounds to the other bf16 neighbour; a column's bits do not depend on L.
 
     out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
-    (block_l, sub, num_warps, num_stages, skip) is for the tuning script only: the launch shape
+    (block_l, sub, num_warps, num_stages, skip, keys_m) is for the tuning script only: the launch shape
     is a constant (`_TUNE`) in the runtime.
     """
     _check(iq, weights, keys, visible, out)
