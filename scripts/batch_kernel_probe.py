@@ -70,6 +70,24 @@ ATTN_SETS = {
         ("logits bh=32 comb_h=32", dict(bh=32, comb_h=32)),
     ],
 }
+# `--attn-set logits`: the logits kernel's warps and stages (2026-12-04: packed rows' logits
+# compile to 254 registers at 4 warps, 166 at 8), whole attention and logits alone
+ATTN_SETS["logits"] = (
+    [("production", {}), ("logits only", {"only_logits": True})]
+    + [
+        (
+            f"logits w={w} st={st}{' (only)' if only else ''}",
+            dict(warps_a=w, stages_a=st, **({"only_logits": True} if only else {})),
+        )
+        for w, st in ((8, 3), (8, 1), (4, 1), (4, 2), (8, 2))
+        for only in (False, True)
+    ]
+    + [
+        ("_TUNE", dict(ss._TUNE)),
+        ("_TUNE logits w=8", dict(ss._TUNE, warps_a=8)),
+        ("_TUNE logits w=8 st=1", dict(ss._TUNE, warps_a=8, stages_a=1)),
+    ]
+)
 # `--attn-set single`: the single-sequence shape (`_TUNE`, what a batch-1 call takes) with
 # other logits tiles: head blocks of 16 / 32 (4 / 2 times the programs), warps, stages
 ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
