@@ -70,7 +70,7 @@ ATTN_SETS = {
         ("logits bh=32 comb_h=32", dict(bh=32, comb_h=32)),
     ],
 }
-# `--attn-set logits`: the logits kernel's warps and stages (2026-12-04: packed rows' logits
+# `--attn-set logits`: the logits kernel's warps and stages (2026-12-03: packed rows' logits
 # compile to 254 registers at 4 warps, 166 at 8), whole attention and logits alone
 ATTN_SETS["logits"] = (
     [("production", {}), ("logits only", {"only_logits": True})]
@@ -94,7 +94,7 @@ ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
     for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
 ]
-# The index scores' launch shapes (2026-12-04): production against the keys-major
+# The index scores' launch shapes (2026-12-03): production against the keys-major
 # orientation (`keys_m`: keys as the MMA's 64 rows, a warpgroup MMA at 4 warps, the heads'
 # sum within a thread and its quad) at several tiles. The earlier heads-major sweeps
 # (BENCHMARKS.md, 2026-12-02 eighth entry) chose production's 4 blocks, 2 warps, 2 stages.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-04, call 2: round_bf16's hardware form and the keys-major index scores as the
+# 2026-12-03, call 2: round_bf16's hardware form and the keys-major index scores as the
 # production shapes. The quick tier, then `attnv41 bench --parts index,batch,decode,peer`
 # (index scores + top-k up to 1M; BatchGraphs at B = 1 and 64, 32K, bf16 and packed
 # caches; DecodeGraphs at 4K and 32K, bf16 and FP8 weights; sparse attention beside

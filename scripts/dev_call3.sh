@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-04, call 3: the logits kernel's warps and stages on a batched step's own inputs
+# 2026-12-03, call 3: the logits kernel's warps and stages on a batched step's own inputs
 # (B = 64 and 1 at 32K, bf16 and packed rows; `batch_kernel_probe.py --attn-set logits`),
 # then where the B = 64, 32K step goes with bf16 and packed caches (step_profile.py: one
 # graph replay, PDL off). carry: [".golden"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-04, call 4: the final code (round_bf16 cvt, keys-major index scores, the batched
+# 2026-12-03, call 4: the final code (round_bf16 cvt, keys-major index scores, the batched
 # logits kernel at 2 stages): the quick tier, then `attnv41 bench --parts index,batch,peer`
 # (index scores + top-k to 1M; BatchGraphs B = 1 and 64 at 32K, bf16 and packed caches;
 # sparse attention beside FlashMLA). carry: [".golden", ".whl"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-04, call 1: the index scores with the keys as the MMA's rows (`keys_m`) and the
+# 2026-12-03, call 1: the index scores with the keys as the MMA's rows (`keys_m`) and the
 # hardware bf16 rounding (`ATTNV41_ROUND_BF16=cvt`), timed on one batched step's own inputs
 # (B = 64 at 32K, bf16 and packed keys; m = 1 over 1,048,000 keys), the attention under both
 # roundings; the kernel tests on the GPU under cvt (every twin comparison's bytes); then the

@@ -39,7 +39,7 @@ __all__ = [
 # conversion (cvt.rn.bf16.f32) with NaN made canonical; "bits", explicit bit arithmetic.
 # The same bits either way (tests/kernels/test_round.py checks both on the GPU; every kernel
 # test passed under each on the H200); the interpreter always takes "bits", whose cast
-# truncates. H200, 2026-12-04 (scripts/batch_kernel_probe.py, the kernels alone): cvt takes
+# truncates. H200, 2026-12-03 (scripts/batch_kernel_probe.py, the kernels alone): cvt takes
 # the batched attention from 70.0 to 66.9 µs (packed rows 86.0 to 82.8) and the index
 # scores over 1M keys from 92.6 to 81.6 µs.
 ROUND_ENV = "ATTNV41_ROUND_BF16"

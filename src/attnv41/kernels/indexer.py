@@ -26,7 +26,7 @@ _BLOCK_L = 64  # keys per program
 # keys_m=True: the keys are the MMA's 64 rows and the heads its columns (a warpgroup MMA at
 # 4 warps); the sum over heads then stays within a thread and its quad instead of crossing
 # warps, in another fp32 order than keys_m=False (the reference's contract allows any: one
-# score of 1M differed by one bf16 ulp on the H200). H200, 2026-12-04 (batch_kernel_probe,
+# score of 1M differed by one bf16 ulp on the H200). H200, 2026-12-03 (batch_kernel_probe,
 # the kernels alone, with round_bf16's hardware form): 1,048,000 keys at m = 1 75.2 µs
 # against 81.6 (keys_m=False, 1 block, 4 warps, 3 stages; packed 92.7 against 105.7); B = 64
 # at 32K on a batched step's own inputs 78.9 against 82.9 (keys_m=False, 4 blocks, 2 warps,

@@ -85,7 +85,7 @@ _BLOCKS_MAX_M = 1
 # 98.5 for 64 (bf16 rows; packed 108.8 against 139.8), the same bytes on the H200; with
 # the rope epilogue in registers 68.5 (packed 102.1), and one pipeline stage in the loop
 # 69.3 (packed 86.5: the packed loop's dequantization spills less).
-# 2026-12-04 (batch_kernel_probe --attn-set logits, B = 64 at 32K, the same bytes): the
+# 2026-12-03 (batch_kernel_probe --attn-set logits, B = 64 at 32K, the same bytes): the
 # logits kernel with 2 pipeline stages instead of 3, 64.5 µs against 66.1 (packed rows 80.5
 # against 82.8); 8 warps lose on packed rows (98.4: 166 registers, one program per SM). At
 # batch 1 (`_TUNE`, 10 logits programs) 2 stages lose (9.1 against 7.2 µs, logits alone).
