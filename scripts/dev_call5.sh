@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# 2026-12-03, call 5: the logits kernel over packed rows runs one dot per format present in
-# a block (179 registers instead of 254; the bf16 kernel's SASS unchanged). The quick tier,
+# 2026-12-03, call 5: the logits kernel over packed rows running one dot per format present in
+# a block (179 registers instead of 254; the bf16 kernel's SASS unchanged; reverted after this
+# run: no faster, see BENCHMARKS.md eighth entry). The quick tier,
 # the attention alone (batch_kernel_probe --attn-set logits --no-index, B = 64 and 1 at
 # 32K, bf16 and packed rows), then `attnv41 bench --parts batch` (B = 1 and 64 at 32K, both
 # cache formats). carry: [".golden"]

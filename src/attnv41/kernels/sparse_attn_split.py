@@ -58,7 +58,6 @@ from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
-    from .packed_rows import fp4_rows, fp8_e8m0_rows
     from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
@@ -97,15 +96,6 @@ _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr):
-        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ, fp32 accumulation)."""
-        if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-            s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
-        else:
-            s = tl.dot(q_c, tl.trans(r_c), s)
-        return s
 
     @triton.jit
     def _logits_kernel(
@@ -159,15 +149,6 @@ if HAVE_TRITON:
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
         s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
-        if PACKED:
-            # packed rows: one dot per format present in the block, over that format's rows
-            # (the others' rows 0). Each logit is one row's dot, so the other format's dot
-            # adds exact zeros to it: the bits of one dot over the mixed rows. A block of one
-            # format (all but the window's edge) runs one dot, and the kernel never holds a
-            # tile of each format at once (254 registers at 4 warps when it did).
-            from_comp = ok & ~from_win
-            any_win = tl.sum(from_win.to(tl.int32), axis=0) > 0
-            any_comp = tl.sum(from_comp.to(tl.int32), axis=0) > 0
         for c in range(0, D_CHUNKS):
             cols = c * DK + offs_c
             cm = cols < D
@@ -177,18 +158,13 @@ if HAVE_TRITON:
                 mask=mask_h[:, None] & cm[None, :],
                 other=0.0,
             )
-            if PACKED:
-                if any_win:
-                    r_w = fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16)
-                    s = _logits_dot(q_c, r_w, s, DOT_FP32)
-                if any_comp:
-                    r_p = fp4_rows(c_base, from_comp, c * DK, D, DK, 16, False, WORDS).to(tl.bfloat16)
-                    s = _logits_dot(q_c, r_p, s, DOT_FP32)
+            r_c = _load_rows(
+                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
+            )
+            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+                s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
             else:
-                r_c = _load_rows(
-                    w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
-                )
-                s = _logits_dot(q_c, r_c, s, DOT_FP32)
+                s = tl.dot(q_c, tl.trans(r_c), s)
         s = s * scale
         s = tl.where(present[None, :], s, float("-inf"))
 
