@@ -11,6 +11,7 @@ attention, against the reference order (`sparse_attn_split_torch`, max relative 
 
     python3 scripts/batch_kernel_probe.py [--context 32768] [--batch 64] [--kv bf16,packed]
                                           [--single-keys 1048000]   # also index_scores at m = 1
+                                          [--index-call 3]          # the step's 4th index call
                                                                     # (--batch 0: only that)
 
 Prints one Markdown table; writes `$OUT/batch_kernel_probe.json` when OUT is set.
@@ -173,6 +174,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--kv", default="bf16,packed")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument(
+        "--index-call",
+        type=int,
+        default=0,
+        help="time the step's N-th index_scores_paged call (0: the first index source's; the Flash preset's "
+        "sources have compress ratios 2 (layers 2-14: calls 0-2) and 1 (layers 20-36: calls 3-7), so other widths)",
+    )
     ap.add_argument("--preset", default="flash")
     ap.add_argument(
         "--single-keys",
@@ -208,13 +216,21 @@ def main() -> int:
         _random_keys(bt, gen)
         rec = {}
 
-        def keep(name, fn, rec=rec):
+        seen = {"attn": 0, "index": 0}
+        want = {"attn": 0, "index": args.index_call}
+
+        def keep(name, fn, rec=rec, seen=seen, want=want):
             def wrapped(*pa, **pk):
                 if name not in rec and (name != "attn" or pa[2].shape[0] > 0):
-                    rec[name] = (
-                        [_clone(v) for v in pa],
-                        {k2: (tuple(map(_clone, v)) if isinstance(v, tuple) else _clone(v)) for k2, v in pk.items()},
-                    )
+                    seen[name] += 1
+                    if seen[name] == want[name] + 1:
+                        rec[name] = (
+                            [_clone(v) for v in pa],
+                            {
+                                k2: (tuple(map(_clone, v)) if isinstance(v, tuple) else _clone(v))
+                                for k2, v in pk.items()
+                            },
+                        )
                 return fn(*pa, **pk)
 
             return wrapped
