@@ -11,11 +11,16 @@ compiles). Under ncu, filter the kernels by name:
     ncu --clock-control none -k regex:"_logits_kernel|_pv_combine_kernel" \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 scripts/attn_ncu.py [--batch 64]
+
+`--time '[{"dk": 64}, ...]'`: instead, each launch shape (overrides of `BATCH_TUNE`) timed
+in a CUDA graph with the L2 flushed before each replay, its output's bytes against the
+production shape's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -23,7 +28,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from attnv41.kernels.sparse_attn_split import sparse_attn_batch  # noqa: E402
+from attnv41.bench.common import Timer  # noqa: E402
+from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_batch, sparse_attn_split  # noqa: E402
 from attnv41.packed import pack  # noqa: E402
 from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq  # noqa: E402
 
@@ -38,6 +44,7 @@ def main() -> int:
     ap.add_argument("--comp-per-token", type=int, default=8192)
     ap.add_argument("--kv", default="bf16,packed")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--time", type=json.loads, default=None, help="a JSON list of launch shapes to time")
     a = ap.parse_args()
     dev = torch.device(a.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -59,6 +66,21 @@ def main() -> int:
     for kvf in a.kv.split(","):
         w_, c_ = (win, comp) if kvf == "bf16" else (pack(win, "fp8_e8m0"), pack(comp, "fp4_e4m3"))
         out = torch.empty(B, H, D, dtype=bf, device=dev)
+        if a.time is not None:
+            timer = Timer(dev, flush_l2=True)
+            base = None
+            for tune in [{}] + a.time:
+                o = torch.empty_like(out)
+
+                def call(tune=tune, o=o, w_=w_, c_=c_):
+                    sparse_attn_split(q, w_, c_, sel, offset, sink, D**-0.5, out=o, **{**BATCH_TUNE, **tune})
+
+                call()
+                timer.sync()
+                base = o.clone() if base is None else base
+                us = timer.time_graph([call], reps=20) if dev.type == "cuda" else timer.time(call, warmup=0, reps=1)
+                same = torch.equal(o.view(torch.int16), base.view(torch.int16))
+                print(f"| {kvf} | {json.dumps(tune)} | {us.median_ms * 1e3:.1f} | {same} |", flush=True)
         for _ in range(2):
             sparse_attn_batch(q, w_, c_, sel, offset, sink, D**-0.5, out=out)
         if dev.type == "cuda":

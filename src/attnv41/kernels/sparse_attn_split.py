@@ -229,6 +229,8 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"])
+    if packed and dk % 32:  # a tuning value: the packed loaders read whole 32-value scale blocks
+        raise ValueError(f"dk = {dk}; allowed with packed rows: a multiple of 32")
     strides = (*win.stride(), *comp.stride(), *sel.stride())
     _logits_kernel[(m, kbs, n_hb)](
         q,

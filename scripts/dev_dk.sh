@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# 2026-12-03, call 7: the logits kernel's column chunk (dk) at B = 64 on synthetic step
+# shapes (scripts/attn_ncu.py --time): packed rows' logits compile to 254 registers at
+# dk = 128 (two programs per SM), 168 at 64 (three), 127 at 32 (four). Bytes against dk = 128.
+set -u
+export PYTHONUNBUFFERED=1
+timeout -k 5 "${T_S:-80}" python3 scripts/attn_ncu.py --batch 64 --time '[{"dk": 64}, {"dk": 32}]'
+echo "rc $?"
