@@ -93,6 +93,10 @@ def test_packed_rows_are_checked(device):
         sparse_attn_split(q, pw, torch.zeros(5, 36, dtype=BF, device=device), sel, 20, sink, 0.1)
     with pytest.raises(ValueError, match="win.shape = \\(20, 64\\); allowed: \\[Nw, 66\\] \\(packed fp8_e8m0\\)"):
         sparse_attn_split(q, pw[:, :64].contiguous(), pc, sel, 20, sink, 0.1)
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError, match="dk = 16; allowed with packed rows: a multiple of 32"):
+        sparse_attn_split(q, pw, pc, sel, 20, sink, 0.1, out=out, dk=16)
+    assert (out == 7.0).all(), "a refused launch shape writes nothing"
 
 
 @pytest.mark.parametrize("twin", [False, True], ids=["kernel", "twin"])
