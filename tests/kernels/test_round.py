@@ -87,3 +87,18 @@ def test_a_nan_row_stays_nan(op, device):
         assert int(count.item()) == 1
         clean = qdq.fp8_qdq(x[[0, 2]])
         assert torch.equal(y[[0, 2]].view(torch.int16), clean.view(torch.int16))
+
+
+def test_a_bad_round_switch_is_refused_at_import():
+    """`ATTNV41_ROUND_BF16` other than bits / cvt: a ValueError naming it when the kernels
+    load, not a silent default."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATTNV41_ROUND_BF16": "fast"}
+    r = subprocess.run(
+        [sys.executable, "-c", "import attnv41.kernels._triton"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode != 0
+    assert "ATTNV41_ROUND_BF16 = 'fast'; allowed: 'bits', 'cvt'" in r.stderr, r.stderr[-500:]

@@ -1,0 +1,34 @@
+"""The index scores' production launch shape compiled for sm_90 without a GPU
+(`attnv41.bench.sass index`, in a subprocess where Triton does not interpret): the keys
+as the MMA's 64 rows at 4 warps make a warpgroup MMA (HGMMA), with no local memory, over
+bf16 and packed keys; and `round_bf16` takes the hardware conversion on CUDA unless
+`ATTNV41_ROUND_BF16=bits` asks for the bit form (`kernels/_triton.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.sass_helpers import compiled
+
+
+def _count(rep: dict, prefix: str) -> int:
+    return sum(v for k, v in rep["ops"].items() if k.startswith(prefix))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_production_shape_is_a_warpgroup_mma(packed):
+    rep = compiled("index", *(["--packed"] if packed else []))["_index_scores_kernel"]
+    assert rep["local"] == 0, f"local memory: {rep['local']} bytes"
+    assert _count(rep, "HGMMA") > 0 and _count(rep, "HMMA") == 0, {k: v for k, v in rep["ops"].items() if "MMA" in k}
+    # the heads-major orientation (keys_m=False) at 2 warps: mma.sync, as before
+    old = compiled("index", "--tune", '{"keys_m": false, "num_warps": 2}', *(["--packed"] if packed else []))
+    assert _count(old["_index_scores_kernel"], "HMMA") > 0
+
+
+def test_round_bf16_form_follows_the_switch(monkeypatch):
+    cvt = compiled("index")["_index_scores_kernel"]
+    monkeypatch.setenv("ATTNV41_ROUND_BF16", "bits")
+    bits = compiled("index")["_index_scores_kernel"]
+    assert _count(cvt, "F2F.BF16.F32") > 0, "the hardware conversion by default"
+    assert _count(bits, "F2F.BF16.F32") == 0, "the bit form under ATTNV41_ROUND_BF16=bits"
+    assert sum(bits["ops"].values()) > sum(cvt["ops"].values())
