@@ -348,28 +348,21 @@ if HAVE_TRITON:
                     k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
                 else:
                     k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over
+                # heads in fp32. KEYS_M: [BLOCK_L, H_P], the keys as the MMA's rows (64: a
+                # warpgroup MMA at 4 warps), the heads as its columns, so the sum over heads
+                # stays within a thread and its quad; else [H_P, BLOCK_L] (across warps)
                 if KEYS_M:
-                    # [BLOCK_L, H_P] dots with the keys as the MMA's rows (64 rows: a warpgroup
-                    # MMA at 4 warps), the heads as its columns: the sum over heads stays
-                    # within a thread and its quad instead of crossing warps
-                    if DOT_F32:
-                        dots = tl.dot(k.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
-                    else:
-                        dots = tl.dot(k, tl.trans(q), out_dtype=tl.float32)
-                    dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-                    prod = round_bf16(dots * w[None, :]).to(tl.float32)
-                    s = tl.sum(prod, axis=1)
+                    a_op, b_op, w_b = k, q, w[None, :]
                 else:
-                    # [H_P, BLOCK_L] dots in fp32, rounded to bf16, ReLU
-                    if DOT_F32:
-                        dots = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-                    else:
-                        dots = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-                    dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-                    # [H_P, BLOCK_L] weighted, rounded to bf16
-                    prod = round_bf16(dots * w[:, None]).to(tl.float32)
-                    # [BLOCK_L] sum over heads in fp32, rounded to bf16
-                    s = tl.sum(prod, axis=0)
+                    a_op, b_op, w_b = q, k, w[:, None]
+                if DOT_F32:
+                    dots = tl.dot(a_op.to(tl.float32), tl.trans(b_op.to(tl.float32)), input_precision="ieee")
+                else:
+                    dots = tl.dot(a_op, tl.trans(b_op), out_dtype=tl.float32)
+                dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+                prod = round_bf16(dots * w_b).to(tl.float32)
+                s = tl.sum(prod, axis=1 if KEYS_M else 0)
                 # −inf past the visible rows
                 s = tl.where(j64 < vis, s, float("-inf"))
                 tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
