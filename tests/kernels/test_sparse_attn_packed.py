@@ -58,8 +58,15 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
 @pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
 @pytest.mark.parametrize(
     "tune",
-    [dict(combine="loop"), dict(combine="blocks"), BATCH_TUNE],
-    ids=["loop", "blocks", "batch"],
+    [
+        dict(combine="loop"),
+        dict(combine="blocks"),
+        BATCH_TUNE,
+        dict(BATCH_TUNE, dk=32),
+        dict(BATCH_TUNE, fmt_dots=True),
+        dict(combine="blocks", fmt_dots=True, dk=32),
+    ],
+    ids=["loop", "blocks", "batch", "batch-dk32", "batch-fmt-dots", "blocks-fmt-dots-dk32"],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):
     q, win, comp, pw, pc, sel, sink = _case(device, 1, layout=layout)

@@ -58,6 +58,7 @@ from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
+    from .packed_rows import fp4_rows, fp8_e8m0_rows
     from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
@@ -70,8 +71,22 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # _BLOCKS_MAX_M tokens. H200, context 32K, µs (BENCHMARKS.md, 2026-12-02), blocks / loop:
 # batch 1 14.5 / 17.4, 2 17.6 / 17.5, 4 22.1 / 17.4, 8 30.5 / 22.2, 64 166.5 / 112.3 (the
 # block form's [m, blocks, H, D] fp32 workspace: 84 MB at batch 64).
+# fmt_dots (a tuning option, off; packed rows only): the logits kernel runs one dot per
+# format present in a block instead of one over a tile holding both. Same bytes (H200,
+# 2026-12-03 eighth entry: quick tier passed with it on), 179 registers instead of 254 at
+# dk = 128 but not faster there (82.9 against 80.5 µs at B = 64); 148 at dk = 64, untimed.
 _TUNE = dict(
-    bh=64, dk=128, warps_a=4, stages_a=3, comb_h=16, comb_d=64, warps_b=8, stages_b=3, combine="auto", warps_pv=4
+    bh=64,
+    dk=128,
+    warps_a=4,
+    stages_a=3,
+    comb_h=16,
+    comb_d=64,
+    warps_b=8,
+    stages_b=3,
+    combine="auto",
+    warps_pv=4,
+    fmt_dots=False,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -96,6 +111,15 @@ _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr):
+        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ, fp32 accumulation)."""
+        if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
+            s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+        else:
+            s = tl.dot(q_c, tl.trans(r_c), s)
+        return s
 
     @triton.jit
     def _logits_kernel(
@@ -128,6 +152,7 @@ if HAVE_TRITON:
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
         PDL: tl.constexpr = False,
+        FMT_DOTS: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -149,6 +174,13 @@ if HAVE_TRITON:
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
         s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        if FMT_DOTS:
+            # (a tuning option, packed rows) one dot per format present in the block, over
+            # that format's rows (the others' 0): each logit is one row's dot, so the other
+            # format's dot adds exact zeros to it, the bits of one dot over the mixed rows
+            from_comp = ok & ~from_win
+            any_win = tl.sum(from_win.to(tl.int32), axis=0) > 0
+            any_comp = tl.sum(from_comp.to(tl.int32), axis=0) > 0
         for c in range(0, D_CHUNKS):
             cols = c * DK + offs_c
             cm = cols < D
@@ -158,13 +190,17 @@ if HAVE_TRITON:
                 mask=mask_h[:, None] & cm[None, :],
                 other=0.0,
             )
-            r_c = _load_rows(
-                w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
-            )
-            if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-                s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+            if FMT_DOTS:
+                if any_win:
+                    s = _logits_dot(q_c, fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16), s, DOT_FP32)
+                if any_comp:
+                    r_p = fp4_rows(c_base, from_comp, c * DK, D, DK, 16, False, WORDS).to(tl.bfloat16)
+                    s = _logits_dot(q_c, r_p, s, DOT_FP32)
             else:
-                s = tl.dot(q_c, tl.trans(r_c), s)
+                r_c = _load_rows(
+                    w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
+                )
+                s = _logits_dot(q_c, r_c, s, DOT_FP32)
         s = s * scale
         s = tl.where(present[None, :], s, float("-inf"))
 
@@ -254,6 +290,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         DOT_FP32=interpreting(),
         PACKED=packed,
         WORDS=words,
+        FMT_DOTS=packed and bool(cfg["fmt_dots"]),
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
