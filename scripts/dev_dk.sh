@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-03, call 7: the logits kernel's column chunk (dk) at B = 64 on synthetic step
+# For the next session (written 2026-12-03, eighth entry; not yet run): the logits kernel's column chunk (dk) at B = 64 on synthetic step
 # shapes (scripts/attn_ncu.py --time): packed rows' logits compile to 254 registers at
 # dk = 128 (two programs per SM), 168 at 64 (three), 127 at 32 (four); with fmt_dots (one dot
 # per format present in a block) 179 at 128, 148 at 64. Bytes against production.
