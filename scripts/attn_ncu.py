@@ -12,9 +12,10 @@ compiles). Under ncu, filter the kernels by name:
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 scripts/attn_ncu.py [--batch 64]
 
-`--time '[{"dk": 64}, ...]'`: instead, each launch shape (overrides of `BATCH_TUNE`) timed
-in a CUDA graph with the L2 flushed before each replay, its output's bytes against the
-production shape's.
+`--time '[{"dk": 64}, ...]'`: instead, each launch shape (overrides of `BATCH_TUNE`, or
+with `--base single` of the single-sequence `_TUNE`) timed in a CUDA graph with the L2
+flushed before each replay, its output's bytes against the production shape's; `--rounds
+N` times the shapes N times in turn (the table: each shape's median over the rounds).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from attnv41.bench.common import Timer  # noqa: E402
+from attnv41.kernels.sparse_attn_split import _TUNE as SINGLE_TUNE  # noqa: E402
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_batch, sparse_attn_split  # noqa: E402
 from attnv41.packed import pack  # noqa: E402
 from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq  # noqa: E402
@@ -45,6 +47,10 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16,packed")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--time", type=json.loads, default=None, help="a JSON list of launch shapes to time")
+    ap.add_argument(
+        "--base", choices=("batch", "single"), default="batch", help="the shapes override BATCH_TUNE or _TUNE"
+    )
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     dev = torch.device(a.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -68,19 +74,29 @@ def main() -> int:
         out = torch.empty(B, H, D, dtype=bf, device=dev)
         if a.time is not None:
             timer = Timer(dev, flush_l2=True)
-            base = None
-            for tune in [{}] + a.time:
-                o = torch.empty_like(out)
+            base_tune = BATCH_TUNE if a.base == "batch" else SINGLE_TUNE
+            shapes = [{}] + a.time
+            outs_t = [torch.empty_like(out) for _ in shapes]
 
-                def call(tune=tune, o=o, w_=w_, c_=c_):
-                    sparse_attn_split(q, w_, c_, sel, offset, sink, D**-0.5, out=o, **{**BATCH_TUNE, **tune})
+            def call(tune, o, w_=w_, c_=c_, base_tune=base_tune):
+                sparse_attn_split(q, w_, c_, sel, offset, sink, D**-0.5, out=o, **{**base_tune, **tune})
 
-                call()
-                timer.sync()
-                base = o.clone() if base is None else base
-                us = timer.time_graph([call], reps=20) if dev.type == "cuda" else timer.time(call, warmup=0, reps=1)
-                same = torch.equal(o.view(torch.int16), base.view(torch.int16))
-                print(f"| {kvf} | {json.dumps(tune)} | {us.median_ms * 1e3:.1f} | {same} |", flush=True)
+            for tune, o in zip(shapes, outs_t):
+                call(tune, o)
+            timer.sync()
+            times = [[] for _ in shapes]
+            for _ in range(a.rounds):
+                for i, (tune, o) in enumerate(zip(shapes, outs_t)):
+                    fn = lambda tune=tune, o=o: call(tune, o)  # noqa: E731
+                    us = timer.time_graph([fn], reps=20) if dev.type == "cuda" else timer.time(fn, warmup=0, reps=1)
+                    times[i].append(us.median_ms * 1e3)
+            for tune, o, ts in zip(shapes, outs_t, times):
+                same = torch.equal(o.view(torch.int16), outs_t[0].view(torch.int16))
+                ts = sorted(ts)
+                print(
+                    f"| B={B} {a.base} | {kvf} | {json.dumps(tune)} | {ts[len(ts) // 2]:.1f} | {ts[0]:.1f}-{ts[-1]:.1f} | {same} |",
+                    flush=True,
+                )
         for _ in range(2):
             sparse_attn_batch(q, w_, c_, sel, offset, sink, D**-0.5, out=out)
         if dev.type == "cuda":

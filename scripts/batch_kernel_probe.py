@@ -95,6 +95,20 @@ ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
     for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
 ]
+# `--attn-set asm` (2026-12-03, ninth entry): the packed fp4 rows dequantized by PTX into
+# bf16 (`packed_rows.fp4_rows_bf16`, production) against the fp32 form (`fp4_asm=False`),
+# with the logits kernel's column chunk (dk) and per-format dots
+ATTN_SETS["asm"] = [
+    ("production", {}),
+    ("fp32 dequant", dict(fp4_asm=False)),
+    ("logits only", {"only_logits": True}),
+    ("logits only, fp32 dequant", {"only_logits": True, "fp4_asm": False}),
+    ("dk=64", dict(dk=64)),
+    ("dk=64 fmt_dots", dict(dk=64, fmt_dots=True)),
+    ("dk=32 fmt_dots", dict(dk=32, fmt_dots=True)),
+    ("dk=32 fmt_dots, fp32 dequant", dict(dk=32, fmt_dots=True, fp4_asm=False)),
+    ("dk=128 fmt_dots", dict(fmt_dots=True)),
+]
 # The index scores' launch shapes (2026-12-03): production against the keys-major
 # orientation (`keys_m`: keys as the MMA's 64 rows, a warpgroup MMA at 4 warps, the heads'
 # sum within a thread and its quad) at several tiles. The earlier heads-major sweeps
@@ -118,12 +132,15 @@ INDEX = [("production", {})] + [
     )
 ]
 
+# `--index-set asm`: packed keys dequantized by PTX (production) against the fp32 form
+INDEX_SETS = {"default": INDEX, "asm": [("production", {}), ("fp32 dequant", dict(fp4_asm=False))]}
+
 
 def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) and v.numel() < (1 << 24) else v
 
 
-def _single_index(L: int, kvs, dev, timed) -> list[dict]:
+def _single_index(L: int, kvs, dev, timed, shapes=INDEX) -> list[dict]:
     """`index_scores` of one token over L keys (the single-sequence decode's call, Flash
     index geometry: 32 heads × 128), bf16 and packed keys on the fp4 grid, per INDEX shape."""
     from attnv41.packed import pack  # noqa: PLC0415
@@ -142,7 +159,7 @@ def _single_index(L: int, kvs, dev, timed) -> list[dict]:
     for kvf in kvs:
         kk = keys if kvf == "bf16" else pack(keys, "fp4_e8m0", check=False)
         base = None
-        for name, tune in INDEX:
+        for name, tune in shapes:
             out = torch.empty(1, L, dtype=torch.bfloat16, device=dev)
             try:
                 call = partial(
@@ -189,6 +206,7 @@ def main() -> int:
         help="L > 0: also the single-sequence index_scores (m = 1) over L random keys, per launch shape",
     )
     ap.add_argument("--no-index", action="store_true", help="time the attention only")
+    ap.add_argument("--index-set", default="default", choices=sorted(INDEX_SETS), help="the index scores' shapes")
     ap.add_argument("--attn-set", default="default", choices=sorted(ATTN_SETS), help="the attention's launch shapes")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (no timing meaning)")
     args = ap.parse_args()
@@ -202,7 +220,7 @@ def main() -> int:
     rows = []
     B, ctx = args.batch, args.context
     if args.single_keys > 0:
-        rows += _single_index(args.single_keys, args.kv.split(","), dev, timed)
+        rows += _single_index(args.single_keys, args.kv.split(","), dev, timed, INDEX_SETS[args.index_set])
     for kvf in args.kv.split(",") if B > 0 else []:
         cfg = PRESETS[args.preset](max_tokens=B, max_seq=ctx + 64)
         weights = [
@@ -297,7 +315,7 @@ def main() -> int:
 
         a, k = rec["index"]
         base = None
-        for name, tune in [] if args.no_index else INDEX:
+        for name, tune in [] if args.no_index else INDEX_SETS[args.index_set]:
             try:
                 out = torch.empty(a[0].shape[0], a[7], dtype=torch.bfloat16, device=dev)
 

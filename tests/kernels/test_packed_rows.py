@@ -2,17 +2,18 @@
 under many scales, read in column slices, equal bit for bit to `attnv41.packed.unpack`;
 fp4 rows both as 32-bit words (4-byte aligned rows) and byte by byte (rows at an odd
 address); masked rows read as +0. On the GPU the window codes go through the hardware
-e4m3 conversion, on the CPU through the interpreter's emulation."""
+e4m3 conversion, on the CPU through the interpreter's emulation. `fp4_rows_bf16` the same
+way: on the GPU its PTX form (words), on the CPU its fp32 form."""
 
 import pytest
 import torch
 
 from attnv41.kernels._triton import HAVE_TRITON, tl, triton
-from attnv41.kernels.packed_rows import fp4_words_ok
+from attnv41.kernels.packed_rows import fp4_words_mode, fp4_words_ok
 from attnv41.packed import FORMATS, row_bytes, unpack
 
 if HAVE_TRITON:
-    from attnv41.kernels.packed_rows import fp4_rows, fp8_e8m0_rows
+    from attnv41.kernels.packed_rows import fp4_rows, fp4_rows_bf16, fp8_e8m0_rows
 
     @triton.jit
     def _read_kernel(
@@ -25,15 +26,18 @@ if HAVE_TRITON:
         R: tl.constexpr,
         FMT: tl.constexpr,
         WORDS: tl.constexpr,
+        BF16: tl.constexpr,
     ):
         """out[r, :] = row r's values, read in slices of C columns; row r is masked off (must
-        read as +0) where r % 7 == 3."""
+        read as +0) where r % 7 == 3. BF16: fp4 rows by `fp4_rows_bf16` (WORDS = 2: its PTX form)."""
         r = tl.program_id(0) * R + tl.arange(0, R)
         ok = (r < n) & (r % 7 != 3)  # row 3 of every 7 masked: must read as +0
         base = p_ptr + r.to(tl.int64) * stride
         for c0 in range(0, D, C):
             if FMT == 0:
                 v = fp8_e8m0_rows(base, ok, c0, D, C)
+            elif BF16:
+                v = fp4_rows_bf16(base, ok, c0, D, C, 16 if FMT == 1 else 32, FMT == 2, WORDS)
             elif FMT == 1:
                 v = fp4_rows(base, ok, c0, D, C, 16, False, WORDS)
             else:
@@ -74,19 +78,19 @@ def _odd(x: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-@pytest.mark.parametrize(
-    "fmt,D,words",
-    [
-        ("fp8_e8m0", 64, None),
-        ("fp8_e8m0", 512, None),
-        ("fp4_e4m3", 64, True),  # 36-byte rows
-        ("fp4_e4m3", 64, False),
-        ("fp4_e4m3", 512, True),  # 288-byte rows: V4.1-Flash's compressed rows
-        ("fp4_e8m0", 128, True),  # 68-byte rows: V4.1-Flash's index keys
-        ("fp4_e8m0", 64, False),  # 34-byte rows: never 4-byte aligned
-    ],
-)
-def test_loaders_equal_unpack_on_every_code(device, fmt, D, words):
+_FP4_CASES = [
+    ("fp4_e4m3", 64, True),  # 36-byte rows
+    ("fp4_e4m3", 64, False),
+    ("fp4_e4m3", 512, True),  # 288-byte rows: V4.1-Flash's compressed rows
+    ("fp4_e8m0", 128, True),  # 68-byte rows: V4.1-Flash's index keys
+    ("fp4_e8m0", 64, False),  # 34-byte rows: never 4-byte aligned
+]
+_CASES = [(*c, False) for c in [("fp8_e8m0", 64, None), ("fp8_e8m0", 512, None), *_FP4_CASES]]
+_CASES += [(*c, True) for c in _FP4_CASES]  # fp4_rows_bf16 (on the GPU: its PTX form for words)
+
+
+@pytest.mark.parametrize("fmt,D,words,bf16", _CASES)
+def test_loaders_equal_unpack_on_every_code(device, fmt, D, words, bf16):
     n = 80
     p = _rows(fmt, D, n, seed=D + len(fmt)).to(device)
     if words is False:
@@ -98,7 +102,7 @@ def test_loaders_equal_unpack_on_every_code(device, fmt, D, words):
     C = min(D, 128)
     _read_kernel[(triton.cdiv(n, 16),)](
         p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
-        WORDS=bool(words),
+        WORDS=fp4_words_mode(p) if fmt.startswith("fp4") else 0, BF16=bf16,
     )  # fmt: skip
     want = unpack(p.cpu(), fmt, D)
     masked = torch.arange(n) % 7 == 3

@@ -63,10 +63,21 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks"),
         BATCH_TUNE,
         dict(BATCH_TUNE, dk=32),
-        dict(BATCH_TUNE, fmt_dots=True),
+        dict(BATCH_TUNE, dk_packed=None, fmt_dots=False),
+        dict(BATCH_TUNE, fp4_asm=True),
+        dict(combine="loop", fp4_asm=True),
         dict(combine="blocks", fmt_dots=True, dk=32),
     ],
-    ids=["loop", "blocks", "batch", "batch-dk32", "batch-fmt-dots", "blocks-fmt-dots-dk32"],
+    ids=[
+        "loop",
+        "blocks",
+        "batch",
+        "batch-dk32",
+        "batch-one-dk",
+        "batch-fp4-asm",
+        "loop-fp4-asm",
+        "blocks-fmt-dots-dk32",
+    ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):
     q, win, comp, pw, pc, sel, sink = _case(device, 1, layout=layout)

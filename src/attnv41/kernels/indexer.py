@@ -10,11 +10,11 @@ import torch
 
 from ..reference import indexer as _ref
 from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
-from .packed_rows import fp4_words_ok
+from .packed_rows import fp4_words_mode
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
-    from .packed_rows import fp4_rows
+    from .packed_rows import fp4_rows_bf16
 
 __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
@@ -32,7 +32,7 @@ _BLOCK_L = 64  # keys per program
 # at 32K on a batched step's own inputs 78.9 against 82.9 (keys_m=False, 4 blocks, 2 warps,
 # 2 stages; packed 93.3 against 101.1). Both entry points take the same shape, so a token's
 # scores have the same bits through either (the runtimes' equality tests rely on it).
-_TUNE = dict(block_l=_BLOCK_L, sub=2, num_warps=4, num_stages=2, skip=True, keys_m=True)
+_TUNE = dict(block_l=_BLOCK_L, sub=2, num_warps=4, num_stages=2, skip=True, keys_m=True, fp4_asm=True)
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE)
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
@@ -165,7 +165,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
-        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys),
+        WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl_launch(iq),
@@ -239,7 +239,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"], SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=keys.dtype == torch.uint8 and fp4_words_ok(keys), num_warps=cfg["num_warps"],
+        WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(iq),
     )  # fmt: skip
     return out
@@ -295,7 +295,7 @@ if HAVE_TRITON:
         PAGED: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         PACKED: tl.constexpr,
-        WORDS: tl.constexpr,  # packed key rows start 4-byte aligned (packed_rows.fp4_words_ok)
+        WORDS: tl.constexpr,  # packed key rows: packed_rows.fp4_words_mode
         PDL: tl.constexpr = False,
         SKIP: tl.constexpr = False,
         KEYS_M: tl.constexpr = False,
@@ -345,7 +345,7 @@ if HAVE_TRITON:
                 if PACKED:
                     # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
                     # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                    k = fp4_rows(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS).to(tl.bfloat16)
+                    k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
                 else:
                     k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
                 # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over

@@ -16,6 +16,12 @@ gather: one byte load per value and one per scale, 16x the bf16 tile's instructi
 
 The values are code · scale, exact in fp32 and in bf16 (`attnv41.packed`), so a kernel
 that rounds them to bf16 sees the unpacked rows' values bit for bit.
+
+`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words on CUDA (ASM):
+PTX that builds two bf16 values per 32-bit register with integer ops and two exact bf16x2
+multiplies, about 3 instructions per value where the fp32 form takes about 9 (nibble
+extraction, the e2m1 bit trick, the scale multiply, the cvt to bf16). The same values,
+so the same bits (tests/kernels/test_packed_rows.py checks every nibble and scale byte).
 """
 
 from __future__ import annotations
@@ -24,13 +30,24 @@ import torch
 
 from ._triton import HAVE_TRITON, tl, triton
 
-__all__ = ["fp4_words_ok", "fp8_e8m0_rows", "fp4_rows"]
+__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
 
 
 def fp4_words_ok(rows: torch.Tensor) -> bool:
     """Whether packed fp4 rows (uint8 [N, bytes]) may be read as 32-bit words: the data
     pointer and the row stride multiples of 4 bytes (every row starts 4-byte aligned)."""
     return rows.data_ptr() % 4 == 0 and (rows.shape[0] <= 1 or rows.stride(0) % 4 == 0)
+
+
+def fp4_words_mode(rows: torch.Tensor, asm: bool = True) -> int:
+    """The loaders' WORDS for packed fp4 rows: 0 byte by byte (rows not 4-byte aligned), 1
+    as words, 2 as words with `fp4_rows_bf16`'s PTX (asm, compiled kernels: not under the
+    interpreter, whose Triton has no inline assembly)."""
+    from ._triton import interpreting  # noqa: PLC0415
+
+    if not fp4_words_ok(rows):
+        return 0
+    return 2 if asm and not interpreting() else 1
 
 
 if HAVE_TRITON:
@@ -50,6 +67,40 @@ if HAVE_TRITON:
         v = tl.reshape(e4m3_value(codes), (R, C // 32, 32)) * e8m0_scale(e.to(tl.int32))[:, :, None]
         return tl.reshape(v, (R, C))
 
+    # PTX of `fp4_rows_bf16`, two words per instance (pack=2; the same op on each): $8, $9
+    # the words a, b; $10 their two scales (bf16 pair); $j (j = 0 … 7) nibble j of a (low
+    # half) and of b (high half) as bf16. For byte p of both words, y = [a.byte p, ·,
+    # b.byte p, ·] (prmt); a nibble at bits 0-3 and 16-19 of a register goes to bf16 bits
+    # as magnitude << 6 and sign << 12 (the high nibbles, at 4-7 and 20-23: << 2 and
+    # << 8), which is the value · 2^-126 (index 1, 0.5, the subnormal 2^-127): multiplied
+    # by 2^126 (0x7E80) and by the scale, both exact in bf16 (bf16x2 multiplies keep
+    # subnormals).
+    _FP4_PAIR = """
+    prmt.b32 y, $8, $9, {sel};
+    shl.b32 u, y, 6;
+    and.b32 u, u, 0x01C001C0;
+    shl.b32 v, y, 12;
+    and.b32 v, v, 0x80008000;
+    or.b32 u, u, v;
+    mul.rn.bf16x2 u, u, k;
+    mul.rn.bf16x2 ${lo}, u, $10;
+    shl.b32 u, y, 2;
+    and.b32 u, u, 0x01C001C0;
+    shl.b32 v, y, 8;
+    and.b32 v, v, 0x80008000;
+    or.b32 u, u, v;
+    mul.rn.bf16x2 u, u, k;
+    mul.rn.bf16x2 ${hi}, u, $10;
+"""
+    _FP4_ASM = tl.constexpr(
+        "{\n.reg .b32 y, u, v, k;\nmov.b32 k, 0x7E807E80;\n"
+        + "".join(
+            _FP4_PAIR.format(sel=hex(((4 + p) << 12) | ((4 + p) << 8) | (p << 4) | p), lo=2 * p, hi=2 * p + 1)
+            for p in range(4)
+        )
+        + "}"
+    )
+
     @triton.jit
     def _fp4_scale(sb, E8M0: tl.constexpr):
         """uint8 scale bytes → fp32 scales (e8m0: 2^(e − 127); else e4m3; a 0 byte → 0)."""
@@ -63,8 +114,8 @@ if HAVE_TRITON:
     def fp4_rows(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr, WORDS: tl.constexpr):
         """[R, C] fp32: columns c0 … c0 + C − 1 of fp4 rows (D/2 code bytes, value 2i in
         the low nibble of byte i, then D/BLOCK scale bytes, e8m0 if E8M0 else e4m3) at byte
-        pointers base [R]; 0 where not ok [R] or past D. c0 and C multiples of 8. WORDS:
-        the rows start 4-byte aligned (`fp4_words_ok`), codes read as words."""
+        pointers base [R]; 0 where not ok [R] or past D. c0 and C multiples of 8. WORDS
+        (nonzero): the rows start 4-byte aligned (`fp4_words_ok`), codes read as words."""
         R: tl.constexpr = base.shape[0]
         if WORDS:
             # [C/8] word w of the row (columns 8w … 8w + 7), [8] nibble j of a word
@@ -86,4 +137,36 @@ if HAVE_TRITON:
             nib = (cb >> (4 * (col % 2))[None, :]) & 15
             sb = tl.load(base[:, None] + D // 2 + (col // BLOCK)[None, :], mask=m, other=0)
             v = e2m1_value(nib) * _fp4_scale(sb, E8M0)
+        return v
+
+    @triton.jit
+    def fp4_rows_bf16(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr, WORDS: tl.constexpr):
+        """`fp4_rows(...).to(bf16)`, bit for bit: [R, C] bf16. WORDS = 2 (`fp4_words_mode`;
+        CUDA only): the words' values built in bf16 by `_FP4_ASM`; else the fp32 form."""
+        if WORDS == 2:
+            R: tl.constexpr = base.shape[0]
+            w = c0 // 8 + tl.arange(0, C // 8)
+            m = ok[:, None] & (w * 8 < D)[None, :]
+            words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
+            sb = tl.load(base[:, None] + D // 2 + (w * 8 // BLOCK)[None, :], mask=m, other=0)
+            if E8M0:  # 2^(e − 127) is bf16's exponent field e
+                sc = (sb.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+            else:
+                sc = e4m3_value(sb).to(tl.bfloat16)
+            o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+                _FP4_ASM,
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r",
+                [words, sc],
+                dtype=(tl.bfloat16,) * 8,
+                is_pure=True,
+                pack=2,
+            )
+            # nibble j = 4h + 2b + n of word w is column 8w + j: joins from the slowest axis
+            v = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+            v = tl.reshape(v, (R, C))
+            # a register move (ptxas drops it) that Triton 3.6's dot-operand pass cannot see
+            # through: a dot reading the reshape of joins directly fails to compile there
+            v = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            v = fp4_rows(base, ok, c0, D, C, BLOCK, E8M0, WORDS).to(tl.bfloat16)
         return v

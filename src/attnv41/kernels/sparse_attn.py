@@ -47,11 +47,11 @@ import torch
 
 from ..reference.sparse_attn import sparse_attn as _sparse_attn_reference
 from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
-from .packed_rows import fp4_words_ok
+from .packed_rows import fp4_words_mode
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
-    from .packed_rows import fp4_rows
+    from .packed_rows import fp4_rows_bf16
 
 __all__ = ["sparse_attn", "sparse_attn_torch", "BLOCK_K", "MAX_HEAD_DIM"]
 
@@ -93,7 +93,7 @@ if HAVE_TRITON:
         K_BLOCKS: tl.constexpr,
         DOT_FP32: tl.constexpr,
         PACKED_COMP: tl.constexpr,
-        WORDS: tl.constexpr,  # packed comp rows start 4-byte aligned (packed_rows.fp4_words_ok)
+        WORDS: tl.constexpr,  # packed comp rows: packed_rows.fp4_words_mode
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -137,7 +137,7 @@ if HAVE_TRITON:
                     rows = tl.load(w_ptrs, mask=wm, other=0.0)
                 else:
                     c_base = comp_ptr + tl.where(from_comp, crow, 0) * stride_cn
-                    rows = fp4_rows(c_base, from_comp, 0, D, BLOCK_D, 16, False, WORDS).to(tl.bfloat16)
+                    rows = fp4_rows_bf16(c_base, from_comp, 0, D, BLOCK_D, 16, False, WORDS)
                     if tl.sum(from_win.to(tl.int32), axis=0) > 0:
                         rows = tl.where(from_win[:, None], tl.load(w_ptrs, mask=wm, other=0.0), rows)
             else:
@@ -313,7 +313,7 @@ def sparse_attn(q, win, comp, sel, offset, sink, scale, out=None) -> torch.Tenso
         K_BLOCKS=triton.cdiv(K, BLOCK_K),
         DOT_FP32=interpreting(),
         PACKED_COMP=packed,
-        WORDS=packed and fp4_words_ok(comp),
+        WORDS=fp4_words_mode(comp, asm=False) if packed else 0,  # the fp32 form (PTX untimed here)
         num_warps=num_warps,
         num_stages=num_stages,
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add

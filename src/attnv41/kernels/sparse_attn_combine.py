@@ -19,7 +19,7 @@ from ._triton import HAVE_TRITON, tl, triton
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
-    from .packed_rows import fp4_rows, fp8_e8m0_rows
+    from .packed_rows import fp4_rows_bf16, fp8_e8m0_rows
 
 if HAVE_TRITON:
 
@@ -45,7 +45,7 @@ if HAVE_TRITON:
         selected rows (window rows where from_win, else compressed rows; 0 where not ok).
         PACKED: the rows are V4.1's byte formats (attnv41.packed), dequantized here
         (`kernels.packed_rows`: fp8_e8m0 window rows, fp4_e4m3 compressed rows, WORDS as
-        `fp4_words_ok` of comp); exact, so the bf16 values of the unpacked rows. A block of
+        `fp4_words_mode` of comp); exact, so the bf16 values of the unpacked rows. A block of
         entries all from one source (the selection's window entries come first, its
         compressed ones after) dequantizes only that source's format."""
         if PACKED:
@@ -55,11 +55,11 @@ if HAVE_TRITON:
             if n_comp == 0:
                 rows = fp8_e8m0_rows(w_base, from_win, c0, D, C).to(tl.bfloat16)
             elif n_win == 0:
-                rows = fp4_rows(c_base, from_comp, c0, D, C, 16, False, WORDS).to(tl.bfloat16)
+                rows = fp4_rows_bf16(c_base, from_comp, c0, D, C, 16, False, WORDS)
             else:
-                wv = fp8_e8m0_rows(w_base, from_win, c0, D, C)
-                cv = fp4_rows(c_base, from_comp, c0, D, C, 16, False, WORDS)
-                rows = tl.where(from_win[:, None], wv, cv).to(tl.bfloat16)
+                wv = fp8_e8m0_rows(w_base, from_win, c0, D, C).to(tl.bfloat16)
+                cv = fp4_rows_bf16(c_base, from_comp, c0, D, C, 16, False, WORDS)
+                rows = tl.where(from_win[:, None], wv, cv)
             return rows
         else:
             ptrs = tl.where(

@@ -53,12 +53,12 @@ import torch
 
 from . import rope
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
-from .packed_rows import fp4_words_ok
+from .packed_rows import fp4_words_mode
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
-    from .packed_rows import fp4_rows, fp8_e8m0_rows
+    from .packed_rows import fp4_rows_bf16, fp8_e8m0_rows
     from .sparse_attn_combine import _gather_ptrs, _load_rows, _pv_blocks_kernel, _pv_combine_kernel
 
 __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", "prepare", "BATCH_TUNE"]
@@ -75,9 +75,20 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # format present in a block instead of one over a tile holding both. Same bytes (H200,
 # 2026-12-03 eighth entry: quick tier passed with it on), 179 registers instead of 254 at
 # dk = 128 but not faster there (82.9 against 80.5 µs at B = 64); 148 at dk = 64, untimed.
+# dk_packed: the column chunk over packed rows (None: dk). fp4_asm: packed fp4 rows
+# dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits) - off
+# here, slower in both attention kernels on the H200 (below), on in the index scores.
+# 2026-12-03 (ninth entry; scripts/attn_ncu.py --time --rounds 3, synthetic Flash shapes at
+# a 32K context, both kernels, L2 flushed; scripts/batch_kernel_probe.py --attn-set asm on a
+# B = 64 step's own inputs; the same bytes in every case): at batch 1 (`_TUNE`) head blocks
+# of 16 (4 × the logits programs) 16.5 µs against 16.9 over bf16 rows, 20.2 against 21.6
+# over packed rows; fp4_asm 21.6 → 22.7 (bh = 64). At B = 64 (BATCH_TUNE, step inputs)
+# bf16 rows with dk = 64 60.4 against 64.5 (dk = 32: 74.0); packed rows with dk = 32 and
+# fmt_dots 75.4 against 80.1 (dk = 64: 79.0; fp4_asm with dk = 32, fmt_dots: 96.2).
 _TUNE = dict(
-    bh=64,
+    bh=16,
     dk=128,
+    dk_packed=None,
     warps_a=4,
     stages_a=3,
     comb_h=16,
@@ -87,6 +98,7 @@ _TUNE = dict(
     combine="auto",
     warps_pv=4,
     fmt_dots=False,
+    fp4_asm=False,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -104,7 +116,11 @@ _BLOCKS_MAX_M = 1
 # logits kernel with 2 pipeline stages instead of 3, 64.5 µs against 66.1 (packed rows 80.5
 # against 82.8); 8 warps lose on packed rows (98.4: 166 registers, one program per SM). At
 # batch 1 (`_TUNE`, 10 logits programs) 2 stages lose (9.1 against 7.2 µs, logits alone).
-BATCH_TUNE = dict(comb_h=64, comb_d=128, warps_b=4, stages_b=1, combine="loop", stages_a=2)
+# 2026-12-03 (ninth entry, above): dk = 64 over bf16 rows, 32 with one dot per format over
+# packed rows (the launch shape follows the rows' format, never m).
+BATCH_TUNE = dict(
+    bh=64, dk=64, dk_packed=32, fmt_dots=True, comb_h=64, comb_d=128, warps_b=4, stages_b=1, combine="loop", stages_a=2
+)
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_TUNE` (same bytes)
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
@@ -114,9 +130,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr):
-        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ, fp32 accumulation)."""
+        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ, fp32 accumulation; under the
+        interpreter (DOT_FP32) fp64: its sums of exact bf16 products stay exact over all the
+        chunks, so its logits do not depend on the chunk DK, as the GPU's MMA chain's do not
+        (the launch shapes differ in DK by row format and between m = 1 and m > 1)."""
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-            s = tl.dot(q_c.to(tl.float32), tl.trans(r_c.to(tl.float32)), s, input_precision="ieee")
+            s = tl.dot(
+                q_c.to(tl.float64), tl.trans(r_c.to(tl.float64)), s, input_precision="ieee", out_dtype=tl.float64
+            )
         else:
             s = tl.dot(q_c, tl.trans(r_c), s)
         return s
@@ -173,7 +194,7 @@ if HAVE_TRITON:
         )
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
-        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64 if DOT_FP32 else tl.float32)
         if FMT_DOTS:
             # (a tuning option, packed rows) one dot per format present in the block, over
             # that format's rows (the others' 0): each logit is one row's dot, so the other
@@ -194,14 +215,14 @@ if HAVE_TRITON:
                 if any_win:
                     s = _logits_dot(q_c, fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16), s, DOT_FP32)
                 if any_comp:
-                    r_p = fp4_rows(c_base, from_comp, c * DK, D, DK, 16, False, WORDS).to(tl.bfloat16)
+                    r_p = fp4_rows_bf16(c_base, from_comp, c * DK, D, DK, 16, False, WORDS)
                     s = _logits_dot(q_c, r_p, s, DOT_FP32)
             else:
                 r_c = _load_rows(
                     w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
                 )
                 s = _logits_dot(q_c, r_c, s, DOT_FP32)
-        s = s * scale
+        s = s.to(tl.float32) * scale
         s = tl.where(present[None, :], s, float("-inf"))
 
         row = t * KB + kb
@@ -246,9 +267,9 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     n_comp = comp.shape[0]
     if n_comp == 0:
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
-    words = packed and fp4_words_ok(comp)
     cfg = dict(_TUNE)
     cfg.update(tune)
+    words = fp4_words_mode(comp, cfg["fp4_asm"]) if packed else 0
     combine = cfg["combine"]
     if combine not in ("auto", "blocks", "loop"):
         raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
@@ -264,7 +285,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     kbs = max(1, triton.cdiv(K, BLOCK_K))
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
     bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
-    dk = min(block_d, cfg["dk"])
+    dk = min(block_d, cfg["dk"] if not packed or cfg["dk_packed"] is None else cfg["dk_packed"])
     if packed and dk % 32:  # a tuning value: the packed loaders read whole 32-value scale blocks
         raise ValueError(f"dk = {dk}; allowed with packed rows: a multiple of 32")
     strides = (*win.stride(), *comp.stride(), *sel.stride())
