@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 2026-12-03 (ninth entry): the quick tier after the launch-shape change (dk by row format,
+# 2026-12-03 (ninth entry; run twice: the second after ab_steps.py): the quick tier after the launch-shape change (dk by row format,
 # head blocks of 16 at batch 1, fp4 PTX dequant in the index scores), then the batched
 # bench at 32K (B = 1, 64; bf16 and packed caches; FlashMLA as the peer when carried) and
 # the single-sequence decode bench at 4K / 32K. carry: [".golden", ".whl"]

@@ -84,7 +84,12 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # of 16 (4 × the logits programs) 16.5 µs against 16.9 over bf16 rows, 20.2 against 21.6
 # over packed rows; fp4_asm 21.6 → 22.7 (bh = 64). At B = 64 (BATCH_TUNE, step inputs)
 # bf16 rows with dk = 64 60.4 against 64.5 (dk = 32: 74.0); packed rows with dk = 32 and
-# fmt_dots 75.4 against 80.1 (dk = 64: 79.0; fp4_asm with dk = 32, fmt_dots: 96.2).
+# fmt_dots 75.4 against 80.1 (dk = 64: 79.0; fp4_asm with dk = 32, fmt_dots: 96.2). In the
+# whole step the packed choice reverses (scripts/ab_steps.py: BatchGraphs, B = 64 at 32K,
+# the shapes swapped in one run): dk = 32 with fmt_dots 9.27 ms/step against 9.09 with
+# dk = 128 and one dot; bf16 rows' dk = 64 8.005 against 8.12; batch 1's bh = 16 4.96
+# against 5.04 (bf16), 5.26 against 5.31 (packed). The kernels timed alone (L2 flushed)
+# and inside the step disagree for packed rows: the step decides.
 _TUNE = dict(
     bh=16,
     dk=128,
@@ -116,10 +121,19 @@ _BLOCKS_MAX_M = 1
 # logits kernel with 2 pipeline stages instead of 3, 64.5 µs against 66.1 (packed rows 80.5
 # against 82.8); 8 warps lose on packed rows (98.4: 166 registers, one program per SM). At
 # batch 1 (`_TUNE`, 10 logits programs) 2 stages lose (9.1 against 7.2 µs, logits alone).
-# 2026-12-03 (ninth entry, above): dk = 64 over bf16 rows, 32 with one dot per format over
-# packed rows (the launch shape follows the rows' format, never m).
+# 2026-12-03 (ninth entry, above): dk = 64 over bf16 rows, 128 over packed rows (the launch
+# shape follows the rows' format, never m).
 BATCH_TUNE = dict(
-    bh=64, dk=64, dk_packed=32, fmt_dots=True, comb_h=64, comb_d=128, warps_b=4, stages_b=1, combine="loop", stages_a=2
+    bh=64,
+    dk=64,
+    dk_packed=128,
+    fmt_dots=False,
+    comb_h=64,
+    comb_d=128,
+    warps_b=4,
+    stages_b=1,
+    combine="loop",
+    stages_a=2,
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_TUNE` (same bytes)
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)

@@ -1,0 +1,110 @@
+"""A/B of launch shapes inside the batched decode step (a development tool; CUDA): the
+whole step through `BatchGraphs` (as `bench` (f): random weights, a filled context, random
+index keys) under variants of the attention's and index scores' launch-shape dicts,
+mutated in place before each capture, in turn over several rounds (machine drift shows as
+the spread between rounds of one variant).
+
+    python3 scripts/ab_steps.py [--context 32768] [--batches 1,64] [--rounds 2]
+
+Prints one Markdown table (median ms/step of each variant, min-max over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
+from attnv41.kernels import indexer  # noqa: E402
+from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
+from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
+from attnv41.runtime.stack import RuntimeStack  # noqa: E402
+from attnv41.synthetic import PRESETS, random_weights  # noqa: E402
+
+DICTS = {"single": ss._TUNE, "batch": ss.BATCH_TUNE, "index": indexer._TUNE, "index_paged": indexer._PAGED_TUNE}
+BASE = {k: dict(v) for k, v in DICTS.items()}
+OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
+    "single": dict(bh=64),
+    "batch": dict(bh=64, dk=128, dk_packed=None, fmt_dots=False),
+    "index": dict(fp4_asm=False),
+    "index_paged": dict(fp4_asm=False),
+}
+VARIANTS = {
+    "new": {},
+    "old": OLD,
+    "new, single bh=64": {"single": dict(bh=64)},
+    "new, index fp32 dequant": {"index": dict(fp4_asm=False), "index_paged": dict(fp4_asm=False)},
+    "new, batch dk=128 one dot": {"batch": dict(dk=128, dk_packed=None, fmt_dots=False)},
+}
+
+
+def apply(over: dict) -> None:
+    for k, d in DICTS.items():
+        d.clear()
+        d.update(BASE[k])
+        d.update(over.get(k, {}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--kv", default="bf16,packed")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--variants", default=";".join(VARIANTS), help="names separated by ;")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    ctx = a.context
+    batches = [int(b) for b in a.batches.split(",")]
+    cfg = PRESETS["flash"](max_tokens=max(batches), max_seq=ctx + 256)
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights="bf16"), device=dev)
+    names = a.variants.split(";")
+    res: dict = {}
+    for _ in range(a.rounds):
+        for name in names:
+            apply(copy.deepcopy(VARIANTS[name]))
+            for B in batches:
+                for kvf in a.kv.split(","):
+                    gen = torch.Generator(device=dev).manual_seed(0)
+                    bt = _batch(stack, B, ctx + a.steps + 8, B, kvf)
+                    for sl in range(B):
+                        bt.pool.assume(sl, ctx)
+                    _random_keys(bt, gen)
+                    g = BatchGraphs(bt, stack.weights, sizes=(B,))
+                    xs = g.x_in[:, :B]
+                    xs.copy_(torch.randn(xs.shape, generator=gen, device=dev).to(torch.bfloat16))
+                    slots, lens = list(range(B)), [1] * B
+                    for _ in range(2):
+                        g.step(xs, slots, lens)
+                    torch.cuda.synchronize(dev)
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(a.steps):
+                        g.step(xs, slots, lens)
+                    e1.record()
+                    torch.cuda.synchronize(dev)
+                    ms = e0.elapsed_time(e1) / a.steps
+                    res.setdefault((name, B, kvf), []).append(ms)
+                    print(f"{name} B={B} {kvf}: {ms:.3f} ms", flush=True)
+                    del g, bt, xs
+                    gc.collect()
+    apply({})
+    print(f"\n### batched decode step at {ctx}, BatchGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)\n")
+    print("| variant | batch | caches | ms/step (median) | min-max |")
+    print("|---|---|---|---|---|")
+    for (name, B, kvf), v in res.items():
+        v = sorted(v)
+        print(f"| {name} | {B} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
