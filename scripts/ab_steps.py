@@ -5,6 +5,10 @@ mutated in place before each capture, in turn over several rounds (machine drift
 the spread between rounds of one variant).
 
     python3 scripts/ab_steps.py [--context 32768] [--batches 1,64] [--rounds 2]
+    python3 scripts/ab_steps.py --single 4096,32768 --variants 'new;new, single bh=16'
+
+`--single`: the single-sequence runtime's step instead (`DecodeGraphs`, as `bench` (a),
+graphs mode, no oracle check) at those contexts (`--device cpu --preset small`: a smoke run).
 
 Prints one Markdown table (median ms/step of each variant, min-max over rounds).
 """
@@ -28,20 +32,30 @@ from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
 from attnv41.runtime.stack import RuntimeStack  # noqa: E402
 from attnv41.synthetic import PRESETS, random_weights  # noqa: E402
 
-DICTS = {"single": ss._TUNE, "batch": ss.BATCH_TUNE, "index": indexer._TUNE, "index_paged": indexer._PAGED_TUNE}
+DICTS = {
+    "single": ss._TUNE,
+    "batch_small": ss._BATCH_SMALL_TUNE,
+    "batch": ss.BATCH_TUNE,
+    "index": indexer._TUNE,
+    "index_paged": indexer._PAGED_TUNE,
+}
 BASE = {k: dict(v) for k, v in DICTS.items()}
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
+    "batch_small": dict(bh=64),
     "batch": dict(bh=64, dk=128, dk_packed=None, fmt_dots=False),
     "index": dict(fp4_asm=False),
     "index_paged": dict(fp4_asm=False),
 }
+# (the ninth entry's runs had `_TUNE` at bh = 16 as "new", without `_BATCH_SMALL_TUNE`, and
+# "new, batch dk=128 one dot" as today's production over packed rows)
 VARIANTS = {
     "new": {},
     "old": OLD,
-    "new, single bh=64": {"single": dict(bh=64)},
+    "new, single bh=16": {"single": dict(bh=16)},
+    "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},
     "new, index fp32 dequant": {"index": dict(fp4_asm=False), "index_paged": dict(fp4_asm=False)},
-    "new, batch dk=128 one dot": {"batch": dict(dk=128, dk_packed=None, fmt_dots=False)},
+    "new, batch packed dk=32 fmt_dots": {"batch": dict(dk_packed=32, fmt_dots=True)},
 }
 
 
@@ -52,6 +66,34 @@ def apply(over: dict) -> None:
         d.update(over.get(k, {}))
 
 
+def single(a, dev) -> int:
+    from attnv41.bench.common import measure_ceilings  # noqa: PLC0415
+    from attnv41.bench.stack import bench_decode_one  # noqa: PLC0415
+
+    ctxs = [int(c) for c in a.single.split(",")]
+    cfg = PRESETS[a.preset](max_tokens=16, max_seq=max(ctxs) + 256)
+    res: dict = {}
+    ceil = measure_ceilings(dev, quick=True)
+    for kvf in a.kv.split(","):
+        stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights="bf16"), device=dev, kv_format=kvf)
+        for _ in range(a.rounds):
+            for name in a.variants.split(";"):
+                apply(copy.deepcopy(VARIANTS[name]))
+                for r in bench_decode_one(stack, ctxs, ceil, reps=a.steps, oracle_steps=0, modes=("graphs",), rounds=1):
+                    res.setdefault((name, r["context"], kvf), []).append(r["ms"])
+                    print(f"{name} {r['context']} {kvf}: {r['ms']:.3f} ms", flush=True)
+        del stack
+        gc.collect()
+    apply({})
+    print(f"\n### single-sequence decode step, DecodeGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)\n")
+    print("| variant | context | caches | ms/step (median) | min-max |")
+    print("|---|---|---|---|---|")
+    for (name, c, kvf), v in res.items():
+        v = sorted(v)
+        print(f"| {name} | {c} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=32768)
@@ -60,8 +102,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--variants", default=";".join(VARIANTS), help="names separated by ;")
+    ap.add_argument("--single", default="", help="contexts: time the single-sequence runtime's DecodeGraphs step")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="flash")
     a = ap.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    if a.single:
+        return single(a, dev)
     ctx = a.context
     batches = [int(b) for b in a.batches.split(",")]
     cfg = PRESETS["flash"](max_tokens=max(batches), max_seq=ctx + 256)

@@ -89,9 +89,12 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # the shapes swapped in one run): dk = 32 with fmt_dots 9.27 ms/step against 9.09 with
 # dk = 128 and one dot; bf16 rows' dk = 64 8.005 against 8.12; batch 1's bh = 16 4.96
 # against 5.04 (bf16), 5.26 against 5.31 (packed). The kernels timed alone (L2 flushed)
-# and inside the step disagree for packed rows: the step decides.
+# and inside the step disagree for packed rows: the step decides. And bh = 16 at batch 1
+# helps the batched runtime's step but not the single-sequence one's (DecodeGraphs, bf16
+# caches, same run: 4.25 / 4.27 ms at 4K / 32K against 4.18 / 4.21 with bh = 64): `_TUNE`
+# keeps 64, the batched runtime's m = 1 calls take `_BATCH_SMALL_TUNE` (bh = 16).
 _TUNE = dict(
-    bh=16,
+    bh=64,
     dk=128,
     dk_packed=None,
     warps_a=4,
@@ -135,7 +138,8 @@ BATCH_TUNE = dict(
     combine="loop",
     stages_a=2,
 )
-_BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_TUNE` (same bytes)
+_BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
+_BATCH_SMALL_TUNE = dict(bh=16)  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -250,12 +254,12 @@ def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     contract. `BATCH_TUNE` (the loop over all 64 heads per program), except for calls of m ≤
     `_BATCH_SMALL_M` tokens, which take the single-sequence shape `_TUNE` (the block-parallel
     combine, 16 heads × 64 columns: 4 programs per token with BATCH_TUNE's 128-column slices
-    leave the GPU idle at batch 1). Both give a token the same bytes (the same logits
+    leave the GPU idle at batch 1) with the logits in head blocks of 16 (`_BATCH_SMALL_TUNE`). Both give a token the same bytes (the same logits
     kernel, the same Σp tree and dot order; checked on the GPU at the Flash shapes, bf16 and
     packed rows, by tests/kernels/test_decode_invariance.py), so the choice by m moves no
     bit."""
     m = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
-    tune = {} if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
+    tune = _BATCH_SMALL_TUNE if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
     return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **tune)
 
 
