@@ -17,7 +17,7 @@ gather: one byte load per value and one per scale, 16x the bf16 tile's instructi
 The values are code · scale, exact in fp32 and in bf16 (`attnv41.packed`), so a kernel
 that rounds them to bf16 sees the unpacked rows' values bit for bit.
 
-`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words on CUDA (ASM):
+`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words (WORDS = 2, compiled):
 PTX that builds two bf16 values per 32-bit register with integer ops and two exact bf16x2
 multiplies, about 3 instructions per value where the fp32 form takes about 9 (nibble
 extraction, the e2m1 bit trick, the scale multiply, the cvt to bf16). The same values,
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, tl, triton
+from ._triton import HAVE_TRITON, interpreting, tl, triton
 
 __all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
 
@@ -43,8 +43,6 @@ def fp4_words_mode(rows: torch.Tensor, asm: bool = True) -> int:
     """The loaders' WORDS for packed fp4 rows: 0 byte by byte (rows not 4-byte aligned), 1
     as words, 2 as words with `fp4_rows_bf16`'s PTX (asm, compiled kernels: not under the
     interpreter, whose Triton has no inline assembly)."""
-    from ._triton import interpreting  # noqa: PLC0415
-
     if not fp4_words_ok(rows):
         return 0
     return 2 if asm and not interpreting() else 1
