@@ -66,6 +66,16 @@ def apply(over: dict) -> None:
         d.update(over.get(k, {}))
 
 
+def _table(title: str, col: str, res: dict) -> None:
+    """The Markdown table of res {(variant, context or batch, caches): [ms per round]}."""
+    print(f"\n### {title}\n")
+    print(f"| variant | {col} | caches | ms/step (median) | min-max |")
+    print("|---|---|---|---|---|")
+    for (name, x, kvf), v in res.items():
+        v = sorted(v)
+        print(f"| {name} | {x} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
+
+
 def single(a, dev) -> int:
     from attnv41.bench.common import measure_ceilings  # noqa: PLC0415
     from attnv41.bench.stack import bench_decode_one  # noqa: PLC0415
@@ -85,12 +95,9 @@ def single(a, dev) -> int:
         del stack
         gc.collect()
     apply({})
-    print(f"\n### single-sequence decode step, DecodeGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)\n")
-    print("| variant | context | caches | ms/step (median) | min-max |")
-    print("|---|---|---|---|---|")
-    for (name, c, kvf), v in res.items():
-        v = sorted(v)
-        print(f"| {name} | {c} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
+    _table(
+        f"single-sequence decode step, DecodeGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)", "context", res
+    )
     return 0
 
 
@@ -144,12 +151,9 @@ def main() -> int:
                     del g, bt, xs
                     gc.collect()
     apply({})
-    print(f"\n### batched decode step at {ctx}, BatchGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)\n")
-    print("| variant | batch | caches | ms/step (median) | min-max |")
-    print("|---|---|---|---|---|")
-    for (name, B, kvf), v in res.items():
-        v = sorted(v)
-        print(f"| {name} | {B} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
+    _table(
+        f"batched decode step at {ctx}, BatchGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)", "batch", res
+    )
     return 0
 
 

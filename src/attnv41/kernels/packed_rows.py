@@ -73,30 +73,24 @@ if HAVE_TRITON:
     # << 8), which is the value · 2^-126 (index 1, 0.5, the subnormal 2^-127): multiplied
     # by 2^126 (0x7E80) and by the scale, both exact in bf16 (bf16x2 multiplies keep
     # subnormals).
-    _FP4_PAIR = """
-    prmt.b32 y, $8, $9, {sel};
-    shl.b32 u, y, 6;
+    # one output register from y: shifts sm (magnitude bits) and ss (sign bit) place a nibble pair
+    _FP4_HALF = """
+    shl.b32 u, y, {sm};
     and.b32 u, u, 0x01C001C0;
-    shl.b32 v, y, 12;
+    shl.b32 v, y, {ss};
     and.b32 v, v, 0x80008000;
     or.b32 u, u, v;
     mul.rn.bf16x2 u, u, k;
-    mul.rn.bf16x2 ${lo}, u, $10;
-    shl.b32 u, y, 2;
-    and.b32 u, u, 0x01C001C0;
-    shl.b32 v, y, 8;
-    and.b32 v, v, 0x80008000;
-    or.b32 u, u, v;
-    mul.rn.bf16x2 u, u, k;
-    mul.rn.bf16x2 ${hi}, u, $10;
-"""
+    mul.rn.bf16x2 ${out}, u, $10;"""
+
+    def _fp4_pair(p: int) -> str:
+        sel = hex(((4 + p) << 12) | ((4 + p) << 8) | (p << 4) | p)
+        low = _FP4_HALF.format(sm=6, ss=12, out=2 * p)  # low nibbles (bits 0-3, 16-19)
+        high = _FP4_HALF.format(sm=2, ss=8, out=2 * p + 1)  # high nibbles (bits 4-7, 20-23)
+        return f"\n    prmt.b32 y, $8, $9, {sel};{low}{high}\n"
+
     _FP4_ASM = tl.constexpr(
-        "{\n.reg .b32 y, u, v, k;\nmov.b32 k, 0x7E807E80;\n"
-        + "".join(
-            _FP4_PAIR.format(sel=hex(((4 + p) << 12) | ((4 + p) << 8) | (p << 4) | p), lo=2 * p, hi=2 * p + 1)
-            for p in range(4)
-        )
-        + "}"
+        "{\n.reg .b32 y, u, v, k;\nmov.b32 k, 0x7E807E80;\n" + "".join(_fp4_pair(p) for p in range(4)) + "}"
     )
 
     @triton.jit
