@@ -56,6 +56,16 @@ VARIANTS = {
     "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},
     "new, index fp32 dequant": {"index": dict(fp4_asm=False), "index_paged": dict(fp4_asm=False)},
     "new, batch packed dk=32 fmt_dots": {"batch": dict(dk_packed=32, fmt_dots=True)},
+    # (tenth entry) the attention's logits as rows · qᵀ and its PTX dequantization
+    "attn asm": {"batch": dict(fp4_asm=True), "batch_small": dict(bh=16, fp4_asm=True)},
+    "attn keys_m": {"batch": dict(keys_m=True), "batch_small": dict(bh=16, keys_m=True)},
+    "attn keys_m asm": {
+        "batch": dict(keys_m=True, fp4_asm=True),
+        "batch_small": dict(bh=16, keys_m=True, fp4_asm=True),
+    },
+    "single asm": {"single": dict(fp4_asm=True)},
+    "single keys_m": {"single": dict(keys_m=True)},
+    "single keys_m asm": {"single": dict(keys_m=True, fp4_asm=True)},
 }
 
 

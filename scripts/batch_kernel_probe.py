@@ -109,6 +109,22 @@ ATTN_SETS["asm"] = [
     ("dk=32 fmt_dots, fp32 dequant", dict(dk=32, fmt_dots=True, fp4_asm=False)),
     ("dk=128 fmt_dots", dict(fmt_dots=True)),
 ]
+# `--attn-set keysm` (2026-12-03, tenth entry): the logits as rows · qᵀ (`keys_m`: the rows
+# the MMA's A operand, no transposed tile in shared memory) and the PTX dequantization with
+# its scales loaded per 16-value block (no 16-bit shared stores in the offline compile),
+# at the batched shape (B > 1) and at the batched runtime's m = 1 shape (`_TUNE`, bh = 16)
+_SMALL = dict(ss._TUNE, **ss._BATCH_SMALL_TUNE)
+ATTN_SETS["keysm"] = [
+    ("production", {}),
+    ("fp4_asm", dict(fp4_asm=True)),
+    ("keys_m", dict(keys_m=True)),
+    ("keys_m fp4_asm", dict(keys_m=True, fp4_asm=True)),
+    ("keys_m fp4_asm dk_packed=64", dict(keys_m=True, fp4_asm=True, dk_packed=64)),
+    ("m=1 shape", _SMALL),
+    ("m=1 shape fp4_asm", dict(_SMALL, fp4_asm=True)),
+    ("m=1 shape keys_m", dict(_SMALL, keys_m=True)),
+    ("m=1 shape keys_m fp4_asm", dict(_SMALL, keys_m=True, fp4_asm=True)),
+]
 # The index scores' launch shapes (2026-12-03): production against the keys-major
 # orientation (`keys_m`: keys as the MMA's 64 rows, a warpgroup MMA at 4 warps, the heads'
 # sum within a thread and its quad) at several tiles. The earlier heads-major sweeps

@@ -68,6 +68,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(BATCH_TUNE, fp4_asm=True),
         dict(combine="loop", fp4_asm=True),
         dict(combine="blocks", fmt_dots=True, dk=32),
+        dict(BATCH_TUNE, keys_m=True, fp4_asm=True),
+        dict(combine="blocks", keys_m=True, fp4_asm=True, bh=16),
     ],
     ids=[
         "loop",
@@ -79,6 +81,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "batch-fp4-asm",
         "loop-fp4-asm",
         "blocks-fmt-dots-dk32",
+        "batch-keys-m-fp4-asm",
+        "blocks-keys-m-fp4-asm-bh16",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

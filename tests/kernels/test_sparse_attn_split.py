@@ -126,6 +126,9 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(comb_h=32, comb_d=16, combine="blocks", warps_pv=8), id="blocks-32x16"),
         pytest.param(dict(combine="loop"), id="loop"),
         pytest.param(BATCH_TUNE, id="batch-runtime"),
+        pytest.param(dict(keys_m=True), id="keys-m"),
+        pytest.param(dict(BATCH_TUNE, keys_m=True), id="batch-keys-m"),
+        pytest.param(dict(keys_m=True, bh=16, dk=32), id="keys-m-bh16-dk32"),
     ],
 )
 def test_tuning_variants(device, tune):
@@ -176,6 +179,23 @@ def test_block_combine_equals_loop_combine_at_flash_shapes(m):
     n = int((_bits(a) != _bits(b)).sum())
     assert n == 0, f"o: {n} of {a.numel()} elements differ between the loop and block combines"
     assert int(_counters.buffer(torch.device("cuda")).abs().sum()) == 0, "counters left set"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")
+@pytest.mark.parametrize(
+    "m, tune",
+    [(1, {}), (1, dict(bh=16)), (8, {}), (64, BATCH_TUNE)],
+    ids=["m1", "m1-bh16", "m8", "m64-batch"],
+)
+def test_keys_major_logits_give_the_same_bytes_at_flash_shapes(m, tune):
+    """The logits as rows · qᵀ (`keys_m`: the rows the MMA's A operand) and as q · rowsᵀ:
+    each logit the same products summed over the same chunks of D, so the same bytes at
+    the Flash shapes (a launch shape may switch between them without moving a bit)."""
+    q, win, comp, sel, sink = _inputs(29 + m, m, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
+    a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **tune)
+    b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **{**tune, "keys_m": True})
+    n = int((_bits(a) != _bits(b)).sum())
+    assert n == 0, f"o: {n} of {a.numel()} elements differ between keys_m and heads-major logits"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's bits on the GPU")

@@ -140,11 +140,22 @@ if HAVE_TRITON:
             w = c0 // 8 + tl.arange(0, C // 8)
             m = ok[:, None] & (w * 8 < D)[None, :]
             words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
-            sb = tl.load(base[:, None] + D // 2 + (w * 8 // BLOCK)[None, :], mask=m, other=0)
+            # the scales as [C/BLOCK] contiguous bytes, each repeated for its BLOCK/8 words by
+            # joins: a scale pointer per word (w·8 // BLOCK) has no contiguity, and Triton then
+            # lays the words out one per thread across rows, so that the bf16 tile reached
+            # shared memory by 16-bit stores (the offline sm_90 compile: 66 STS.U16 in the
+            # index kernel, 64 in the attention's logits kernel; now none)
+            bi = c0 // BLOCK + tl.arange(0, C // BLOCK)
+            sb = tl.load(base[:, None] + D // 2 + bi[None, :], mask=ok[:, None] & (bi * BLOCK < D)[None, :], other=0)
             if E8M0:  # 2^(e − 127) is bf16's exponent field e
                 sc = (sb.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
             else:
                 sc = e4m3_value(sb).to(tl.bfloat16)
+            tl.static_assert(BLOCK == 16 or BLOCK == 32)
+            sc = tl.join(sc, sc)  # [R, C/BLOCK, 2]
+            if BLOCK == 32:
+                sc = tl.join(sc, sc)  # [R, C/BLOCK, 2, 2]
+            sc = tl.reshape(sc, (R, C // 8))
             o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
                 _FP4_ASM,
                 "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r",

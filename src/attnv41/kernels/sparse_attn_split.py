@@ -107,6 +107,7 @@ _TUNE = dict(
     warps_pv=4,
     fmt_dots=False,
     fp4_asm=False,
+    keys_m=False,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -145,6 +146,18 @@ _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _logits_dot_t(q_c, r_c, s, DOT_FP32: tl.constexpr):
+        """s + r_c · q_cᵀ ([BLOCK_K, DK] · [BLOCK_H, DK]ᵀ): `_logits_dot` transposed, the
+        rows as the MMA's A operand (KEYS_M; each entry the same products and chunks)."""
+        if DOT_FP32:
+            s = tl.dot(
+                r_c.to(tl.float64), tl.trans(q_c.to(tl.float64)), s, input_precision="ieee", out_dtype=tl.float64
+            )
+        else:
+            s = tl.dot(r_c, tl.trans(q_c), s)
+        return s
 
     @triton.jit
     def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr):
@@ -192,6 +205,7 @@ if HAVE_TRITON:
         WORDS: tl.constexpr,
         PDL: tl.constexpr = False,
         FMT_DOTS: tl.constexpr = False,
+        KEYS_M: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -212,7 +226,10 @@ if HAVE_TRITON:
         )
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
-        s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64 if DOT_FP32 else tl.float32)
+        if KEYS_M:  # [BLOCK_K, BLOCK_H]: the rows as the MMA's rows (A from registers)
+            s = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float64 if DOT_FP32 else tl.float32)
+        else:
+            s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64 if DOT_FP32 else tl.float32)
         if FMT_DOTS:
             # (a tuning option, packed rows) one dot per format present in the block, over
             # that format's rows (the others' 0): each logit is one row's dot, so the other
@@ -239,7 +256,12 @@ if HAVE_TRITON:
                 r_c = _load_rows(
                     w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
                 )
-                s = _logits_dot(q_c, r_c, s, DOT_FP32)
+                if KEYS_M:
+                    s = _logits_dot_t(q_c, r_c, s, DOT_FP32)
+                else:
+                    s = _logits_dot(q_c, r_c, s, DOT_FP32)
+        if KEYS_M:
+            s = tl.trans(s)
         s = s.to(tl.float32) * scale
         s = tl.where(present[None, :], s, float("-inf"))
 
@@ -330,6 +352,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         PACKED=packed,
         WORDS=words,
         FMT_DOTS=packed and bool(cfg["fmt_dots"]),
+        KEYS_M=bool(cfg["keys_m"]),
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
