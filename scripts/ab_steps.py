@@ -66,6 +66,10 @@ VARIANTS = {
     "single asm": {"single": dict(fp4_asm=True)},
     "single keys_m": {"single": dict(keys_m=True)},
     "single keys_m asm": {"single": dict(keys_m=True, fp4_asm=True)},
+    # (after the tenth entry's first call, fp4_asm on in `_TUNE`)
+    "attn fp32 dequant": {"single": dict(fp4_asm=False)},
+    "batch packed dk=64": {"batch": dict(dk_packed=64)},
+    "batch packed dk=64 keys_m": {"batch": dict(dk_packed=64, keys_m=True)},
 }
 
 

@@ -76,8 +76,11 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # 2026-12-03 eighth entry: quick tier passed with it on), 179 registers instead of 254 at
 # dk = 128 but not faster there (82.9 against 80.5 µs at B = 64); 148 at dk = 64, untimed.
 # dk_packed: the column chunk over packed rows (None: dk). fp4_asm: packed fp4 rows
-# dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits) - off
-# here, slower in both attention kernels on the H200 (below), on in the index scores.
+# dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits): on
+# since the tenth entry (below); the ninth entry's form was slower here.
+# keys_m (a tuning option, off): the logits as rows · qᵀ, the rows the MMA's A operand (no
+# transposed tile in shared memory). The same bytes on the H200 at the Flash shapes (the
+# GPU test), 179-188 registers instead of 254 over packed rows, but not faster in the step.
 # 2026-12-03 (ninth entry; scripts/attn_ncu.py --time --rounds 3, synthetic Flash shapes at
 # a 32K context, both kernels, L2 flushed; scripts/batch_kernel_probe.py --attn-set asm on a
 # B = 64 step's own inputs; the same bytes in every case): at batch 1 (`_TUNE`) head blocks
@@ -93,6 +96,13 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # helps the batched runtime's step but not the single-sequence one's (DecodeGraphs, bf16
 # caches, same run: 4.25 / 4.27 ms at 4K / 32K against 4.18 / 4.21 with bh = 64): `_TUNE`
 # keeps 64, the batched runtime's m = 1 calls take `_BATCH_SMALL_TUNE` (bh = 16).
+# 2026-12-03 (tenth entry; ab_steps.py, same run, ms/step, BatchGraphs at 32K): fp4_asm on,
+# now that its scales load per 16-value block (no 16-bit shared stores of the tile): packed
+# caches B = 64 9.057 → 8.906, B = 1 5.227 → 5.140; bf16 caches unchanged (7.955 / 7.939,
+# 4.945 / 4.947); single-sequence DecodeGraphs at 4K, packed 4.447 → 4.432. keys_m: B = 64
+# packed 9.113 (8.933 with fp4_asm), bf16 7.998. The kernels alone (batch_kernel_probe.py,
+# B = 64 step inputs, L2 flushed): packed 80.2 → 77.1 µs (keys_m with fp4_asm 76.0, and 73.0
+# with dk_packed = 64, not timed in the step); bf16 60.5.
 _TUNE = dict(
     bh=64,
     dk=128,
@@ -106,7 +116,7 @@ _TUNE = dict(
     combine="auto",
     warps_pv=4,
     fmt_dots=False,
-    fp4_asm=False,
+    fp4_asm=True,
     keys_m=False,
 )
 _BLOCKS_MAX_M = 1
