@@ -70,6 +70,8 @@ VARIANTS = {
     "attn fp32 dequant": {"single": dict(fp4_asm=False)},
     "batch packed dk=64": {"batch": dict(dk_packed=64)},
     "batch packed dk=64 keys_m": {"batch": dict(dk_packed=64, keys_m=True)},
+    # (after the tenth entry's second call: BATCH_TUNE packed dk = 64 with keys_m)
+    "batch packed dk=128 heads-major": {"batch": dict(dk_packed=128, keys_m_packed=False)},
 }
 
 

@@ -70,6 +70,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks", fmt_dots=True, dk=32),
         dict(BATCH_TUNE, keys_m=True, fp4_asm=True),
         dict(combine="blocks", keys_m=True, fp4_asm=True, bh=16),
+        dict(BATCH_TUNE, keys_m_packed=False, dk_packed=128),
+        dict(BATCH_TUNE, keys_m_packed=False, fmt_dots=True),
     ],
     ids=[
         "loop",
@@ -83,6 +85,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "blocks-fmt-dots-dk32",
         "batch-keys-m-fp4-asm",
         "blocks-keys-m-fp4-asm-bh16",
+        "batch-heads-major-dk128",
+        "batch-heads-major-fmt-dots",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

@@ -78,9 +78,10 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # dk_packed: the column chunk over packed rows (None: dk). fp4_asm: packed fp4 rows
 # dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits): on
 # since the tenth entry (below); the ninth entry's form was slower here.
-# keys_m (a tuning option, off): the logits as rows · qᵀ, the rows the MMA's A operand (no
-# transposed tile in shared memory). The same bytes on the H200 at the Flash shapes (the
-# GPU test), 179-188 registers instead of 254 over packed rows, but not faster in the step.
+# keys_m: the logits as rows · qᵀ, the rows the MMA's A operand (no transposed tile in
+# shared memory); keys_m_packed: over packed rows (None: keys_m). The same bytes as q · rowsᵀ
+# on the H200 at the Flash shapes (the GPU test), 179-188 registers instead of 254 over
+# packed rows. Off in `_TUNE`; on over packed rows in `BATCH_TUNE` (below).
 # 2026-12-03 (ninth entry; scripts/attn_ncu.py --time --rounds 3, synthetic Flash shapes at
 # a 32K context, both kernels, L2 flushed; scripts/batch_kernel_probe.py --attn-set asm on a
 # B = 64 step's own inputs; the same bytes in every case): at batch 1 (`_TUNE`) head blocks
@@ -118,6 +119,7 @@ _TUNE = dict(
     fmt_dots=False,
     fp4_asm=True,
     keys_m=False,
+    keys_m_packed=None,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -137,10 +139,14 @@ _BLOCKS_MAX_M = 1
 # batch 1 (`_TUNE`, 10 logits programs) 2 stages lose (9.1 against 7.2 µs, logits alone).
 # 2026-12-03 (ninth entry, above): dk = 64 over bf16 rows, 128 over packed rows (the launch
 # shape follows the rows' format, never m).
+# 2026-12-03 (tenth entry; ab_steps.py, BatchGraphs B = 64 at 32K, packed caches, same run):
+# packed rows in chunks of 64 with keys_m 8.742 ms/step against 8.894 (dk 128, heads-major)
+# and 9.006 (dk 64, heads-major); bf16 rows keep heads-major (keys_m: 7.998 against 7.955).
 BATCH_TUNE = dict(
     bh=64,
     dk=64,
-    dk_packed=128,
+    dk_packed=64,
+    keys_m_packed=True,
     fmt_dots=False,
     comb_h=64,
     comb_d=128,
@@ -258,10 +264,17 @@ if HAVE_TRITON:
             )
             if FMT_DOTS:
                 if any_win:
-                    s = _logits_dot(q_c, fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16), s, DOT_FP32)
+                    r_w = fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16)
+                    if KEYS_M:
+                        s = _logits_dot_t(q_c, r_w, s, DOT_FP32)
+                    else:
+                        s = _logits_dot(q_c, r_w, s, DOT_FP32)
                 if any_comp:
                     r_p = fp4_rows_bf16(c_base, from_comp, c * DK, D, DK, 16, False, WORDS)
-                    s = _logits_dot(q_c, r_p, s, DOT_FP32)
+                    if KEYS_M:
+                        s = _logits_dot_t(q_c, r_p, s, DOT_FP32)
+                    else:
+                        s = _logits_dot(q_c, r_p, s, DOT_FP32)
             else:
                 r_c = _load_rows(
                     w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
@@ -362,7 +375,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         PACKED=packed,
         WORDS=words,
         FMT_DOTS=packed and bool(cfg["fmt_dots"]),
-        KEYS_M=bool(cfg["keys_m"]),
+        KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
