@@ -164,27 +164,21 @@ _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_sp
 if HAVE_TRITON:
 
     @triton.jit
-    def _logits_dot_t(q_c, r_c, s, DOT_FP32: tl.constexpr):
-        """s + r_c · q_cᵀ ([BLOCK_K, DK] · [BLOCK_H, DK]ᵀ): `_logits_dot` transposed, the
-        rows as the MMA's A operand (KEYS_M; each entry the same products and chunks)."""
-        if DOT_FP32:
-            s = tl.dot(
-                r_c.to(tl.float64), tl.trans(q_c.to(tl.float64)), s, input_precision="ieee", out_dtype=tl.float64
-            )
-        else:
-            s = tl.dot(r_c, tl.trans(q_c), s)
-        return s
-
-    @triton.jit
-    def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr):
-        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ, fp32 accumulation; under the
-        interpreter (DOT_FP32) fp64: its sums of exact bf16 products stay exact over all the
-        chunks, so its logits do not depend on the chunk DK, as the GPU's MMA chain's do not
-        (the launch shapes differ in DK by row format and between m = 1 and m > 1)."""
+    def _logits_dot(q_c, r_c, s, DOT_FP32: tl.constexpr, KEYS_M: tl.constexpr):
+        """s + q_c · r_cᵀ ([BLOCK_H, DK] · [BLOCK_K, DK]ᵀ), or with KEYS_M its transpose s +
+        r_c · q_cᵀ (the rows the MMA's A operand: each entry the same products over the same
+        chunk), fp32 accumulation; under the interpreter (DOT_FP32) fp64: its sums of exact
+        bf16 products stay exact over all the chunks, so its logits do not depend on the chunk
+        DK, as the GPU's MMA chain's do not (the launch shapes differ in DK by row format and
+        between m = 1 and m > 1)."""
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
-            s = tl.dot(
-                q_c.to(tl.float64), tl.trans(r_c.to(tl.float64)), s, input_precision="ieee", out_dtype=tl.float64
-            )
+            a, b = q_c.to(tl.float64), r_c.to(tl.float64)
+            if KEYS_M:
+                s = tl.dot(b, tl.trans(a), s, input_precision="ieee", out_dtype=tl.float64)
+            else:
+                s = tl.dot(a, tl.trans(b), s, input_precision="ieee", out_dtype=tl.float64)
+        elif KEYS_M:
+            s = tl.dot(r_c, tl.trans(q_c), s)
         else:
             s = tl.dot(q_c, tl.trans(r_c), s)
         return s
@@ -242,7 +236,7 @@ if HAVE_TRITON:
         )
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
-        if KEYS_M:  # [BLOCK_K, BLOCK_H]: the rows as the MMA's rows (A from registers)
+        if KEYS_M:  # [BLOCK_K, BLOCK_H]: the rows as the MMA's rows
             s = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float64 if DOT_FP32 else tl.float32)
         else:
             s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64 if DOT_FP32 else tl.float32)
@@ -265,24 +259,15 @@ if HAVE_TRITON:
             if FMT_DOTS:
                 if any_win:
                     r_w = fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16)
-                    if KEYS_M:
-                        s = _logits_dot_t(q_c, r_w, s, DOT_FP32)
-                    else:
-                        s = _logits_dot(q_c, r_w, s, DOT_FP32)
+                    s = _logits_dot(q_c, r_w, s, DOT_FP32, KEYS_M)
                 if any_comp:
                     r_p = fp4_rows_bf16(c_base, from_comp, c * DK, D, DK, 16, False, WORDS)
-                    if KEYS_M:
-                        s = _logits_dot_t(q_c, r_p, s, DOT_FP32)
-                    else:
-                        s = _logits_dot(q_c, r_p, s, DOT_FP32)
+                    s = _logits_dot(q_c, r_p, s, DOT_FP32, KEYS_M)
             else:
                 r_c = _load_rows(
                     w_base, c_base, from_win, ok, cols64, cm, stride_wd, stride_cd, D, c * DK, DK, PACKED, WORDS
                 )
-                if KEYS_M:
-                    s = _logits_dot_t(q_c, r_c, s, DOT_FP32)
-                else:
-                    s = _logits_dot(q_c, r_c, s, DOT_FP32)
+                s = _logits_dot(q_c, r_c, s, DOT_FP32, KEYS_M)
         if KEYS_M:
             s = tl.trans(s)
         s = s.to(tl.float32) * scale
