@@ -72,6 +72,12 @@ VARIANTS = {
     "batch packed dk=64 keys_m": {"batch": dict(dk_packed=64, keys_m=True)},
     # (after the tenth entry's second call: BATCH_TUNE packed dk = 64 with keys_m)
     "batch packed dk=128 heads-major": {"batch": dict(dk_packed=128, keys_m_packed=False)},
+    # (eleventh entry) the logits kernel over sub-blocks of 64 / rsplit rows (same bytes)
+    "single rsplit=2": {"single": dict(rsplit=2)},
+    "single rsplit=4": {"single": dict(rsplit=4)},
+    "batch m=1 rsplit=4": {"batch_small": dict(bh=16, rsplit=4)},
+    "batch m=1 bh=64 rsplit=4": {"batch_small": dict(bh=64, rsplit=4)},
+    "batch rsplit=2": {"batch": dict(rsplit=2)},
 }
 
 

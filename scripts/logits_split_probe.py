@@ -5,7 +5,9 @@ of a logits stage spread over more programs:
 - `bh16`: the logits in head blocks of 16 (4 programs per 64-row block, each gathering the
   block's rows again);
 - `dsplit N`: N tokens of D / N columns each (N programs per block, each reading 1/N of q and
-  of the rows: the work of a logits kernel split over D, without the sum of its N partials).
+  of the rows: the work of a logits kernel split over D, without the sum of its N partials);
+- `rsplit N`: the logits kernel's own option, N programs per block of 64 rows, each over
+  64 / N of them (same bytes).
 
 Synthetic Flash shapes at a 32K context (64 heads × 512, 128 window rows + 512 compressed
 rows of 8,192), CUDA graphs, L2 flushed before each replay and not; µs, median of rounds.
@@ -48,6 +50,7 @@ def inputs(n_tok, D, H=64, W=128, K=512, C=8192, seed=0):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only-new", action="store_true", help="production and the rsplit rows only")
     a = ap.parse_args()
     D = 512
     cases = []  # (name, n_tok, d, tune)
@@ -58,6 +61,13 @@ def main() -> int:
     for n in (2, 4, 8):
         cases.append((f"logits alone, dsplit {n} (proxy)", n, D // n, {"only_logits": True, "dk": min(128, D // n)}))
     cases.append(("whole attention, bh16", 1, D, {"bh": 16}))
+    for r in (2, 4):
+        cases.append((f"logits alone, rsplit {r}", 1, D, {"only_logits": True, "rsplit": r}))
+        cases.append((f"whole attention, rsplit {r}", 1, D, {"rsplit": r}))
+    cases.append(("logits alone, rsplit 4, keys_m", 1, D, {"only_logits": True, "rsplit": 4, "keys_m": True}))
+    cases.append(("whole attention, rsplit 4, bh16", 1, D, {"rsplit": 4, "bh": 16}))
+    if a.only_new:
+        cases = [c for c in cases if "rsplit" in c[0] or c[0] in ("whole attention", "logits alone")]
     data = {}
     for _, n, d, _t in cases:
         if (n, d) not in data:

@@ -72,6 +72,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks", keys_m=True, fp4_asm=True, bh=16),
         dict(BATCH_TUNE, keys_m_packed=False, dk_packed=128),
         dict(BATCH_TUNE, keys_m_packed=False, fmt_dots=True),
+        dict(combine="blocks", rsplit=4),
+        dict(combine="loop", rsplit=2, keys_m=True),
     ],
     ids=[
         "loop",
@@ -87,6 +89,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "blocks-keys-m-fp4-asm-bh16",
         "batch-heads-major-dk128",
         "batch-heads-major-fmt-dots",
+        "blocks-rsplit4",
+        "loop-rsplit2-keys-m",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

@@ -129,6 +129,8 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(keys_m=True), id="keys-m"),
         pytest.param(dict(BATCH_TUNE, keys_m=True), id="batch-keys-m"),
         pytest.param(dict(keys_m=True, bh=16, dk=32), id="keys-m-bh16-dk32"),
+        pytest.param(dict(rsplit=4), id="rsplit4"),
+        pytest.param(dict(rsplit=2, combine="loop", keys_m=True), id="rsplit2-loop-keys-m"),
     ],
 )
 def test_tuning_variants(device, tune):
@@ -137,6 +139,30 @@ def test_tuning_variants(device, tune):
     q, win, comp, sel, sink = _inputs(77, m, H, D, K, 16, 12, 90, device)
     got = sparse_attn_split(q, win, comp, sel, 12, sink, 0.125, **tune)
     _assert_close(f"o ({tune})", got, _reference(q, win, comp, sel, 12, sink, 0.125))
+
+
+@pytest.mark.parametrize("m, H, D, K, Nw, offset, Nc", CASES)
+@pytest.mark.parametrize("rsplit", [2, 4])
+def test_row_split_logits_give_the_same_bytes(device, m, H, D, K, Nw, offset, Nc, rsplit):
+    """The logits kernel over sub-blocks of 64 / rsplit rows (`rsplit`): each logit the same
+    row's dot, each block's max the max of its sub-blocks' maxima, so the same bytes as one
+    program per block, through both combines (and under the interpreter: its fp64 dots)."""
+    q, win, comp, sel, sink = _inputs(m * 31 + K, m, H, D, K, Nw, offset, Nc, device)
+    for combine in ("loop", "blocks"):
+        a = sparse_attn_split(q, win, comp, sel, offset, sink, D**-0.5, combine=combine)
+        b = sparse_attn_split(q, win, comp, sel, offset, sink, D**-0.5, combine=combine, rsplit=rsplit)
+        n = int((_bits(a) != _bits(b)).sum())
+        assert n == 0, f"o ({combine}): {n} of {a.numel()} elements differ with rsplit = {rsplit}"
+    assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters left set"
+
+
+@pytest.mark.parametrize("bad", [3, 8, 0])
+def test_row_split_is_checked(device, bad):
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=rf"rsplit = {bad}; allowed: 1, 2, 4"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, rsplit=bad)
+    assert torch.isnan(out.float()).all(), "out: written by a call that raised"
 
 
 @pytest.mark.parametrize("m, H, D, K, Nw, offset, Nc", CASES)
@@ -196,6 +222,23 @@ def test_keys_major_logits_give_the_same_bytes_at_flash_shapes(m, tune):
     b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **{**tune, "keys_m": True})
     n = int((_bits(a) != _bits(b)).sum())
     assert n == 0, f"o: {n} of {a.numel()} elements differ between keys_m and heads-major logits"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core dot's bits on the GPU")
+@pytest.mark.parametrize(
+    "m, tune",
+    [(1, {}), (1, dict(bh=16)), (1, dict(keys_m=True)), (8, {}), (64, BATCH_TUNE)],
+    ids=["m1", "m1-bh16", "m1-keys-m", "m8", "m64-batch"],
+)
+@pytest.mark.parametrize("rsplit", [2, 4])
+def test_row_split_logits_give_the_same_bytes_at_flash_shapes(m, tune, rsplit):
+    """At the Flash shapes on the GPU, `rsplit` (the MMA over 64 / rsplit rows instead of
+    64) gives the production bytes: a launch shape may take it without moving a bit."""
+    q, win, comp, sel, sink = _inputs(41 + m, m, 64, 512, 640, 128, 128, 4096, "cuda", absent=0.0)
+    a = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **tune)
+    b = sparse_attn_split(q, win, comp, sel, 128, sink, 512**-0.5, **{**tune, "rsplit": rsplit})
+    n = int((_bits(a) != _bits(b)).sum())
+    assert n == 0, f"o: {n} of {a.numel()} elements differ with rsplit = {rsplit}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's bits on the GPU")

@@ -75,6 +75,20 @@ if HAVE_TRITON:
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
+    def _block_max(bm_ptr, row, H, offs_h64, mask_h, RS: tl.constexpr):
+        """[BLOCK_HC] block `row`'s logit maxima per head, from the logits kernel's maxima
+        (`bm_ptr` fp32 [m, KB · RS, H]: one per RS sub-block of rows): their max, exact."""
+        if RS == 1:
+            bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
+        else:
+            rs = tl.arange(0, RS)
+            v = tl.load(
+                bm_ptr + (row * RS + rs[None, :]) * H + offs_h64[:, None], mask=mask_h[:, None], other=float("-inf")
+            )
+            bm = tl.max(v, axis=1)
+        return bm
+
+    @triton.jit
     def _row_sum(p, R: tl.constexpr, C: tl.constexpr, LOG2_C: tl.constexpr):
         """[R, C] → [R]: Σ over each row as a fixed pairwise tree (entries 2j, 2j+1 → j,
         log2(C) levels; each level a sum over an axis of 2, one commutative add). Its bits
@@ -89,12 +103,13 @@ if HAVE_TRITON:
         win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
         offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
         BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr,
+        RS: tl.constexpr,
     ):  # fmt: skip
         """Block kb of token t for a combine's slice (heads offs_h64, columns offs_v64 from
         c0): its maxima bm [BLOCK_HC], logits s [BLOCK_HC, BLOCK_K] fp32 (absent →
         −inf) and rows [BLOCK_K, BLOCK_DV] bf16 (absent → 0)."""
         row = t * K_BLOCKS + kb
-        bm = tl.load(bm_ptr + row * H + offs_h64, mask=mask_h, other=float("-inf"))
+        bm = _block_max(bm_ptr, row, H, offs_h64, mask_h, RS)
         s = tl.load(
             s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=float("-inf")
         )
@@ -114,7 +129,7 @@ if HAVE_TRITON:
         comp_ptr,
         sel_ptr,
         s_ptr,  # fp32 [m, KB, H, BLOCK_K]
-        bm_ptr,  # fp32 [m, KB, H]
+        bm_ptr,  # fp32 [m, KB · RS, H]: the logits' maxima per sub-block of BLOCK_K / RS rows
         sink_ptr,
         out_ptr,
         rot_ptr,  # bf16 [m, H, D]: o with its rope tail inversely rotated (ROT only)
@@ -149,6 +164,7 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        RS: tl.constexpr = 1,
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -173,7 +189,7 @@ if HAVE_TRITON:
             bm, s, rows = _block_operands(
                 win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
                 offs_v64, mask_h, mask_v, c0, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
-                BLOCK_DV, BLOCK_K, PACKED, WORDS,
+                BLOCK_DV, BLOCK_K, PACKED, WORDS, RS,
             )  # fmt: skip
             # the running max is the max of the block maxima so far (exact), as in the fused loop
             new = tl.maximum(mx, bm)
@@ -245,7 +261,7 @@ if HAVE_TRITON:
         comp_ptr,
         sel_ptr,
         s_ptr,  # fp32 [m, KB, H, BLOCK_K]
-        bm_ptr,  # fp32 [m, KB, H]
+        bm_ptr,  # fp32 [m, KB · RS, H]
         pv_ptr,  # fp32 [m, KB, H, D]: each block's weighted rows
         lock_ptr,  # int32 [m, head blocks, D slices] arrival counters (zero between calls)
         sink_ptr,
@@ -283,6 +299,7 @@ if HAVE_TRITON:
         DOT_FP32: tl.constexpr,
         PACKED: tl.constexpr,
         WORDS: tl.constexpr,
+        RS: tl.constexpr = 1,
         PDL: tl.constexpr = False,
     ):
         """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
@@ -309,12 +326,20 @@ if HAVE_TRITON:
         offs_v64 = offs_v.to(tl.int64)
 
         # base: [BLOCK_HC] the running max at block kb = max of the block maxima 0..kb
-        kbs = tl.arange(0, KB_P2)
-        bms = tl.load(
-            bm_ptr + (t * K_BLOCKS + kbs)[None, :] * H + offs_h64[:, None],
-            mask=mask_h[:, None] & (kbs <= kb)[None, :],
-            other=float("-inf"),
-        )
+        if RS == 1:
+            kbs = tl.arange(0, KB_P2)
+            bms = tl.load(
+                bm_ptr + (t * K_BLOCKS + kbs)[None, :] * H + offs_h64[:, None],
+                mask=mask_h[:, None] & (kbs <= kb)[None, :],
+                other=float("-inf"),
+            )
+        else:  # the sub-blocks' maxima of blocks 0..kb
+            j = tl.arange(0, KB_P2 * RS)
+            bms = tl.load(
+                bm_ptr + (t * K_BLOCKS * RS + j)[None, :] * H + offs_h64[:, None],
+                mask=mask_h[:, None] & (j < (kb + 1) * RS)[None, :],
+                other=float("-inf"),
+            )
         run = tl.max(bms, axis=1)
         base = tl.where(run == float("-inf"), 0.0, run)
         row = t * K_BLOCKS + kb
@@ -322,7 +347,7 @@ if HAVE_TRITON:
         _, s, rows = _block_operands(
             win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
             offs_v64, mask_h, mask_v, dv * BLOCK_DV, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
-            BLOCK_DV, BLOCK_K, PACKED, WORDS,
+            BLOCK_DV, BLOCK_K, PACKED, WORDS, RS,
         )  # fmt: skip
         p_bf16 = round_bf16(tl.exp(s - base[:, None]))
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
@@ -341,7 +366,7 @@ if HAVE_TRITON:
             acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
             for b in tl.static_range(K_BLOCKS):
                 rb = t * K_BLOCKS + b
-                bm = tl.load(bm_ptr + rb * H + offs_h64, mask=mask_h, other=float("-inf"))
+                bm = _block_max(bm_ptr, rb, H, offs_h64, mask_h, RS)
                 sb = tl.load(
                     s_ptr + (rb * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
                     mask=mask_h[:, None],

@@ -120,6 +120,7 @@ _TUNE = dict(
     fp4_asm=True,
     keys_m=False,
     keys_m_packed=None,
+    rsplit=1,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -190,7 +191,7 @@ if HAVE_TRITON:
         comp_ptr,
         sel_ptr,
         s_ptr,  # fp32 [m, KB, H, BLOCK_K] logits (τ applied, absent → −inf)
-        bm_ptr,  # fp32 [m, KB, H] block maxima
+        bm_ptr,  # fp32 [m, KB · RSPLIT, H] maxima of each sub-block of BLOCK_K / RSPLIT rows
         H,
         D,
         K,
@@ -216,18 +217,26 @@ if HAVE_TRITON:
         PDL: tl.constexpr = False,
         FMT_DOTS: tl.constexpr = False,
         KEYS_M: tl.constexpr = False,
+        RSPLIT: tl.constexpr = 1,
     ):
+        """Grid (m, blocks · RSPLIT, head blocks): each program the logits of BLOCK_K /
+        RSPLIT rows of one block (sub-block r of block kb) for BLOCK_H heads, and their max
+        per head. Each logit is one row's dot over D in the same chunks whatever RSPLIT,
+        and a block's max is the max of its sub-blocks' (the combines take it): RSPLIT moves
+        no bit."""
         pdl_release(PDL)
         pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
-        kb = tl.program_id(1)
+        kb = tl.program_id(1) // RSPLIT
+        r = tl.program_id(1) % RSPLIT
         hb = tl.program_id(2)
-        KB = tl.num_programs(1)
+        KB = tl.num_programs(1) // RSPLIT
+        BLOCK_R: tl.constexpr = BLOCK_K // RSPLIT
 
-        # [BLOCK_H] heads, [DK] columns of one chunk, [BLOCK_K] entries of this block
+        # [BLOCK_H] heads, [DK] columns of one chunk, [BLOCK_R] entries of this sub-block
         offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_c = tl.arange(0, DK)
-        offs_k = tl.arange(0, BLOCK_K)
+        offs_k = r * BLOCK_R + tl.arange(0, BLOCK_R)
         mask_h = offs_h < H
         offs_h64 = offs_h.to(tl.int64)
         kk = kb * BLOCK_K + offs_k
@@ -236,10 +245,10 @@ if HAVE_TRITON:
         )
 
         # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
-        if KEYS_M:  # [BLOCK_K, BLOCK_H]: the rows as the MMA's rows
-            s = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float64 if DOT_FP32 else tl.float32)
+        if KEYS_M:  # [BLOCK_R, BLOCK_H]: the rows as the MMA's rows
+            s = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float64 if DOT_FP32 else tl.float32)
         else:
-            s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64 if DOT_FP32 else tl.float32)
+            s = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float64 if DOT_FP32 else tl.float32)
         if FMT_DOTS:
             # (a tuning option, packed rows) one dot per format present in the block, over
             # that format's rows (the others' 0): each logit is one row's dot, so the other
@@ -276,7 +285,7 @@ if HAVE_TRITON:
         row = t * KB + kb
         s_ptrs = s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :]
         tl.store(s_ptrs, s, mask=mask_h[:, None])
-        tl.store(bm_ptr + row * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
+        tl.store(bm_ptr + (row * RSPLIT + r) * H + offs_h64, tl.max(s, axis=1), mask=mask_h)
 
 
 def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None) -> torch.Tensor:
@@ -331,13 +340,16 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     block_h = min(cfg["bh"], max(16, triton.next_power_of_2(H)))
     n_hb = triton.cdiv(H, block_h)
     kbs = max(1, triton.cdiv(K, BLOCK_K))
+    rsplit = cfg["rsplit"]
+    if rsplit not in (1, 2, 4):  # a tuning value: sub-blocks of at least 16 rows (the MMA's smallest tile)
+        raise ValueError(f"rsplit = {rsplit!r}; allowed: 1, 2, 4")
     s_buf = torch.empty(m, kbs, H, BLOCK_K, dtype=torch.float32, device=dev)
-    bm = torch.empty(m, kbs, H, dtype=torch.float32, device=dev)
+    bm = torch.empty(m, kbs * rsplit, H, dtype=torch.float32, device=dev)
     dk = min(block_d, cfg["dk"] if not packed or cfg["dk_packed"] is None else cfg["dk_packed"])
     if packed and dk % 32:  # a tuning value: the packed loaders read whole 32-value scale blocks
         raise ValueError(f"dk = {dk}; allowed with packed rows: a multiple of 32")
     strides = (*win.stride(), *comp.stride(), *sel.stride())
-    _logits_kernel[(m, kbs, n_hb)](
+    _logits_kernel[(m, kbs * rsplit, n_hb)](
         q,
         win,
         comp,
@@ -361,6 +373,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         WORDS=words,
         FMT_DOTS=packed and bool(cfg["fmt_dots"]),
         KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
+        RSPLIT=rsplit,
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
@@ -382,7 +395,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             H, D, K, offset, n_comp, *strides, *out.stride(), o_rot.stride(0), o_rot.stride(1),
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
-            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words,
+            KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words, RS=rsplit,
             num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
         )  # fmt: skip
         return out
@@ -419,6 +432,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         DOT_FP32=interpreting(),
         PACKED=packed,
         WORDS=words,
+        RS=rsplit,
         num_warps=cfg["warps_b"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
