@@ -78,6 +78,8 @@ VARIANTS = {
     "batch m=1 rsplit=4": {"batch_small": dict(bh=16, rsplit=4)},
     "batch m=1 bh=64 rsplit=4": {"batch_small": dict(bh=64, rsplit=4)},
     "batch rsplit=2": {"batch": dict(rsplit=2)},
+    "batch combine warps=8": {"batch": dict(warps_b=8)},
+    "batch combine d=64": {"batch": dict(comb_d=64)},
 }
 
 

@@ -15,8 +15,8 @@ echo "probe rc $? at $(($(date +%s) - T0)) s"
 timeout -k 5 150 python3 scripts/ab_steps.py --single 4096,32768 --kv bf16,packed --rounds 2 \
   --variants 'new;single rsplit=2;single rsplit=4' > "$OUT/ab_single.log" 2>&1
 echo "ab single rc $? at $(($(date +%s) - T0)) s"
-timeout -k 5 170 python3 scripts/ab_steps.py --context 32768 --batches 1,64 --rounds 2 \
-  --variants 'new;batch m=1 bh=64 rsplit=4;batch rsplit=2' > "$OUT/ab_batch.log" 2>&1
+timeout -k 5 220 python3 scripts/ab_steps.py --context 32768 --batches 1,64 --rounds 2 \
+  --variants 'new;batch m=1 bh=64 rsplit=4;batch rsplit=2;batch combine warps=8;batch combine d=64' > "$OUT/ab_batch.log" 2>&1
 echo "ab batch rc $? at $(($(date +%s) - T0)) s"
 cat "$OUT/logits_probe.md"
 grep -E "^\|" "$OUT/ab_single.log" "$OUT/ab_batch.log" | cut -d: -f2- | cut -c1-120
