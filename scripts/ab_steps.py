@@ -80,6 +80,8 @@ VARIANTS = {
     "batch rsplit=2": {"batch": dict(rsplit=2)},
     "batch combine warps=8": {"batch": dict(warps_b=8)},
     "batch combine d=64": {"batch": dict(comb_d=64)},
+    # (after call 2: BATCH_TUNE's loop combine in 8 warps over bf16 rows) the previous shape
+    "batch combine warps=4": {"batch": dict(warps_b=4)},
 }
 
 

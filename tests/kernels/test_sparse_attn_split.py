@@ -130,6 +130,7 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(BATCH_TUNE, keys_m=True), id="batch-keys-m"),
         pytest.param(dict(keys_m=True, bh=16, dk=32), id="keys-m-bh16-dk32"),
         pytest.param(dict(rsplit=4), id="rsplit4"),
+        pytest.param(dict(BATCH_TUNE, warps_b=4), id="batch-combine-4-warps"),
         pytest.param(dict(rsplit=2, combine="loop", keys_m=True), id="rsplit2-loop-keys-m"),
     ],
 )

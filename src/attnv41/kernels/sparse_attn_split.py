@@ -78,6 +78,15 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # dk_packed: the column chunk over packed rows (None: dk). fp4_asm: packed fp4 rows
 # dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits): on
 # since the tenth entry (below); the ninth entry's form was slower here.
+# warps_b_packed: the loop combine's warps over packed rows (None: warps_b).
+# rsplit (a tuning option, 1): the logits kernel's programs each over 64 / rsplit rows of a
+# block (its max per head kept per sub-block, the combines take their max: the same bytes,
+# checked on the H200 at the Flash shapes). 2026-12-04 (eleventh entry;
+# scripts/logits_split_probe.py, batch 1, L2 flushed): the logits kernel alone 8.1 → 7.1 µs
+# over bf16 rows and 13.8 → 10.0 over packed rows with rsplit = 4, but the whole attention
+# not faster (17.5 → 18.5, 22.3 → 22.3), and whole steps slower (ab_steps.py, DecodeGraphs
+# at 4K: bf16 4.172 → 4.204 ms, packed 4.451 → 4.490; BatchGraphs B = 64, rsplit = 2: bf16
+# 8.001 → 8.317, packed 8.733 → 9.251): off.
 # keys_m: the logits as rows · qᵀ, the rows the MMA's A operand (no transposed tile in
 # shared memory); keys_m_packed: over packed rows (None: keys_m). The same bytes as q · rowsᵀ
 # on the H200 at the Flash shapes (the GPU test), 179-188 registers instead of 254 over
@@ -121,6 +130,7 @@ _TUNE = dict(
     keys_m=False,
     keys_m_packed=None,
     rsplit=1,
+    warps_b_packed=None,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -143,6 +153,11 @@ _BLOCKS_MAX_M = 1
 # 2026-12-03 (tenth entry; ab_steps.py, BatchGraphs B = 64 at 32K, packed caches, same run):
 # packed rows in chunks of 64 with keys_m 8.742 ms/step against 8.894 (dk 128, heads-major)
 # and 9.006 (dk 64, heads-major); bf16 rows keep heads-major (keys_m: 7.998 against 7.955).
+# 2026-12-04 (eleventh entry; ab_steps.py, BatchGraphs B = 64 at 32K, same run): the loop
+# combine in 8 warps over bf16 rows, 7.852 ms/step against 8.001 with 4 (128 registers
+# instead of 254: two programs of 8 warps per SM); over packed rows 8 warps lose, 9.193
+# against 8.733 (188 registers: one program per SM), so packed rows keep 4
+# (`warps_b_packed`). 64-column slices lost on both (8.606 / 9.589).
 BATCH_TUNE = dict(
     bh=64,
     dk=64,
@@ -151,7 +166,8 @@ BATCH_TUNE = dict(
     fmt_dots=False,
     comb_h=64,
     comb_d=128,
-    warps_b=4,
+    warps_b=8,
+    warps_b_packed=4,
     stages_b=1,
     combine="loop",
     stages_a=2,
@@ -433,7 +449,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         PACKED=packed,
         WORDS=words,
         RS=rsplit,
-        num_warps=cfg["warps_b"],
+        num_warps=cfg["warps_b"] if not packed or cfg["warps_b_packed"] is None else cfg["warps_b_packed"],
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
         **pdl_launch(win),
