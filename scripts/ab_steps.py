@@ -82,6 +82,10 @@ VARIANTS = {
     "batch combine d=64": {"batch": dict(comb_d=64)},
     # (after call 2: BATCH_TUNE's loop combine in 8 warps over bf16 rows) the previous shape
     "batch combine warps=4": {"batch": dict(warps_b=4)},
+    # register caps over packed rows (ptxas .maxnreg: two 8-warp combines per SM, four logits programs)
+    "batch packed combine 8 warps cap 128": {"batch": dict(warps_b_packed=8, maxnreg_b_packed=128)},
+    "batch packed logits cap 128": {"batch": dict(maxnreg_a_packed=128)},
+    "batch packed both caps": {"batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=128)},
 }
 
 

@@ -79,6 +79,9 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # dequantized by PTX straight into bf16 (`packed_rows.fp4_rows_bf16`, the same bits): on
 # since the tenth entry (below); the ninth entry's form was slower here.
 # warps_b_packed: the loop combine's warps over packed rows (None: warps_b).
+# maxnreg_a_packed, maxnreg_b_packed: a register cap (ptxas .maxnreg) for the logits kernel
+# and the loop combine over packed rows (None: none). It changes the allocation, not the
+# arithmetic: the same bytes.
 # rsplit (a tuning option, 1): the logits kernel's programs each over 64 / rsplit rows of a
 # block (its max per head kept per sub-block, the combines take their max: the same bytes,
 # checked on the H200 at the Flash shapes). 2026-12-04 (eleventh entry;
@@ -131,6 +134,8 @@ _TUNE = dict(
     keys_m_packed=None,
     rsplit=1,
     warps_b_packed=None,
+    maxnreg_a_packed=None,
+    maxnreg_b_packed=None,
 )
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
@@ -392,6 +397,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         RSPLIT=rsplit,
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
+        **({"maxnreg": cfg["maxnreg_a_packed"]} if packed and cfg["maxnreg_a_packed"] else {}),
         enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
         **pdl_launch(q),
     )
@@ -450,6 +456,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         WORDS=words,
         RS=rsplit,
         num_warps=cfg["warps_b"] if not packed or cfg["warps_b_packed"] is None else cfg["warps_b_packed"],
+        **({"maxnreg": cfg["maxnreg_b_packed"]} if packed and cfg["maxnreg_b_packed"] else {}),
         num_stages=cfg["stages_b"],
         enable_fp_fusion=False,
         **pdl_launch(win),
