@@ -6,7 +6,7 @@ set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 T0=$(date +%s)
-timeout -k 5 60 python3 scripts/ab_steps.py --context 32768 --batches 64 --kv packed --rounds 2 \
+timeout -k 5 85 python3 scripts/ab_steps.py --context 32768 --batches 64 --kv packed --rounds 2 \
   --variants 'new;batch packed combine 8 warps cap 128;batch packed logits cap 128;batch packed both caps' \
   > "$OUT/ab_batch.log" 2>&1
 echo "ab batch rc $? at $(($(date +%s) - T0)) s"
