@@ -157,6 +157,14 @@ def test_row_split_logits_give_the_same_bytes(device, m, H, D, K, Nw, offset, Nc
     assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters left set"
 
 
+def test_unknown_tune_keys_raise(device):
+    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
+    out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=r"tune keys \['warps_c'\]; allowed: .*'warps_b'.*and 'only_logits'"):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, warps_c=8)
+    assert torch.isnan(out.float()).all(), "out: written by a call that raised"
+
+
 @pytest.mark.parametrize("bad", [3, 8, 0])
 def test_row_split_is_checked(device, bad):
     q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)

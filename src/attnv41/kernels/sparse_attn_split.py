@@ -345,6 +345,9 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     n_comp = comp.shape[0]
     if n_comp == 0:
         comp = win  # nothing reads comp; keep the kernel's pointer types fixed
+    unknown = sorted(set(tune) - set(_TUNE) - {"only_logits"})
+    if unknown:  # a misspelt launch option would otherwise be ignored
+        raise ValueError(f"tune keys {unknown}; allowed: {sorted(_TUNE)} and 'only_logits'")
     cfg = dict(_TUNE)
     cfg.update(tune)
     words = fp4_words_mode(comp, cfg["fp4_asm"]) if packed else 0
