@@ -86,6 +86,11 @@ VARIANTS = {
     "batch packed combine 8 warps cap 128": {"batch": dict(warps_b_packed=8, maxnreg_b_packed=128)},
     "batch packed logits cap 128": {"batch": dict(maxnreg_a_packed=128)},
     "batch packed both caps": {"batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=128)},
+    # 96 registers: five logits programs of 4 warps per SM, the 640 programs of B = 64 in one wave
+    "batch packed logits cap 96": {"batch": dict(maxnreg_a_packed=96)},
+    "batch packed logits 96 combine 8 warps 128": {
+        "batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96)
+    },
 }
 
 

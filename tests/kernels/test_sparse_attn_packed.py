@@ -75,7 +75,7 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks", rsplit=4),
         dict(combine="loop", rsplit=2, keys_m=True),
         dict(BATCH_TUNE, warps_b_packed=None),
-        dict(BATCH_TUNE, warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=128),
+        dict(BATCH_TUNE, warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96),
     ],
     ids=[
         "loop",
