@@ -160,9 +160,13 @@ _BLOCKS_MAX_M = 1
 # and 9.006 (dk 64, heads-major); bf16 rows keep heads-major (keys_m: 7.998 against 7.955).
 # 2026-12-04 (eleventh entry; ab_steps.py, BatchGraphs B = 64 at 32K, same run): the loop
 # combine in 8 warps over bf16 rows, 7.852 ms/step against 8.001 with 4 (128 registers
-# instead of 254: two programs of 8 warps per SM); over packed rows 8 warps lose, 9.193
-# against 8.733 (188 registers: one program per SM), so packed rows keep 4
-# (`warps_b_packed`). 64-column slices lost on both (8.606 / 9.589).
+# instead of 254: two programs of 8 warps per SM); over packed rows 8 warps alone lose, 9.193
+# against 8.733 (188 registers: one program per SM). 64-column slices lost on both (8.606
+# / 9.589). Over packed rows with register caps (ptxas .maxnreg; no spill reloaded in the
+# logits kernel, 5 spilled values in the combine): the logits kernel at 96 registers (five
+# programs of 4 warps per SM: the 640 programs of B = 64 in one wave) 8.608 against 8.733,
+# and with the combine in 8 warps at 128 registers (two per SM) **8.374** (same run; bench
+# (f) 8.42 against 8.83 before). The same bytes (the GPU tests: packed == bf16 rows).
 BATCH_TUNE = dict(
     bh=64,
     dk=64,
@@ -172,7 +176,9 @@ BATCH_TUNE = dict(
     comb_h=64,
     comb_d=128,
     warps_b=8,
-    warps_b_packed=4,
+    warps_b_packed=8,
+    maxnreg_a_packed=96,
+    maxnreg_b_packed=128,
     stages_b=1,
     combine="loop",
     stages_a=2,
