@@ -15,9 +15,10 @@ from kernels.sass_helpers import compiled
 
 
 def _dot_accumulators(ttgir: str) -> list[str]:
-    """The definition of each tt.dot's accumulator operand."""
+    """The definition of each dot's accumulator operand (`tt.dot`, or on sm_90 the
+    warpgroup MMA `ttng.warp_group_dot` it becomes in a warpgroup-sized tile)."""
     defs = dict(re.findall(r"^\s*(%[\w.]+) = (.*)$", ttgir, re.M))
-    accs = re.findall(r"= tt\.dot %[\w.]+, %[\w.]+, (%[\w.]+)", ttgir)
+    accs = re.findall(r"= (?:tt\.dot|ttng\.warp_group_dot) %[\w.]+, %[\w.]+, (%[\w.]+)", ttgir)
     return [defs.get(a, f"{a} (a block argument: a loop-carried accumulator)") for a in accs]
 
 
@@ -31,3 +32,23 @@ def test_combine_dots_start_from_zero(m, kernel, packed):
     for a in accs:
         assert a.startswith("arith.constant dense<0.000000e+00>"), f"{kernel}: a dot accumulates onto {a[:120]}"
     assert ks[kernel]["local"] == 0, f"{kernel}: {ks[kernel]['local']} bytes of local memory (spills)"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_batch_shape_combine_dots_start_from_zero(packed):
+    """`BATCH_TUNE` (the batched runtime, m ≥ 2): the loop combine in 8 warps over either row
+    format keeps its dots in fresh accumulators too, and over packed rows the register caps
+    hold (ptxas .maxnreg: the logits kernel at most 96, the combine at most 128)."""
+    import json  # noqa: PLC0415
+
+    from attnv41.kernels.sparse_attn_split import BATCH_TUNE  # noqa: PLC0415
+
+    ks = compiled("attn", "--m", "64", "--tune", json.dumps(BATCH_TUNE), *(["--packed"] if packed else []))
+    assert sorted(ks) == ["_logits_kernel", "_pv_combine_kernel"], f"launched {sorted(ks)}"
+    accs = _dot_accumulators(ks["_pv_combine_kernel"]["ttgir"])
+    assert accs, "_pv_combine_kernel: no tt.dot in its TTGIR"
+    for a in accs:
+        assert a.startswith("arith.constant dense<0.000000e+00>"), f"a dot accumulates onto {a[:120]}"
+    if packed:
+        assert ks["_logits_kernel"]["regs"] <= BATCH_TUNE["maxnreg_a_packed"], ks["_logits_kernel"]["regs"]
+        assert ks["_pv_combine_kernel"]["regs"] <= BATCH_TUNE["maxnreg_b_packed"], ks["_pv_combine_kernel"]["regs"]
