@@ -271,7 +271,7 @@ if HAVE_TRITON:
             win_ptr, comp_ptr, sel_ptr, t, kk, K, offset, n_comp, stride_st, stride_sk, stride_wn, stride_cn
         )
 
-        # s: [BLOCK_H, BLOCK_K] fp32, q·Rᵀ summed over D in chunks of DK columns
+        # s: [BLOCK_H, BLOCK_R] fp32, q·Rᵀ summed over D in chunks of DK columns
         if KEYS_M:  # [BLOCK_R, BLOCK_H]: the rows as the MMA's rows
             s = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float64 if DOT_FP32 else tl.float32)
         else:
