@@ -88,6 +88,10 @@ VARIANTS = {
     "batch packed both caps": {"batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=128)},
     # 96 registers: five logits programs of 4 warps per SM, the 640 programs of B = 64 in one wave
     "batch packed logits cap 96": {"batch": dict(maxnreg_a_packed=96)},
+    # (after the eleventh entry) a register cap on the index scores over packed keys: 92
+    # registers → 80 (no spill; 6 programs per SM instead of 5) or 64 (2 spilled values; 8)
+    "index packed cap 80": {"index": dict(maxnreg_packed=80), "index_paged": dict(maxnreg_packed=80)},
+    "index packed cap 64": {"index": dict(maxnreg_packed=64), "index_paged": dict(maxnreg_packed=64)},
     "batch packed logits 96 combine 8 warps 128": {
         "batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96)
     },

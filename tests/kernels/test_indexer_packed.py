@@ -24,8 +24,13 @@ def _keys(gen, n, d):
     return fp4_e8m0_qdq(k.to(BF))
 
 
+# a register cap over packed keys (`maxnreg_packed`, a launch option): the same bytes
+CAPS = [pytest.param({}, id="production"), pytest.param({"maxnreg_packed": 64}, id="cap64")]
+
+
+@pytest.mark.parametrize("tune", CAPS)
 @pytest.mark.parametrize("H,d", [(4, 64), (3, 128)])
-def test_packed_keys_give_the_same_scores(device, H, d):
+def test_packed_keys_give_the_same_scores(device, H, d, tune):
     gen = torch.Generator().manual_seed(H * d)
     m, L = 5, 150
     keys = _keys(gen, L, d)
@@ -36,14 +41,15 @@ def test_packed_keys_give_the_same_scores(device, H, d):
     assert p.shape == (L, row_bytes("fp4_e8m0", d))
     dev = [t.to(device) for t in (iq, w, keys, p, vis)]
     plain = I.index_scores(dev[0], dev[1], dev[2], dev[4])
-    packed = I.index_scores(dev[0], dev[1], dev[3], dev[4])
+    packed = I.index_scores(dev[0], dev[1], dev[3], dev[4], **tune)
     assert torch.equal(_bits(packed), _bits(plain))
     twin = I.index_scores_torch(iq, w, p, vis)
     assert torch.equal(_bits(twin), _bits(I.index_scores_torch(iq, w, keys, vis)))
 
 
+@pytest.mark.parametrize("tune", CAPS)
 @pytest.mark.parametrize("d", [64, 128])  # rows of 34 bytes (read by bytes), 68 (by 32-bit words)
-def test_packed_paged_pool_gives_the_same_scores(device, d):
+def test_packed_paged_pool_gives_the_same_scores(device, d, tune):
     gen = torch.Generator().manual_seed(11)
     H, B, rows, lens, width = 4, 4, (5, 13, 9), (1, 3, 2), 16
     table, n_blocks = paged_table(gen, rows, B, width, spare=3)
@@ -56,7 +62,7 @@ def test_packed_paged_pool_gives_the_same_scores(device, d):
     vis[0] = rows[0]
     args = [t.to(device) for t in (iq, w, pool, pack(pool, "fp4_e8m0"), table, tok_slot, vis)]
     plain = I.index_scores_paged(args[0], args[1], args[2], args[4], args[5], B, args[6], width)
-    packed = I.index_scores_paged(args[0], args[1], args[3], args[4], args[5], B, args[6], width)
+    packed = I.index_scores_paged(args[0], args[1], args[3], args[4], args[5], B, args[6], width, **tune)
     assert torch.equal(_bits(packed), _bits(plain))
     twin = I.index_scores_paged_torch(iq, w, pack(pool, "fp4_e8m0"), table, tok_slot, B, vis, width)
     assert torch.equal(_bits(twin), _bits(I.index_scores_paged_torch(iq, w, pool, table, tok_slot, B, vis, width)))

@@ -32,7 +32,12 @@ _BLOCK_L = 64  # keys per program
 # at 32K on a batched step's own inputs 78.9 against 82.9 (keys_m=False, 4 blocks, 2 warps,
 # 2 stages; packed 93.3 against 101.1). Both entry points take the same shape, so a token's
 # scores have the same bits through either (the runtimes' equality tests rely on it).
-_TUNE = dict(block_l=_BLOCK_L, sub=2, num_warps=4, num_stages=2, skip=True, keys_m=True, fp4_asm=True)
+_TUNE = dict(
+    block_l=_BLOCK_L, sub=2, num_warps=4, num_stages=2, skip=True, keys_m=True, fp4_asm=True, maxnreg_packed=None
+)
+# maxnreg_packed (a tuning option, None): a register cap over packed keys (`_maxnreg`).
+# Offline sm_90: 92 registers uncapped (5 programs of 4 warps per SM), 80 with no spill (6),
+# 64 with 2 spilled values (8); not timed yet (scripts/ab_steps.py "index packed cap …").
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE)
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
@@ -168,9 +173,17 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **_maxnreg(cfg, keys),
         **pdl_launch(iq),
     )
     return out
+
+
+def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
+    """The launch's register cap (ptxas .maxnreg): `maxnreg_packed` over packed keys, none
+    over bf16 keys or when None. It changes the allocation, not the arithmetic."""
+    cap = cfg["maxnreg_packed"]
+    return {"maxnreg": cap} if cap and keys.dtype == torch.uint8 else {}
 
 
 def _tune(tune: dict, base: dict = _TUNE) -> dict:
@@ -240,7 +253,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=cfg["sub"], SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(iq),
+        num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
     return out
 
