@@ -54,8 +54,10 @@ def test_flash_stack_runtime_vs_reference():
 
     End to end, values downstream of a quantization step or a top-k tie that moved are
     excused (`excused`); the stage-wise check (`stages`) compares every o and out value
-    against the reference run on the runtime's own inputs, with nothing excused."""
-    n, steps = 1000, 300
+    against the reference run on the runtime's own inputs, with nothing excused.
+    ATTNV41_STACK_STEPS (default 300) shortens the decode part for a device call that cannot
+    hold the whole run (more than 270 s on the H200 in 2026-12-04's first call)."""
+    n, steps = 1000, int(os.environ.get("ATTNV41_STACK_STEPS", "300"))
     cfg = v41_flash(max_tokens=1024, max_seq=n + steps + 8)
     w = random_weights(cfg, 4101, device="cuda")
     ref = RefStack(cfg, w, device="cuda")
