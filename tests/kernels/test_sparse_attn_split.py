@@ -157,23 +157,6 @@ def test_row_split_logits_give_the_same_bytes(device, m, H, D, K, Nw, offset, Nc
     assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters left set"
 
 
-def test_unknown_tune_keys_raise(device):
-    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
-    out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=r"tune keys \['warps_c'\]; allowed: .*'warps_b'.*and 'only_logits'"):
-        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, warps_c=8)
-    assert torch.isnan(out.float()).all(), "out: written by a call that raised"
-
-
-@pytest.mark.parametrize("bad", [3, 8, 0])
-def test_row_split_is_checked(device, bad):
-    q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
-    out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=rf"rsplit = {bad}; allowed: 1, 2, 4"):
-        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, rsplit=bad)
-    assert torch.isnan(out.float()).all(), "out: written by a call that raised"
-
-
 @pytest.mark.parametrize("m, H, D, K, Nw, offset, Nc", CASES)
 def test_block_combine_equals_loop_combine(device, m, H, D, K, Nw, offset, Nc):
     """The combines (block-parallel and sequential) give the same bytes: Σp as the same
@@ -195,11 +178,21 @@ def test_block_combine_equals_loop_combine(device, m, H, D, K, Nw, offset, Nc):
     assert int(_counters.buffer(torch.device(device)).abs().sum()) == 0, "counters left set"
 
 
-def test_combine_validation(device):
+@pytest.mark.parametrize(
+    "tune, match",
+    [
+        (dict(combine="tree"), r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop'"),
+        (dict(warps_c=8), r"tune keys \['warps_c'\]; allowed: .*'warps_b'.*and 'only_logits'"),
+        *[(dict(rsplit=bad), rf"rsplit = {bad}; allowed: 1, 2, 4") for bad in (3, 8, 0)],
+    ],
+    ids=["combine", "unknown-key", "rsplit-3", "rsplit-8", "rsplit-0"],
+)
+def test_launch_options_are_checked(device, tune, match):
+    """A bad launch option raises, naming the value and the allowed ones, before any write."""
     q, win, comp, sel, sink = _inputs(1, 2, 2, 32, 5, 4, 4, 6, device)
     out = torch.full((2, 2, 32), float("nan"), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=r"combine = 'tree'; allowed: 'auto', 'blocks', 'loop'"):
-        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, combine="tree")
+    with pytest.raises(ValueError, match=match):
+        sparse_attn_split(q, win, comp, sel, 4, sink, 0.1, out=out, **tune)
     assert torch.isnan(out.float()).all(), "out: written by a call that raised"
 
 
