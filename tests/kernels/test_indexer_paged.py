@@ -87,7 +87,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'keys_m', 'num_stages', 'num_warps', 'skip', 'sub'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'skip', 'sub'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 
