@@ -74,8 +74,7 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(BATCH_TUNE, keys_m_packed=False, fmt_dots=True),
         dict(combine="blocks", rsplit=4),
         dict(combine="loop", rsplit=2, keys_m=True),
-        dict(BATCH_TUNE, warps_b_packed=None),
-        dict(BATCH_TUNE, warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96),
+        dict(BATCH_TUNE, warps_b_packed=4, maxnreg_a_packed=None, maxnreg_b_packed=None),
     ],
     ids=[
         "loop",
@@ -93,8 +92,7 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "batch-heads-major-fmt-dots",
         "blocks-rsplit4",
         "loop-rsplit2-keys-m",
-        "batch-combine-warps-as-bf16",
-        "batch-8-warps-register-caps",
+        "batch-4-warp-combine-uncapped",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

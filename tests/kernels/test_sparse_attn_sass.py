@@ -7,10 +7,12 @@ needed), at the Flash shapes; the GPU tests check the bytes themselves."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
+from attnv41.kernels.sparse_attn_split import BATCH_TUNE
 from kernels.sass_helpers import compiled
 
 
@@ -39,10 +41,6 @@ def test_batch_shape_combine_dots_start_from_zero(packed):
     """`BATCH_TUNE` (the batched runtime, m ≥ 2): the loop combine in 8 warps over either row
     format keeps its dots in fresh accumulators too, and over packed rows the register caps
     hold (ptxas .maxnreg: the logits kernel at most 96, the combine at most 128)."""
-    import json  # noqa: PLC0415
-
-    from attnv41.kernels.sparse_attn_split import BATCH_TUNE  # noqa: PLC0415
-
     ks = compiled("attn", "--m", "64", "--tune", json.dumps(BATCH_TUNE), *(["--packed"] if packed else []))
     assert sorted(ks) == ["_logits_kernel", "_pv_combine_kernel"], f"launched {sorted(ks)}"
     accs = _dot_accumulators(ks["_pv_combine_kernel"]["ttgir"])
