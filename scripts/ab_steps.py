@@ -92,6 +92,9 @@ VARIANTS = {
     # registers → 80 (no spill; 6 programs per SM instead of 5) or 64 (2 spilled values; 8)
     "index packed cap 80": {"index": dict(maxnreg_packed=80), "index_paged": dict(maxnreg_packed=80)},
     "index packed cap 64": {"index": dict(maxnreg_packed=64), "index_paged": dict(maxnreg_packed=64)},
+    # (twelfth entry) the index epilogue's inner roundings with the NaN test and select
+    # again (production before: `inner_cvt=False`), and the cap of 80 on top of production
+    "index nan-select": {"index": dict(inner_cvt=False), "index_paged": dict(inner_cvt=False)},
     "batch packed logits 96 combine 8 warps 128": {
         "batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96)
     },

@@ -91,6 +91,7 @@ ATTN_SETS["logits"] = (
 )
 # `--attn-set single`: the single-sequence shape (`_TUNE`, what a batch-1 call takes) with
 # other logits tiles: head blocks of 16 / 32 (4 / 2 times the programs), warps, stages
+ATTN_SETS["production"] = [("production", {})]  # the index scores' sets beside one attention row
 ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
     for bh, w, st in ((32, 4, 3), (16, 4, 3), (16, 2, 3), (16, 4, 2), (16, 2, 2), (32, 2, 3))
@@ -150,6 +151,15 @@ INDEX = [("production", {})] + [
 
 # `--index-set asm`: packed keys dequantized by PTX (production) against the fp32 form
 INDEX_SETS = {"default": INDEX, "asm": [("production", {}), ("fp32 dequant", dict(fp4_asm=False))]}
+# `--index-set inner` (twelfth entry): the epilogue's inner roundings with the NaN select
+# (before), and register caps over packed keys
+INDEX_SETS["inner"] = [
+    ("production", {}),
+    ("nan-select", dict(inner_cvt=False)),
+    ("cap 80", dict(maxnreg_packed=80)),
+    ("cap 64", dict(maxnreg_packed=64)),
+    ("sub 4 cap 80", dict(sub=4, maxnreg_packed=80)),
+]
 
 
 def _clone(v):

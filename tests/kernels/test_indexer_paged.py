@@ -59,8 +59,19 @@ def test_paged_equals_each_sequence_alone(seed, device):
         dict(keys_m=False),
         dict(keys_m=False, sub=3, block_l=32, num_warps=2),
         dict(keys_m=False, block_l=128, num_warps=8, skip=False),
+        dict(inner_cvt=False),
     ],
-    ids=["sub4", "sub3-32", "bl128", "noskip", "noskip-sub3-w2", "hm", "hm-sub3-32-w2", "hm-bl128-noskip"],
+    ids=[
+        "sub4",
+        "sub3-32",
+        "bl128",
+        "noskip",
+        "noskip-sub3-w2",
+        "hm",
+        "hm-sub3-32-w2",
+        "hm-bl128-noskip",
+        "nan-select",
+    ],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_launch_shapes_keep_the_bits(tune, packed, device):
@@ -83,11 +94,38 @@ def test_launch_shapes_keep_the_bits(tune, packed, device):
     assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"contiguous {tune}"
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_inner_roundings_keep_the_bits_with_nan_and_inf(packed, device):
+    """The epilogue's inner roundings without the NaN select (`inner_cvt`, production) store
+    the bytes of the select form (`inner_cvt=False`) where the dots overflow to ±inf, where
+    inf meets a zero weight (NaN products), where a weight is NaN or ±inf, and on −0 dots."""
+    (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 5, d=64, width=16)
+    iq, w, pool = iq.cpu(), w.cpu(), pool.cpu()
+    pool = fp4_e8m0_qdq(pool)
+    pool[0] = fp4_e8m0_qdq(torch.full((64,), 1.0e38).to(BF))  # overflowing dots with large queries
+    pool[1] = -0.0  # −0 dots
+    iq = fp4_e8m0_qdq(iq)
+    iq[0, 0] = fp4_e8m0_qdq(torch.full((64,), 1.0e38).to(BF))
+    iq[1, 1] = fp4_e8m0_qdq(torch.full((64,), -1.0e38).to(BF))
+    w[0, 0] = 0.0  # inf · 0
+    w[1, 2] = float("nan")
+    w[2, 3] = float("inf")
+    w[3, 0] = float("-inf")
+    if packed:
+        pool = pack(pool, "fp4_e8m0")
+    iq, w, pool = iq.to(device), w.to(device), pool.to(device)
+    vis = vis.clamp_min(2)
+    base = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, inner_cvt=False)
+    got = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width)
+    assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
+    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16))
+
+
 def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'skip', 'sub'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'inner_cvt', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'skip', 'sub'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -2,7 +2,8 @@
 (`attnv41.bench.sass index`, in a subprocess where Triton does not interpret): the keys
 as the MMA's 64 rows at 4 warps make a warpgroup MMA (HGMMA), with no local memory, over
 bf16 and packed keys; and `round_bf16` takes the hardware conversion on CUDA unless
-`ATTNV41_ROUND_BF16=bits` asks for the bit form (`kernels/_triton.py`)."""
+`ATTNV41_ROUND_BF16=bits` asks for the bit form (`kernels/_triton.py`); the epilogue's
+inner roundings drop the NaN test and select (`inner_cvt`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def test_round_bf16_form_follows_the_switch(monkeypatch):
     cvt = compiled("index")["_index_scores_kernel"]
     monkeypatch.setenv("ATTNV41_ROUND_BF16", "bits")
     bits = compiled("index")["_index_scores_kernel"]
-    assert _count(cvt, "F2F.BF16.F32") > 0, "the hardware conversion by default"
-    assert _count(bits, "F2F.BF16.F32") == 0, "the bit form under ATTNV41_ROUND_BF16=bits"
+    # (the epilogue's roundings convert two values per instruction: F2FP.BF16.F32.PACK_AB)
+    assert _count(cvt, "F2F.BF16.F32") + _count(cvt, "F2FP.BF16") > 0, "the hardware conversion by default"
+    assert _count(bits, "F2F") == 0, "the bit form under ATTNV41_ROUND_BF16=bits"
     assert sum(bits["ops"].values()) > sum(cvt["ops"].values())
+
+
+def test_inner_roundings_drop_the_nan_select():
+    """`inner_cvt` (production): only the stored sum's rounding keeps the NaN test (one
+    FSETP.NAN per stored pair at most), where the select form tests every dot and product."""
+    new = compiled("index", "--packed")["_index_scores_kernel"]
+    old = compiled("index", "--packed", "--tune", '{"inner_cvt": false}')["_index_scores_kernel"]
+    assert _count(new, "FSETP.NAN") < _count(old, "FSETP.NAN") // 8, (new["ops"], old["ops"])
+    assert sum(new["ops"].values()) < sum(old["ops"].values())

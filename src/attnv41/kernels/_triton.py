@@ -26,6 +26,7 @@ __all__ = [
     "round_bf16",
     "round_bf16_bits",
     "round_bf16_cvt",
+    "round_bf16_inner",
     "ROUND_ENV",
     "e4m3_value",
     "e2m1_value",
@@ -79,6 +80,31 @@ if HAVE_TRITON:
 
     # fp32 → bf16 as every kernel stores and rounds (ROUND_BF16 above)
     round_bf16 = round_bf16_cvt if ROUND_BF16 == "cvt" else round_bf16_bits
+
+    @triton.jit
+    def round_bf16_plain_cvt(x):
+        """fp32 → bf16 → fp32 by the hardware conversion alone (round to nearest even; a NaN
+        keeps the hardware's payload, 0x7FFF, instead of torch's 0x7FC0): two values per
+        cvt.rn.bf16x2.f32, back to fp32 by a shift and a mask."""
+        return tl.inline_asm_elementwise(
+            "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $3, $2;\nshl.b32 $0, t, 16;\nand.b32 $1, t, 0xFFFF0000;\n}",
+            "=r,=r,r,r",
+            [x],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=2,
+        )
+
+    # `round_bf16(x).to(fp32)` for an intermediate whose NaN payload cannot reach memory: one that
+    # `tl.maximum` turns into 0 (its NaN-dropping max), or that reaches memory only through
+    # a later `round_bf16`, which makes every NaN canonical. Its bits are `round_bf16`'s
+    # otherwise, without the NaN test and select per value (the "bits" form under the
+    # interpreter and ATTNV41_ROUND_BF16=bits).
+    @triton.jit
+    def _round_bf16_bits_f32(x):
+        return round_bf16_bits(x).to(tl.float32)
+
+    round_bf16_inner = round_bf16_plain_cvt if ROUND_BF16 == "cvt" else _round_bf16_bits_f32
 
 
 if HAVE_TRITON:
