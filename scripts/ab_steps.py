@@ -95,6 +95,8 @@ VARIANTS = {
     # (twelfth entry) the index epilogue's inner roundings with the NaN test and select
     # again (production before: `inner_cvt=False`), and the cap of 80 on top of production
     "index nan-select": {"index": dict(inner_cvt=False), "index_paged": dict(inner_cvt=False)},
+    "index packed uncapped": {"index": dict(maxnreg_packed=None), "index_paged": dict(maxnreg_packed=None)},
+    "index paged packed sub 4": {"index_paged": dict(sub_packed=4)},
     "batch packed logits 96 combine 8 warps 128": {
         "batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96)
     },

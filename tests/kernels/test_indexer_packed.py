@@ -25,7 +25,11 @@ def _keys(gen, n, d):
 
 
 # a register cap over packed keys (`maxnreg_packed`, a launch option): the same bytes
-CAPS = [pytest.param({}, id="production"), pytest.param({"maxnreg_packed": 64}, id="cap64")]
+CAPS = [
+    pytest.param({}, id="production"),
+    pytest.param({"maxnreg_packed": 64}, id="cap64"),
+    pytest.param({"maxnreg_packed": None}, id="uncapped"),
+]
 
 
 @pytest.mark.parametrize("tune", CAPS)

@@ -178,11 +178,14 @@ def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: b
     return launches
 
 
-def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False, tune: dict | None = None) -> list:
+def index_launches(
+    m: int = 1, L: int = 1 << 20, packed: bool = False, tune: dict | None = None, paged: int = 0
+) -> list:
     """Index scores (`indexer.index_scores`) at the Flash shapes (32 heads × 128) over L
     keys, bf16 or packed (fp4_e8m0 rows), m tokens, with the launch shape's overrides
-    `tune` (keys of `indexer._TUNE`), compiled: [(name, kernel)]."""
-    from ..kernels.indexer import index_scores  # noqa: PLC0415
+    `tune` (keys of `indexer._TUNE`), compiled: [(name, kernel)]. paged = B > 0: the
+    batched runtime's `index_scores_paged` over a pool of blocks of B rows instead."""
+    from ..kernels.indexer import index_scores, index_scores_paged  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
 
     H, d = 32, 128
@@ -190,7 +193,12 @@ def index_launches(m: int = 1, L: int = 1 << 20, packed: bool = False, tune: dic
     keys = torch.zeros(L, row_bytes("fp4_e8m0", d), dtype=torch.uint8) if packed else torch.zeros(L, d, dtype=bf)
     iq, w, vis = torch.zeros(m, H, d, dtype=bf), torch.zeros(m, H, dtype=bf), torch.zeros(m, dtype=torch.int32)
     with compile_only() as launches:
-        index_scores(iq, w, keys, vis, **(tune or {}))
+        if paged:
+            table = torch.zeros(m, -(-L // paged), dtype=torch.int32)
+            slot = torch.arange(m, dtype=torch.int32)
+            index_scores_paged(iq, w, keys, table, slot, paged, vis, L, **(tune or {}))
+        else:
+            index_scores(iq, w, keys, vis, **(tune or {}))
     return launches
 
 
@@ -252,6 +260,7 @@ def main(argv=None) -> None:
     i.add_argument("--L", type=int, default=1 << 20)
     i.add_argument("--packed", action="store_true", help="packed fp4_e8m0 keys")
     i.add_argument("--tune", type=json.loads, default=None, help="launch shape as JSON, e.g. '{\"keys_m\": true}'")
+    i.add_argument("--paged", type=int, default=0, help="B > 0: index_scores_paged over blocks of B rows")
     t = sub.add_parser("tc")
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
@@ -267,7 +276,7 @@ def main(argv=None) -> None:
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     elif args.what == "index":
-        launches = index_launches(args.m, args.L, args.packed, args.tune)
+        launches = index_launches(args.m, args.L, args.packed, args.tune, args.paged)
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     elif args.what == "topk":

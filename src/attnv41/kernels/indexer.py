@@ -40,16 +40,21 @@ _TUNE = dict(
     skip=True,
     keys_m=True,
     fp4_asm=True,
-    maxnreg_packed=None,
+    maxnreg_packed=80,
     inner_cvt=True,
+    sub_packed=None,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
 # without the NaN test and select: the same bits in every case (the comment in the kernel).
 # Offline sm_90, packed keys: 792 → 712 instructions (False: the round_bf16 form before).
-# maxnreg_packed (a tuning option, None): a register cap over packed keys (`_maxnreg`).
-# Offline sm_90: 92 registers uncapped (5 programs of 4 warps per SM), 80 with no spill (6),
-# 64 with 2 spilled values (8); not timed yet (scripts/ab_steps.py "index packed cap …").
+# maxnreg_packed: a register cap over packed keys (`_maxnreg`; None: none). Offline sm_90:
+# 92 registers uncapped (5 programs of 4 warps per SM), 80 with no spill (6), 64 with 2
+# spilled values (8). H200 (twelfth entry, batch_kernel_probe, L2 flushed; packed keys):
+# 1M keys at m = 1 71.4 µs at 80 against 74.3 uncapped and 78.3 at 64; a B = 64 step's
+# ratio-1 call (32K keys each) 138.8 against 146.5 and 150.7; whole B = 64, 32K steps
+# (ab_steps.py) 8.291 against 8.332 ms. Production: 80.
+# sub_packed: blocks per program over packed keys (None: `sub`).
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE)
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
@@ -151,7 +156,8 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     if m == 0 or L == 0:
         return out
     cfg = _tune(tune)
-    grid = (m, triton.cdiv(L, cfg["block_l"] * cfg["sub"]))
+    sub = _sub(cfg, keys)
+    grid = (m, triton.cdiv(L, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq,
         weights,
@@ -173,7 +179,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         H_P=max(16, triton.next_power_of_2(H)),  # tl.dot needs >= 16 rows
         D_P=triton.next_power_of_2(d),
         BLOCK_L=cfg["block_l"],
-        SUB=cfg["sub"],
+        SUB=sub,
         SKIP=cfg["skip"],
         KEYS_M=cfg["keys_m"],
         INNER=cfg["inner_cvt"],
@@ -197,6 +203,13 @@ def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
     over bf16 keys or when None. It changes the allocation, not the arithmetic."""
     cap = cfg["maxnreg_packed"]
     return {"maxnreg": cap} if cap and keys.dtype == torch.uint8 else {}
+
+
+def _sub(cfg: dict, keys: torch.Tensor) -> int:
+    """Blocks per program: `sub_packed` over packed keys when set, else `sub` (a loop over
+    blocks computed alone: the same bits either way)."""
+    sp = cfg["sub_packed"]
+    return sp if sp is not None and keys.dtype == torch.uint8 else cfg["sub"]
 
 
 def _tune(tune: dict, base: dict = _TUNE) -> dict:
@@ -258,13 +271,14 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
     if m == 0:
         return out
     cfg = _tune(tune, _PAGED_TUNE)
-    grid = (m, triton.cdiv(width, cfg["block_l"] * cfg["sub"]))
+    sub = _sub(cfg, keys)
+    grid = (m, triton.cdiv(width, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, width,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
-        SUB=cfg["sub"], SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
