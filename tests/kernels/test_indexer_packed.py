@@ -29,6 +29,7 @@ CAPS = [
     pytest.param({}, id="production"),
     pytest.param({"maxnreg_packed": 64}, id="cap64"),
     pytest.param({"maxnreg_packed": None}, id="uncapped"),
+    pytest.param({"scale_word": False}, id="scale-tile"),
 ]
 
 

@@ -61,6 +61,7 @@ def test_paged_equals_each_sequence_alone(seed, device):
         dict(keys_m=False, block_l=128, num_warps=8, skip=False),
         dict(inner_cvt=False),
         dict(sub_packed=4),
+        dict(scale_word=False),
     ],
     ids=[
         "sub4",
@@ -73,6 +74,7 @@ def test_paged_equals_each_sequence_alone(seed, device):
         "hm-bl128-noskip",
         "nan-select",
         "sub-packed4",
+        "scale-tile",
     ],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
@@ -127,7 +129,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'inner_cvt', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'skip', 'sub', 'sub_packed'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'inner_cvt', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

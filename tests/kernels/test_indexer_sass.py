@@ -43,3 +43,16 @@ def test_inner_roundings_drop_the_nan_select():
     old = compiled("index", "--packed", "--tune", '{"inner_cvt": false}')["_index_scores_kernel"]
     assert _count(new, "FSETP.NAN") < _count(old, "FSETP.NAN") // 8, (new["ops"], old["ops"])
     assert sum(new["ops"].values()) < sum(old["ops"].values())
+
+
+def test_scale_word_skips_the_words_round_trip():
+    """`scale_word` (production, packed keys of d = 128): each row's four scale bytes as one
+    word, so the code words reach the dequantization in their load layout; the scale tile
+    of joins (`scale_word=False`) sends them through shared memory first (LDS.128)."""
+    args = ("--packed", "--m", "64", "--L", "32768", "--paged", "64")
+    new = compiled("index", *args)["_index_scores_kernel"]
+    old = compiled("index", *args, "--tune", '{"scale_word": false}')["_index_scores_kernel"]
+    # (both keep one 16-bit shared round trip of the scores before their store)
+    assert old["ops"].get("LDS.128", 0) > 0 and new["ops"].get("LDS.128", 0) == 0, (new["ops"], old["ops"])
+    assert _count(new, "LDG.E.U8") == 0, "the scales as words, not bytes"
+    assert sum(new["ops"].values()) < sum(old["ops"].values())

@@ -30,7 +30,7 @@ import torch
 
 from ._triton import HAVE_TRITON, interpreting, tl, triton
 
-__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
+__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16", "fp4_rows_bf16_sw"]
 
 
 def fp4_words_ok(rows: torch.Tensor) -> bool:
@@ -91,6 +91,17 @@ if HAVE_TRITON:
 
     _FP4_ASM = tl.constexpr(
         "{\n.reg .b32 y, u, v, k;\nmov.b32 k, 0x7E807E80;\n" + "".join(_fp4_pair(p) for p in range(4)) + "}"
+    )
+
+    # `fp4_rows_bf16_sw`'s PTX: `_FP4_ASM` with each word's e8m0 scale taken from its row's
+    # scale word ($10, $11 for words a, b: the four scale bytes of the tile) by a bit shift
+    # ($12, $13: 8 · the word's scale index), so the scales need no tile of their own
+    _FP4_SW_ASM = tl.constexpr(
+        "{\n.reg .b32 y, u, v, k, sa, sb, s;\nmov.b32 k, 0x7E807E80;\n"
+        "shr.b32 sa, $10, $12;\nshr.b32 sb, $11, $13;\nprmt.b32 s, sa, sb, 0x4040;\n"
+        "shl.b32 s, s, 7;\nand.b32 s, s, 0x7F807F80;\n"
+        + "".join(_fp4_pair(p) for p in range(4)).replace("$10", "s")
+        + "}"
     )
 
     @triton.jit
@@ -173,3 +184,31 @@ if HAVE_TRITON:
         else:
             v = fp4_rows(base, ok, c0, D, C, BLOCK, E8M0, WORDS).to(tl.bfloat16)
         return v
+
+    @triton.jit
+    def fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr):
+        """`fp4_rows_bf16` of e8m0-scaled rows read as words (WORDS = 2, CUDA only) whose
+        tile has four scale bytes (C = 4 · BLOCK) starting 4-byte aligned ((D/2 + c0/BLOCK)
+        a multiple of 4): the four scales as one 32-bit load per row, broadcast over the
+        row's words, each word's byte picked inside the PTX. The same values, so the same
+        bits. Beside the scale tile of `fp4_rows_bf16` (joins of the scale bytes), whose
+        layout differs from the words' and costs a shared-memory round trip of the words."""
+        R: tl.constexpr = base.shape[0]
+        tl.static_assert(C == 4 * BLOCK)
+        w = c0 // 8 + tl.arange(0, C // 8)
+        m = ok[:, None] & (w * 8 < D)[None, :]
+        words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
+        sw = tl.load((base + D // 2 + c0 // BLOCK).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
+        sw = tl.broadcast_to(sw[:, None], (R, C // 8))
+        sh = tl.broadcast_to(((w * 8 // BLOCK - c0 // BLOCK) * 8)[None, :], (R, C // 8))
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            _FP4_SW_ASM,
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
+            [words, sw, sh],
+            dtype=(tl.bfloat16,) * 8,
+            is_pure=True,
+            pack=2,
+        )
+        v = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+        v = tl.reshape(v, (R, C))
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=2)
