@@ -8,7 +8,7 @@ way: on the GPU its PTX form (words), on the CPU its fp32 form."""
 import pytest
 import torch
 
-from attnv41.kernels._triton import HAVE_TRITON, tl, triton
+from attnv41.kernels._triton import HAVE_TRITON, interpreting, tl, triton
 from attnv41.kernels.packed_rows import fp4_words_mode, fp4_words_ok
 from attnv41.packed import FORMATS, row_bytes, unpack
 
@@ -107,6 +107,32 @@ def test_loaders_equal_unpack_on_every_code(device, fmt, D, words, bf16):
     want = unpack(p.cpu(), fmt, D)
     masked = torch.arange(n) % 7 == 3
     want[masked] = 0.0
+    got = out.cpu()
+    assert not torch.isnan(got.float()).any()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "fmt,D,C",
+    [("fp4_e4m3", 512, 64), ("fp4_e4m3", 64, 64), ("fp4_e8m0", 128, 128)],
+    ids=["e4m3-512-64", "e4m3-64-64", "e8m0-128"],
+)
+def test_scale_word_form_equals_unpack_on_every_code(device, fmt, D, C):
+    """`fp4_rows_bf16` at WORDS = 3 (`fp4_words_mode(..., scale_word=True)`; tiles of four
+    scales read as one word per row: on the GPU its PTX picks each code word's scale byte,
+    e4m3 scales through their 2^-120 bit placement): every code under every scale the
+    loaders' test covers, slice by slice; under the interpreter WORDS is 1 (the fp32 form)."""
+    n = 80
+    p = _rows(fmt, D, n, seed=D + C).to(device)
+    words = fp4_words_mode(p, scale_word=True)
+    assert words == (1 if interpreting() else 3)
+    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
+    _read_kernel[(triton.cdiv(n, 16),)](
+        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
+        WORDS=words, BF16=True,
+    )  # fmt: skip
+    want = unpack(p.cpu(), fmt, D)
+    want[torch.arange(n) % 7 == 3] = 0.0
     got = out.cpu()
     assert not torch.isnan(got.float()).any()
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))

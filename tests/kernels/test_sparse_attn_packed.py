@@ -75,6 +75,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks", rsplit=4),
         dict(combine="loop", rsplit=2, keys_m=True),
         dict(BATCH_TUNE, warps_b_packed=4, maxnreg_a_packed=None, maxnreg_b_packed=None),
+        dict(BATCH_TUNE, scale_word=True),
+        dict(combine="loop", dk=64, comb_d=64, scale_word=True),
     ],
     ids=[
         "loop",
@@ -93,6 +95,8 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "blocks-rsplit4",
         "loop-rsplit2-keys-m",
         "batch-4-warp-combine-uncapped",
+        "batch-scale-word",  # (the e4m3 scales' word form on the GPU: the logits kernel's chunks of 64)
+        "loop-64-scale-word",  # (and the combine's 64-column slices)
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

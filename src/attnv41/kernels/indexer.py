@@ -14,7 +14,7 @@ from .packed_rows import fp4_words_mode
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16, round_bf16_inner
-    from .packed_rows import fp4_rows_bf16, fp4_rows_bf16_sw
+    from .packed_rows import fp4_rows_bf16
 
 __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
@@ -184,14 +184,13 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         SKIP=cfg["skip"],
         KEYS_M=cfg["keys_m"],
         INNER=cfg["inner_cvt"],
-        SCALE_WORD=_scale_word(cfg, keys, d),
         # Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits; there
         # the tiles go to fp32 first (exact: same products, fp32 accumulation).
         DOT_F32=interpreting(),
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
-        WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0,
+        WORDS=fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"]) if keys.dtype == torch.uint8 else 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
@@ -205,14 +204,6 @@ def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
     over bf16 keys or when None. It changes the allocation, not the arithmetic."""
     cap = cfg["maxnreg_packed"]
     return {"maxnreg": cap} if cap and keys.dtype == torch.uint8 else {}
-
-
-def _scale_word(cfg: dict, keys: torch.Tensor, d: int) -> bool:
-    """Packed keys read through `fp4_rows_bf16_sw` (`scale_word`): words with PTX (WORDS =
-    2) and d = 128, whose four scale bytes are one aligned word."""
-    return (
-        bool(cfg["scale_word"]) and keys.dtype == torch.uint8 and d == 128 and fp4_words_mode(keys, cfg["fp4_asm"]) == 2
-    )
 
 
 def _sub(cfg: dict, keys: torch.Tensor) -> int:
@@ -288,8 +279,8 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
-        SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], SCALE_WORD=_scale_word(cfg, keys, d), DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=fp4_words_mode(keys, cfg["fp4_asm"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
+        SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
+        WORDS=fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
     return out
@@ -350,7 +341,6 @@ if HAVE_TRITON:
         SKIP: tl.constexpr = False,
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
-        SCALE_WORD: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -397,10 +387,7 @@ if HAVE_TRITON:
                 if PACKED:
                     # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
                     # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                    if SCALE_WORD:  # WORDS == 2 and D == 128 (the host's `_scale_word`)
-                        k = fp4_rows_bf16_sw(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32)
-                    else:
-                        k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
+                    k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
                 else:
                     k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
                 # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over

@@ -17,7 +17,7 @@ gather: one byte load per value and one per scale, 16x the bf16 tile's instructi
 The values are code · scale, exact in fp32 and in bf16 (`attnv41.packed`), so a kernel
 that rounds them to bf16 sees the unpacked rows' values bit for bit.
 
-`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words (WORDS = 2, compiled):
+`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words (WORDS = 2 or 3, compiled):
 PTX that builds two bf16 values per 32-bit register with integer ops and two exact bf16x2
 multiplies, about 3 instructions per value where the fp32 form takes about 9 (nibble
 extraction, the e2m1 bit trick, the scale multiply, the cvt to bf16). The same values,
@@ -30,7 +30,7 @@ import torch
 
 from ._triton import HAVE_TRITON, interpreting, tl, triton
 
-__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16", "fp4_rows_bf16_sw"]
+__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
 
 
 def fp4_words_ok(rows: torch.Tensor) -> bool:
@@ -39,13 +39,16 @@ def fp4_words_ok(rows: torch.Tensor) -> bool:
     return rows.data_ptr() % 4 == 0 and (rows.shape[0] <= 1 or rows.stride(0) % 4 == 0)
 
 
-def fp4_words_mode(rows: torch.Tensor, asm: bool = True) -> int:
+def fp4_words_mode(rows: torch.Tensor, asm: bool = True, scale_word: bool = False) -> int:
     """The loaders' WORDS for packed fp4 rows: 0 byte by byte (rows not 4-byte aligned), 1
     as words, 2 as words with `fp4_rows_bf16`'s PTX (asm, compiled kernels: not under the
-    interpreter, whose Triton has no inline assembly)."""
+    interpreter, whose Triton has no inline assembly), 3 as 2 with a tile's four scale
+    bytes read as one word where a tile has four (scale_word; `fp4_rows_bf16`)."""
     if not fp4_words_ok(rows):
         return 0
-    return 2 if asm and not interpreting() else 1
+    if not asm or interpreting():
+        return 1
+    return 3 if scale_word else 2
 
 
 if HAVE_TRITON:
@@ -93,15 +96,21 @@ if HAVE_TRITON:
         "{\n.reg .b32 y, u, v, k;\nmov.b32 k, 0x7E807E80;\n" + "".join(_fp4_pair(p) for p in range(4)) + "}"
     )
 
-    # `fp4_rows_bf16_sw`'s PTX: `_FP4_ASM` with each word's e8m0 scale taken from its row's
+    # `_fp4_rows_bf16_sw`'s PTX: `_FP4_ASM` with each word's scale taken from its row's
     # scale word ($10, $11 for words a, b: the four scale bytes of the tile) by a bit shift
-    # ($12, $13: 8 · the word's scale index), so the scales need no tile of their own
-    _FP4_SW_ASM = tl.constexpr(
+    # ($12, $13: 8 · the word's scale index), so the scales need no tile of their own. The
+    # bytes e_a, e_b become the bf16 pair s: e8m0 as bf16's exponent field (e << 7); e4m3
+    # as its bits << 4, which is the value · 2^-120 (subnormals too), times 2^120 (exact).
+    _FP4_SW_HEAD = (
         "{\n.reg .b32 y, u, v, k, sa, sb, s;\nmov.b32 k, 0x7E807E80;\n"
-        "shr.b32 sa, $10, $12;\nshr.b32 sb, $11, $13;\nprmt.b32 s, sa, sb, 0x4040;\n"
-        "shl.b32 s, s, 7;\nand.b32 s, s, 0x7F807F80;\n"
-        + "".join(_fp4_pair(p) for p in range(4)).replace("$10", "s")
-        + "}"
+        "shr.b32 sa, $10, $12;\nshr.b32 sb, $11, $13;\nprmt.b32 s, sa, sb, 0x0400;\n"
+    )
+    _FP4_SW_BODY = "".join(_fp4_pair(p) for p in range(4)).replace("$10", "s") + "}"
+    _FP4_SW_E8M0 = tl.constexpr(_FP4_SW_HEAD + "shl.b32 s, s, 7;\nand.b32 s, s, 0x7F807F80;\n" + _FP4_SW_BODY)
+    _FP4_SW_E4M3 = tl.constexpr(
+        _FP4_SW_HEAD
+        + "shl.b32 s, s, 4;\nand.b32 s, s, 0x07F007F0;\nmov.b32 sa, 0x7B807B80;\nmul.rn.bf16x2 s, s, sa;\n"
+        + _FP4_SW_BODY
     )
 
     @triton.jit
@@ -144,9 +153,13 @@ if HAVE_TRITON:
 
     @triton.jit
     def fp4_rows_bf16(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr, WORDS: tl.constexpr):
-        """`fp4_rows(...).to(bf16)`, bit for bit: [R, C] bf16. WORDS = 2 (`fp4_words_mode`;
-        CUDA only): the words' values built in bf16 by `_FP4_ASM`; else the fp32 form."""
-        if WORDS == 2:
+        """`fp4_rows(...).to(bf16)`, bit for bit: [R, C] bf16. WORDS = 2 or 3
+        (`fp4_words_mode`; CUDA only): the words' values built in bf16 by `_FP4_ASM`, at 3
+        with the scales as one word per row where C = 4 · BLOCK (`_fp4_rows_bf16_sw`; c0
+        then a multiple of C); else the fp32 form."""
+        if WORDS == 3 and C == 4 * BLOCK:
+            v = _fp4_rows_bf16_sw(base, ok, c0, D, C, BLOCK, E8M0)
+        elif WORDS >= 2:
             R: tl.constexpr = base.shape[0]
             w = c0 // 8 + tl.arange(0, C // 8)
             m = ok[:, None] & (w * 8 < D)[None, :]
@@ -186,15 +199,14 @@ if HAVE_TRITON:
         return v
 
     @triton.jit
-    def fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr):
-        """`fp4_rows_bf16` of e8m0-scaled rows read as words (WORDS = 2, CUDA only) whose
-        tile has four scale bytes (C = 4 · BLOCK) starting 4-byte aligned ((D/2 + c0/BLOCK)
-        a multiple of 4): the four scales as one 32-bit load per row, broadcast over the
-        row's words, each word's byte picked inside the PTX. The same values, so the same
-        bits. Beside the scale tile of `fp4_rows_bf16` (joins of the scale bytes), whose
-        layout differs from the words' and costs a shared-memory round trip of the words."""
+    def _fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
+        """`fp4_rows_bf16` at WORDS = 3 of a tile with four scale bytes (C = 4 · BLOCK;
+        c0 a multiple of C, so they start 4-byte aligned): the four scales as one 32-bit
+        load per row, broadcast over the row's words, each word's byte picked inside the
+        PTX. The same values, so the same bits. (The scale tile of joins at WORDS = 2 has
+        another layout than the words: the offline sm_90 compile sends the words through
+        shared memory to meet it.)"""
         R: tl.constexpr = base.shape[0]
-        tl.static_assert(C == 4 * BLOCK)
         w = c0 // 8 + tl.arange(0, C // 8)
         m = ok[:, None] & (w * 8 < D)[None, :]
         words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
@@ -202,7 +214,7 @@ if HAVE_TRITON:
         sw = tl.broadcast_to(sw[:, None], (R, C // 8))
         sh = tl.broadcast_to(((w * 8 // BLOCK - c0 // BLOCK) * 8)[None, :], (R, C // 8))
         o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            _FP4_SW_ASM,
+            _FP4_SW_E8M0 if E8M0 else _FP4_SW_E4M3,
             "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
             [words, sw, sh],
             dtype=(tl.bfloat16,) * 8,

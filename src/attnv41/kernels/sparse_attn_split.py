@@ -136,7 +136,14 @@ _TUNE = dict(
     warps_b_packed=None,
     maxnreg_a_packed=None,
     maxnreg_b_packed=None,
+    scale_word=False,
 )
+# scale_word (twelfth entry, a tuning option, off): packed fp4 tiles of four scales (chunks
+# of 64 columns: the batched logits kernel) take them as one word per row
+# (`packed_rows.fp4_words_mode`, WORDS = 3) instead of a scale tile of joins. Offline sm_90
+# (BATCH_TUNE, packed): 1,584 → 1,568 instructions in the logits kernel, but under its cap of
+# 96 registers 6 spill stores and 3 reloads against 3 and 0, and its shared round trips stay
+# (they are not the scale tile's, unlike the index scores').
 _BLOCKS_MAX_M = 1
 # The batched runtime's decode attention (`sparse_attn_batch`, ops.TRITON_BATCH_OPS): one
 # launch shape for every m there too (the loop combine over all 64 heads per program, so a
@@ -356,7 +363,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(_TUNE)} and 'only_logits'")
     cfg = dict(_TUNE)
     cfg.update(tune)
-    words = fp4_words_mode(comp, cfg["fp4_asm"]) if packed else 0
+    words = fp4_words_mode(comp, cfg["fp4_asm"], cfg["scale_word"]) if packed else 0
     combine = cfg["combine"]
     if combine not in ("auto", "blocks", "loop"):
         raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
