@@ -159,6 +159,8 @@ INDEX_SETS["inner"] = [
     ("cap 80", dict(maxnreg_packed=80)),
     ("cap 64", dict(maxnreg_packed=64)),
     ("sub 4 cap 80", dict(sub=4, maxnreg_packed=80)),
+    ("scale tile", dict(scale_word=False)),
+    ("uncapped", dict(maxnreg_packed=None)),
 ]
 
 
