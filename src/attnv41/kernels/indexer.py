@@ -57,7 +57,11 @@ _TUNE = dict(
 # (ab_steps.py) 8.291 against 8.332 ms. Production: 80.
 # sub_packed: blocks per program over packed keys (None: `sub`).
 # `index_scores_paged` (the batched runtime's)
-_PAGED_TUNE = dict(_TUNE)
+_PAGED_TUNE = dict(_TUNE, sub_packed=4)
+# sub_packed=4 (twelfth entry): over packed keys the paged launch takes 4 blocks per program.
+# H200: a B = 64 step's ratio-1 call 120.9 against 130.9 µs (batch_kernel_probe), whole B =
+# 64, 32K steps 8.201 against 8.258 ms (ab_steps, rounds' ranges apart); the same bytes. At
+# m = 1 over 1M keys (`_TUNE`) 4 blocks lose (110.9 against 67.6 µs), so `_TUNE` keeps 2.
 # skip=True (both shapes): a block of keys wholly past the token's visible count stores −∞
 # without its loads' address math, dot and epilogue, so a chunk's time follows its visible
 # rows, not the context bucket's width. H200 (scripts/index_prefill_probe.py, 2026-12-03
