@@ -97,6 +97,9 @@ VARIANTS = {
     "index nan-select": {"index": dict(inner_cvt=False), "index_paged": dict(inner_cvt=False)},
     "index packed uncapped": {"index": dict(maxnreg_packed=None), "index_paged": dict(maxnreg_packed=None)},
     "index paged packed sub 4": {"index_paged": dict(sub_packed=4)},
+    "index paged packed sub 8": {"index_paged": dict(sub_packed=8)},
+    "index paged packed sub 4 stages 3": {"index_paged": dict(sub_packed=4, num_stages=3)},
+    "index paged packed sub 4 uncapped": {"index_paged": dict(sub_packed=4, maxnreg_packed=None)},
     "index scale tile": {"index": dict(scale_word=False), "index_paged": dict(scale_word=False)},
     "attn scale word": {"batch": dict(scale_word=True), "batch_small": dict(scale_word=True), "single": dict(scale_word=True)},
     "batch packed logits 96 combine 8 warps 128": {
