@@ -102,9 +102,9 @@ def test_fp8_rows_use_the_fp8_rate(cfg, ceil):
     fp8 = [r for r in rows if r["weights"] == "fp8"]
     assert len(fp8) == 2 * len(FP8_KERNEL_NAMES)
     for r in rows:
-        rate = fast.fp8_mm_tflops if r["weights"] == "fp8" else fast.mm_tflops
+        rate = fast.fp8_mm_tflops if r["op"] == "fp8_mm" else fast.mm_tflops  # wo_a fp8: bf16 products
         assert r["floor_ms"] == pytest.approx(floor_ms(r["bytes"], r["flops"], fast, rate)), r["name"]
-        if r["weights"] == "fp8" and r["regime"] == "prefill":
+        if r["op"] == "fp8_mm" and r["regime"] == "prefill":
             assert r["floor_rate"] == "fp8_mm"
             assert r["pct_fp8_mm"] == pytest.approx(r["tflops"] / fast.fp8_mm_tflops * 100), r["name"]
         else:

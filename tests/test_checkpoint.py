@@ -622,7 +622,8 @@ def test_default_cfg_fits_a_small_checkpoint(tmp_path):
 # ---------------------------------------------------------------------------- weights="fp8"
 @pytest.fixture(scope="module")
 def written_fp8(tmp_path_factory):
-    cfg = small_cfg(q_rank=32)  # FP8 linears need in-dims in whole 32-column blocks
+    # FP8 linears need in-dims in whole 32-column blocks; o_rank 32: wo_a's blocks within its groups
+    cfg = small_cfg(q_rank=32, o_rank=32)
     w = random_weights(cfg, SEED + 1)
     root = write_checkpoint(tmp_path_factory.mktemp("ckpt8") / "v41", cfg, w, shards=4, seed=SEED)
     return cfg, w, root
@@ -631,17 +632,23 @@ def written_fp8(tmp_path_factory):
 @pytest.mark.parametrize("device_arg", ["cpu", None], ids=["load_model", "from_checkpoint"])
 def test_fp8_round_trip_keeps_bytes(written_fp8, device_arg):
     """weights='fp8' keeps each FP8 linear's e4m3 bytes and e8m0 scale bytes exactly as the
-    writer stored them (compared with the raw shard bytes), and dequantizes wo_a."""
+    writer stored them (compared with the raw shard bytes), wo_a's too with wo_a='fp8' (run as
+    its exact bf16); by default wo_a is dequantized."""
     cfg, w, root = written_fp8
     if device_arg is None:
-        layers = [AttnV41LayerWeights.from_checkpoint(root, i, cfg=cfg, weights="fp8") for i in range(cfg.n_layers)]
+        layers = [load_layer(root, i, cfg=cfg, weights="fp8", wo_a="fp8") for i in range(cfg.n_layers)]
     else:
-        layers = load_model(root, cfg=cfg, device=device_arg, progress=False, weights="fp8")
+        layers = load_model(root, cfg=cfg, device=device_arg, progress=False, weights="fp8", wo_a="fp8")
+    default = AttnV41LayerWeights.from_checkpoint(root, 0, cfg=cfg, weights="fp8")
+    q, s = quantize_fp8(w[0]["wo_a.weight"])
+    assert torch.equal(default["wo_a.weight"], dequantize_fp8(q, s)), "wo_a: dequantized by default"
+    with pytest.raises(ValueError, match=r"wo_a = 'fp4'; allowed: \('bf16', 'fp8'\)"):
+        load_layer(root, 0, cfg=cfg, weights="fp8", wo_a="fp4")
     for i, lw in enumerate(layers):
         assert lw.format == "fp8", f"layer {i}"
         sd = lw.state_dict()
-        assert set(sd) == set(expected_tensors(cfg, cfg.roles[i], "fp8")), f"layer {i}: names"
-        for rel in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b"):
+        assert set(sd) == set(expected_tensors(cfg, cfg.roles[i], "fp8")) | {"attn.wo_a.scale"}, f"layer {i}: names"
+        for rel in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b", "wo_a"):
             if f"attn.{rel}.weight" not in sd:
                 continue
             for suffix, code in ((".weight", "F8_E4M3"), (".scale", "F8_E8M0")):
@@ -651,9 +658,6 @@ def test_fp8_round_trip_keeps_bytes(written_fp8, device_arg):
                 assert t.contiguous().view(torch.uint8).numpy().tobytes() == data, f"layer {i} {rel}{suffix}: bytes"
             q, s = quantize_fp8(w[i][f"{rel}.weight"])
             assert torch.equal(sd[f"attn.{rel}.weight"].view(torch.uint8), q.view(torch.uint8)), f"layer {i} {rel}"
-        q, s = quantize_fp8(w[i]["wo_a.weight"])
-        assert torch.equal(sd["attn.wo_a.weight"], dequantize_fp8(q, s)), f"layer {i} wo_a: dequantized"
-        assert sd["attn.wo_a.weight"].dtype == torch.bfloat16
 
 
 def test_fp8_and_bf16_loads_run(written_fp8):

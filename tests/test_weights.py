@@ -49,13 +49,14 @@ def test_finite_weights_accepted_unchanged():
 # ---------------------------------------------------------------------------- synthetic FP8 weights
 def test_random_weights_fp8_is_the_bf16_model_quantized():
     """weights='fp8': the same draws as 'bf16', each FP8 linear block-quantized by
-    quant_weight, wo_a quantized and dequantized; it loads as format 'fp8'."""
+    quant_weight, wo_a too (e4m3 with its scale, as the checkpoint stores it); it loads as
+    format 'fp8', holding wo_a as its bf16 by default and as its bytes with wo_a='fp8'."""
     cfg = small_preset(max_tokens=8, max_seq=16)
     bf = random_weights(cfg, 5)
     f8 = random_weights(cfg, 5, weights="fp8")
     assert [sorted(w) for w in bf] == [sorted(w) for w in random_weights(cfg, 5, weights="bf16")]
     for i, (a, b) in enumerate(zip(bf, f8)):
-        lin = [n for n in FP8_LINEARS if f"{n}.weight" in a]
+        lin = [n for n in FP8_LINEARS if f"{n}.weight" in a] + ["wo_a"]
         assert set(b) == set(a) | {f"{n}.scale" for n in lin}, f"layer {i}: names"
         for k, v in a.items():
             n = k.removesuffix(".weight")
@@ -64,13 +65,17 @@ def test_random_weights_fp8_is_the_bf16_model_quantized():
                 assert b[k].dtype == torch.float8_e4m3fn and b[f"{n}.scale"].dtype == torch.float8_e8m0fnu, k
                 assert torch.equal(b[k].view(torch.uint8), q.view(torch.uint8)), f"layer {i} {k}: e4m3 bytes"
                 assert torch.equal(b[f"{n}.scale"].view(torch.uint8), s.view(torch.uint8)), f"layer {i} {n}.scale"
-            elif k == "wo_a.weight":
-                assert torch.equal(b[k], dequant_weight(*quant_weight(v))) and b[k].dtype == torch.bfloat16, k
-                assert not torch.equal(b[k], v), f"layer {i} wo_a: not quantized"
+                if n == "wo_a":
+                    assert not torch.equal(dequant_weight(q, s), v), f"layer {i} wo_a: not quantized"
             else:
                 assert b[k].dtype == v.dtype and torch.equal(b[k], v), f"layer {i} {k}: unchanged"
         lw = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg)
         assert lw.format == "fp8", f"layer {i}"
+        assert lw.get("wo_a.scale") is None, f"layer {i}: wo_a held as its bf16 by default"
+        assert torch.equal(lw["wo_a.weight"], dequant_weight(b["wo_a.weight"], b["wo_a.scale"])), f"layer {i}"
+        kept = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg, wo_a="fp8")
+        assert torch.equal(kept["wo_a.weight"].view(torch.uint8), b["wo_a.weight"].view(torch.uint8)), f"layer {i}"
+        assert torch.equal(kept["wo_a.scale"].view(torch.uint8), b["wo_a.scale"].view(torch.uint8)), f"layer {i}"
         assert AttnV41LayerWeights.from_state_dict(cfg.roles[i], a, cfg=cfg).format == "bf16", f"layer {i}"
 
 

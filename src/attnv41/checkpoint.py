@@ -25,7 +25,8 @@ Weight formats (`weights=`, `WEIGHT_FORMATS`; default None = the checkpoint's ow
 `checkpoint_weight_format`): "fp8" keeps the e4m3 bytes and the e8m0 scales as stored for
 `FP8_LINEARS` (`wq_a`, `wq_b`, `wkv`, `wo_b`, `indexer.wq_b`: the runtime runs them in the
 released FP8 math), after the same checks (a dequantization that would be non-finite is
-rejected too), and dequantizes `wo_a`, as the released conversion does; "bf16"
+rejected too), and dequantizes `wo_a` as the released conversion does (or, with
+`wo_a="fp8"`, keeps its bytes too, run as that exact bf16: `weights.py`); "bf16"
 dequantizes every fp8 weight as above. A checkpoint is "fp8" when every FP8 linear of
 every layer is stored float8_e4m3fn with its `.scale`, else "bf16" (an already dequantized
 one, or one only partly in FP8). With "fp8", one of those linears stored bf16 without a
@@ -59,6 +60,7 @@ from .config import AttnV41Cfg, LayerRole, _read_json
 from .weights import (
     FP8_LINEARS,
     WEIGHT_FORMATS,
+    WO_A_FORMATS,
     AttnV41LayerWeights,
     NonFiniteWeightError,
     describe_nonfinite,
@@ -295,7 +297,7 @@ _KEEP_FP8 = frozenset(f"attn.{n}.weight" for n in FP8_LINEARS)
 
 
 def _load_layer(
-    ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str, weights: str = "bf16"
+    ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str, weights: str = "bf16", wo_a: str = "bf16"
 ) -> AttnV41LayerWeights:
     role = cfg.role(i)
     spec = expected_tensors(cfg, role)
@@ -309,7 +311,9 @@ def _load_layer(
         dtype, got = ck.header(name)
         want = _disk_dtype(rel)
         has_scale = _scale_name(rel) in present
-        keep = weights == "fp8" and rel in _KEEP_FP8
+        # wo_a kept as stored too where its scale blocks lie within the groups (weights.py module doc)
+        wo_a_whole = rel == "attn.wo_a.weight" and not (cfg.o_rank % BLOCK or cfg.group_width % BLOCK)
+        keep = weights == "fp8" and (rel in _KEEP_FP8 or (wo_a == "fp8" and wo_a_whole))
         if rel in _FP8 and dtype == torch.bfloat16 and not has_scale:
             if keep:
                 raise CheckpointError(
@@ -347,7 +351,7 @@ def _load_layer(
         else:
             tensors[rel] = w
     try:
-        return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device)
+        return AttnV41LayerWeights.from_state_dict(role, tensors, cfg=cfg, device=device, wo_a=wo_a)
     except NonFiniteWeightError as e:  # NaN or ±inf in a bf16/fp32 tensor as stored
         raise CheckpointError(f"{ck.name(i, e.key)}: {e.detail}") from e
 
@@ -373,9 +377,11 @@ def checkpoint_weight_format(path: str | Path) -> str:
         return _stored_format(ck)
 
 
-def _check_weights_arg(weights: str | None) -> None:
+def _check_weights_arg(weights: str | None, wo_a: str = "bf16") -> None:
     if weights is not None and weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS} or None (the checkpoint's own)")
+    if wo_a not in WO_A_FORMATS:
+        raise ValueError(f"wo_a = {wo_a!r}; allowed: {WO_A_FORMATS}")
 
 
 def load_layer(
@@ -384,17 +390,19 @@ def load_layer(
     cfg: AttnV41Cfg | None = None,
     device: torch.device | str = "cpu",
     weights: str | None = None,
+    wo_a: str = "bf16",
 ) -> AttnV41LayerWeights:
     """Layer `layer`'s attention weights from a checkpoint directory on `device`, in the
     format `weights` ("bf16": dequantized to the runtime dtypes; "fp8": the FP8 linears'
     e4m3 bytes and e8m0 scales as stored, see the module doc; None: the checkpoint's own,
-    `checkpoint_weight_format`). `cfg` defaults to
+    `checkpoint_weight_format`); with "fp8", `wo_a="fp8"` keeps wo_a's bytes too
+    (`AttnV41LayerWeights.from_state_dict`). `cfg` defaults to
     `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
     max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint."""
-    _check_weights_arg(weights)
+    _check_weights_arg(weights, wo_a)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     with _Checkpoint(path) as ck:
-        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck))
+        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck), wo_a)
 
 
 def load_model(
@@ -403,11 +411,12 @@ def load_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     weights: str | None = None,
+    wo_a: str = "bf16",
 ) -> list[AttnV41LayerWeights]:
     """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does (same
     default `cfg`, same `weights` formats and default), with a progress bar (tqdm when importable, else
     one stderr line per layer)."""
-    _check_weights_arg(weights)
+    _check_weights_arg(weights, wo_a)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
     out = []
     bar = None
@@ -422,7 +431,7 @@ def load_model(
         with _Checkpoint(path) as ck:
             weights = weights or _stored_format(ck)
             for i in range(cfg.n_layers):
-                out.append(_load_layer(ck, cfg, i, device, weights))
+                out.append(_load_layer(ck, cfg, i, device, weights, wo_a))
                 if bar is not None:
                     bar.update(1)
                 elif progress:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import AttnV41Cfg
+from .reference.fp8 import dequant_weight
 from .reference.layer import RefTables
 from .reference.norm import linear
 from .reference.rope import apply_rope
@@ -47,7 +48,10 @@ def output_projection(
     m, G = o.shape[0], cfg.groups
     o_rot = apply_rope(o, cos, sin, positions, inverse=True)
     og = o_rot.reshape(m, G, cfg.group_width).double()
-    wo_a = w["wo_a.weight"].double().view(G, cfg.o_rank, cfg.group_width)
+    wo_a = w["wo_a.weight"]
+    if w.get("wo_a.scale") is not None:  # the checkpoint's FP8 bytes: their exact bf16
+        wo_a = dequant_weight(wo_a, w["wo_a.scale"], name="wo_a.weight")
+    wo_a = wo_a.double().view(G, cfg.o_rank, cfg.group_width)
     u = torch.einsum("mgk,grk->mgr", og, wo_a).to(torch.bfloat16).reshape(m, G * cfg.o_rank)
     return linear(u, w["wo_b.weight"])
 

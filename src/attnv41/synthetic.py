@@ -7,8 +7,8 @@ rows scaled to unit RMS, bf16. Generated on the target device from a seeded gene
 
 `random_weights(..., weights="fp8")` is the same bf16 model (the same draws) put into the
 released checkpoint's FP8 format by the released conversion: each of `FP8_LINEARS`
-block-quantized (`reference.fp8.quant_weight`: e4m3 weight + e8m0 `.scale`), `wo_a`
-quantized and dequantized back to bf16.
+block-quantized (`reference.fp8.quant_weight`: e4m3 weight + e8m0 `.scale`), and `wo_a`
+too, as the checkpoint stores it (it runs as its exact bf16 dequantization: `weights.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .config import AttnV41Cfg, v41_flash
-from .reference.fp8 import dequant_weight, quant_weight
+from .reference.fp8 import quant_weight
 from .weights import FP8_LINEARS, WEIGHT_FORMATS
 
 __all__ = ["random_weights", "random_inputs", "unit_rms_bf16", "small_preset", "PRESETS"]
@@ -75,11 +75,11 @@ def random_weights(
 
 
 def _to_fp8(w: dict[str, torch.Tensor], layer: int) -> None:
-    """The released conversion, in place: FP8_LINEARS → e4m3 + e8m0 scale, wo_a → bf16 of its FP8."""
-    for n in FP8_LINEARS:
+    """The checkpoint's quantization, in place: FP8_LINEARS and wo_a → e4m3 + e8m0 scale (the
+    weights keep wo_a so and read it as its exact bf16, the released conversion's values)."""
+    for n in (*FP8_LINEARS, "wo_a"):
         if f"{n}.weight" in w:
             w[f"{n}.weight"], w[f"{n}.scale"] = quant_weight(w[f"{n}.weight"], name=f"layer {layer}: {n}.weight")
-    w["wo_a.weight"] = dequant_weight(*quant_weight(w["wo_a.weight"], name=f"layer {layer}: wo_a.weight"))
 
 
 def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str | torch.device = "cpu") -> list[torch.Tensor]:

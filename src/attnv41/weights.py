@@ -11,9 +11,13 @@ Two weight formats (`WEIGHT_FORMATS`), one per layer, told apart by the tensors:
 "bf16" (every linear bf16, as above) and "fp8", the released checkpoint's (golden
 README, v41_fp8): each linear of `FP8_LINEARS` is float8_e4m3fn `<name>.weight [out, in]`
 plus `<name>.scale`, float8_e8m0fnu `[ceil(out/32), in/32]` (the checkpoint's and the
-golden file's dtype: byte E means 2^(E−127)), run by the released FP8 linear. `wo_a` is
-always bf16 at run time: given FP8 with its scale it is dequantized here, exactly, as
-the released conversion does. Everything else is as in "bf16".
+golden file's dtype: byte E means 2^(E−127)), run by the released FP8 linear. `wo_a`
+runs in bf16 (its input is not quantized), as in the released code, whose conversion holds
+its exact bf16 dequantization; given FP8 with its scale (the checkpoint's bytes) it is held
+as that bf16 by default, or kept as the bytes with `wo_a="fp8"` (half the memory; the
+runtime reads them as the same exact bf16 values: the same math, the CPU path the same
+bits), except where the geometry's `o_rank` or `group_width` is not a multiple of 32 (a
+scale block across two groups). Everything else is as in "bf16".
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .config import AttnV41Cfg, LayerRole, v41_flash
 __all__ = [
     "FP8_LINEARS",
     "WEIGHT_FORMATS",
+    "WO_A_FORMATS",
     "AttnV41LayerWeights",
     "NonFiniteWeightError",
     "describe_nonfinite",
@@ -36,6 +41,7 @@ __all__ = [
 
 PREFIX = "attn."
 WEIGHT_FORMATS = ("bf16", "fp8")
+WO_A_FORMATS = ("bf16", "fp8")  # how an FP8 wo_a is held (`from_state_dict(wo_a=)`)
 # The linears the released checkpoint runs in FP8 (relative to `attn.`, without `.weight`).
 FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b")
 FP8_BLOCK = 32  # weight scale block edge and activation quantization block
@@ -61,7 +67,8 @@ def expected_tensors(
         "attn.wq_b.weight": ((H * D, cfg.q_rank), bf16),
         "attn.wkv.weight": ((D, cfg.dim), bf16),
         "attn.kv_norm.weight": ((D,), _NORM_DTYPES),
-        "attn.wo_a.weight": ((G * cfg.o_rank, cfg.group_width), bf16),
+        # bf16, or the checkpoint's e4m3 with its scale (`attn.wo_a.scale`, checked by from_state_dict)
+        "attn.wo_a.weight": ((G * cfg.o_rank, cfg.group_width), (torch.bfloat16, torch.float8_e4m3fn)),
         "attn.wo_b.weight": ((cfg.dim, G * cfg.o_rank), bf16),
         "attn.attn_sink": ((H,), (torch.float32,)),
     }
@@ -116,7 +123,7 @@ def _weight_format(role: LayerRole, got: Mapping[str, torch.Tensor]) -> str:
     if stray:
         raise KeyError(
             f"layer {role.layer}: {stray[0]!r} is a scale on a tensor that does not run in FP8; "
-            f"allowed scales: {[f'{PREFIX}{n}.scale' for n in lin]} (attn.wo_a.scale: dequantized at load)"
+            f"allowed scales: {[f'{PREFIX}{n}.scale' for n in lin]} and attn.wo_a.scale"
         )
     fp8 = {
         n: f"{PREFIX}{n}.scale" in got or getattr(got.get(f"{PREFIX}{n}.weight"), "dtype", None) == torch.float8_e4m3fn
@@ -134,28 +141,36 @@ def _weight_format(role: LayerRole, got: Mapping[str, torch.Tensor]) -> str:
     return "bf16"
 
 
-def _dequant_wo_a(role: LayerRole, got: dict[str, torch.Tensor]) -> None:
-    """`attn.wo_a.weight` given float8_e4m3fn with its scale → its exact bf16 (released conversion)."""
-    sc = got.pop(f"{PREFIX}wo_a.scale", None)
-    if sc is None:
-        return
-    from .reference.fp8 import dequant_weight  # the released conversion's exact dequantization
-
-    k = f"{PREFIX}wo_a.weight"
+def _take_wo_a_scale(role: LayerRole, got: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """`attn.wo_a.scale` taken out of `got` after checking the pair: float8_e4m3fn
+    `attn.wo_a.weight` with a float8_e8m0fnu scale of its block grid, no NaN byte in either
+    (None when wo_a is given without a scale, which must then be bf16: checked by the spec)."""
+    k, ks = f"{PREFIX}wo_a.weight", f"{PREFIX}wo_a.scale"
+    sc = got.pop(ks, None)
     w = got.get(k)
+    if sc is None:
+        if w is not None and w.dtype == torch.float8_e4m3fn:
+            raise KeyError(
+                f"layer {role.layer}: {k} is float8_e4m3fn without its scale {ks!r}; allowed: "
+                "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without one"
+            )
+        return None
     if w is None or w.dtype != torch.float8_e4m3fn or sc.dtype != torch.float8_e8m0fnu:
         raise TypeError(
-            f"layer {role.layer}: {k} {getattr(w, 'dtype', 'missing')} with attn.wo_a.scale {sc.dtype}; allowed: "
+            f"layer {role.layer}: {k} {getattr(w, 'dtype', 'missing')} with {ks} {sc.dtype}; allowed: "
             "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without a scale"
         )
-    for t, name in ((w, k), (sc, f"{PREFIX}wo_a.scale")):
+    grid = _scale_grid(tuple(w.shape)) if w.dim() == 2 else None
+    if w.dim() != 2 or w.shape[1] % FP8_BLOCK or tuple(sc.shape) != grid:
+        raise ValueError(
+            f"layer {role.layer}: {ks}.shape = {tuple(sc.shape)} for {k} {list(w.shape)}; allowed: a 2-D weight "
+            f"[out, in] with in a multiple of {FP8_BLOCK} and its scale {grid}"
+        )
+    for t, name in ((w, k), (sc, ks)):
         detail = _fp8_bad_bytes(t)
         if detail is not None:
             raise NonFiniteWeightError(role.layer, name, detail)
-    try:
-        got[k] = dequant_weight(w, sc, FP8_BLOCK, name=f"layer {role.layer}: {k}")
-    except (TypeError, ValueError) as e:
-        raise ValueError(str(e)) from e
+    return sc
 
 
 class NonFiniteWeightError(ValueError):
@@ -195,11 +210,21 @@ class AttnV41LayerWeights:
         tensors: Mapping[str, torch.Tensor],
         cfg: AttnV41Cfg | None = None,
         device: torch.device | str | None = None,
+        wo_a: str = "bf16",
     ) -> AttnV41LayerWeights:
         """Take a layer's tensors (names with or without the `attn.` prefix).
 
-        Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16) and
-        dequantizes an FP8 `wo_a` given with its scale. The format ("bf16" or "fp8", see
+        `wo_a` (`WO_A_FORMATS`), for a `wo_a` given FP8 with its scale: "bf16" (default)
+        holds its exact bf16 dequantization, as the released conversion does; "fp8" keeps
+        the checkpoint's bytes (half the memory: 1.3 GB less over the 40 Flash layers), read
+        as those same bf16 values. On the H200 (BENCHMARKS.md, 2026-12-04 thirteenth entry)
+        the single-sequence decode reads it faster (the grouped FP8 GEMV, 13.2 against
+        cuBLAS's 21.4 µs per layer: FP8 step 3.45 → 3.15 ms), the batched runtime's
+        tensor-core kernel slower (36 against 25 µs per layer, the in-register
+        dequantization): choose per runtime.
+
+        Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16) and holds an
+        FP8 `wo_a` given with its scale as `wo_a` says (checked; module doc). The format ("bf16" or "fp8", see
         the module doc) follows from the tensors; a mix, an e4m3 weight without its scale
         or a scale on a linear that does not run in FP8 raises. With `cfg`, checks every
         name, shape and dtype against the role and raises naming the tensor; without it,
@@ -213,7 +238,18 @@ class AttnV41LayerWeights:
             for k in ("attn.compressor.wkv.weight", "attn.compressor.wgate.weight"):
                 if k in got and got[k].dtype == torch.bfloat16:
                     got[k] = got[k].float()
-        _dequant_wo_a(role, got)
+        if wo_a not in WO_A_FORMATS:
+            raise ValueError(f"wo_a = {wo_a!r}; allowed: {WO_A_FORMATS}")
+        wo_a_scale = _take_wo_a_scale(role, got)
+        across = cfg is not None and (cfg.o_rank % FP8_BLOCK or cfg.group_width % FP8_BLOCK)
+        if wo_a_scale is not None and (wo_a == "bf16" or across):
+            # the exact bf16 (the released conversion's values); also where scale blocks straddle
+            # the groups (the grouped kernels read whole blocks per group)
+            from .reference.fp8 import dequant_weight  # noqa: PLC0415
+
+            k = f"{PREFIX}wo_a.weight"
+            got[k] = dequant_weight(got[k], wo_a_scale, FP8_BLOCK, name=f"layer {role.layer}: {k}")
+            wo_a_scale = None
         fmt = _weight_format(role, got)
         if fmt == "fp8":
             for n in _fp8_linears(role):
@@ -263,6 +299,8 @@ class AttnV41LayerWeights:
             detail = describe_nonfinite(t)
             if detail is not None:
                 raise NonFiniteWeightError(role.layer, k, detail)
+        if wo_a_scale is not None:
+            got[f"{PREFIX}wo_a.scale"] = wo_a_scale
         if device is not None:
             got = {k: v.to(device) for k, v in got.items()}
         return cls(role, got)
@@ -285,7 +323,7 @@ class AttnV41LayerWeights:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The runtime tensors under the checkpoint's names relative to the layer (FP8
-        weights with their `.scale`; `wo_a` bf16)."""
+        weights with their `.scale`; `wo_a` bf16, or e4m3 with its `.scale` as given)."""
         return dict(self.tensors)
 
     @property

@@ -268,6 +268,83 @@ def test_group_rows_independent_of_m(device):
     _assert_same_bits("group m=9", run(o), alone)
 
 
+def _fp8_group_weight(gen, Gn: int, r: int, gw: int):
+    """(e4m3 [Gn, r, gw], e8m0 scale [Gn·r/32, gw/32], its exact bf16 [Gn, r, gw]): a bf16
+    weight of wide range put through the checkpoint's block quantization."""
+    from attnv41.reference.fp8 import dequant_weight, quant_weight
+
+    q, sc = quant_weight(_rand(gen, (Gn * r, gw), BF))
+    return q.view(Gn, r, gw), sc, dequant_weight(q, sc).view(Gn, r, gw)
+
+
+@pytest.mark.parametrize("m", [1, 3], ids=["m1", "m3"])
+def test_group_gemv_fp8_stored_weight(m, device):
+    """wo_a as the checkpoint stores it (e4m3 + e8m0 block scales): the bits of the order
+    twin (terms o·sw·w), within the bound of the exact product with the weight's bf16
+    dequantization (the same values), from a strided view of o; gw not a multiple of BK
+    (the tail chunk masked)."""
+    Gn, r, gw, H = 3, 32, 320, 6
+    gen = _gen("group-fp8", m)
+    heads = _rand(gen, (m, H + 1, Gn * gw // H), BF)
+    o_view = heads[:, 1:].view(m, Gn, gw)
+    q, sc, deq = _fp8_group_weight(gen, Gn, r, gw)
+    for name, src in (("view", o_view), ("copy", o_view.contiguous())):
+        out = torch.full((m, Gn, r), float("nan"), dtype=BF, device=device)
+        assert G.group_gemv(src.to(device), q.to(device), out, sc.to(device)) is out
+        ref = linear.group_mm_exact(src, deq, torch.empty(m, Gn, r, dtype=BF))
+        exact = linear.group_mm_exact(src, q, torch.empty(m, Gn, r, dtype=BF), sc)
+        _assert_same_bits(f"{name}: group_mm_exact with the scale vs on the bf16", exact, ref)
+        p = G.plan(Gn * r, gw, G.FP8)
+        for g in range(Gn):
+            _assert_close(f"{name} group {g}", out[:, g], ref[:, g], _bound(src[:, g], deq[g], ref[:, g], p))
+        twin = G.group_gemv_torch(src, q, torch.empty(m, Gn, r, dtype=BF), sc)
+        _assert_same_bits(f"{name} vs group_gemv_torch", out, twin)
+    alone = torch.cat(
+        [
+            G.group_gemv(o_view[t : t + 1].to(device), q.to(device), torch.empty(1, Gn, r, dtype=BF, device=device),
+                         sc.to(device)).cpu()
+            for t in range(m)
+        ]
+    )  # fmt: skip
+    _assert_same_bits("rows alone vs together", out, alone)
+    got = G.group_mm_auto(
+        o_view.to(device), q.to(device), torch.empty(m, Gn, r, dtype=BF, device=device), sc.to(device)
+    )
+    if torch.device(device).type == "cuda" and m <= G.AUTO_MAX_M:
+        _assert_same_bits("group_mm_auto (the GEMV)", got, out)
+    else:  # dequantized for cuBLAS (on the CPU: torch's bmm)
+        want = linear.group_mm(o_view.to(device), deq.to(device), torch.empty(m, Gn, r, dtype=BF, device=device))
+        _assert_same_bits("group_mm_auto (dequantized)", got, want)
+
+
+@pytest.mark.parametrize(
+    "what, change, msg",
+    [
+        ("bf16 weight with a scale", "bf16", r"w: torch\.bfloat16 \(3, 32, 64\); allowed: a 3-D torch\.float8_e4m3fn"),
+        ("scale shape", "short", r"scales\[0\]: torch\.float8_e8m0fnu \(2, 2\)"),
+        ("r not a multiple of 32", "r", r"allowed: r and gw multiples of 32"),
+    ],
+    ids=["bf16-with-scale", "scale-shape", "r-block"],
+)
+def test_group_gemv_fp8_bad_inputs_rejected(what, change, msg, device):
+    gen = _gen("group-fp8-bad", what)
+    q, sc, deq = _fp8_group_weight(gen, 3, 32, 64)
+    o = _rand(gen, (1, 3, 64), BF).to(device)
+    out = torch.full((1, 3, 32), float("nan"), dtype=BF, device=device)
+    w = q
+    if change == "bf16":
+        w = deq
+    elif change == "short":
+        sc = sc[:2].contiguous()
+    elif change == "r":
+        q2, sc = _fp8_group_weight(gen, 3, 16, 64)[:2]
+        w = q2
+        out = torch.full((1, 3, 16), float("nan"), dtype=BF, device=device)
+    with pytest.raises(ValueError, match=msg):
+        G.group_gemv(o, w.to(device), out, sc.to(device))
+    assert torch.isnan(out.float()).all(), f"{what}: out written before the check"
+
+
 @pytest.mark.parametrize("m", [1, 3, 17], ids=["m1-gemv", "m3-blas", "m17-blas"])
 def test_runtime_entry_points(m, device):
     """`mm_auto` / `mm_many` / `group_mm_auto`: the fused GEMV for one token (AUTO_MAX_M) on
@@ -446,3 +523,26 @@ def test_flash_shapes_on_cuda(m):
     p = G.plan(8 * 1024, 4096, BF)
     for g_ in range(8):
         _assert_close(f"wo_a group {g_}", out[:1, g_], ref[:, g_], _bound(o[:1, g_].cpu(), w[g_].cpu(), ref[:, g_], p))
+    # wo_a stored as the checkpoint's e4m3 + scales: the order twin's bits, the bound against
+    # its bf16, each token alone, and a graph replay
+    q, sc, deq = _fp8_group_weight(gen, 8, 1024, 4096)
+    qd, scd = q.to(dev), sc.to(dev)
+    out8 = torch.full((m, 8, 1024), float("nan"), dtype=BF, device=dev)
+    G.group_gemv(o, qd, out8, scd)
+    _assert_same_bits("wo_a fp8 vs group_gemv_torch", out8, G.group_gemv_torch(o, qd, torch.empty_like(out8), scd))
+    ref8 = linear.group_mm_exact(o[:1].cpu(), deq, torch.empty(1, 8, 1024, dtype=BF))
+    p8 = G.plan(8 * 1024, 4096, G.FP8)
+    for g_ in range(8):
+        _assert_close(
+            f"wo_a fp8 group {g_}", out8[:1, g_], ref8[:, g_], _bound(o[:1, g_].cpu(), deq[g_], ref8[:, g_], p8)
+        )
+    last = G.group_gemv(o[m - 1 :], qd, torch.empty(1, 8, 1024, dtype=BF, device=dev), scd)
+    _assert_same_bits("wo_a fp8 last token alone", last, out8[m - 1 :])
+    first8 = out8.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        G.group_gemv(o, qd, out8, scd)
+    out8.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    _assert_same_bits("wo_a fp8 graph replay", out8, first8)

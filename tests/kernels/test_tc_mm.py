@@ -103,6 +103,35 @@ def test_tc_group_mm_strided_views_and_invariance(device):
         _within(twin[:, k], o[:, k].cpu(), w[k].cpu(), f"twin group {k}")
 
 
+def test_tc_group_mm_fp8_stored_weight_gives_its_bf16_bits(device):
+    """wo_a as the checkpoint stores it (e4m3 + e8m0 block scales), o not quantized: the
+    bytes of the same call on the weight's exact bf16 dequantization (the same operands,
+    plan and order), from a strided view; each row alone the same."""
+    from attnv41.reference.fp8 import dequant_weight, quant_weight
+
+    g = _gen("group-fp8")
+    m, G, gw, r = 5, 3, 96, 64
+    big = _rand(g, (m, G * gw + 8)).to(device)
+    o = big[:, : G * gw].view(m, G, gw)
+    q, sc = quant_weight(_rand(g, (G * r, gw)))
+    deq = dequant_weight(q, sc).view(G, r, gw)
+    q = q.view(G, r, gw)
+    got = TC.tc_group_mm(o, q.to(device), torch.full((m, G, r), float("nan"), dtype=BF, device=device), sc.to(device))
+    want = TC.tc_group_mm(o, deq.to(device), torch.full((m, G, r), float("nan"), dtype=BF, device=device))
+    assert not torch.isnan(got.float()).any(), "NaN in the output"
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "FP8-stored wo_a vs its bf16: bits differ"
+    one = TC.tc_group_mm(
+        o[3:4].contiguous(), q.to(device), torch.empty(1, G, r, dtype=BF, device=device), sc.to(device)
+    )
+    assert torch.equal(one[0], got[3]), "row 3 alone vs among 5"
+    twin = TC.tc_group_mm_torch(o.cpu(), q, torch.empty(m, G, r, dtype=BF), sc)
+    assert torch.equal(twin, TC.tc_group_mm_torch(o.cpu(), deq, torch.empty(m, G, r, dtype=BF))), "twin"
+    with pytest.raises(ValueError, match=r"allowed: r and gw multiples of 32"):
+        TC.tc_group_mm(
+            o, q[:, :48].contiguous().to(device), torch.empty(m, G, 48, dtype=BF, device=device), sc.to(device)
+        )
+
+
 def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
     # without the floor (this module's fixture): the smallest divisor reaching 128 programs
     assert TC.plan(1024, 4096) == 8  # 16 tiles × 8 segments ≥ 128

@@ -66,15 +66,63 @@ def test_fp8_differs_from_bf16_dequantized():
     deq = []
     for lw in plain:
         t = {k: v for k, v in lw.state_dict().items() if not k.endswith(".scale")}
-        for n in FP8_LINEARS:
+        for n in FP8_LINEARS + ("wo_a",):
             k = f"attn.{n}.weight"
-            if k in t:
+            if k in t and lw.get(f"{n}.scale") is not None:
                 t[k] = dequant_weight(t[k], lw[f"{n}.scale"])
         deq.append(t)
     x = random_inputs(cfg, 9, 4)[0]
     a = RuntimeStack(cfg, plain).layer(0, x, 0).out
     b = RuntimeStack(cfg, deq).layer(0, x, 0).out
     assert not torch.equal(a, b), "out: FP8 path equals the bf16 path on dequantized weights"
+
+
+def test_fp8_wo_a_runs_as_its_bf16_dequantization():
+    """wo_a given as the checkpoint stores it (e4m3 + scale) is kept so with wo_a='fp8', and the runtime
+    gives the bits of the same layers with wo_a dequantized to bf16 (the released
+    conversion's values; CPU: exact sums either way), prefill and decode."""
+    cfg = _cfg(window=8, max_seq=24, max_tokens=24, o_rank=32)
+    w = _fp8_layers(cfg, 21)
+    deq = []
+    for lw in w:
+        t = dict(lw)
+        t["wo_a.weight"] = dequant_weight(t["wo_a.weight"], t.pop("wo_a.scale"))
+        deq.append(t)
+    a, b = RuntimeStack(cfg, w, wo_a="fp8"), RuntimeStack(cfg, deq)
+    assert all(lw["wo_a.weight"].dtype == torch.float8_e4m3fn for lw in a.weights)
+    assert all(lw["wo_a.weight"].dtype == torch.bfloat16 for lw in b.weights)
+    xs = random_inputs(cfg, 12, 22)
+    for p, m in [(0, 9), (9, 1), (10, 1), (11, 1)]:
+        for i in range(cfg.n_layers):
+            ra, rb = a.layer(i, xs[i][p : p + m], p), b.layer(i, xs[i][p : p + m], p)
+            assert not torch.isnan(ra.out.float()).any(), f"pos {p} L{i}: NaN"
+            assert torch.equal(ra.out, rb.out), f"pos {p} L{i} out: FP8-stored wo_a differs from its bf16"
+
+
+def test_wo_a_across_groups_holds_its_bf16():
+    """o_rank 16: a 32-row scale block spans two groups, so wo_a is held as its exact bf16."""
+    cfg = _cfg()
+    assert cfg.o_rank % 32
+    w = _fp8_layers(cfg, 23)[0]
+    lw = AttnV41LayerWeights.from_state_dict(cfg.roles[0], w, cfg=cfg, wo_a="fp8")
+    assert lw.get("wo_a.scale") is None and lw["wo_a.weight"].dtype == torch.bfloat16
+    assert torch.equal(lw["wo_a.weight"], dequant_weight(w["wo_a.weight"], w["wo_a.scale"]))
+
+
+def test_wo_a_bad_pairs_raise():
+    cfg = _cfg(o_rank=32)
+    w = _fp8_layers(cfg, 2)[0]
+    role = cfg.roles[0]
+    bare = {k: v for k, v in w.items() if k != "wo_a.scale"}
+    with pytest.raises(KeyError, match=r"attn\.wo_a\.weight is float8_e4m3fn without its scale"):
+        AttnV41LayerWeights.from_state_dict(role, bare, cfg=cfg)
+    sc = w["wo_a.scale"]
+    short = dict(w, **{"wo_a.scale": torch.cat([sc, sc[:1]])})  # one block row too many
+    with pytest.raises(ValueError, match=rf"attn\.wo_a\.scale\.shape = \({sc.shape[0] + 1}, {sc.shape[1]}\) for"):
+        AttnV41LayerWeights.from_state_dict(role, short, cfg=cfg)
+    on_bf16 = dict(w, **{"wo_a.weight": dequant_weight(w["wo_a.weight"], w["wo_a.scale"])})
+    with pytest.raises(TypeError, match=r"attn\.wo_a\.weight torch\.bfloat16 with attn\.wo_a\.scale"):
+        AttnV41LayerWeights.from_state_dict(role, on_bf16, cfg=cfg)
 
 
 def test_fp8_mm_torch_is_the_reference():
@@ -87,16 +135,15 @@ def test_fp8_mm_torch_is_the_reference():
 
 
 def test_weights_format_and_state_dict():
-    cfg = _cfg()
+    cfg = _cfg(o_rank=32)  # wo_a's scale blocks within its groups: kept FP8
     w = _fp8_layers(cfg, 6)
     for i, role in enumerate(cfg.roles):
-        lw = AttnV41LayerWeights.from_state_dict(role, w[i], cfg=cfg)
+        lw = AttnV41LayerWeights.from_state_dict(role, w[i], cfg=cfg, wo_a="fp8")
         assert lw.format == "fp8"
         sd = lw.state_dict()
-        assert set(sd) == set(expected_tensors(cfg, role, "fp8")), f"layer {i}: state_dict names"
-        assert "attn.wo_a.scale" not in sd and sd["attn.wo_a.weight"].dtype == torch.bfloat16
-        assert torch.equal(sd["attn.wo_a.weight"], dequant_weight(w[i]["wo_a.weight"], w[i]["wo_a.scale"]))
-        for n in FP8_LINEARS:
+        want = set(expected_tensors(cfg, role, "fp8")) | {"attn.wo_a.scale"}  # wo_a kept as given
+        assert set(sd) == want, f"layer {i}: state_dict names"
+        for n in FP8_LINEARS + ("wo_a",):
             if f"{n}.weight" in w[i]:
                 assert sd[f"attn.{n}.weight"].view(torch.uint8).equal(w[i][f"{n}.weight"].view(torch.uint8)), n
                 assert sd[f"attn.{n}.scale"].view(torch.uint8).equal(w[i][f"{n}.scale"].view(torch.uint8)), n

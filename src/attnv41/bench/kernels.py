@@ -7,8 +7,9 @@ the largest of the GPU default 2048,8192), at the config's geometry with `contex
 Projections run in each selected weight format (column "weights"): bf16 (`mm`, `group_mm`
 for wo_a) and FP8 (`fp8_mm`, the released linear: e4m3 weight with e8m0 32×32 block
 scales from `quant_weight` of a random matrix, activation quantized per 32 columns) for
-each of `FP8_LINEARS` (wo_a has no FP8 row: the released conversion dequantizes it). An
-FP8 row's bytes count its weight at 1 byte per element plus the scales; its compute
+each of `FP8_LINEARS`, and "wo_a fp8": wo_a stored as the checkpoint's e4m3 + scales and
+run as its exact bf16 (`group_mm` with `scale=`; bf16 products, so the matmul rate). An
+FP8 row's bytes count its weight at 1 byte per element plus the scales; an `fp8_mm` row's compute
 floor uses the FP8 matmul rate (`Ceilings.fp8_mm_tflops`; the bf16/fp32 matmul rate
 where none was measured, named in "floor rate"), and prefill FP8 rows report the
 achieved share of that rate ("% of fp8 mm"). Every op runs through the op table
@@ -100,8 +101,8 @@ KERNEL_NAMES = {
     "wo_b": ("decode", "prefill"),
     "indexer.wq_b": ("decode", "prefill"),
 }
-# The FP8 rows (weights "fp8"): the linears the released checkpoint runs in FP8.
-FP8_KERNEL_NAMES = {f"{n} fp8": ("decode", "prefill") for n in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b")}
+# FP8-format rows: the FP8 linears (op fp8_mm, the FP8 math) and wo_a stored FP8 (op group_mm: bf16 math)
+FP8_KERNEL_NAMES = {f"{n} fp8": ("decode", "prefill") for n in ("wq_a", "wq_b", "wkv", "wo_b", "indexer.wq_b", "wo_a")}
 PROJECTIONS = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "indexer.wq_b")
 
 COPIES = 8  # on CUDA, one graph runs the op on this many input sets (none hot in L2 from the previous call)
@@ -362,7 +363,23 @@ def _projection_cases(
                 y = torch.empty(m, n_out, **bf)
                 op, shape, flops = "mm", f"m={m} out={n_out} in={n_in}", 2 * m * n_out * n_in
             yield KernelCase(name, regime, op, shape, _mm_call(x, w), y, _nbytes(x, w, y), flops, weights="bf16")
-        if "fp8" in formats and name != "wo_a":
+        if "fp8" in formats and name == "wo_a":  # stored as the checkpoint's e4m3 + scales, run as its bf16
+            x = rnd.bf16(m, G, gw)
+            q, sc = quant_weight(rnd.f32(G * cfg.o_rank, gw) * gw**-0.5, name="wo_a fp8")
+            q = q.view(G, cfg.o_rank, gw)
+            y = torch.empty(m, G, cfg.o_rank, **bf)
+            yield KernelCase(
+                "wo_a fp8",
+                regime,
+                "group_mm",
+                f"m={m} G={G} out={cfg.o_rank} in={gw}",
+                lambda f, o, x=x, q=q, sc=sc: f(x, q, o, scale=sc),
+                y,
+                _nbytes(x, q, sc, y),
+                2 * m * G * cfg.o_rank * gw,
+                weights="fp8",
+            )
+        elif "fp8" in formats:
             n_out, n_in = dims[name]
             x = rnd.bf16(m, n_in)
             q, sc = quant_weight(rnd.f32(n_out, n_in) * n_in**-0.5, name=f"{name} fp8")  # outputs O(1)
@@ -453,7 +470,7 @@ def bench_kernels(
                 how = "graph"
             except Exception as e:  # kept in the row: the table then shows launch timing for it
                 extra["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        fp8 = case.weights == "fp8"
+        fp8 = case.op == "fp8_mm"  # the FP8 math (not wo_a stored FP8: its products are bf16)
         if fp8:  # FP8 GEMMs against the FP8 matmul rate, where it was measured
             rate = ceil.fp8_mm_tflops if ceil.fp8_mm_tflops is not None else ceil.mm_tflops
             extra["floor_rate"] = "fp8_mm" if ceil.fp8_mm_tflops is not None else "mm"

@@ -57,7 +57,7 @@ from ..reference.fp8 import BLOCK, fp8_linear
 from . import linear
 from . import rope as _rope
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
-from .gemv_fp8 import ordered_terms
+from .gemv_fp8 import ordered_terms, scaled_terms
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
@@ -333,7 +333,8 @@ if HAVE_TRITON:
         o_ptr,  # bf16 [M, G, GW], strides (so_m, so_g, 1)
         so_m,
         so_g,
-        w_ptr,  # bf16 [G, R, GW] contiguous
+        w_ptr,  # bf16 or float8_e4m3fn [G, R, GW] contiguous
+        sw_ptr,  # FP8W: uint8 e8m0 scales [G·R/32, GW/32] (R a multiple of 32); else unused
         out_ptr,  # bf16 [M, G, R], strides (sout_m, sout_g, 1)
         sout_m,
         sout_g,
@@ -351,6 +352,7 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
+        FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -360,12 +362,23 @@ if HAVE_TRITON:
         item = pid // ntb
         g = tl.cast(item // (tiles * SEGS), tl.int64)
         local = item % (tiles * SEGS)
-        _gemv_tile(
-            o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
-            part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
-            local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
-            BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
-        )  # fmt: skip
+        if FP8W:  # o's values as they are (the round trip's place in fp8_lanes): terms o·sw·w, exact
+            acc = fp8_lanes(
+                o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
+                local // SEGS, local % SEGS, tb, IPS,
+                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True,
+            )  # fmt: skip
+            _finish(
+                acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
+                M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK,
+            )  # fmt: skip
+        else:
+            _gemv_tile(
+                o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
+                part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
+                local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
+                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
+            )  # fmt: skip
 
 
 def _log2(v: int) -> int:
@@ -557,11 +570,17 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     return outs
 
 
-def _check_group(o, w, out) -> None:
+def _check_group(o, w, out, scale=None):
+    """`group_gemv`'s arguments checked (ValueError naming the value); returns the scale as
+    uint8 (None for a bf16 weight)."""
     _check_x("o", o, 3)
     m, G, gw = o.shape
-    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype != torch.bfloat16:
-        raise ValueError(f"w: {_desc(w)}; allowed: a 3-D torch.bfloat16 [G, r, gw]")
+    dtypes = (FP8,) if scale is not None else (torch.bfloat16,)
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in dtypes:
+        raise ValueError(
+            f"w: {_desc(w)}; allowed: a 3-D {dtypes[0]} [G, r, gw]"
+            + (" (scale given)" if scale is not None else " (no scale)")
+        )
     if w.shape[0] != G or w.shape[2] != gw or w.shape[1] < 1:
         raise ValueError(f"w.shape = {tuple(w.shape)}; allowed: [{G}, r >= 1, {gw}] (G and gw of o {tuple(o.shape)})")
     if not w.is_contiguous():
@@ -569,20 +588,37 @@ def _check_group(o, w, out) -> None:
     if w.device != o.device:
         raise ValueError(f"w.device = {w.device}; allowed: {o.device} (the device of o)")
     _check_out("out", out, (m, G, w.shape[1]), torch.bfloat16, o.device)
+    if scale is None:
+        return None
+    r = w.shape[1]
+    if r % BLOCK or gw % BLOCK:
+        raise ValueError(
+            f"w.shape = {tuple(w.shape)}; allowed: r and gw multiples of {BLOCK} (whole FP8 blocks per group)"
+        )
+    return _check_scale(0, w.view(G * r, gw), scale, o.device)
 
 
-def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per group g: `out[:, g] = bf16(o[:, g] · w[g]ᵀ)` (module doc), written into `out` and
     returned. Each group is summed as the module doc says with the plan of the whole
-    weight `[G·r, gw]` (`plan(G·r, gw, bf16)`, so the split count sees all G·r rows); no
-    transpose copy of o or out. Capturable once `prepare(device)` ran."""
-    _check_group(o, w, out)
+    weight `[G·r, gw]` (`plan(G·r, gw, dtype)`, so the split count sees all G·r rows); no
+    transpose copy of o or out. Capturable once `prepare(device)` ran.
+
+    `scale`: w is float8_e4m3fn with its e8m0 block scales `[G·r/32, gw/32]` (wo_a as the
+    checkpoint stores it, r and gw multiples of 32), dequantized as it is read: the weight's
+    values are e4m3 · 2^(S−127), exact in bf16, so this is the bf16 product with the
+    dequantized weight (o is not quantized: wo_a is not an FP8 linear). Each term o·sw·w is
+    exact in fp32 and the order is `fp8_lanes`' (kernels/gemv_fp8.py) with o's values where
+    the FP8 linears read their input's round trip; half the weight bytes of bf16."""
+    sb = _check_group(o, w, out, scale)
     require_triton("group_gemv", o, w, out)
     m, G, gw = o.shape
     r = w.shape[1]
-    mb, bn, _ = _launch(m)
+    mb, bn, bn8 = _launch(m)
+    if sb is not None:
+        bn = bn8
     ntb = -(-m // mb)
-    bk, segs = plan(G * r, gw, torch.bfloat16)
+    bk, segs = plan(G * r, gw, w.dtype)
     tiles = -(-r // bn)
     split = segs > 1
     if split and G * tiles * ntb > _LOCKS:
@@ -590,10 +626,10 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
     locks = _counters.buffer(o.device)
     part = torch.empty(G * segs * m * r if split else 1, dtype=torch.float32, device=o.device)
     _group_gemv_kernel[(G * tiles * segs * ntb,)](
-        o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), part, locks,
+        o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
-        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, num_warps=_WARPS, num_stages=_STAGES,
-        **pdl_launch(o),
+        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
+        num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out
 
@@ -678,12 +714,15 @@ def mm_many_exact(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     return tuple(outs)
 
 
-def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`group_gemv` for 1 ≤ m ≤ AUTO_MAX_M on CUDA, else `linear.group_mm` (not in the
-    runtime's table: cuBLAS measured faster for wo_a at m = 1)."""
-    if o.is_cuda and 1 <= o.shape[0] <= AUTO_MAX_M:
-        return group_gemv(o, w, out)
-    return linear.group_mm(o, w, out)
+def group_mm_auto(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale=None) -> torch.Tensor:
+    """`ops.group_mm` on CUDA (the single-sequence runtime): a bf16 weight by cuBLAS at every
+    m (`group_gemv` measured 7 % slower at m = 1 on the H200, 2026-12-01); a weight stored as
+    FP8 with its `scale` (wo_a as the checkpoint gives it) by `group_gemv` for 1 ≤ m ≤
+    AUTO_MAX_M (half the bytes: 13.3 against cuBLAS's 21.4 µs for the Flash wo_a, H200,
+    BENCHMARKS.md 2026-12-04 thirteenth entry), else dequantized for cuBLAS."""
+    if scale is not None and o.is_cuda and 1 <= o.shape[0] <= AUTO_MAX_M:
+        return group_gemv(o, w, out, scale)
+    return linear.group_mm(o, w, out, scale)
 
 
 # ---------------------------------------------------------------------------- twins
@@ -696,10 +735,11 @@ def gemv_exact(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     return mm_many_exact(x, weights, outs, scales, xq, rope)
 
 
-def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The CPU runtime's twin of `group_gemv`: `linear.group_mm_exact`."""
-    _check_group(o, w, out)
-    return linear.group_mm_exact(o, w, out)
+def group_gemv_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale=None) -> torch.Tensor:
+    """The CPU runtime's twin of `group_gemv`: `linear.group_mm_exact` (an FP8-stored weight
+    dequantized exactly first)."""
+    _check_group(o, w, out, scale)
+    return linear.group_mm_exact(o, w, out, scale)
 
 
 def _ordered(xf: torch.Tensor, w: torch.Tensor, plan_nk: tuple[int, int]) -> torch.Tensor:
@@ -753,11 +793,13 @@ def gemv_torch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     return outs
 
 
-def group_gemv_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`group_gemv` in torch, in the kernel's summation order (its bits)."""
-    _check_group(o, w, out)
+def group_gemv_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale=None) -> torch.Tensor:
+    """`group_gemv` in torch, in the kernel's summation order (its bits); an FP8-stored weight
+    (`scale`) from the terms o·sw (`gemv_fp8.scaled_terms`)."""
+    sb = _check_group(o, w, out, scale)
     G, r, gw = w.shape
-    p = plan(G * r, gw, torch.bfloat16)
+    p = plan(G * r, gw, w.dtype)
     for g in range(G):
-        out[:, g].copy_(_ordered(o[:, g].float(), w[g], p))
+        xf = o[:, g].float() if sb is None else scaled_terms(o[:, g], sb[g * r // BLOCK : (g + 1) * r // BLOCK], r)
+        out[:, g].copy_(_ordered(xf, w[g], p))
     return out

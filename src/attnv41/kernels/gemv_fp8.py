@@ -39,7 +39,7 @@ from ._triton import HAVE_TRITON, tl, triton
 if HAVE_TRITON:
     from .qdq import _e4m3_rne, _pow2_ceil_exp
 
-__all__ = ["ordered_terms"]
+__all__ = ["ordered_terms", "scaled_terms"]
 
 
 def ordered_terms(x: torch.Tensor, scale: torch.Tensor, N: int) -> torch.Tensor:
@@ -50,6 +50,18 @@ def ordered_terms(x: torch.Tensor, scale: torch.Tensor, N: int) -> torch.Tensor:
     sw = e8m0_to_float(scale.view(torch.float8_e8m0fnu) if scale.dtype == torch.uint8 else scale)  # [NB, K/32]
     ss = sx[:, None, :] * sw[None, :, :]  # [m, NB, K/32] (fp32, one rounding: exact in the normal range)
     xs = q.view(m, 1, K // BLOCK, BLOCK) * ss[..., None]  # [m, NB, K/32, 32]
+    rows = torch.arange(N, device=x.device) // BLOCK
+    return xs.view(m, -1, K)[:, rows]
+
+
+def scaled_terms(x: torch.Tensor, scale: torch.Tensor, N: int) -> torch.Tensor:
+    """fp32 `[m, N, K]`: x's values as they are (not quantized) times the weight block's
+    scale `sw[n//32, k//32]`, per output row: the factors of an FP8-stored weight read as
+    its bf16 dequantization (`gemv.group_gemv` with a scale: wo_a). Exact (a bf16 value
+    times a power of two)."""
+    m, K = x.shape
+    sw = e8m0_to_float(scale.view(torch.float8_e8m0fnu) if scale.dtype == torch.uint8 else scale)  # [NB, K/32]
+    xs = x.float().view(m, 1, K // BLOCK, BLOCK) * sw[None, :, :, None]  # [m, NB, K/32, 32]
     rows = torch.arange(N, device=x.device) // BLOCK
     return xs.view(m, -1, K)[:, rows]
 

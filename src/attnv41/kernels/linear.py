@@ -23,13 +23,29 @@ def mm_exact(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return out
 
 
-def group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Per group g: `out[:, g] = o[:, g] · w[g]ᵀ`; o `[m, G, gw]`, w `[G, r, gw]`, out `[m, G, r]` bf16."""
+def _dequant_group(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """w `[G, r, gw]` as bf16: itself, or an FP8-stored weight (float8_e4m3fn) with its e8m0
+    block scales `[G·r/32, gw/32]` dequantized exactly (`reference.fp8.dequant_weight`: the
+    released conversion's bf16 of wo_a)."""
+    if scale is None:
+        return w
+    from ..reference.fp8 import dequant_weight  # noqa: PLC0415
+
+    G, r, gw = w.shape
+    return dequant_weight(w.reshape(G * r, gw), scale, name="wo_a.weight").view(G, r, gw)
+
+
+def group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Per group g: `out[:, g] = o[:, g] · w[g]ᵀ`; o `[m, G, gw]`, w `[G, r, gw]`, out `[m, G, r]` bf16
+    (an FP8-stored w with its `scale`: dequantized first, a bf16 copy per call)."""
+    w = _dequant_group(w, scale)
     res = torch.bmm(o.transpose(0, 1), w.transpose(1, 2))  # [G, m, r]
     out.copy_(res.transpose(0, 1))
     return out
 
 
-def group_mm_exact(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    out.copy_(torch.einsum("mgk,grk->mgr", o.double(), w.double()))
+def group_mm_exact(
+    o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    out.copy_(torch.einsum("mgk,grk->mgr", o.double(), _dequant_group(w, scale).double()))
     return out

@@ -23,9 +23,10 @@ tokens, nor on how many there are.
     on the H200 (scripts/tc_kinds.py, 2026-12-03): one product per 32-column block
     scaled as it is added (the reference's chain: 1.5-2x slower), 32-row tiles with one
     scale row, 256-column chunks, the transposed tile (1.5x slower).
-- `tc_group_mm(o, w, out)`: per group g `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`; o bf16
-  `[m, G, gw]`, w bf16 `[G, r, gw]` contiguous, out `[m, G, r]` (strided views allowed,
-  last dims contiguous): wo_a's grouped low-rank projection.
+- `tc_group_mm(o, w, out, scale=None)`: per group g `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`; o
+  bf16 `[m, G, gw]`, w bf16 `[G, r, gw]` contiguous (or float8_e4m3fn with its `scale`: wo_a
+  as the checkpoint stores it, the same bits as its bf16 dequantization), out `[m, G, r]`
+  (strided views allowed, last dims contiguous): wo_a's grouped low-rank projection.
 
 Why invariant: every call runs the same compiled kernel whatever m is (BM = 64 token rows
 per program, BN weight rows, BK columns per chunk, warps and stages fixed; m is not
@@ -179,7 +180,7 @@ if HAVE_TRITON:
         else:
             xp = x + g * sxg + rows[:, None] * sxm
             wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
-            sp = wsc + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows
+            sp = wsc + g * (swg // 1024) + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows (group g's)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for i in range(IPS):
                 k = (seg * IPS + i) * BK + ks
@@ -407,10 +408,15 @@ def tc_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tens
     return out
 
 
-def tc_group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Per group g: `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`, batch-invariant (module doc)."""
+def tc_group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Per group g: `out[:, g] = bf16(o[:, g] · w[g]ᵀ)`, batch-invariant (module doc). With
+    `scale`, w is float8_e4m3fn with its e8m0 block scales `[G·r/32, gw/32]` (wo_a as the
+    checkpoint stores it; r and gw multiples of 32), dequantized in registers to the exact
+    bf16 values, and o is read as it is (not quantized: wo_a is not an FP8 linear): the
+    same operands, plan and order as the bf16 weight, so the same bits, from half the
+    weight bytes."""
     _check("o", o, 3)
-    _check("w", w, 3)
+    _check("w", w, 3, (torch.bfloat16,) if scale is None else (torch.float8_e4m3fn,))
     _check("out", out, 3)
     m, G, gw = o.shape
     if m < 1 or w.shape[0] != G or w.shape[2] != gw or not w.is_contiguous():
@@ -418,8 +424,15 @@ def tc_group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Te
     r = w.shape[1]
     if tuple(out.shape) != (m, G, r):
         raise ValueError(f"out.shape = {tuple(out.shape)}; allowed: ({m}, {G}, {r})")
+    sb = None
+    if scale is not None:
+        if r % 32 or gw % 32:
+            raise ValueError(
+                f"w.shape = {tuple(w.shape)}; allowed: r and gw multiples of 32 (whole FP8 blocks per group)"
+            )
+        sb = _scale_bytes(scale, w.view(G * r, gw))
     require_triton("tc_group_mm", o, w, out)
-    _launch(o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), m, G, r, gw)
+    _launch(o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), m, G, r, gw, sb)
     return out
 
 
@@ -478,5 +491,9 @@ def tc_mm_torch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torc
     return out.copy_((x.float() @ w.float().t()).to(out.dtype))
 
 
-def tc_group_mm_torch(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return out.copy_(torch.einsum("mgk,grk->mgr", o.float(), w.float()).to(torch.bfloat16))
+def tc_group_mm_torch(
+    o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    from .linear import _dequant_group  # noqa: PLC0415
+
+    return out.copy_(torch.einsum("mgk,grk->mgr", o.float(), _dequant_group(w, scale).float()).to(torch.bfloat16))

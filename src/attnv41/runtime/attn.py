@@ -1182,7 +1182,9 @@ class AttnV41:
             o_rot = ops.apply_rope(o, cos, sin, pos, inverse=True, out=self.o_rot[:m])
         G, gw = c.groups, c.group_width
         u = self.u[:m]
-        ops.group_mm(o_rot.view(m, G, gw), w["wo_a.weight"].view(G, c.o_rank, gw), out=u.view(m, G, c.o_rank))
+        # wo_a: bf16, or FP8 as the checkpoint stores it (with its scale: read as its exact bf16)
+        wo_a = w["wo_a.weight"].view(G, c.o_rank, gw)
+        ops.group_mm(o_rot.view(m, G, gw), wo_a, out=u.view(m, G, c.o_rank), scale=w.get("wo_a.scale"))
         # u's round trip stays inside wo_b's GEMV: an fp8_qdq launch before it measured slower
         # than the programs' own quantization (23.1 against 22.7 µs; BENCHMARKS.md, 2026-12-02,
         # second entry)

@@ -39,7 +39,7 @@ class Ops:
     # input's FP8 round trip (for FP8 weights), `rope=(i, head_dim, cos, sin, pos)` output i
     # rotated (in the GEMV's epilogue, else by the rope op after the products)
     mm_many: Callable
-    group_mm: Callable
+    group_mm: Callable  # (o, w, out, scale=None): w bf16, or FP8-stored with its e8m0 block scale (wo_a)
     rms_norm: Callable
     apply_rope: Callable
     fp8_qdq: Callable
@@ -97,7 +97,7 @@ TRITON_OPS = Ops(
     name="triton",
     mm=gemv.mm_auto,  # one token (gemv.AUTO_MAX_M): the Triton GEMV; else cuBLAS
     mm_many=gemv.mm_many,
-    group_mm=linear.group_mm,  # cuBLAS: gemv.group_gemv measured 7% slower at m = 1 on the H200
+    group_mm=gemv.group_mm_auto,  # bf16 wo_a: cuBLAS (group_gemv 7% slower at m = 1); FP8-stored: group_gemv at m = 1
     rms_norm=norm.rms_norm,
     apply_rope=rope.apply_rope,
     fp8_qdq=qdq.fp8_qdq,

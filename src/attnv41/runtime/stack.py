@@ -28,7 +28,9 @@ class RuntimeStack:
         check_finite: bool = False,
         bucket_min: int | None = None,
         kv_format: str = "bf16",
+        wo_a: str = "bf16",
     ):
+        """`wo_a`: how an FP8 `wo_a` given with its scale is held (`AttnV41LayerWeights.from_state_dict`)."""
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         self.cfg = cfg
@@ -39,7 +41,7 @@ class RuntimeStack:
         self.weights = [
             w
             if isinstance(w, AttnV41LayerWeights)
-            else AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg, device=self.attn.device)
+            else AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg, device=self.attn.device, wo_a=wo_a)
             for i, w in enumerate(weights)
         ]
         self.states = [self.attn.new_layer_state(i) for i in range(cfg.n_layers)]
