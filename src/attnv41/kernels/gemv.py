@@ -7,8 +7,10 @@
 - `gemv(x, weights, outs)`: x bf16 `[m, K]`; `weights` 1..`MAX_WEIGHTS` tensors `[N_i, K]`
   (bf16 or fp32) sharing the input; `outs[i]` `[m, N_i]`, bf16 for a bf16 weight, fp32 for
   an fp32 weight (x converted to fp32 exactly). One launch for all of them.
-- `group_gemv(o, w, out)`: per group g, `out[:, g] = o[:, g] · w[g]ᵀ`; o bf16 `[m, G, gw]`,
-  w bf16 `[G, r, gw]`, out bf16 `[m, G, r]`, strided views allowed (contiguous last dims).
+- `group_gemv(o, w, out, scale=None)`: per group g, `out[:, g] = o[:, g] · w[g]ᵀ`; o bf16
+  `[m, G, gw]`, w bf16 `[G, r, gw]` (or float8_e4m3fn with its e8m0 `scale`: wo_a's
+  checkpoint bytes, read as their exact bf16), out bf16 `[m, G, r]`, strided views allowed
+  (contiguous last dims).
 
 The order of the fp32 sums (the bits): for a weight `[N, K]` of dtype d, `(BK, SEGS) =
 plan(N, K, d)`; K is cut into SEGS segments of IPS = ceil(K/BK)/SEGS chunks of BK columns
