@@ -1,0 +1,35 @@
+"""Run a module as `python -m` would, with module attributes set first (launch knobs of a
+kernel module, for A/B runs of the same command in one device call; a development tool).
+
+    python3 scripts/with_knobs.py attnv41.kernels.gemv._LOOP_STAGES8=3 attnv41.kernels.gemv._X1=1 \
+        -- attnv41 bench --parts decode --weights fp8
+
+Values are Python literals (`ast.literal_eval`); the attribute must exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import runpy
+import sys
+
+
+def main(argv: list[str]) -> None:
+    if "--" not in argv:
+        raise SystemExit("usage: with_knobs.py module.attr=value ... -- module [args ...]")
+    cut = argv.index("--")
+    for item in argv[:cut]:
+        target, _, value = item.partition("=")
+        mod, _, attr = target.rpartition(".")
+        m = importlib.import_module(mod)
+        if not hasattr(m, attr):
+            raise SystemExit(f"{mod} has no attribute {attr}")
+        setattr(m, attr, ast.literal_eval(value))
+        print(f"with_knobs: {target} = {getattr(m, attr)!r}", flush=True)
+    sys.argv = argv[cut + 1 :]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
