@@ -6,6 +6,9 @@ once per weight row (`gemv._X1`), with the row tile and warps around them. Launc
 only: every variant must give the production bytes (checked before timing). Flash shapes,
 m = 1, weights cold: one CUDA graph over
 copies past the L2, flushed before each replay. CUDA only. JSON to $OUT/gemv_pipe_probe.json.
+
+Run at commit 19ab969: gemv._LOOP_STAGES, _LOOP_STAGES8 and _X1 were removed after the run (measured no gain; BENCHMARKS.md,
+2026-12-04 fourteenth entry), so this probe no longer runs on later code: a record.
 """
 
 from __future__ import annotations

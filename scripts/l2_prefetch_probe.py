@@ -8,6 +8,9 @@ bf16), m = 1, µs, in one CUDA graph replayed after an L2 flush:
   pf+spin+gemv: l2_prefetch(weight), the spin, the GEMV
 The last two differ by what the prefetch saves the GEMV behind a kernel that leaves DRAM
 idle (the attention's place in a step). CUDA only; JSON to $OUT/l2_prefetch_probe.json.
+
+Run at commit 71890df: kernels/prefetch.py were removed after the run (measured no gain; BENCHMARKS.md,
+2026-12-04 fourteenth entry), so this probe no longer runs on later code: a record.
 """
 
 from __future__ import annotations

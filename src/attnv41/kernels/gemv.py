@@ -100,10 +100,6 @@ _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
-# software-pipelined chunk loads (`tl.range(num_stages=)`: cp.async into shared memory, so the
-# bytes in flight do not hold registers); 1 = plain loads into registers
-_LOOP_STAGES, _LOOP_STAGES8 = 1, 1
-_X1 = False  # fp8 weights reading a round trip: x's chunk loaded once per token, not per weight row
 
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
@@ -161,7 +157,6 @@ if HAVE_TRITON:
     def _lanes(
         x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb,
         IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        LSTG: tl.constexpr = 1,
     ):  # fmt: skip
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block) of a bf16 or
         fp32 weight (module doc, step 1)."""
@@ -176,7 +171,7 @@ if HAVE_TRITON:
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        for _ in tl.range(0, IPS, num_stages=LSTG):
+        for _ in range(IPS):
             if EVEN_K:
                 xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
                 wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
@@ -256,10 +251,10 @@ if HAVE_TRITON:
     def _gemv_tile(
         x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
         SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
-        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, rope=None, ROPE: tl.constexpr = False, LSTG: tl.constexpr = 1,
+        LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
     ):  # fmt: skip
         """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-5)."""
-        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K, LSTG)
+        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
         _finish(
             acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK, rope, ROPE
         )
@@ -299,9 +294,6 @@ if HAVE_TRITON:
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
-        LSTG: tl.constexpr = 1,  # chunk-load pipeline stages, bf16/fp32 weights (`_LOOP_STAGES`)
-        LSTG8: tl.constexpr = 1,  # the same for fp8 weights
-        X1: tl.constexpr = False,  # `_X1`
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
     ):
         pdl_release(PDL)
@@ -319,7 +311,7 @@ if HAVE_TRITON:
                 if ws[i].dtype.element_ty == tl.float8e4nv:
                     acc = fp8_lanes(
                         xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, LSTG=LSTG8, X1=X1,
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -329,14 +321,13 @@ if HAVE_TRITON:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K, LSTG=LSTG,
+                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K,
                     )  # fmt: skip
                 else:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
                         BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K, rope=rope, ROPE=ROPE_I == i,
-                        LSTG=LSTG,
                     )  # fmt: skip
 
     @triton.jit
@@ -364,8 +355,6 @@ if HAVE_TRITON:
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
-        LSTG: tl.constexpr = 1,  # chunk-load pipeline stages (`_LOOP_STAGES`, `_LOOP_STAGES8`)
-        X1: tl.constexpr = False,  # `_X1`
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -379,7 +368,7 @@ if HAVE_TRITON:
             acc = fp8_lanes(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
                 local // SEGS, local % SEGS, tb, IPS,
-                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, LSTG=LSTG, X1=X1,
+                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True,
             )  # fmt: skip
             _finish(
                 acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
@@ -390,7 +379,7 @@ if HAVE_TRITON:
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
                 part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
                 local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
-                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K, LSTG=LSTG,
+                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
             )  # fmt: skip
 
 
@@ -577,7 +566,6 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
-        LSTG=_LOOP_STAGES, LSTG8=_LOOP_STAGES8, X1=_X1,
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip
@@ -643,7 +631,6 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
-        LSTG=_LOOP_STAGES if sb is None else _LOOP_STAGES8, X1=_X1,
         num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out

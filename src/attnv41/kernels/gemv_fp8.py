@@ -107,8 +107,6 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,
-        LSTG: tl.constexpr = 1,
-        X1: tl.constexpr = False,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
         module doc. BN divides 32, so the tile's rows share one row of scales.
@@ -134,16 +132,13 @@ if HAVE_TRITON:
         t_ok = (offs_t < M)[:, None, None]
         n_ok = (offs_n < N)[None, :, None]
         # [MB, BN, BK] token rows (stride 0 over the weight rows) and [1, BN, BK] weight rows
-        if X1 and PREQ:  # [MB, 1, BK]: one copy of the round trip's chunk, broadcast over the rows
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + offs_j[None, None, :]
-        else:
-            x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
+        x_rows = x_ptr + offs_t[:, None, None] * stride_xm + (offs_n * 0)[None, :, None] + offs_j[None, None, :]
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
         nkb = K // 32
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        for _ in tl.range(0, IPS, num_stages=LSTG):
+        for _ in range(IPS):
             kb0 = k0 // 32
             # the weight chunk loaded before x: in the other order Triton 3.6 gave x's load a
             # layout whose quantization was repeated for each row a thread holds (4× the
@@ -157,10 +152,7 @@ if HAVE_TRITON:
                 wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
                 xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
                 sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-            if PREQ and X1:  # [MB, 1, NBK, 32] the round trip q·sx times the weight block's scale
-                sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
-                xs = tl.reshape(tl.reshape(xv, (MB, 1, NBK, 32)) * sw, (MB, 1, BK))
-            elif PREQ:  # [MB, BN, NBK, 32] the same, in the weight tile's shape
+            if PREQ:  # [MB, BN, NBK, 32] the round trip q·sx times the weight block's scale
                 sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
                 xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
             else:  # [MB·BN·NBK, 32] blocks → e4m3 values and their scales (act_quant)

@@ -120,13 +120,6 @@ class _Ticket:
     done: bool = False
 
 
-# Weights asked into L2 ahead of their GEMV in a single-sequence decode step (ops.prefetch,
-# kernels/prefetch.py; changes no value): "wq_b" at the layer's start (with the indexer's
-# wq_b on index sources), "wo_a" after the kv chain (before the index scores and the
-# attention), "wo_b" after the attention. At most L2_PREFETCH_MAX bytes per call, the
-# first ones first. Launch choices, not bits.
-DECODE_L2_PREFETCH: tuple[str, ...] = ()
-L2_PREFETCH_MAX = 40 << 20
 INDEX_TILE_ENTRIES = 1 << 26  # index scores (tokens × keys) held at once in a prefill or continuation
 
 
@@ -1092,12 +1085,7 @@ class AttnV41:
         r, W = role.ratio, c.window
         pos = plan.pos
         cos, sin = self._tables(r)
-        pf = DECODE_L2_PREFETCH
-        if "wq_b" in pf:  # streams while the x GEMV and q's norm run
-            ops.prefetch((w["wq_b.weight"], w.get("indexer.wq_b.weight")), max_bytes=L2_PREFETCH_MAX)
         cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring)
-        if "wo_a" in pf:  # streams while the index scores, top-k and attention run
-            ops.prefetch((w["wo_a.weight"],), max_bytes=L2_PREFETCH_MAX)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
@@ -1131,8 +1119,6 @@ class AttnV41:
         # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
         rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue
         o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot)
-        if "wo_b" in pf:
-            ops.prefetch((w["wo_b.weight"],), max_bytes=L2_PREFETCH_MAX)
         return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:

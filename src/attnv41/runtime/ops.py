@@ -18,7 +18,6 @@ from ..kernels import (
     linear,
     norm,
     paged_sel,
-    prefetch,
     qdq,
     ring,
     rope,
@@ -63,9 +62,6 @@ class Ops:
     compress_kv_chain: Callable
     index_k_chain: Callable
     index_q_chain: Callable
-    # (tensors, max_bytes=None): weights asked into L2 ahead of their GEMV (kernels/prefetch.py);
-    # a hint that changes no value, a no-op where it cannot run
-    prefetch: Callable
 
 
 TORCH_OPS = Ops(
@@ -95,7 +91,6 @@ TORCH_OPS = Ops(
     compress_kv_chain=fused.compress_kv_chain_torch,
     index_k_chain=fused.index_k_chain_torch,
     index_q_chain=fused.index_q_chain_torch,
-    prefetch=prefetch.l2_prefetch_noop,
 )
 
 TRITON_OPS = Ops(
@@ -125,7 +120,6 @@ TRITON_OPS = Ops(
     compress_kv_chain=fused.compress_kv_chain,
     index_k_chain=fused.index_k_chain,
     index_q_chain=fused.index_q_chain,
-    prefetch=prefetch.l2_prefetch,
 )
 
 
