@@ -1,4 +1,4 @@
-# ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
+# ruff: noqa: B023, I001  (the timed lambdas run inside the loop iteration that made them)
 """Probe: a decode GEMV whose weight was asked into L2 (`kernels/prefetch.l2_prefetch`) while
 a latency-bound kernel ran, against the same GEMV cold and hot. Per Flash weight (FP8 and
 bf16), m = 1, µs, in one CUDA graph replayed after an L2 flush:
