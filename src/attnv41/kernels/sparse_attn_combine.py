@@ -301,15 +301,23 @@ if HAVE_TRITON:
         WORDS: tl.constexpr,
         RS: tl.constexpr = 1,
         PDL: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
     ):
         """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
         pv = dot(bf16(exp(s − base)), R) for its slice, base the running max at that block
         (the max of the block maxima so far: exact, so the fused loop's value bit for bit),
         stored; the last program of a (token, head block, slice) to arrive runs the fused
         loop's recurrence over the stored pv (den = den·α + Σp, acc = acc·α + pv) and the
-        epilogue. The blocks' gathers and dots run in parallel instead of in sequence."""
+        epilogue. The blocks' gathers and dots run in parallel instead of in sequence.
+
+        EARLY (with PDL, launched after a logits kernel with LATE_RELEASE): the block's rows
+        are gathered before the wait for the logits kernel. Everything they depend on (the
+        selection, the caches) was written by kernels that finished before the logits
+        kernel released this one; the logits, maxima and workspace are touched only after
+        the wait. The same loads and arithmetic: the same bits."""
         pdl_release(PDL)
-        pdl_wait(PDL)
+        if not EARLY:
+            pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
         n_dv = tl.cdiv(D, BLOCK_DV)
@@ -324,6 +332,16 @@ if HAVE_TRITON:
         mask_v = offs_v < D
         offs_h64 = offs_h.to(tl.int64)
         offs_v64 = offs_v.to(tl.int64)
+        if EARLY:  # rows: [BLOCK_K, BLOCK_DV] bf16 (absent → 0), gathered while the logits kernel runs
+            _, from_win, ok, w_base, c_base = _gather_ptrs(
+                win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk,
+                stride_wn, stride_cn,
+            )  # fmt: skip
+            rows = _load_rows(
+                w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV,
+                BLOCK_DV, PACKED, WORDS,
+            )  # fmt: skip
+            pdl_wait(PDL)
 
         # base: [BLOCK_HC] the running max at block kb = max of the block maxima 0..kb
         if RS == 1:
@@ -344,11 +362,18 @@ if HAVE_TRITON:
         base = tl.where(run == float("-inf"), 0.0, run)
         row = t * K_BLOCKS + kb
         # s: [BLOCK_HC, BLOCK_K] this block's logits; rows: [BLOCK_K, BLOCK_DV] bf16, absent → 0
-        _, s, rows = _block_operands(
-            win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
-            offs_v64, mask_h, mask_v, dv * BLOCK_DV, stride_wn, stride_wd, stride_cn, stride_cd, stride_st, stride_sk,
-            BLOCK_DV, BLOCK_K, PACKED, WORDS, RS,
-        )  # fmt: skip
+        if EARLY:
+            s = tl.load(
+                s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
+                mask=mask_h[:, None],
+                other=float("-inf"),
+            )
+        else:
+            _, s, rows = _block_operands(
+                win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
+                offs_v64, mask_h, mask_v, dv * BLOCK_DV, stride_wn, stride_wd, stride_cn, stride_cd, stride_st,
+                stride_sk, BLOCK_DV, BLOCK_K, PACKED, WORDS, RS,
+            )  # fmt: skip
         p_bf16 = round_bf16(tl.exp(s - base[:, None]))
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
             pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")

@@ -137,6 +137,7 @@ _TUNE = dict(
     maxnreg_a_packed=None,
     maxnreg_b_packed=None,
     scale_word=False,
+    early_rows=False,
 )
 # scale_word (twelfth entry, a tuning option, off): packed fp4 tiles of four scales (chunks
 # of 64 columns: the batched logits kernel) take them as one word per row
@@ -254,14 +255,21 @@ if HAVE_TRITON:
         FMT_DOTS: tl.constexpr = False,
         KEYS_M: tl.constexpr = False,
         RSPLIT: tl.constexpr = 1,
+        LATE_RELEASE: tl.constexpr = False,
     ):
         """Grid (m, blocks · RSPLIT, head blocks): each program the logits of BLOCK_K /
         RSPLIT rows of one block (sub-block r of block kb) for BLOCK_H heads, and their max
         per head. Each logit is one row's dot over D in the same chunks whatever RSPLIT,
         and a block's max is the max of its sub-blocks' (the combines take it): RSPLIT moves
-        no bit."""
-        pdl_release(PDL)
-        pdl_wait(PDL)
+        no bit. LATE_RELEASE: the next kernel may start only once this one's wait returned
+        (every kernel before this one finished), so that it may read their outputs before
+        its own wait (`_pv_blocks_kernel`'s EARLY)."""
+        if LATE_RELEASE:
+            pdl_wait(PDL)
+            pdl_release(PDL)
+        else:
+            pdl_release(PDL)
+            pdl_wait(PDL)
         t = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1) // RSPLIT
         r = tl.program_id(1) % RSPLIT
@@ -413,6 +421,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         FMT_DOTS=packed and bool(cfg["fmt_dots"]),
         KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
         RSPLIT=rsplit,
+        LATE_RELEASE=blocks and bool(cfg["early_rows"]),
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         **({"maxnreg": cfg["maxnreg_a_packed"]} if packed and cfg["maxnreg_a_packed"] else {}),
@@ -436,7 +445,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
             KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words, RS=rsplit,
-            num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
+            EARLY=bool(cfg["early_rows"]), num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
         )  # fmt: skip
         return out
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
