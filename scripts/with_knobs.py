@@ -1,4 +1,4 @@
-"""Run a module as `python -m` would, with module attributes set first (launch knobs of a
+"""Run a module as `python -m` would (or a script by its path), with module attributes set first (launch knobs of a
 kernel module, for A/B runs of the same command in one device call; a development tool).
 
     python3 scripts/with_knobs.py attnv41.kernels.gemv._LOOP_STAGES8=3 attnv41.kernels.gemv._X1=1 \
@@ -37,7 +37,10 @@ def main(argv: list[str]) -> None:
             setattr(m, attr, ast.literal_eval(value))
             print(f"with_knobs: {target} = {getattr(m, attr)!r}", flush=True)
     sys.argv = argv[cut + 1 :]
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    if sys.argv[0].endswith(".py"):  # a script path
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ _TUNE = dict(
     maxnreg_a_packed=None,
     maxnreg_b_packed=None,
     scale_word=False,
-    early_rows=False,
+    early_rows=True,
 )
 # scale_word (twelfth entry, a tuning option, off): packed fp4 tiles of four scales (chunks
 # of 64 columns: the batched logits kernel) take them as one word per row
