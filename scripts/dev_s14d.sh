@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# 2026-12-04 (fourteenth entry), call 4: the decode GEMV's first weight chunk loaded before
+# 2026-12-04 (fourteenth entry), call 4 (run at commit ddbf6f0; the option was then removed):
+# the decode GEMV's first weight chunk loaded before
 # its PDL wait (`gemv._EARLY_WEIGHTS`), with early_rows in production. The GEMV GPU tests with
 # it on (with_knobs.py), then bench (a) at 4K / 32K, both weight kinds, off / on twice.
 # carry: [".golden"]

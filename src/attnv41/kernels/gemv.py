@@ -100,10 +100,6 @@ _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
-# Under PDL, each program loads its first weight chunk (and FP8 scales: constant for the
-# step) before it waits for the previous kernel, so the weight stream starts while that
-# kernel finishes; x and every buffer of other kernels are read after the wait.
-_EARLY_WEIGHTS = False
 
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
@@ -161,11 +157,9 @@ if HAVE_TRITON:
     def _lanes(
         x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb,
         IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        WAIT_IN: tl.constexpr = False, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block) of a bf16 or
-        fp32 weight (module doc, step 1). WAIT_IN: as `gemv_fp8.fp8_lanes`' (the wait after
-        the first weight chunk, before x is read)."""
+        fp32 weight (module doc, step 1)."""
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         offs_j = tl.arange(0, BK)
@@ -177,20 +171,8 @@ if HAVE_TRITON:
         w_rows = w_ptr + offs_n[None, :, None] * K + offs_j[None, None, :]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        for it in range(IPS):
-            if WAIT_IN:  # the weight chunk first, then the wait, then x
-                if EVEN_K:
-                    wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
-                    if it == 0:
-                        pdl_wait(PDL)
-                    xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
-                else:
-                    k_ok = ((k0 + offs_j) < K)[None, None, :]
-                    wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
-                    if it == 0:
-                        pdl_wait(PDL)
-                    xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
-            elif EVEN_K:
+        for _ in range(IPS):
+            if EVEN_K:
                 xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
                 wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
             else:
@@ -270,10 +252,9 @@ if HAVE_TRITON:
         x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
         SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
         LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
-        WAIT_IN: tl.constexpr = False, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-5)."""
-        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K, WAIT_IN, PDL)
+        acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
         _finish(
             acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK, rope, ROPE
         )
@@ -314,11 +295,9 @@ if HAVE_TRITON:
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
-        WAIT_IN: tl.constexpr = False,  # the wait after the first weight chunk (`_EARLY_WEIGHTS`)
     ):
         pdl_release(PDL)
-        if not WAIT_IN:
-            pdl_wait(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -333,7 +312,6 @@ if HAVE_TRITON:
                     acc = fp8_lanes(
                         xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
                         BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
-                        WAIT_IN=WAIT_IN, PDL=PDL,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -343,14 +321,13 @@ if HAVE_TRITON:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K, WAIT_IN=WAIT_IN, PDL=PDL,
+                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K,
                     )  # fmt: skip
                 else:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
                         BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K, rope=rope, ROPE=ROPE_I == i,
-                        WAIT_IN=WAIT_IN, PDL=PDL,
                     )  # fmt: skip
 
     @triton.jit
@@ -379,11 +356,9 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
         PDL: tl.constexpr = False,
-        WAIT_IN: tl.constexpr = False,  # the wait after the first weight chunk (`_EARLY_WEIGHTS`)
     ):
         pdl_release(PDL)
-        if not WAIT_IN:
-            pdl_wait(PDL)
+        pdl_wait(PDL)
         pid = tl.program_id(0)
         tb = pid % ntb
         item = pid // ntb
@@ -393,7 +368,7 @@ if HAVE_TRITON:
             acc = fp8_lanes(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
                 local // SEGS, local % SEGS, tb, IPS,
-                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, WAIT_IN=WAIT_IN, PDL=PDL,
+                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True,
             )  # fmt: skip
             _finish(
                 acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
@@ -404,7 +379,7 @@ if HAVE_TRITON:
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
                 part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
                 local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
-                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K, WAIT_IN=WAIT_IN, PDL=PDL,
+                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
             )  # fmt: skip
 
 
@@ -591,7 +566,6 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
-        WAIT_IN=_EARLY_WEIGHTS,
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip
@@ -656,7 +630,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
     _group_gemv_kernel[(G * tiles * segs * ntb,)](
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
-        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None, WAIT_IN=_EARLY_WEIGHTS,
+        BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
         num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out

@@ -37,7 +37,6 @@ from ..reference.fp8 import BLOCK, act_quant, e8m0_to_float
 from ._triton import HAVE_TRITON, tl, triton
 
 if HAVE_TRITON:
-    from ._triton import pdl_wait
     from .qdq import _e4m3_rne, _pow2_ceil_exp
 
 __all__ = ["ordered_terms", "scaled_terms"]
@@ -108,13 +107,9 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,
-        WAIT_IN: tl.constexpr = False,
-        PDL: tl.constexpr = False,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
-        module doc. BN divides 32, so the tile's rows share one row of scales. WAIT_IN: the
-        program's wait for the previous kernel (`_triton.pdl_wait`) comes after its first
-        weight chunk and scales are loaded (constant for the step), before x is read.
+        module doc. BN divides 32, so the tile's rows share one row of scales.
 
         x is loaded and quantized in the weight tile's shape [MB, BN, BK] (pointers with
         stride 0 over the rows): every row gets the same values, in the weight loads'
@@ -143,26 +138,20 @@ if HAVE_TRITON:
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
-        for it in range(IPS):
+        for _ in range(IPS):
             kb0 = k0 // 32
             # the weight chunk loaded before x: in the other order Triton 3.6 gave x's load a
             # layout whose quantization was repeated for each row a thread holds (4× the
             # work; tests/kernels/test_gemv_sass.py checks the compiled form)
             if EVEN_K:
                 wv = tl.load(w_rows + k0, mask=n_ok, other=0.0).to(tl.float32)
-                sb = tl.load(sw_row + kb0)
-                if WAIT_IN:
-                    if it == 0:
-                        pdl_wait(PDL)
                 xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0)
             else:
                 k_ok = ((k0 + offs_j) < K)[None, None, :]
                 wv = tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0).to(tl.float32)
-                sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
-                if WAIT_IN:
-                    if it == 0:
-                        pdl_wait(PDL)
                 xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+                sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
             if PREQ:  # [MB, BN, NBK, 32] the round trip q·sx times the weight block's scale
                 sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
                 xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
