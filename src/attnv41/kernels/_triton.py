@@ -153,7 +153,11 @@ if HAVE_TRITON:
         it before it reads or writes any buffer another kernel writes or reads (only
         weights, constant for the step, may be touched before it), so the stream's order
         holds for memory exactly as without PDL, and transitively (a kernel completes only
-        after its wait returned, i.e. after its predecessor completed)."""
+        after its wait returned, i.e. after its predecessor completed). One exception, by
+        construction: a kernel whose predecessor releases it only after that predecessor's
+        own wait returned may read, before its wait, what the kernels before the
+        predecessor wrote (they have all finished by then): the decode attention's block
+        combine (`sparse_attn_split`, `early_rows`)."""
         if PDL:
             tl.extra.cuda.gdc_wait()
 

@@ -116,6 +116,16 @@ __all__ = ["sparse_attn_split", "sparse_attn_batch", "sparse_attn_split_torch", 
 # packed 9.113 (8.933 with fp4_asm), bf16 7.998. The kernels alone (batch_kernel_probe.py,
 # B = 64 step inputs, L2 flushed): packed 80.2 → 77.1 µs (keys_m with fp4_asm 76.0, and 73.0
 # with dk_packed = 64, not timed in the step); bf16 60.5.
+# early_rows (blocks combine, under PDL): `_pv_blocks_kernel` gathers its block's rows while
+# the logits kernel runs (that kernel then releases it only after its own wait, so every
+# writer of the selection and the caches has finished; the logits and workspace are read
+# after the wait). The same loads and arithmetic: the same bytes (the GPU test, also in
+# graph replays whose inputs are rewritten just before). 2026-12-04 (fourteenth entry;
+# scripts/ab_steps.py --single, DecodeGraphs, 3 rounds, ms/step at 4K / 32K): bf16 caches
+# 4.177 / 4.196 → 4.164 / 4.178, packed caches 4.451 / 4.465 → 4.399 / 4.411; BatchGraphs
+# B = 1 at 32K: bf16 4.958 → 4.961, packed 5.184 → 5.148. The attention alone in bench (c)
+# did not move (13.8-14.1 µs, B = 1): the gain is the overlap with the logits kernel
+# inside a step. On.
 _TUNE = dict(
     bh=64,
     dk=128,
