@@ -3,7 +3,8 @@ dot(bf16(p), R) in a fresh (zero) accumulator: Triton folds `acc·α + dot(p, R)
 `dot(p, R, acc·α)` unless the loop form stops it (`sparse_attn_combine._opaque`). The
 wrapper picks the form by m (`sparse_attn_split._BLOCKS_MAX_M`), so a fold would make a
 token's bits depend on m. Checked in the Triton GPU IR of the sm_90 compile (no GPU
-needed), at the Flash shapes; the GPU tests check the bytes themselves."""
+needed), at the Flash shapes; the GPU tests check the bytes themselves. Also the order of
+the PDL wait, release and loads that `early_rows` relies on."""
 
 from __future__ import annotations
 
@@ -50,3 +51,30 @@ def test_batch_shape_combine_dots_start_from_zero(packed):
     if packed:
         assert ks["_logits_kernel"]["regs"] <= BATCH_TUNE["maxnreg_a_packed"], ks["_logits_kernel"]["regs"]
         assert ks["_pv_combine_kernel"]["regs"] <= BATCH_TUNE["maxnreg_b_packed"], ks["_pv_combine_kernel"]["regs"]
+
+
+def _pdl_order(ttgir: str) -> tuple[int, int, int]:
+    """(line of the PDL wait, line of the release, loads before the wait) in a TTGIR."""
+    lines = ttgir.splitlines()
+    wait = next(i for i, s in enumerate(lines) if "griddepcontrol.wait" in s)
+    release = next(i for i, s in enumerate(lines) if "griddepcontrol.launch_dependents" in s)
+    loads = sum(1 for s in lines[:wait] if re.search(r"= tt\.load |ttg\.async_copy_global_to_local", s))
+    return wait, release, loads
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_early_rows_gather_before_the_wait(packed):
+    """`early_rows` (production at one token per call), compiled as launched under PDL: the
+    logits kernel releases the combine only after its own wait, and the block combine
+    issues its selection and row loads before its wait (the overlap the option is for;
+    its bytes are the GPU tests'). Without the option the combine loads nothing first."""
+    rows = ["--packed"] if packed else []
+    ks = compiled("attn", "--m", "1", "--pdl", *rows)
+    wait, release, _ = _pdl_order(ks["_logits_kernel"]["ttgir"])
+    assert wait < release, "_logits_kernel: releases its successor before its own wait"
+    _, _, loads = _pdl_order(ks["_pv_blocks_kernel"]["ttgir"])
+    assert loads >= 2, f"_pv_blocks_kernel: {loads} loads before its wait; expected the selection's and the rows'"
+    off = compiled("attn", "--m", "1", "--pdl", "--tune", json.dumps({"early_rows": False}), *rows)
+    wait, release, _ = _pdl_order(off["_logits_kernel"]["ttgir"])
+    assert release < wait, "_logits_kernel without early_rows: releases after its wait"
+    assert _pdl_order(off["_pv_blocks_kernel"]["ttgir"])[2] == 0, "_pv_blocks_kernel: loads before its wait"

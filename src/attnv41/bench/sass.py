@@ -7,6 +7,7 @@ of two trees and diff it (identical SASS, identical behaviour on the GPU).
     python -m attnv41.bench.sass gemv --K 1280 --N 32768 --dtype fp8
     python -m attnv41.bench.sass attn --m 1 --combine auto --dump /tmp/sass-new
     python -m attnv41.bench.sass attn --packed    # over packed rows; `index [--packed]`: index scores
+    python -m attnv41.bench.sass attn --pdl       # as launched under programmatic dependent launch
     python -m attnv41.bench.sass tc --dtype fp8 --rope   # the batched projections over q's latent
     python -m attnv41.bench.sass topk --neg-inf-past      # the radix top-k and candidate mask
     # the same from another revision's tree, then diff the two folders:
@@ -47,10 +48,12 @@ def _bin(name: str) -> str:
 
 
 @contextlib.contextmanager
-def compile_only():
+def compile_only(pdl: bool = False):
     """Within: Triton launches compile for sm_90 and are appended to the yielded list as
     (kernel name, CompiledKernel) instead of running; attnv41's kernel wrappers take CPU
-    tensors (their `require_triton` device check and arrival counters are stood in for)."""
+    tensors (their `require_triton` device check and arrival counters are stood in for).
+    `pdl`: the kernels compile as launched with programmatic dependent launch (their
+    `pdl_launch` answers on, as on an H200 with `ATTNV41_PDL` unset), else without."""
     import triton.runtime.jit as jit  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.runtime import driver  # noqa: PLC0415
@@ -90,12 +93,15 @@ def compile_only():
 
     mods = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
     patched = [(m, m.require_triton) for m in mods if hasattr(m, "require_triton")]
+    pdl_mods = [(m, m.pdl_launch) for m in mods if pdl and hasattr(m, "pdl_launch")]
     buffer = _triton.ArrivalCounters.buffer
     saved = driver._active  # None until first use; reset_active() would build the CUDA driver
     driver.set_active(_Sm90())
     jit.JITFunction.run = compile_run
     for m, _ in patched:
         m.require_triton = lambda *a: None
+    for m, _ in pdl_mods:
+        m.pdl_launch = lambda t: {"PDL": True, "launch_pdl": True}
     _triton.ArrivalCounters.buffer = lambda self, device: torch.zeros(self.size, dtype=torch.int32)
     try:
         yield launches
@@ -104,6 +110,8 @@ def compile_only():
         jit.JITFunction.run = run
         for m, f in patched:
             m.require_triton = f
+        for m, f in pdl_mods:
+            m.pdl_launch = f
         _triton.ArrivalCounters.buffer = buffer
 
 
@@ -156,7 +164,9 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = Fals
     return launches
 
 
-def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False, tune=None) -> list:
+def attn_launches(
+    m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False, tune=None, pdl: bool = False
+) -> list:
     """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
     entries: window 128 + top-k 512), m tokens, over bf16 or packed rows, with `tune`'s
     launch shape (`sparse_attn_split`'s tuning keywords), compiled: [(name, kernel)]."""
@@ -171,7 +181,7 @@ def attn_launches(m: int = 1, combine: str = "auto", rot: bool = True, packed: b
         comp = torch.zeros(4096, row_bytes("fp4_e4m3", D), dtype=torch.uint8)
     sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
     tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
-    with compile_only() as launches:
+    with compile_only(pdl=pdl) as launches:
         sparse_attn_split(
             q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, **{"combine": combine, **(tune or {})}
         )
@@ -255,6 +265,7 @@ def main(argv=None) -> None:
         "--tune", type=json.loads, default=None, help='launch shape as JSON, e.g. \'{"bh": 16, "warps_a": 2}\''
     )
     a.add_argument("--packed", action="store_true", help="packed rows (fp8_e8m0 window, fp4_e4m3 compressed)")
+    a.add_argument("--pdl", action="store_true", help="compiled as launched with programmatic dependent launch")
     i = sub.add_parser("index")
     i.add_argument("--m", type=int, default=1)
     i.add_argument("--L", type=int, default=1 << 20)
@@ -282,7 +293,7 @@ def main(argv=None) -> None:
     elif args.what == "topk":
         launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
     else:
-        launches = attn_launches(args.m, args.combine, packed=args.packed, tune=args.tune)
+        launches = attn_launches(args.m, args.combine, packed=args.packed, tune=args.tune, pdl=args.pdl)
     out, seen = [], Counter()
     for name, k in launches:
         rep = report(k, sass_lines=bool(args.dump))
