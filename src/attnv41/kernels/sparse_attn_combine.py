@@ -332,15 +332,16 @@ if HAVE_TRITON:
         mask_v = offs_v < D
         offs_h64 = offs_h.to(tl.int64)
         offs_v64 = offs_v.to(tl.int64)
-        if EARLY:  # rows: [BLOCK_K, BLOCK_DV] bf16 (absent → 0), gathered while the logits kernel runs
-            _, from_win, ok, w_base, c_base = _gather_ptrs(
-                win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk,
-                stride_wn, stride_cn,
-            )  # fmt: skip
-            rows = _load_rows(
-                w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV,
-                BLOCK_DV, PACKED, WORDS,
-            )  # fmt: skip
+        # rows: [BLOCK_K, BLOCK_DV] bf16 (absent → 0); with EARLY gathered while the logits kernel runs
+        _, from_win, ok, w_base, c_base = _gather_ptrs(
+            win_ptr, comp_ptr, sel_ptr, t, kb * BLOCK_K + offs_k, K, offset, n_comp, stride_st, stride_sk,
+            stride_wn, stride_cn,
+        )  # fmt: skip
+        rows = _load_rows(
+            w_base, c_base, from_win, ok, offs_v64, mask_v, stride_wd, stride_cd, D, dv * BLOCK_DV,
+            BLOCK_DV, PACKED, WORDS,
+        )  # fmt: skip
+        if EARLY:
             pdl_wait(PDL)
 
         # base: [BLOCK_HC] the running max at block kb = max of the block maxima 0..kb
@@ -361,19 +362,10 @@ if HAVE_TRITON:
         run = tl.max(bms, axis=1)
         base = tl.where(run == float("-inf"), 0.0, run)
         row = t * K_BLOCKS + kb
-        # s: [BLOCK_HC, BLOCK_K] this block's logits; rows: [BLOCK_K, BLOCK_DV] bf16, absent → 0
-        if EARLY:
-            s = tl.load(
-                s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :],
-                mask=mask_h[:, None],
-                other=float("-inf"),
-            )
-        else:
-            _, s, rows = _block_operands(
-                win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, t, kb, K_BLOCKS, H, D, K, offset, n_comp, offs_h64, offs_k,
-                offs_v64, mask_h, mask_v, dv * BLOCK_DV, stride_wn, stride_wd, stride_cn, stride_cd, stride_st,
-                stride_sk, BLOCK_DV, BLOCK_K, PACKED, WORDS, RS,
-            )  # fmt: skip
+        # s: [BLOCK_HC, BLOCK_K] this block's logits
+        s = tl.load(
+            s_ptr + (row * H + offs_h64[:, None]) * BLOCK_K + offs_k[None, :], mask=mask_h[:, None], other=float("-inf")
+        )
         p_bf16 = round_bf16(tl.exp(s - base[:, None]))
         if DOT_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns as integers
             pv = tl.dot(p_bf16.to(tl.float32), rows.to(tl.float32), input_precision="ieee")
