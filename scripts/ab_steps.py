@@ -36,6 +36,7 @@ DICTS = {
     "single": ss._TUNE,
     "batch_small": ss._BATCH_SMALL_TUNE,
     "batch": ss.BATCH_TUNE,
+    "gluon": ss._GLUON,
     "index": indexer._TUNE,
     "index_paged": indexer._PAGED_TUNE,
 }
@@ -51,6 +52,10 @@ OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
 # "new, batch dk=128 one dot" as today's production over packed rows)
 VARIANTS = {
     "new": {},
+    # (fifteenth entry) the one-pass Gluon attention off / from other batch sizes
+    "gluon off": {"gluon": dict(min_m=1 << 30)},
+    "gluon from m=32": {"gluon": dict(min_m=32)},
+    "gluon from m=8": {"gluon": dict(min_m=8)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},
     "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},

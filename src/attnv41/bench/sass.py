@@ -116,7 +116,8 @@ def compile_only(pdl: bool = False):
 
 
 def report(kernel, sass_lines: bool = False) -> dict:
-    """A compiled kernel's `{"regs", "smem", "local", "ops"}` (SASS opcode counts), with
+    """A compiled kernel's `{"regs", "smem", "local", "ops", "dyn_smem"}` (SASS opcode
+    counts; smem the static shared memory, dyn_smem all the launch asks for), with
     `sass` (instructions without addresses, for diffs) when asked; `ttgir` always."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -135,6 +136,7 @@ def report(kernel, sass_lines: bool = False) -> dict:
             ops[m.group(2)] += 1
             lines.append(m.group(1).strip())
     out = dict(regs=int(res.group(1)), smem=int(res.group(2)), local=int(res.group(3)), ops=dict(ops))
+    out["dyn_smem"] = int(kernel.metadata.shared)  # bytes of shared memory the launch asks for
     out["ttgir"] = kernel.asm["ttgir"]
     if sass_lines:
         out["sass"] = lines
@@ -165,15 +167,26 @@ def gemv_launches(K: int, Ns: list[int], dtype: str, m: int = 1, xq: bool = Fals
 
 
 def attn_launches(
-    m: int = 1, combine: str = "auto", rot: bool = True, packed: bool = False, tune=None, pdl: bool = False
+    m: int = 1,
+    combine: str = "auto",
+    rot: bool = True,
+    packed: bool = False,
+    tune=None,
+    pdl: bool = False,
+    gluon: bool = False,
+    heads: int = 64,
+    dim: int = 512,
+    width: int = 640,
 ) -> list:
-    """The decode attention (`sparse_attn_split`) at the Flash shapes (64 heads × 512, 640
-    entries: window 128 + top-k 512), m tokens, over bf16 or packed rows, with `tune`'s
-    launch shape (`sparse_attn_split`'s tuning keywords), compiled: [(name, kernel)]."""
+    """The decode attention (`sparse_attn_split`, or with `gluon` the one-pass Gluon kernel
+    `sparse_attn_gluon`) at the Flash shapes (64 heads × 512, 640 entries: window 128 +
+    top-k 512; `heads`, `dim`, `width` change them), m tokens, over bf16 or packed rows,
+    with `tune`'s launch shape (the function's tuning keywords), compiled: [(name, kernel)]."""
+    from ..kernels.sparse_attn_gluon import sparse_attn_gluon  # noqa: PLC0415
     from ..kernels.sparse_attn_split import sparse_attn_split  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
 
-    H, D, K, W, half = 64, 512, 640, 128, 32
+    H, D, K, W, half = heads, dim, width, 128, min(32, dim // 8)
     bf = torch.bfloat16
     q, win, comp = torch.zeros(m, H, D, dtype=bf), torch.zeros(W, D, dtype=bf), torch.zeros(4096, D, dtype=bf)
     if packed:
@@ -182,9 +195,12 @@ def attn_launches(
     sel, sink = torch.zeros(m, K, dtype=torch.int32), torch.zeros(H, dtype=torch.float32)
     tables = (torch.zeros(64, half), torch.zeros(64, half), torch.zeros(m, dtype=torch.int32), torch.zeros_like(q))
     with compile_only(pdl=pdl) as launches:
-        sparse_attn_split(
-            q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, **{"combine": combine, **(tune or {})}
-        )
+        if gluon:
+            sparse_attn_gluon(q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, **(tune or {}))
+        else:
+            sparse_attn_split(
+                q, win, comp, sel, W, sink, D**-0.5, rot=tables if rot else None, **{"combine": combine, **(tune or {})}
+            )
     return launches
 
 
@@ -266,6 +282,11 @@ def main(argv=None) -> None:
     )
     a.add_argument("--packed", action="store_true", help="packed rows (fp8_e8m0 window, fp4_e4m3 compressed)")
     a.add_argument("--pdl", action="store_true", help="compiled as launched with programmatic dependent launch")
+    a.add_argument("--gluon", action="store_true", help="the one-pass Gluon kernel (sparse_attn_gluon)")
+    a.add_argument("--no-rot", action="store_true", help="without the inverse-RoPE epilogue")
+    a.add_argument("--heads", type=int, default=64)
+    a.add_argument("--dim", type=int, default=512)
+    a.add_argument("--width", type=int, default=640, help="the selection's entries per token")
     i = sub.add_parser("index")
     i.add_argument("--m", type=int, default=1)
     i.add_argument("--L", type=int, default=1 << 20)
@@ -293,7 +314,10 @@ def main(argv=None) -> None:
     elif args.what == "topk":
         launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
     else:
-        launches = attn_launches(args.m, args.combine, packed=args.packed, tune=args.tune, pdl=args.pdl)
+        launches = attn_launches(
+            args.m, args.combine, rot=not args.no_rot, packed=args.packed, tune=args.tune, pdl=args.pdl,
+            gluon=args.gluon, heads=args.heads, dim=args.dim, width=args.width,
+        )  # fmt: skip
     out, seen = [], Counter()
     for name, k in launches:
         rep = report(k, sass_lines=bool(args.dump))

@@ -49,12 +49,15 @@ maxima, allocated per call (from the graph's pool under capture).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import rope
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
 from .packed_rows import fp4_words_mode
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
+from .sparse_attn_gluon import HAVE_GLUON, sparse_attn_gluon
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
@@ -204,7 +207,15 @@ BATCH_TUNE = dict(
     stages_a=2,
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
-_BATCH_SMALL_TUNE = dict(bh=16)  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
+_BATCH_SMALL_TUNE = dict(bh=16)
+# Calls of at least _GLUON["min_m"] tokens over bf16 rows on an sm_90 GPU run the one-pass Gluon
+# kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two kernels here (the GPU
+# tests compare them at the Flash shapes, m = 1 … 64, with the rope epilogue), so the choice
+# by m moves no bit; `ATTNV41_GLUON_ATTN=0` keeps the Triton kernels. 2026-12-04 (fifteenth
+# entry; scripts/gluon_attn_probe.py, synthetic Flash shapes at 32K, L2 flushed, µs,
+# Triton / Gluon): B = 1 17.0 / 42.2, 8 34.1 / 43.1, 32 50.2 / 44.6, 64 61.3 / 47.4.
+_GLUON = dict(min_m=16)  # a dict: scripts/ab_steps.py switches it in place (min_m past any m: off)
+GLUON_ENV = "ATTNV41_GLUON_ATTN"  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -352,8 +363,23 @@ def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     packed rows, by tests/kernels/test_decode_invariance.py), so the choice by m moves no
     bit."""
     m = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
+    if m >= _GLUON["min_m"] and gluon_attn_ok(q, win):
+        return sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=out, rot=rot)
     tune = _BATCH_SMALL_TUNE if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
     return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **tune)
+
+
+def gluon_attn_ok(q, win) -> bool:
+    """Whether `sparse_attn_batch` may run the one-pass Gluon kernel on these tensors: bf16
+    rows, at most 64 heads, a CUDA device of compute capability 9.x (its warpgroup MMA is
+    Hopper's), Gluon importable, not the interpreter, and `ATTNV41_GLUON_ATTN` not "0"."""
+    if not (HAVE_GLUON and isinstance(q, torch.Tensor) and isinstance(win, torch.Tensor)):
+        return False
+    if q.device.type != "cuda" or interpreting() or os.environ.get(GLUON_ENV, "1") == "0":
+        return False
+    if win.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[1] > 64:
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] == 9
 
 
 def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
