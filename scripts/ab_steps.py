@@ -54,7 +54,7 @@ VARIANTS = {
     "new": {},
     # (fifteenth entry) the one-pass Gluon attention off / from other batch sizes
     "gluon off": {"gluon": dict(min_m=1 << 30)},
-    "gluon from m=32": {"gluon": dict(min_m=32)},
+    "gluon from m=16": {"gluon": dict(min_m=16)},
     "gluon from m=8": {"gluon": dict(min_m=8)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},

@@ -39,7 +39,7 @@ def inputs(B, H=64, D=512, W=128, K=512, C=8192, absent=0, seed=0):
     if absent:  # the last `absent` entries of every token −1 (fixed-width padding)
         sel[:, -absent:] = -1
     sink = torch.randn(H, generator=g, device=dev)
-    pos = (torch.arange(B, device=dev) * 97 + 5).to(torch.int32)
+    pos = ((torch.arange(B, device=dev) * 97 + 5) % 8192).to(torch.int32)  # within the tables
     ang = torch.arange(8192, device=dev, dtype=torch.float32)[:, None] * torch.logspace(
         0, -4, 32, device=dev
     )[None, :]

@@ -208,13 +208,15 @@ BATCH_TUNE = dict(
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
 _BATCH_SMALL_TUNE = dict(bh=16)
-# Calls of at least _GLUON["min_m"] tokens over bf16 rows on an sm_90 GPU run the one-pass Gluon
-# kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two kernels here (the GPU
-# tests compare them at the Flash shapes, m = 1 … 64, with the rope epilogue), so the choice
-# by m moves no bit; `ATTNV41_GLUON_ATTN=0` keeps the Triton kernels. 2026-12-04 (fifteenth
-# entry; scripts/gluon_attn_probe.py, synthetic Flash shapes at 32K, L2 flushed, µs,
-# Triton / Gluon): B = 1 17.0 / 42.2, 8 34.1 / 43.1, 32 50.2 / 44.6, 64 61.3 / 47.4.
-_GLUON = dict(min_m=16)  # a dict: scripts/ab_steps.py switches it in place (min_m past any m: off)
+# Calls of at least _GLUON["min_m"] tokens over bf16 rows on an sm_90 GPU run the one-pass
+# Gluon kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two kernels here (the
+# GPU tests compare them at the Flash shapes, with the rope epilogue; test_decode_invariance
+# compares m = 64 with m = 1, 2, 7), so the choice by m moves no bit; `ATTNV41_GLUON_ATTN=0`
+# keeps the Triton kernels. 2026-12-04 (fifteenth entry; scripts/gluon_attn_probe.py,
+# synthetic Flash shapes at 32K, L2 flushed, µs, Triton BATCH_TUNE / Gluon): B = 1 31.7 / 43.1
+# (the runtime's m = 1 shape: 17), 8 33.8 / 43.7, 16 36.5 / 44.1, 24 40.8 / 44.6, 32 49.1 /
+# 44.9, 64 60.5 / 47.6.
+_GLUON = dict(min_m=32)  # a dict: scripts/ab_steps.py switches it in place (min_m past any m: off)
 GLUON_ENV = "ATTNV41_GLUON_ATTN"  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
