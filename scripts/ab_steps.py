@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
 from attnv41.kernels import indexer  # noqa: E402
+from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
 from attnv41.runtime.stack import RuntimeStack  # noqa: E402
@@ -37,6 +38,7 @@ DICTS = {
     "batch_small": ss._BATCH_SMALL_TUNE,
     "batch": ss.BATCH_TUNE,
     "gluon": ss._GLUON,
+    "gluon_tune": sg.GLUON_TUNE,
     "index": indexer._TUNE,
     "index_paged": indexer._PAGED_TUNE,
 }
@@ -56,6 +58,7 @@ VARIANTS = {
     "gluon off": {"gluon": dict(min_m=1 << 30)},
     "gluon from m=16": {"gluon": dict(min_m=16)},
     "gluon from m=8": {"gluon": dict(min_m=8)},
+    "gluon without pdl": {"gluon_tune": dict(pdl=False)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},
     "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},

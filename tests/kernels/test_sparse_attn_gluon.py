@@ -111,10 +111,10 @@ def test_same_bytes_as_the_triton_kernels(m, H, D, K, Nw, offset, Nc):
 @gpu
 @pytest.mark.gpu
 def test_launch_shapes_give_the_same_bytes():
-    """nsplit (programs per token) and ch (the gathers' column chunks) move no bit."""
+    """nsplit (programs per token), ch (the gathers' column chunks) and PDL move no bit."""
     q, win, comp, sel, sink = _inputs(77, 6, 64, 512, 640, 128, 128, 4096, "cuda")
     base = sparse_attn_gluon(q, win, comp, sel, 128, sink, 512**-0.5)
-    for tune in ({"nsplit": 4}, {"nsplit": 1}, {"ch": 64}, {"ch": 512}):
+    for tune in ({"nsplit": 4}, {"nsplit": 1}, {"ch": 64}, {"ch": 512}, {"pdl": False}):
         o = sparse_attn_gluon(q, win, comp, sel, 128, sink, 512**-0.5, **tune)
         n = int((_bits(o) != _bits(base)).sum())
         assert n == 0, f"{tune}: {n} elements differ from {GLUON_TUNE}"

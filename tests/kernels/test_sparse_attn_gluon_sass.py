@@ -29,3 +29,15 @@ def test_sm90_compile(heads, dim, width, rot):
     ops = k["ops"]
     assert any(o.startswith("HGMMA") for o in ops), "no warpgroup MMA in the SASS"
     assert any(o.startswith("LDGSTS") for o in ops), "no async copy in the SASS"
+
+
+def test_pdl_wait_precedes_every_global_load():
+    """Launched with programmatic dependent launch, the kernel waits (ACQBULK, from
+    griddepcontrol.wait) before its first global load or async copy: every input it reads
+    (q, the selection, the rows) is another kernel's output."""
+    k = compiled("attn", "--gluon", "--m", "2", "--pdl", "--dump-sass-lines")["_attn_gl_kernel"]
+    ops = [line.split()[0] for line in k["sass"]]
+    waits = [i for i, o in enumerate(ops) if o == "ACQBULK"]
+    loads = [i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS"))]
+    assert waits and loads, f"ACQBULK at {waits[:3]}, global loads at {loads[:3]}"
+    assert waits[0] < loads[0], f"a global load (SASS line {loads[0]}) before the PDL wait (line {waits[0]})"

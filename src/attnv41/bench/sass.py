@@ -304,6 +304,7 @@ def main(argv=None) -> None:
     for p in (g, a, i, t, k):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
+        p.add_argument("--dump-sass-lines", action="store_true", help="include the SASS lines in the printed JSON")
     args = ap.parse_args(argv)
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
@@ -320,13 +321,13 @@ def main(argv=None) -> None:
         )  # fmt: skip
     out, seen = [], Counter()
     for name, k in launches:
-        rep = report(k, sass_lines=bool(args.dump))
+        rep = report(k, sass_lines=bool(args.dump) or args.dump_sass_lines)
         seen[name] += 1
         if args.dump:  # a kernel's second compilation: name_2 (e.g. the top-k with a mask)
             os.makedirs(args.dump, exist_ok=True)
             stem = name if seen[name] == 1 else f"{name}_{seen[name]}"
             with open(os.path.join(args.dump, f"{stem}.sass"), "w") as f:
-                f.write("\n".join(rep.pop("sass")) + "\n")
+                f.write("\n".join(rep["sass"] if args.dump_sass_lines else rep.pop("sass")) + "\n")
             with open(os.path.join(args.dump, f"{stem}.ttgir"), "w") as f:
                 f.write(rep["ttgir"])
         if not args.ttgir:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, interpreting, require_triton, triton
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, triton
 from .sparse_attn import BLOCK_K, _validate
 
 try:  # Gluon ships with Triton ≥ 3.5
@@ -56,7 +56,7 @@ __all__ = ["HAVE_GLUON", "sparse_attn_gluon", "GLUON_TUNE"]
 # Launch shape (constants of the geometry, never of m): nsplit programs per token (each its
 # D / nsplit output columns), stages of 64 gathered rows in shared memory, the gathers issued
 # in column chunks of ch.
-GLUON_TUNE = dict(nsplit=2, stages=2, ch=128)
+GLUON_TUNE = dict(nsplit=2, stages=2, ch=128, pdl=True)
 _SMEM_MAX = 227 * 1024  # an sm_90 block's shared memory
 _SMEM_EXTRA = 24 * 1024  # the selection (at most 8 KiB) and the layout conversions' scratch
 
@@ -66,6 +66,21 @@ if HAVE_GLUON:
     def _opaque_gl(x):
         """x through an inline-asm move: keeps the block's dot in a fresh accumulator."""
         return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _pdl_release_wait(PDL: gl.constexpr):
+        """Programmatic dependent launch (`_triton.pdl_release`, then `pdl_wait`): the next
+        kernel may start its programs; then block until the previous kernel finished and its
+        writes are visible. Before any read of another kernel's output."""
+        if PDL:
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents;\ngriddepcontrol.wait;\nmov.b32 $0, 0;",
+                "=r",
+                [],
+                dtype=gl.int32,
+                is_pure=False,
+                pack=1,
+            )
 
     @gluon.jit
     def _pv_step(p_op, r, acc, alpha, C0: gl.constexpr, N: gl.constexpr, MMA_O: gl.constexpr):
@@ -112,8 +127,9 @@ if HAVE_GLUON:
         ROT: gl.constexpr, HALF: gl.constexpr,
         BLOCK_H: gl.constexpr, BLOCK_D: gl.constexpr, DV: gl.constexpr, BLOCK_K: gl.constexpr,
         LOG2_K: gl.constexpr, K_BLOCKS: gl.constexpr, KB_P2: gl.constexpr, STAGES: gl.constexpr,
-        num_warps: gl.constexpr, CH: gl.constexpr = 128,
+        num_warps: gl.constexpr, CH: gl.constexpr = 128, PDL: gl.constexpr = False,
     ):  # fmt: skip
+        _pdl_release_wait(PDL)
         t = gl.program_id(0).to(gl.int64)
         j = gl.program_id(1)
         d0 = j * DV
@@ -345,5 +361,6 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         LOG2_K=BLOCK_K.bit_length() - 1, K_BLOCKS=kbs, KB_P2=max(2, triton.next_power_of_2(kbs)), STAGES=cfg["stages"], num_warps=4,
         CH=min(cfg["ch"], block_d),
         enable_fp_fusion=False,
+        **(pdl_launch(q) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
     return out
