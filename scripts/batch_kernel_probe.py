@@ -35,6 +35,7 @@ from attnv41.bench.common import Timer  # noqa: E402
 from attnv41.kernels import indexer  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.kernels.sparse_attn import sparse_attn  # noqa: E402
+from attnv41.kernels.sparse_attn_gluon import sparse_attn_gluon  # noqa: E402
 from attnv41.runtime.batch import BatchV41  # noqa: E402
 from attnv41.synthetic import PRESETS, random_weights, unit_rms_bf16  # noqa: E402
 from attnv41.weights import AttnV41LayerWeights  # noqa: E402
@@ -91,6 +92,14 @@ ATTN_SETS["logits"] = (
 )
 # `--attn-set single`: the single-sequence shape (`_TUNE`, what a batch-1 call takes) with
 # other logits tiles: head blocks of 16 / 32 (4 / 2 times the programs), warps, stages
+# `--attn-set gluon` (2026-12-04, fifteenth entry): the one-pass Gluon kernel
+# (`kernels/sparse_attn_gluon.py`, the same bytes) against the Triton kernels on a step's inputs.
+ATTN_SETS["gluon"] = [
+    ("Triton BATCH_TUNE", {}),
+    ("gluon", {"_gluon": True}),
+    ("gluon nsplit 4", {"_gluon": True, "nsplit": 4}),
+    ("gluon without pdl", {"_gluon": True, "pdl": False}),
+]
 ATTN_SETS["production"] = [("production", {})]  # the index scores' sets beside one attention row
 ATTN_SETS["single"] = [("production", {}), ("_TUNE", dict(ss._TUNE))] + [
     (f"_TUNE logits bh={bh} w={w} st={st}", dict(ss._TUNE, bh=bh, warps_a=w, stages_a=st))
@@ -300,20 +309,16 @@ def main() -> int:
             no_rot = tune.pop("_no_rot", False)
             kw = {} if no_rot else {"rot": k["rot"]}
             out = torch.empty_like(q)
+            gluon = tune.pop("_gluon", False)
             try:
-                call = partial(
-                    ss.sparse_attn_split,
-                    q,
-                    win,
-                    comp,
-                    sel,
-                    offset,
-                    sink,
-                    scale,
-                    out=out,
-                    **kw,
-                    **{**ss.BATCH_TUNE, **tune},
-                )
+                if gluon:
+                    call = partial(sparse_attn_gluon, q, win, comp, sel, offset, sink, scale, out=out, **kw, **tune)
+                    tune = {}
+                else:
+                    call = partial(
+                        ss.sparse_attn_split, q, win, comp, sel, offset, sink, scale, out=out, **kw,
+                        **{**ss.BATCH_TUNE, **tune},
+                    )  # fmt: skip
 
                 call()
                 timer.sync()
