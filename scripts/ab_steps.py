@@ -54,11 +54,10 @@ OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
 # "new, batch dk=128 one dot" as today's production over packed rows)
 VARIANTS = {
     "new": {},
-    # (fifteenth entry) the one-pass Gluon attention off / from other batch sizes
-    "gluon off": {"gluon": dict(min_m=1 << 30)},
-    "gluon from m=16": {"gluon": dict(min_m=16)},
-    "gluon from m=8": {"gluon": dict(min_m=8)},
-    "gluon without pdl": {"gluon_tune": dict(pdl=False)},
+    # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
+    "gluon on": {"gluon": dict(on=True)},
+    "gluon from m=16": {"gluon": dict(on=True, min_m=16)},
+    "gluon on without pdl": {"gluon": dict(on=True), "gluon_tune": dict(pdl=False)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},
     "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},

@@ -5,8 +5,7 @@ against the reference order within the split's tolerance (tests/kernels/test_spa
 Gluon does not run under TRITON_INTERPRET: without a GPU these tests check the argument
 errors (the offline sm_90 compile: test_sparse_attn_gluon_sass.py); the bytes are checked
 on the GPU (quick tier). `sparse_attn_batch` takes the
-Gluon kernel for calls of at least `_GLUON["min_m"]` tokens, so test_decode_invariance.py's
-m = 64 against m = 1, 2, 7 compares it with the Triton kernels too.
+Gluon kernel, when switched on, for calls of at least `_GLUON["min_m"]` tokens.
 """
 
 from __future__ import annotations
@@ -143,9 +142,11 @@ def test_graph_replay_equals_eager_and_reads_rewritten_inputs():
 
 @gpu
 @pytest.mark.gpu
-def test_batch_wrapper_takes_gluon_from_its_threshold():
-    """On an sm_90 GPU `sparse_attn_batch` runs the Gluon kernel for m ≥ _GLUON["min_m"] over
-    bf16 rows (and the Triton kernels below it, and over packed rows); the bytes agree."""
+def test_batch_wrapper_takes_gluon_from_its_threshold(monkeypatch):
+    """Switched on (`ATTNV41_GLUON_ATTN=1`), `sparse_attn_batch` runs the Gluon kernel on an
+    sm_90 GPU for m ≥ _GLUON["min_m"] over bf16 rows (the Triton kernels below it and over
+    packed rows); the bytes agree."""
+    monkeypatch.setitem(split._GLUON, "on", True)
     m = split._GLUON["min_m"]
     q, win, comp, sel, sink = _inputs(80, m, 64, 512, 640, 128, 128, 4096, "cuda")
     if torch.cuda.get_device_capability()[0] != 9:

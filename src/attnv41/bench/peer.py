@@ -26,6 +26,7 @@ from functools import partial
 import torch
 
 from ..kernels.sparse_attn import sparse_attn
+from ..kernels.sparse_attn_gluon import HAVE_GLUON, sparse_attn_gluon
 from ..kernels.sparse_attn_split import sparse_attn_batch, sparse_attn_split
 from .common import Ceilings, Timer, kernel_row
 
@@ -165,6 +166,11 @@ def bench_attention_peer(
             ("attnv41 decode, batched runtime (sparse_attn_batch)", sparse_attn_batch),
             ("attnv41 fused (prefill regime)", sparse_attn),
         ]
+        + (
+            [("attnv41 decode, one-pass Gluon (sparse_attn_gluon; opt-in)", sparse_attn_gluon)]
+            if dev.type == "cuda" and HAVE_GLUON and torch.cuda.get_device_capability(dev)[0] == 9 and H <= 64
+            else []
+        )
         if dev.type == "cuda"
         else [("attnv41 (torch twin)", _torch_twin)]
     )

@@ -208,16 +208,21 @@ BATCH_TUNE = dict(
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
 _BATCH_SMALL_TUNE = dict(bh=16)
-# Calls of at least _GLUON["min_m"] tokens over bf16 rows on an sm_90 GPU run the one-pass
-# Gluon kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two kernels here (the
-# GPU tests compare them at the Flash shapes, with the rope epilogue; test_decode_invariance
-# compares m = 64 with m = 1, 2, 7), so the choice by m moves no bit; `ATTNV41_GLUON_ATTN=0`
-# keeps the Triton kernels. 2026-12-04 (fifteenth entry; scripts/gluon_attn_probe.py,
-# synthetic Flash shapes at 32K, L2 flushed, µs, Triton BATCH_TUNE / Gluon): B = 1 31.7 / 43.1
-# (the runtime's m = 1 shape: 17), 8 33.8 / 43.7, 16 36.5 / 44.1, 24 40.8 / 44.6, 32 49.1 /
-# 44.9, 64 60.5 / 47.6.
-_GLUON = dict(min_m=32)  # a dict: scripts/ab_steps.py switches it in place (min_m past any m: off)
-GLUON_ENV = "ATTNV41_GLUON_ATTN"  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
+# The one-pass Gluon kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two
+# kernels here (the GPU tests compare them at the Flash shapes, with the rope epilogue), so
+# a wrapper may choose it by m. Opt-in (`ATTNV41_GLUON_ATTN=1`, read at import, or
+# `_GLUON["on"]`): calls of at least `_GLUON["min_m"]` tokens over bf16 rows on an sm_90 GPU
+# then run it. 2026-12-04 (fifteenth entry), H200, µs: alone it is faster from m = 32
+# (scripts/gluon_attn_probe.py, L2 flushed, Triton BATCH_TUNE / Gluon: B = 16 36.5 / 44.1,
+# 24 40.8 / 44.6, 32 49.1 / 44.9, 64 60.5 / 47.6; bench (c) at B = 64 40.0 against 49.6, FlashMLA
+# 44.8), but inside the batched step it is slower (scripts/step_profile.py, B = 64 at 32K:
+# 51.2 µs per layer against 16.9 + 31.6 = 48.4 for the two kernels, which find the step's
+# rows in L2; ab_steps.py, BatchGraphs: 8.04 against 7.85 ms/step at B = 64, 7.24 against
+# 6.80 at B = 32; with PDL 8.50). So it stays off by default.
+GLUON_ENV = "ATTNV41_GLUON_ATTN"
+_GLUON = dict(
+    on=os.environ.get(GLUON_ENV, "0") == "1", min_m=32
+)  # a dict: ab_steps.py switches it in place  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -365,21 +370,22 @@ def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     packed rows, by tests/kernels/test_decode_invariance.py), so the choice by m moves no
     bit."""
     m = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
-    if m >= _GLUON["min_m"] and gluon_attn_ok(q, win):
+    if _GLUON["on"] and m >= _GLUON["min_m"] and gluon_attn_ok(q, win):
         return sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=out, rot=rot)
     tune = _BATCH_SMALL_TUNE if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
     return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **tune)
 
 
 def gluon_attn_ok(q, win) -> bool:
-    """Whether `sparse_attn_batch` may run the one-pass Gluon kernel on these tensors: bf16
-    rows, at most 64 heads, a CUDA device of compute capability 9.x (its warpgroup MMA is
-    Hopper's), Gluon importable, not the interpreter, and `ATTNV41_GLUON_ATTN` not "0"."""
+    """Whether the one-pass Gluon kernel can run on these tensors: bf16 rows, at most 64
+    heads of width at most 512, a CUDA device of compute capability 9.x (its warpgroup MMA
+    is Hopper's), Gluon importable, not the interpreter. (`sparse_attn_batch` takes it only
+    when `_GLUON["on"]`.)"""
     if not (HAVE_GLUON and isinstance(q, torch.Tensor) and isinstance(win, torch.Tensor)):
         return False
-    if q.device.type != "cuda" or interpreting() or os.environ.get(GLUON_ENV, "1") == "0":
+    if q.device.type != "cuda" or interpreting():
         return False
-    if win.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[1] > 64:
+    if win.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[1] > 64 or q.shape[2] > 512:
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
 
