@@ -28,6 +28,18 @@ No FMA contraction (`enable_fp_fusion=False`), as the Triton kernels.
 Gluon does not run under `TRITON_INTERPRET`: on the CPU the kernel is compiled for sm_90
 only (its registers, shared memory and SASS are checked offline); its numerics are checked
 on the GPU against `sparse_attn_split` (bytes) and the reference.
+
+Use: `sparse_attn_batch` takes it for calls of ≥ 32 tokens when switched on
+(`ATTNV41_GLUON_ATTN=1`; off by default). H200, 2026-12-04 (BENCHMARKS.md, fifteenth entry):
+alone 39.2 µs at B = 64 (0.87x FlashMLA; the Triton pair 49.6), but 51.2 µs per layer
+inside the batched step against the Triton pair's 48.4, so the step is slower with it.
+At B = 1 it takes 36 µs (ten blocks in sequence in one program). Its time is the gathers:
+about 20 GB/s per SM with one 64 KiB block in flight, all that q (64 KiB) and two stages
+leave of the shared memory.
+
+PDL: launched with programmatic dependent launch on Hopper (`pdl`, on), it releases its
+successor and waits for its predecessor before any load (`_pdl_release_wait`; the offline
+SASS test checks the order).
 """
 
 from __future__ import annotations
@@ -55,7 +67,8 @@ __all__ = ["HAVE_GLUON", "sparse_attn_gluon", "GLUON_TUNE"]
 
 # Launch shape (constants of the geometry, never of m): nsplit programs per token (each its
 # D / nsplit output columns), stages of 64 gathered rows in shared memory, the gathers issued
-# in column chunks of ch.
+# in column chunks of ch, pdl (launched under programmatic dependent launch where
+# `_triton.pdl_launch` allows it). None of them moves a bit (the GPU tests).
 GLUON_TUNE = dict(nsplit=2, stages=2, ch=128, pdl=True)
 _SMEM_MAX = 227 * 1024  # an sm_90 block's shared memory
 _SMEM_EXTRA = 24 * 1024  # the selection (at most 8 KiB) and the layout conversions' scratch
