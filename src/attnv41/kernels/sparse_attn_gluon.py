@@ -169,7 +169,8 @@ if HAVE_GLUON:
         offs_qd = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
         q_ptrs = q_ptr + t * stride_qt + offs_qh.to(gl.int64)[:, None] * stride_qh + offs_qd[None, :] * stride_qd
         async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=(offs_qh < H)[:, None] & (offs_qd < D)[None, :])
-        # the token's selection [KB_P2, BLOCK_K] (entries past K zero-filled, read as −1)
+        # the token's selection [KB_P2, BLOCK_K] with q in one group (entries past K zero-filled,
+        # read as −1; KB_P2 covers every block the prologue may issue)
         LS: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         SEL_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         sel_smem = gl.allocate_shared_memory(gl.int32, [KB_P2, BLOCK_K], SEL_SL)
@@ -181,7 +182,7 @@ if HAVE_GLUON:
         async_copy.commit_group()
         async_copy.wait_group(0)
         gl.thread_barrier()
-        # the first STAGES − 1 blocks' rows (with q in the first group)
+        # the first STAGES − 1 blocks' rows (blocks past the selection: all absent, zero-filled)
         for i in gl.static_range(STAGES - 1):
             _issue_rows(
                 r_smem.index(i), win_ptr, comp_ptr, sel_smem, i, K, offset, n_comp,
@@ -371,7 +372,7 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         *q.stride(), *win.stride(), *comp.stride(), *sel.stride(), *out.stride(),
         o_rot.stride(0), o_rot.stride(1), cos.stride(0), sin.stride(0),
         ROT=rot is not None, HALF=half, BLOCK_H=64, BLOCK_D=block_d, DV=block_d // nsplit, BLOCK_K=BLOCK_K,
-        LOG2_K=BLOCK_K.bit_length() - 1, K_BLOCKS=kbs, KB_P2=max(2, triton.next_power_of_2(kbs)), STAGES=cfg["stages"], num_warps=4,
+        LOG2_K=BLOCK_K.bit_length() - 1, K_BLOCKS=kbs, KB_P2=triton.next_power_of_2(max(2, kbs, cfg["stages"])), STAGES=cfg["stages"], num_warps=4,
         CH=min(cfg["ch"], block_d),
         enable_fp_fusion=False,
         **(pdl_launch(q) if cfg["pdl"] else {"PDL": False}),
