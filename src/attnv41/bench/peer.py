@@ -168,7 +168,11 @@ def bench_attention_peer(
         ]
         + (
             [("attnv41 decode, one-pass Gluon (sparse_attn_gluon; opt-in)", sparse_attn_gluon)]
-            if dev.type == "cuda" and HAVE_GLUON and torch.cuda.get_device_capability(dev)[0] == 9 and H <= 64
+            if dev.type == "cuda"
+            and HAVE_GLUON
+            and torch.cuda.get_device_capability(dev)[0] == 9
+            and H <= 64
+            and D <= 512
             else []
         )
         if dev.type == "cuda"

@@ -207,22 +207,21 @@ BATCH_TUNE = dict(
     stages_a=2,
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
-_BATCH_SMALL_TUNE = dict(bh=16)
+_BATCH_SMALL_TUNE = dict(bh=16)  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 # The one-pass Gluon kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two
 # kernels here (the GPU tests compare them at the Flash shapes, with the rope epilogue), so
 # a wrapper may choose it by m. Opt-in (`ATTNV41_GLUON_ATTN=1`, read at import, or
 # `_GLUON["on"]`): calls of at least `_GLUON["min_m"]` tokens over bf16 rows on an sm_90 GPU
 # then run it. 2026-12-04 (fifteenth entry), H200, µs: alone it is faster from m = 32
 # (scripts/gluon_attn_probe.py, L2 flushed, Triton BATCH_TUNE / Gluon: B = 16 36.5 / 44.1,
-# 24 40.8 / 44.6, 32 49.1 / 44.9, 64 60.5 / 47.6; bench (c) at B = 64 40.0 against 49.6, FlashMLA
-# 44.8), but inside the batched step it is slower (scripts/step_profile.py, B = 64 at 32K:
-# 51.2 µs per layer against 16.9 + 31.6 = 48.4 for the two kernels, which find the step's
-# rows in L2; ab_steps.py, BatchGraphs: 8.04 against 7.85 ms/step at B = 64, 7.24 against
-# 6.80 at B = 32; with PDL 8.50). So it stays off by default.
+# 24 40.8 / 44.6, 32 49.1 / 44.9, 64 60.5 / 47.6; bench (c) at B = 64, 32K: 39.2 against 49.6,
+# FlashMLA 44.9), but inside the batched step it is slower (scripts/step_profile.py, B = 64 at
+# 32K: 51.2 µs per layer against 16.9 + 31.6 = 48.4 for the two kernels, which gain in the
+# step where it loses; the cause is not known; ab_steps.py, BatchGraphs: 8.04 against 7.85
+# ms/step at B = 64, 7.24 against 6.80 at B = 32; with PDL 8.50). So it stays off by default.
 GLUON_ENV = "ATTNV41_GLUON_ATTN"
-_GLUON = dict(
-    on=os.environ.get(GLUON_ENV, "0") == "1", min_m=32
-)  # a dict: ab_steps.py switches it in place  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
+# a dict: ab_steps.py switches it in place
+_GLUON = dict(on=os.environ.get(GLUON_ENV, "0") == "1", min_m=32)
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
