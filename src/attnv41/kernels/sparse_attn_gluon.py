@@ -324,7 +324,7 @@ if HAVE_GLUON:
 def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
     """`sparse_attn_split`'s contract and bits (bf16 rows; CUDA, sm_90), one pass per token
     (this module's docstring). `tune`: keys of `GLUON_TUNE` (probes only)."""
-    from .sparse_attn_split import _check_rot  # noqa: PLC0415
+    from .sparse_attn_split import _check_rot, _rot_launch_args  # noqa: PLC0415
 
     _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed=False)
     _check_rot(rot, q)
@@ -360,12 +360,7 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     if n_comp == 0:
         comp = win
     kbs = max(1, triton.cdiv(K, BLOCK_K))
-    if rot is None:
-        cos = sin = sink
-        pos, o_rot, half = sel, out, 1
-    else:
-        cos, sin, pos, o_rot = rot
-        half = cos.shape[1]
+    cos, sin, pos, o_rot, half = _rot_launch_args(rot, sink, sel, out)
     _attn_gl_kernel[(m, nsplit)](
         q, win, comp, sel, sink, out, o_rot, cos, sin, pos,
         H, D, K, offset, n_comp, float(scale), kbs,

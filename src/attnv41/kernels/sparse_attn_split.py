@@ -473,12 +473,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
-    if rot is None:
-        cos = sin = sink
-        pos, o_rot, half = sel, out, 1
-    else:
-        cos, sin, pos, o_rot = rot
-        half = cos.shape[1]
+    cos, sin, pos, o_rot, half = _rot_launch_args(rot, sink, sel, out)
     if blocks:
         locks = _counters.buffer(dev)
         pv = torch.empty(m, kbs, H, D, dtype=torch.float32, device=dev)
@@ -538,6 +533,15 @@ def prepare(device: torch.device | str) -> None:
     """Allocate the block-parallel combine's arrival counters on `device` (zeros). Done by
     the first call; call it before capturing a CUDA graph whose first call is inside it."""
     _counters.prepare(device)
+
+
+def _rot_launch_args(rot, sink, sel, out) -> tuple:
+    """(cos, sin, pos, o_rot, half) for a kernel launch: `rot`'s tables and buffer, or
+    without it placeholders of the right pointer types that nothing reads (ROT off)."""
+    if rot is None:
+        return sink, sink, sel, out, 1
+    cos, sin, pos, o_rot = rot
+    return cos, sin, pos, o_rot, cos.shape[1]
 
 
 def _check_rot(rot, q) -> None:
