@@ -214,33 +214,156 @@ if HAVE_GLUON:
             async_copy.commit_group()
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
-            # s [BLOCK_H, BLOCK_K]: q·Rᵀ over all of D, then τ, absent → −inf
             idx = _block_sel(sel_smem, kb, K, BLOCK_K, gl.SliceLayout(0, MMA_S))
-            s = s * scale
-            s = gl.where((idx >= 0)[None, :], s, float("-inf"))
-
-            new = gl.maximum(mx, gl.max(s, axis=1))
-            base = gl.where(new == float("-inf"), 0.0, new)
-            alpha = gl.exp(mx - base)
-            p = gl.exp(s - base[:, None])
-            # Σp: the fixed pairwise tree (entries 2i, 2i+1 → i) in a layout holding whole rows
-            ps = gl.convert_layout(p, ROWS)
-            for lvl in gl.static_range(LOG2_K):
-                a, b = gl.split(gl.reshape(ps, [BLOCK_H, BLOCK_K >> (lvl + 1), 2]))
-                ps = a + b
-            ps = gl.reshape(ps, [BLOCK_H])
-            den = den * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS)) + gl.convert_layout(ps, den.type.layout)
-
-            p_op = gl.convert_layout(p.to(gl.bfloat16), P_OP)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, MMA_O))
-            for jj in gl.static_range(BLOCK_D // DV):  # a slice's start must be a constant
-                if j == jj:
-                    acc0 = _pv_step(p_op, r, acc0, alpha_o, jj * DV, DV2, MMA_O)
-                    acc1 = _pv_step(p_op, r, acc1, alpha_o, jj * DV + DV2, DV2, MMA_O)
-            mx = new
+            mx, den, acc0, acc1 = _block_step(s, idx, scale, mx, den, acc0, acc1, r, j, BLOCK_D, DV, LOG2_K, ROWS, P_OP)
         async_copy.wait_group(0)
 
-        # epilogue: the sink last, o = bf16(acc / den), and the inverse RoPE of o's tail
+        _epilogue(acc0, acc1, mx, den, d0, H, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, D,
+                  stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+                  ROT, HALF, BLOCK_H, DV2, num_warps)  # fmt: skip
+
+    @gluon.jit
+    def _issue_packed(
+        c_stage, s_stage, win_ptr, comp_ptr, sel_smem, kb, K, offset, n_comp,
+        DP: gl.constexpr, BLOCK_K: gl.constexpr, LC: gl.constexpr, LS2: gl.constexpr,
+    ):  # fmt: skip
+        """cp.async block kb's packed rows into a stage: c_stage [BLOCK_K, DP] uint8 their code
+        bytes (a window row's DP e4m3 codes, a compressed row's DP/2 bytes of nibbles), s_stage
+        [BLOCK_K, 32] uint8 their scale bytes (DP/32 e8m0, DP/16 e4m3); absent rows and
+        bytes past a row's zero-filled. Rows are contiguous (stride = their bytes) and start
+        16-byte aligned (DP = 512: 528 and 288 bytes), so every piece is 16 bytes."""
+        base, from_win, from_comp = _packed_bases(win_ptr, comp_ptr, sel_smem, kb, K, offset, n_comp, DP, BLOCK_K, LC)
+        offs = gl.arange(0, DP, layout=gl.SliceLayout(0, LC))
+        nb = gl.where(from_win, DP, gl.where(from_comp, DP // 2, 0))
+        async_copy.async_copy_global_to_shared(c_stage, base[:, None] + offs[None, :], mask=offs[None, :] < nb[:, None])
+        base, from_win, from_comp = _packed_bases(win_ptr, comp_ptr, sel_smem, kb, K, offset, n_comp, DP, BLOCK_K, LS2)
+        offs = gl.arange(0, 32, layout=gl.SliceLayout(0, LS2))
+        nb = gl.where(from_win, DP // 32, gl.where(from_comp, DP // 16, 0))
+        base = base + gl.where(from_win, DP, DP // 2)
+        async_copy.async_copy_global_to_shared(s_stage, base[:, None] + offs[None, :], mask=offs[None, :] < nb[:, None])
+
+    @gluon.jit
+    def _packed_bases(win_ptr, comp_ptr, sel_smem, kb, K, offset, n_comp, DP: gl.constexpr, BLOCK_K: gl.constexpr,
+                      L: gl.constexpr):  # fmt: skip
+        """Block kb's rows as byte pointers ([BLOCK_K] in SliceLayout(1, L)) and whether each
+        is a window row or a compressed row (neither: absent)."""
+        idx = _block_sel(sel_smem, kb, K, BLOCK_K, gl.SliceLayout(1, L)).to(gl.int64)
+        from_win = (idx >= 0) & (idx < offset)
+        crow = idx - offset
+        from_comp = (idx >= offset) & (crow < n_comp)
+        base = gl.where(from_win, win_ptr + gl.where(from_win, idx, 0) * (DP + DP // 32),
+                        comp_ptr + gl.where(from_comp, crow, 0) * (DP // 2 + DP // 16))  # fmt: skip
+        return base, from_win, from_comp
+
+    @gluon.jit
+    def _dequant_packed(
+        c_stage, s_stage, r_tile, sel_smem, kb, K, offset,
+        DP: gl.constexpr, BLOCK_K: gl.constexpr, CH: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """Block kb's packed rows (a stage of `_issue_packed`) dequantized into r_tile
+        ([BLOCK_K, DP] bf16), CH columns at a time: window rows code · 2^(e − 127),
+        compressed rows e2m1 · e4m3 scale, each computed in fp32 and rounded to bf16 as
+        `packed_rows.fp8_e8m0_rows` and `fp4_rows` compute them (exact: the values of the
+        unpacked rows). A block of one source (the usual case: the selection's window
+        entries come first) computes only its format."""
+        # layouts: 16 (window) or 8 (compressed) bytes per thread, both reshaped to LB (16
+        # consecutive values per thread)
+        TC: gl.constexpr = CH // 16  # threads along a chunk's columns
+        LW3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32 // TC, TC // 2, 2], [num_warps, 1, 1], [2, 1, 0])
+        LC3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [32 // TC, TC, 1], [num_warps, 1, 1], [2, 1, 0])
+        LB: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TC, TC], [num_warps, 1], [1, 0])
+        P3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+        idx = _block_sel(sel_smem, kb, K, BLOCK_K, gl.SliceLayout(1, LB))
+        from_win = (idx >= 0) & (idx < offset)
+        n_win = gl.sum(from_win.to(gl.int32), axis=0)
+        n_comp = gl.sum(((idx >= offset) & ~from_win).to(gl.int32), axis=0)
+        codes_w = c_stage._reinterpret(gl.uint8, [BLOCK_K, DP // 32, 32], P3)
+        codes_c = c_stage._reinterpret(gl.uint8, [BLOCK_K, DP // 8, 8], P3)
+        for c in gl.static_range(DP // CH):
+            dst = r_tile.slice(c * CH, CH, dim=1)
+            if n_comp == 0:
+                dst.store(_dequant_win(codes_w, s_stage, c, CH, LW3, LB))
+            elif n_win == 0:
+                dst.store(_dequant_comp(codes_c, s_stage, c, CH, LC3, LB))
+            else:
+                wv = _dequant_win(codes_w, s_stage, c, CH, LW3, LB)
+                cv = _dequant_comp(codes_c, s_stage, c, CH, LC3, LB)
+                dst.store(gl.where(from_win[:, None], wv, cv))
+
+    @gluon.jit
+    def _dequant_win(codes_w, s_stage, c: gl.constexpr, CH: gl.constexpr, LW3: gl.constexpr, LB: gl.constexpr):
+        """[BLOCK_K, CH] bf16 in LB: columns c·CH … of the stage read as fp8_e8m0 rows
+        (codes_w: the code bytes as [BLOCK_K, D/32, 32])."""
+        codes = codes_w.slice(c * (CH // 32), CH // 32, dim=1).load(LW3)
+        e = s_stage.slice(c * (CH // 32), CH // 32, dim=1).load(gl.SliceLayout(2, LW3))
+        sc = (e.to(gl.int32) << 23).to(gl.float32, bitcast=True)  # 2^(e − 127); 0 for a zero byte
+        v = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+        return gl.convert_layout(gl.reshape(v.to(gl.bfloat16), [codes.shape[0], CH]), LB, assert_trivial=True)
+
+    @gluon.jit
+    def _dequant_comp(codes_c, s_stage, c: gl.constexpr, CH: gl.constexpr, LC3: gl.constexpr, LB: gl.constexpr):
+        """[BLOCK_K, CH] bf16 in LB: columns c·CH … of the stage read as fp4_e4m3 rows
+        (codes_c: the code bytes as [BLOCK_K, D/8, 8]; value 2i in the low nibble of byte i,
+        one e4m3 scale per 16 values, i.e. per 8 bytes)."""
+        by = codes_c.slice(c * (CH // 16), CH // 16, dim=1).load(LC3)
+        sc = s_stage.slice(c * (CH // 16), CH // 16, dim=1).load(gl.SliceLayout(2, LC3))
+        sc = sc.to(gl.float8e4nv, bitcast=True).to(gl.float32)[:, :, None]
+        b = by.to(gl.int32)
+        lo = _e2m1_f32(b & 15) * sc
+        hi = _e2m1_f32(b >> 4) * sc
+        v = gl.reshape(gl.join(lo, hi), [by.shape[0], CH // 16, 16])  # value 2i + n: nibble n of byte i
+        return gl.convert_layout(gl.reshape(v.to(gl.bfloat16), [by.shape[0], CH]), LB, assert_trivial=True)
+
+    @gluon.jit
+    def _e2m1_f32(nib):
+        """int32 e2m1 nibbles → fp32, exactly (`_triton.e2m1_value`'s bit placement)."""
+        bits = ((nib & 7) << 22) | ((nib & 8) << 28)
+        return bits.to(gl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
+
+    @gluon.jit
+    def _block_step(
+        s, idx, scale, mx, den, acc0, acc1, r, j,
+        BLOCK_D: gl.constexpr, DV: gl.constexpr, LOG2_K: gl.constexpr, ROWS: gl.constexpr, P_OP: gl.constexpr,
+    ):  # fmt: skip
+        """One block of the recurrence on its logits s = q·Rᵀ ([BLOCK_H, BLOCK_K], fp32, all of
+        D) and its rows r (shared memory): τ, absent (idx < 0) → −inf, the running max, p,
+        den·α + Σp, acc·α + dot(bf16(p), R) for this program's columns. Returns (mx, den,
+        acc0, acc1)."""
+        BLOCK_H: gl.constexpr = s.shape[0]
+        BLOCK_K: gl.constexpr = s.shape[1]
+        MMA_O: gl.constexpr = acc0.type.layout
+        DV2: gl.constexpr = DV // 2
+        s = s * scale
+        s = gl.where((idx >= 0)[None, :], s, float("-inf"))
+
+        new = gl.maximum(mx, gl.max(s, axis=1))
+        base = gl.where(new == float("-inf"), 0.0, new)
+        alpha = gl.exp(mx - base)
+        p = gl.exp(s - base[:, None])
+        # Σp: the fixed pairwise tree (entries 2i, 2i+1 → i) in a layout holding whole rows
+        ps = gl.convert_layout(p, ROWS)
+        for lvl in gl.static_range(LOG2_K):
+            a, b = gl.split(gl.reshape(ps, [BLOCK_H, BLOCK_K >> (lvl + 1), 2]))
+            ps = a + b
+        ps = gl.reshape(ps, [BLOCK_H])
+        den = den * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS)) + gl.convert_layout(ps, den.type.layout)
+
+        p_op = gl.convert_layout(p.to(gl.bfloat16), P_OP)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, MMA_O))
+        for jj in gl.static_range(BLOCK_D // DV):  # a slice's start must be a constant
+            if j == jj:
+                acc0 = _pv_step(p_op, r, acc0, alpha_o, jj * DV, DV2, MMA_O)
+                acc1 = _pv_step(p_op, r, acc1, alpha_o, jj * DV + DV2, DV2, MMA_O)
+        return new, den, acc0, acc1
+
+    @gluon.jit
+    def _epilogue(
+        acc0, acc1, mx, den, d0, H, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, D,
+        stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+        ROT: gl.constexpr, HALF: gl.constexpr, BLOCK_H: gl.constexpr, DV2: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """The sink last, o = bf16(acc / den), and the inverse RoPE of o's tail (`_store_o`),
+        for this program's two column halves at d0 and d0 + DV2."""
         EPI: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
         offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, EPI))
         mask_h = offs_h < H
@@ -277,6 +400,96 @@ if HAVE_GLUON:
         _store_o(gl.convert_layout(acc1, EPI), den_e, d0 + DV2, offs_h, mask_h, out_ptr, rot_ptr, cos_ptr, sin_ptr,
                  pos_ptr, t, D, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin, ROT, HALF,
                  DV2)  # fmt: skip
+
+
+    @gluon.jit(do_not_specialize=["n_kb"])
+    def _attn_gl_packed_kernel(
+        q_ptr, win_ptr, comp_ptr, sel_ptr, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr,
+        H, K, offset, n_comp, scale, n_kb,
+        stride_qt, stride_qh, stride_qd, stride_st, stride_sk,
+        stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+        ROT: gl.constexpr, HALF: gl.constexpr,
+        BLOCK_H: gl.constexpr, DP: gl.constexpr, DV: gl.constexpr, BLOCK_K: gl.constexpr,
+        LOG2_K: gl.constexpr, KB_P2: gl.constexpr, STAGES: gl.constexpr,
+        num_warps: gl.constexpr, CH: gl.constexpr = 128, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """`_attn_gl_kernel` over packed rows (D = DP = 512): the stages hold a block's packed
+        bytes (`_issue_packed`), each block is dequantized into one bf16 tile
+        (`_dequant_packed`) that the logits and the weighted sum read; the same values, the
+        same MMAs, so the same bits."""
+        _pdl_release_wait(PDL)
+        t = gl.program_id(0).to(gl.int64)
+        j = gl.program_id(1)
+        d0 = j * DV
+        DV2: gl.constexpr = DV // 2
+
+        LD: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        LC: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])
+        LS2: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
+        MMA_S: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_K, 16]
+        )
+        MMA_O: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DV2, 16]
+        )
+        P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+        ROWS: gl.constexpr = gl.BlockedLayout([1, BLOCK_K], [32, 1], [num_warps, 1], [1, 0])
+        Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, DP], gl.bfloat16)
+        R_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, DP], gl.bfloat16)
+        PL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, DP], Q_SL)
+        r_tile = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_K, DP], R_SL)
+        c_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_K, DP], PL)
+        s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_K, 32], PL)
+
+        offs_qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LD))
+        offs_qd = gl.arange(0, DP, layout=gl.SliceLayout(0, LD))
+        q_ptrs = q_ptr + t * stride_qt + offs_qh.to(gl.int64)[:, None] * stride_qh + offs_qd[None, :] * stride_qd
+        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=(offs_qh < H)[:, None])
+        LSEL: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        SEL_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        sel_smem = gl.allocate_shared_memory(gl.int32, [KB_P2, BLOCK_K], SEL_SL)
+        for i in gl.static_range(KB_P2):
+            offs_s = i * BLOCK_K + gl.arange(0, BLOCK_K, layout=LSEL)
+            async_copy.async_copy_global_to_shared(
+                sel_smem.index(i), sel_ptr + t * stride_st + offs_s.to(gl.int64) * stride_sk, mask=offs_s < K
+            )
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        for i in gl.static_range(STAGES - 1):
+            _issue_packed(c_smem.index(i), s_smem.index(i), win_ptr, comp_ptr, sel_smem, i, K, offset, n_comp,
+                          DP, BLOCK_K, LC, LS2)  # fmt: skip
+            async_copy.commit_group()
+
+        mx = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA_S))
+        den = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, ROWS))
+        acc0 = gl.zeros([BLOCK_H, DV2], gl.float32, layout=MMA_O)
+        acc1 = gl.zeros([BLOCK_H, DV2], gl.float32, layout=MMA_O)
+        for kb in range(0, n_kb):
+            # block kb's bytes have landed, and every warp is past block kb − 1's MMAs (the
+            # tile) and its dequantization (the stage block kb + STAGES − 1 refills)
+            async_copy.wait_group(STAGES - 2)
+            gl.thread_barrier()
+            nxt = kb + STAGES - 1
+            if nxt < n_kb:
+                _issue_packed(c_smem.index(nxt % STAGES), s_smem.index(nxt % STAGES), win_ptr, comp_ptr, sel_smem,
+                              nxt, K, offset, n_comp, DP, BLOCK_K, LC, LS2)  # fmt: skip
+            async_copy.commit_group()
+            _dequant_packed(c_smem.index(kb % STAGES), s_smem.index(kb % STAGES), r_tile, sel_smem, kb, K, offset,
+                            DP, BLOCK_K, CH, num_warps)  # fmt: skip
+            fence_async_shared()
+            gl.thread_barrier()
+            s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+            s = warpgroup_mma(q_smem, r_tile.permute((1, 0)), s, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            idx = _block_sel(sel_smem, kb, K, BLOCK_K, gl.SliceLayout(0, MMA_S))
+            mx, den, acc0, acc1 = _block_step(s, idx, scale, mx, den, acc0, acc1, r_tile, j, DP, DV, LOG2_K, ROWS, P_OP)
+        async_copy.wait_group(0)
+        _epilogue(acc0, acc1, mx, den, d0, H, sink_ptr, out_ptr, rot_ptr, cos_ptr, sin_ptr, pos_ptr, t, DP,
+                  stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
+                  ROT, HALF, BLOCK_H, DV2, num_warps)  # fmt: skip
 
     @gluon.jit
     def _store_o(
@@ -322,11 +535,12 @@ if HAVE_GLUON:
 
 
 def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None, **tune) -> torch.Tensor:
-    """`sparse_attn_split`'s contract and bits (bf16 rows; CUDA, sm_90), one pass per token
-    (this module's docstring). `tune`: keys of `GLUON_TUNE` (probes only)."""
+    """`sparse_attn_split`'s contract and bits (bf16 rows, or V4.1's packed rows at D = 512;
+    CUDA, sm_90), one pass per token (this module's docstring). `tune`: keys of
+    `GLUON_TUNE` (probes only)."""
     from .sparse_attn_split import _check_rot, _rot_launch_args  # noqa: PLC0415
 
-    _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed=False)
+    _validate(q, win, comp, sel, offset, sink, scale, out, allow_packed=True)
     _check_rot(rot, q)
     unknown = sorted(set(tune) - set(GLUON_TUNE))
     if unknown:
@@ -334,10 +548,16 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     cfg = dict(GLUON_TUNE)
     cfg.update(tune)
     m, H, D = q.shape
+    packed = win.dtype == torch.uint8
     if H > 64:
         raise ValueError(f"q.shape[1] (heads) = {H}; allowed: 1 … 64 (one warpgroup's MMA rows)")
-    if D > 512:
-        raise ValueError(f"q.shape[2] (D) = {D}; allowed: 1 … 512 (q and two stages of rows in shared memory)")
+    if D > 512 or (packed and D != 512):
+        allowed = "512 (packed rows: 16-byte row starts)" if packed else "1 … 512 (q and two stages of rows in shared memory)"
+        raise ValueError(f"q.shape[2] (D) = {D}; allowed: {allowed}")
+    if packed:
+        for name, x in (("win", win), ("comp", comp)):
+            if x.shape[0] and x.data_ptr() % 16:
+                raise ValueError(f"{name}.data_ptr() % 16 = {x.data_ptr() % 16}; allowed: 0 (packed rows, 16-byte copies)")
     if cfg["ch"] not in (32, 64, 128, 256, 512):
         raise ValueError(f"ch = {cfg['ch']!r}; allowed: 32, 64, 128, 256, 512")
     block_d = max(64, triton.next_power_of_2(D)) if HAVE_TRITON else D
@@ -345,9 +565,12 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     if nsplit not in (1, 2, 4) or block_d % (nsplit * 32):
         raise ValueError(f"nsplit = {nsplit}; allowed: 1, 2 or 4, dividing {block_d} into slices of >= 32 columns")
     st = cfg["stages"]
-    if not isinstance(st, int) or st < 2 or (1 + st) * 64 * block_d * 2 + _SMEM_EXTRA > _SMEM_MAX:
-        most = max(2, (_SMEM_MAX - _SMEM_EXTRA) // (64 * block_d * 2) - 1)
-        raise ValueError(f"stages = {st!r}; allowed: 2 … {most} at D = {D} (q and the stages in shared memory)")
+    # shared memory: q and the stages of bf16 rows; packed: q, one bf16 tile and the stages of bytes
+    fixed, per_stage = (2 * 64 * block_d * 2, 64 * (block_d + 32)) if packed else (64 * block_d * 2, 64 * block_d * 2)
+    if not isinstance(st, int) or st < 2 or fixed + st * per_stage + _SMEM_EXTRA > _SMEM_MAX:
+        most = max(2, (_SMEM_MAX - _SMEM_EXTRA - fixed) // per_stage)
+        what = "q, a bf16 tile and the stages of packed bytes" if packed else "q and the stages"
+        raise ValueError(f"stages = {st!r}; allowed: 2 … {most} at D = {D} ({what} in shared memory)")
     require_triton("sparse_attn_gluon", q, win, sel, sink)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("sparse_attn_gluon: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
@@ -361,15 +584,28 @@ def sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         comp = win
     kbs = max(1, triton.cdiv(K, BLOCK_K))
     cos, sin, pos, o_rot, half = _rot_launch_args(rot, sink, sel, out)
+    kb_p2 = triton.next_power_of_2(max(2, kbs, st))
+    pdl = pdl_launch(q) if cfg["pdl"] else {"PDL": False}
+    if packed:
+        _attn_gl_packed_kernel[(m, nsplit)](
+            q, win, comp, sel, sink, out, o_rot, cos, sin, pos,
+            H, K, offset, n_comp, float(scale), kbs,
+            *q.stride(), *sel.stride(), *out.stride(),
+            o_rot.stride(0), o_rot.stride(1), cos.stride(0), sin.stride(0),
+            ROT=rot is not None, HALF=half, BLOCK_H=64, DP=D, DV=D // nsplit, BLOCK_K=BLOCK_K,
+            LOG2_K=BLOCK_K.bit_length() - 1, KB_P2=kb_p2, STAGES=st, num_warps=4, CH=min(cfg["ch"], 256),
+            enable_fp_fusion=False, **pdl,
+        )  # fmt: skip
+        return out
     _attn_gl_kernel[(m, nsplit)](
         q, win, comp, sel, sink, out, o_rot, cos, sin, pos,
         H, D, K, offset, n_comp, float(scale), kbs,
         *q.stride(), *win.stride(), *comp.stride(), *sel.stride(), *out.stride(),
         o_rot.stride(0), o_rot.stride(1), cos.stride(0), sin.stride(0),
         ROT=rot is not None, HALF=half, BLOCK_H=64, BLOCK_D=block_d, DV=block_d // nsplit, BLOCK_K=BLOCK_K,
-        LOG2_K=BLOCK_K.bit_length() - 1, K_BLOCKS=kbs, KB_P2=triton.next_power_of_2(max(2, kbs, cfg["stages"])), STAGES=cfg["stages"], num_warps=4,
+        LOG2_K=BLOCK_K.bit_length() - 1, K_BLOCKS=kbs, KB_P2=kb_p2, STAGES=st, num_warps=4,
         CH=min(cfg["ch"], block_d),
         enable_fp_fusion=False,
-        **(pdl_launch(q) if cfg["pdl"] else {"PDL": False}),
+        **pdl,
     )  # fmt: skip
     return out
