@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--tunes", type=json.loads, default=[{}])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--packed", action="store_true", help="also the packed rows of the same values")
+    ap.add_argument("--ptunes", type=json.loads, default=[{}], help="Gluon tunes over packed rows")
     ap.add_argument("--window", type=int, default=128, help="window entries per token (not a multiple of 64: mixed blocks)")
     a = ap.parse_args()
     timer = Timer("cuda", flush_l2=True)
@@ -86,7 +87,7 @@ def main() -> int:
                 pargs = (q, pw, pc, sel, offset, sink, D**-0.5)
                 forms.append(("Triton (BATCH_TUNE) packed", lambda o, r, args=pargs, t=(cos, sin, pos): sparse_attn_split(
                     *args, out=o, rot=(*t, r), **BATCH_TUNE)))
-                for tune in a.tunes:
+                for tune in a.ptunes:
                     forms.append((f"gluon packed {json.dumps(tune)}", lambda o, r, tune=tune, args=pargs,
                                   t=(cos, sin, pos): sparse_attn_gluon(*args, out=o, rot=(*t, r), **tune)))
             for name, fn in forms:

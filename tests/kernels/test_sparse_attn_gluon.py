@@ -203,7 +203,10 @@ def test_packed_rows_give_the_bytes_of_their_bf16_rows(layout, m, H):
     assert n == 0, f"o: {n} of {got.numel()} elements differ from the Triton kernels over the bf16 rows"
     n = int((_bits(got_r) != _bits(want_r)).sum())
     assert n == 0, f"o_rot: {n} of {got_r.numel()} elements differ"
-    for tune in ({"nsplit": 4}, {"nsplit": 1}, {"ch": 64}, {"ch": 256}, {"pdl": False}):
+    tunes = ({"nsplit": 2}, {"nsplit": 4}, {"warps": 4, "nsplit": 2}, {"asm": False}, {"ch": 64}, {"ch": 256},
+             {"pdl": False}, {"warps": 16, "nsplit": 2}, {"warps": 16}, {"tma": True}, {"tma": True, "nsplit": 2},
+             {"tma": True, "asm": False}, {"tma": True, "warps": 16, "nsplit": 2})  # fmt: skip
+    for tune in tunes:
         o = sparse_attn_gluon(q, pw, pc, sel, offset, sink, scale, **tune)
         n = int((_bits(o) != _bits(want)).sum())
         assert n == 0, f"{tune}: {n} elements differ"
