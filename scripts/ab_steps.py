@@ -39,6 +39,7 @@ DICTS = {
     "batch": ss.BATCH_TUNE,
     "gluon": ss._GLUON,
     "gluon_tune": sg.GLUON_TUNE,
+    "gluon_packed_tune": sg.GLUON_PACKED_TUNE,
     "index": indexer._TUNE,
     "index_paged": indexer._PAGED_TUNE,
 }
@@ -61,6 +62,7 @@ VARIANTS = {
     # (sixteenth entry) the Gluon kernel over packed rows
     "gluon packed": {"gluon": dict(packed=True)},
     "gluon packed from m=16": {"gluon": dict(packed=True, min_m=16)},
+    "gluon packed nsplit=2": {"gluon": dict(packed=True), "gluon_packed_tune": dict(nsplit=2)},
     "gluon packed without pdl": {"gluon": dict(packed=True), "gluon_tune": dict(pdl=False)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},

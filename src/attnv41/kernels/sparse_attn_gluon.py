@@ -517,7 +517,7 @@ if HAVE_GLUON:
         LC: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])
         LS2: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
         MMA_S: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WN], instr_shape=[16, BLOCK_K // WN, 16]
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_K, 16]
         )
         MMA_O: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, WN], instr_shape=[16, DV2 // WN, 16]
