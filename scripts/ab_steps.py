@@ -39,7 +39,6 @@ DICTS = {
     "batch": ss.BATCH_TUNE,
     "gluon": ss._GLUON,
     "gluon_tune": sg.GLUON_TUNE,
-    "gluon_packed_tune": sg.GLUON_PACKED_TUNE,
     "index": indexer._TUNE,
     "index_paged": indexer._PAGED_TUNE,
 }
@@ -59,11 +58,6 @@ VARIANTS = {
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},
     "gluon on without pdl": {"gluon": dict(on=True), "gluon_tune": dict(pdl=False)},
-    # (sixteenth entry) the Gluon kernel over packed rows
-    "gluon packed": {"gluon": dict(packed=True)},
-    "gluon packed from m=16": {"gluon": dict(packed=True, min_m=16)},
-    "gluon packed nsplit=2": {"gluon": dict(packed=True), "gluon_packed_tune": dict(nsplit=2)},
-    "gluon packed without pdl": {"gluon": dict(packed=True), "gluon_tune": dict(pdl=False)},
     "old": OLD,
     "new, single bh=16": {"single": dict(bh=16)},
     "new, batch m=1 bh=64": {"batch_small": dict(bh=64)},

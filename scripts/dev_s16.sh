@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The packed Gluon kernel these calls ran was removed after call 5; commit 5d1891c has it and its probes.)
 # 2026-12-04 (sixteenth entry), call 1: the Gluon attention over packed rows: its GPU tests,
 # the probe against the Triton kernels (bytes, time) at B = 1, 32, 64 (and mixed blocks),
 # then whole BatchGraphs steps over packed caches with it on / off. carry: [".golden"]

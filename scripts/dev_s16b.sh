@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The packed Gluon kernel these calls ran was removed after call 5; commit 5d1891c has it and its probes.)
 # 2026-12-04 (sixteenth entry), call 2: the packed Gluon kernel with 8 warps per token-program
 # and PTX dequantization: its GPU tests, the probe (launch variants), BatchGraphs steps. carry: [".golden"]
 set -u

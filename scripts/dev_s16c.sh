@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The packed Gluon kernel these calls ran was removed after call 5; commit 5d1891c has it and its probes.)
 # 2026-12-04 (sixteenth entry), call 3: the packed Gluon kernel's TMA row copies and timing
 # variants (no dequantization / no MMAs), its GPU tests, an Nsight Compute attempt. carry: [".golden"]
 set -u

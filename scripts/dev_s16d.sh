@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The packed Gluon kernel these calls ran was removed after call 5; commit 5d1891c has it and its probes.)
 # 2026-12-04 (sixteenth entry), call 4: the packed Gluon kernel in 16 warps, TMA row copies
 # (aligned), timing variants; its GPU tests; Nsight Compute stall reasons. carry: [".golden"]
 set -u

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The packed Gluon kernel these calls ran was removed after call 5; commit 5d1891c has it and its probes.)
 # 2026-12-04 (sixteenth entry), call 5: the packed Gluon kernel with its logits replicated in
 # both warpgroups (no exchange before the weighted sum): probe, GPU tests, BatchGraphs steps. carry: [".golden"]
 set -u

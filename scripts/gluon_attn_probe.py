@@ -21,11 +21,10 @@ from attnv41.bench.common import Timer  # noqa: E402
 from attnv41.kernels.sparse_attn import sparse_attn_torch  # noqa: E402
 from attnv41.kernels.sparse_attn_gluon import sparse_attn_gluon  # noqa: E402
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_batch, sparse_attn_split  # noqa: E402
-from attnv41.packed import pack  # noqa: E402
 from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq  # noqa: E402
 
 
-def inputs(B, H=64, D=512, W=128, K=512, C=8192, absent=0, seed=0, packed=False):
+def inputs(B, H=64, D=512, W=128, K=512, C=8192, absent=0, seed=0):
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(seed)
     bf = torch.bfloat16
@@ -44,8 +43,6 @@ def inputs(B, H=64, D=512, W=128, K=512, C=8192, absent=0, seed=0, packed=False)
     ang = torch.arange(8192, device=dev, dtype=torch.float32)[:, None] * torch.logspace(
         0, -4, 32, device=dev
     )[None, :]
-    if packed:  # V4.1's packed rows of the same values
-        win, comp = pack(win, "fp8_e8m0"), pack(comp, "fp4_e4m3")
     return q, win, comp, sel, offset, sink, (ang.cos(), ang.sin(), pos)
 
 
@@ -58,16 +55,13 @@ def main() -> int:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--tunes", type=json.loads, default=[{}])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--packed", action="store_true", help="also the packed rows of the same values")
-    ap.add_argument("--ptunes", type=json.loads, default=[{}], help="Gluon tunes over packed rows")
-    ap.add_argument("--window", type=int, default=128, help="window entries per token (not a multiple of 64: mixed blocks)")
     a = ap.parse_args()
     timer = Timer("cuda", flush_l2=True)
     print("| B | absent | form | µs | o == Triton | o_rot == Triton | max |o − ref| |", flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
     for B in [int(b) for b in a.batches.split(",")]:
         for absent in (0, 100):
-            q, win, comp, sel, offset, sink, (cos, sin, pos) = inputs(B, absent=absent, W=a.window)
+            q, win, comp, sel, offset, sink, (cos, sin, pos) = inputs(B, absent=absent)
             D = q.shape[2]
             ref = sparse_attn_torch(q, win, comp, sel, offset, sink, D**-0.5).float()
             prod = torch.empty_like(q)
@@ -82,14 +76,6 @@ def main() -> int:
             for tune in a.tunes:
                 forms.append((f"gluon {json.dumps(tune)}", lambda o, r, tune=tune, args=args, t=(cos, sin, pos): (
                     sparse_attn_gluon(*args, out=o, rot=(*t, r), **tune))))
-            if a.packed:
-                _, pw, pc, *_ = inputs(B, absent=absent, W=a.window, packed=True)
-                pargs = (q, pw, pc, sel, offset, sink, D**-0.5)
-                forms.append(("Triton (BATCH_TUNE) packed", lambda o, r, args=pargs, t=(cos, sin, pos): sparse_attn_split(
-                    *args, out=o, rot=(*t, r), **BATCH_TUNE)))
-                for tune in a.ptunes:
-                    forms.append((f"gluon packed {json.dumps(tune)}", lambda o, r, tune=tune, args=pargs,
-                                  t=(cos, sin, pos): sparse_attn_gluon(*args, out=o, rot=(*t, r), **tune)))
             for name, fn in forms:
                 o, r = torch.empty_like(q), torch.empty_like(q)
                 try:

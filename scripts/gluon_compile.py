@@ -10,12 +10,8 @@ from attnv41.kernels import sparse_attn_gluon as g
 
 H, D, K, m = (int(v) for v in os.environ.get("HDKM", "64,512,640,4").split(","))
 q = torch.zeros(m, H, D, dtype=torch.bfloat16)
-if "--packed" in sys.argv:  # V4.1's packed rows (fp8_e8m0 window, fp4_e4m3 compressed)
-    win = torch.zeros(256, D + D // 32, dtype=torch.uint8)
-    comp = torch.zeros(1024, D // 2 + D // 16, dtype=torch.uint8)
-else:
-    win = torch.zeros(256, D, dtype=torch.bfloat16)
-    comp = torch.zeros(1024, D, dtype=torch.bfloat16)
+win = torch.zeros(256, D, dtype=torch.bfloat16)
+comp = torch.zeros(1024, D, dtype=torch.bfloat16)
 sel = torch.zeros(m, K, dtype=torch.int32)
 sink = torch.zeros(H, dtype=torch.float32)
 args = [a for a in sys.argv[1:] if not a.startswith('--')]

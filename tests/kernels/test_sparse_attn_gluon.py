@@ -16,10 +16,7 @@ import torch
 from attnv41.kernels import sparse_attn_split as split
 from attnv41.kernels.sparse_attn_gluon import GLUON_TUNE, sparse_attn_gluon
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, gluon_attn_ok, sparse_attn_batch, sparse_attn_split
-from attnv41.packed import pack
-from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq
 from kernels.test_sparse_attn import _assert_close, _inputs, _reference
-from kernels.test_sparse_attn_packed import _case
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="Gluon kernels run only on a CUDA GPU")
@@ -56,21 +53,6 @@ def test_argument_errors_name_the_value():
     packed = torch.zeros(8, 32, dtype=torch.uint8)
     with pytest.raises(ValueError):
         sparse_attn_gluon(q, packed, packed, sel, 8, sink, 0.1)
-
-
-def test_packed_rows_only_at_width_512():
-    """Packed rows start 16-byte aligned only at D = 512 (528- and 288-byte rows): other
-    widths are the Triton kernels'."""
-    q, _, _, pw, pc, sel, sink = _case("cpu", 1, m=2, H=4, D=256, K=70)
-    with pytest.raises(ValueError, match=r"\(D\) = 256; allowed: 512 \(packed rows"):
-        sparse_attn_gluon(q, pw, pc, sel, 20, sink, 0.1)
-    q, _, _, pw, pc, sel, sink = _case("cpu", 2, m=2, H=4, D=512, K=70)
-    with pytest.raises(ValueError, match=r"stages = 3; allowed: 2 … 2 at D = 512 \(q, a bf16 tile"):
-        sparse_attn_gluon(q, pw, pc, sel, 20, sink, 0.1, stages=3)
-    odd = torch.empty(pw.numel() + 1, dtype=torch.uint8)[1:].view(pw.shape)
-    odd.copy_(pw)
-    with pytest.raises(ValueError, match=r"win.data_ptr\(\) % 16 = "):
-        sparse_attn_gluon(q, odd, pc, sel, 20, sink, 0.1)
 
 
 def test_stages_bounded_by_shared_memory():
@@ -171,85 +153,7 @@ def test_batch_wrapper_takes_gluon_from_its_threshold(monkeypatch):
         assert not gluon_attn_ok(q, win)
         pytest.skip("the Gluon kernel is Hopper's (sm_90)")
     assert gluon_attn_ok(q, win), "sm_90, bf16 rows, 64 heads: the Gluon kernel must be eligible"
-    assert not gluon_attn_ok(q[:, :, :256], win[:, :256].contiguous().view(torch.uint8)), "packed rows at D = 256"
+    assert not gluon_attn_ok(q, win.view(torch.uint8)), "packed rows are the Triton kernels'"
     got = sparse_attn_batch(q, win, comp, sel, 128, sink, 0.05)
     want = sparse_attn_split(q, win, comp, sel, 128, sink, 0.05, **BATCH_TUNE)
     assert torch.equal(_bits(got), _bits(want)), "sparse_attn_batch (Gluon) differs from the Triton kernels"
-
-
-# ---------------------------------------------------------------- packed rows (D = 512)
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["random", "runtime"])
-@pytest.mark.parametrize("m, H", [(1, 64), (7, 64), (5, 16)])
-def test_packed_rows_give_the_bytes_of_their_bf16_rows(layout, m, H):
-    """Over V4.1's packed rows (fp8_e8m0 window rows, fp4_e4m3 compressed rows, dequantized
-    in the kernel) the Gluon kernel gives the bytes the Triton kernels give over the bf16
-    rows they pack: layout "random" mixes window, compressed and absent entries in every
-    block (both formats dequantized), "runtime" has blocks of one source and an all-absent
-    block. Window rows carry −0 and e4m3 subnormal block scales."""
-    q, win, comp, pw, pc, sel, sink = _case("cuda", 40 + m, m=m, H=H, D=512, layout=layout)
-    offset = win.shape[0]
-    cos, sin, pos = _rot_tables(m, 512, "cuda", m)
-    scale = 512**-0.5
-    got_r = torch.full((m, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    got = sparse_attn_gluon(q, pw, pc, sel, offset, sink, scale, rot=(cos, sin, pos, got_r))
-    want_r = torch.empty_like(got_r)
-    want = sparse_attn_split(q, win, comp, sel, offset, sink, scale, rot=(cos, sin, pos, want_r), **BATCH_TUNE)
-    torch.cuda.synchronize()
-    n = int((_bits(got) != _bits(want)).sum())
-    assert n == 0, f"o: {n} of {got.numel()} elements differ from the Triton kernels over the bf16 rows"
-    n = int((_bits(got_r) != _bits(want_r)).sum())
-    assert n == 0, f"o_rot: {n} of {got_r.numel()} elements differ"
-    tunes = ({"nsplit": 2}, {"nsplit": 4}, {"warps": 4, "nsplit": 2}, {"asm": False}, {"ch": 64}, {"ch": 256},
-             {"pdl": False}, {"warps": 16, "nsplit": 2}, {"warps": 16}, {"tma": True}, {"tma": True, "nsplit": 2},
-             {"tma": True, "asm": False}, {"tma": True, "warps": 16, "nsplit": 2})  # fmt: skip
-    for tune in tunes:
-        o = sparse_attn_gluon(q, pw, pc, sel, offset, sink, scale, **tune)
-        n = int((_bits(o) != _bits(want)).sum())
-        assert n == 0, f"{tune}: {n} elements differ"
-
-
-@gpu
-@pytest.mark.gpu
-def test_packed_rows_at_flash_shapes_and_graph_replay():
-    """The Flash decode shapes (K = 640: two window blocks, eight compressed ones; a −1
-    tail) over packed rows: the bytes of the bf16 rows, eagerly and in graph replay."""
-    m, H, D, K, Nw, Nc = 6, 64, 512, 640, 128, 4096
-    q, win, comp, sel, sink = _inputs(81, m, H, D, K, Nw, Nw, Nc, "cuda")
-    # the runtime's order: window entries first, then compressed ones, then −1
-    t = torch.arange(m, device="cuda")[:, None]
-    sel = torch.cat([torch.arange(Nw, device="cuda").expand(m, Nw), Nw + (t * 37 + torch.arange(K - Nw, device="cuda")) % Nc], 1)
-    sel[:, 600:] = -1
-    sel = sel.to(torch.int32).contiguous()
-    pw, pc = pack(fp8_qdq(win), "fp8_e8m0"), pack(fp4_e4m3_qdq(comp), "fp4_e4m3")
-    want = sparse_attn_split(q, fp8_qdq(win), fp4_e4m3_qdq(comp), sel, Nw, sink, 0.05, **BATCH_TUNE)
-    out = torch.empty_like(q)
-    sparse_attn_gluon(q, pw, pc, sel, Nw, sink, 0.05, out=out)
-    torch.cuda.synchronize()
-    assert torch.equal(_bits(out), _bits(want)), "packed rows: differs from the Triton kernels over bf16 rows"
-    out.zero_()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sparse_attn_gluon(q, pw, pc, sel, Nw, sink, 0.05, out=out)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(_bits(out), _bits(want)), "graph replay over packed rows differs"
-
-
-@gpu
-@pytest.mark.gpu
-def test_batch_wrapper_takes_gluon_over_packed_rows(monkeypatch):
-    """Switched on for packed rows (`ATTNV41_GLUON_ATTN_PACKED=1`), `sparse_attn_batch` runs
-    the Gluon kernel over packed rows of width 512 from `_GLUON["min_m"]` tokens."""
-    monkeypatch.setitem(split._GLUON, "packed", True)
-    m = split._GLUON["min_m"]
-    q, win, comp, pw, pc, sel, sink = _case("cuda", 82, m=m, H=64, D=512, layout="runtime")
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernel is Hopper's (sm_90)")
-    assert gluon_attn_ok(q, pw, pc), "sm_90, packed rows of width 512: the Gluon kernel must be eligible"
-    got = sparse_attn_batch(q, pw, pc, sel, win.shape[0], sink, 0.05)
-    want = sparse_attn_split(q, win, comp, sel, win.shape[0], sink, 0.05, **BATCH_TUNE)
-    assert torch.equal(_bits(got), _bits(want)), "sparse_attn_batch (Gluon, packed rows) differs"

@@ -219,15 +219,9 @@ _BATCH_SMALL_TUNE = dict(bh=16)  # over `_TUNE`: its 64-row blocks' logits in 4 
 # 32K: 51.2 µs per layer against 16.9 + 31.6 = 48.4 for the two kernels, which gain in the
 # step where it loses; the cause is not known; ab_steps.py, BatchGraphs: 8.04 against 7.85
 # ms/step at B = 64, 7.24 against 6.80 at B = 32; with PDL 8.50). So it stays off by default.
-# Over packed rows (D = 512) the kernel has its own switch, "packed" (`ATTNV41_GLUON_ATTN_PACKED`).
 GLUON_ENV = "ATTNV41_GLUON_ATTN"
-GLUON_PACKED_ENV = "ATTNV41_GLUON_ATTN_PACKED"
 # a dict: ab_steps.py switches it in place
-_GLUON = dict(
-    on=os.environ.get(GLUON_ENV, "0") == "1",
-    packed=os.environ.get(GLUON_PACKED_ENV, "0") == "1",
-    min_m=32,
-)
+_GLUON = dict(on=os.environ.get(GLUON_ENV, "0") == "1", min_m=32)
 _LOG2_K = BLOCK_K.bit_length() - 1  # the Σp tree's levels (BLOCK_K a power of two)
 _LOCKS = 1 << 16
 _counters = ArrivalCounters("sparse_attn_split", "attnv41.kernels.sparse_attn_split.prepare", _LOCKS)
@@ -375,28 +369,22 @@ def sparse_attn_batch(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     packed rows, by tests/kernels/test_decode_invariance.py), so the choice by m moves no
     bit."""
     m = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
-    packed = isinstance(win, torch.Tensor) and win.dtype == torch.uint8
-    if _GLUON["packed" if packed else "on"] and m >= _GLUON["min_m"] and gluon_attn_ok(q, win, comp):
+    if _GLUON["on"] and m >= _GLUON["min_m"] and gluon_attn_ok(q, win):
         return sparse_attn_gluon(q, win, comp, sel, offset, sink, scale, out=out, rot=rot)
     tune = _BATCH_SMALL_TUNE if 0 < m <= _BATCH_SMALL_M else BATCH_TUNE
     return sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=out, rot=rot, **tune)
 
 
-def gluon_attn_ok(q, win, comp=None) -> bool:
-    """Whether the one-pass Gluon kernel can run on these tensors: at most 64 heads, bf16
-    rows of width at most 512 or packed rows (uint8) of width 512 starting 16-byte aligned
-    (win and comp), a CUDA device of compute capability 9.x (its warpgroup MMA is Hopper's),
-    Gluon importable, not the interpreter. (`sparse_attn_batch` takes it only when switched
-    on: `_GLUON["on"]` for bf16 rows, `_GLUON["packed"]` for packed ones.)"""
+def gluon_attn_ok(q, win) -> bool:
+    """Whether the one-pass Gluon kernel can run on these tensors: bf16 rows, at most 64
+    heads of width at most 512, a CUDA device of compute capability 9.x (its warpgroup MMA
+    is Hopper's), Gluon importable, not the interpreter. (`sparse_attn_batch` takes it only
+    when `_GLUON["on"]`.)"""
     if not (HAVE_GLUON and isinstance(q, torch.Tensor) and isinstance(win, torch.Tensor)):
         return False
-    if q.device.type != "cuda" or interpreting() or q.dim() != 3 or q.shape[1] > 64:
+    if q.device.type != "cuda" or interpreting():
         return False
-    if win.dtype == torch.uint8:
-        rows = [win] + ([comp] if isinstance(comp, torch.Tensor) and comp.shape[0] else [])
-        if q.shape[2] != 512 or any(x.data_ptr() % 16 for x in rows):
-            return False
-    elif win.dtype != torch.bfloat16 or q.shape[2] > 512:
+    if win.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[1] > 64 or q.shape[2] > 512:
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
 
