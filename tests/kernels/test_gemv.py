@@ -546,3 +546,32 @@ def test_flash_shapes_on_cuda(m):
     g.replay()
     torch.cuda.synchronize()
     _assert_same_bits("wo_a fp8 graph replay", out8, first8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 128], ids=["m1", "m3", "m128"])
+def test_group_mm_auto_fp8_captured(m):
+    """`group_mm_auto` with wo_a stored FP8, at m = 1 (the GEMV) and beyond it (dequantized
+    for cuBLAS, the single-sequence runtime's prefill): a CUDA graph captures the call (no
+    read of the scale bytes back to the host) and its replay gives the eager bytes, which
+    equal those of cuBLAS on the weight's exact bf16."""
+    dev = torch.device("cuda")
+    gen = _gen("group-fp8-captured", m)
+    Gn, r, gw = 2, 64, 256
+    o = _rand(gen, (m, Gn, gw), BF).to(dev)
+    q, sc, deq = _fp8_group_weight(gen, Gn, r, gw)
+    qd, scd = q.to(dev), sc.to(dev)
+    out = torch.full((m, Gn, r), float("nan"), dtype=BF, device=dev)
+    G.group_mm_auto(o, qd, out, scd)
+    if m > G.AUTO_MAX_M:
+        want = linear.group_mm(o, deq.to(dev), torch.empty_like(out))
+        _assert_same_bits("eager vs cuBLAS on the bf16 weight", out, want)
+    first = out.clone()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        G.group_mm_auto(o, qd, out, scd)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    _assert_same_bits("graph replay vs eager", out, first)

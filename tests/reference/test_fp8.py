@@ -123,6 +123,19 @@ def test_e8m0_bytes():
     assert torch.equal(e8m0_to_float(b.view(torch.float8_e8m0fnu)), e8m0_to_float(b))
 
 
+def test_e8m0_unchecked_same_values():
+    """`check=False` (scales checked at load; no host read, so CUDA graphs capture it): the
+    same fp32 bits for every valid byte, and the same dequantized weight; the checked call
+    still rejects 0xFF."""
+    b = torch.arange(255, dtype=torch.uint8)
+    assert torch.equal(e8m0_to_float(b, check=False).view(torch.int32), e8m0_to_float(b).view(torch.int32))
+    with pytest.raises(ValueError, match=r"s: byte 0xFF \(NaN\) at block \[1\]; allowed: 0x00..0xFE"):
+        e8m0_to_float(torch.tensor([3, 255], dtype=torch.uint8), "s")
+    w, sc = _random_fp8(40, 64, 6)
+    got = dequant_weight(w, sc, check=False)
+    assert torch.equal(got.view(torch.int16), dequant_weight(w, sc).view(torch.int16))
+
+
 def _random_fp8(N, K, seed):
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(N, K, generator=g) * 3).to(torch.float8_e4m3fn)

@@ -23,22 +23,24 @@ def mm_exact(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _dequant_group(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def _dequant_group(w: torch.Tensor, scale: torch.Tensor | None, check: bool = True) -> torch.Tensor:
     """w `[G, r, gw]` as bf16: itself, or an FP8-stored weight (float8_e4m3fn) with its e8m0
     block scales `[G·r/32, gw/32]` dequantized exactly (`reference.fp8.dequant_weight`: the
-    released conversion's bf16 of wo_a)."""
+    released conversion's bf16 of wo_a). `check=False`: no scan of the scale bytes for 0xFF
+    (no read back to the host, so CUDA graphs capture it; `weights.py` checked them at load)."""
     if scale is None:
         return w
     from ..reference.fp8 import dequant_weight  # noqa: PLC0415
 
     G, r, gw = w.shape
-    return dequant_weight(w.reshape(G * r, gw), scale, name="wo_a.weight").view(G, r, gw)
+    return dequant_weight(w.reshape(G * r, gw), scale, name="wo_a.weight", check=check).view(G, r, gw)
 
 
 def group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per group g: `out[:, g] = o[:, g] · w[g]ᵀ`; o `[m, G, gw]`, w `[G, r, gw]`, out `[m, G, r]` bf16
-    (an FP8-stored w with its `scale`: dequantized first, a bf16 copy per call)."""
-    w = _dequant_group(w, scale)
+    (an FP8-stored w with its `scale`: dequantized first, a bf16 copy per call; the scale bytes
+    trusted, so the call is capturable: no read back to the host)."""
+    w = _dequant_group(w, scale, check=False)
     res = torch.bmm(o.transpose(0, 1), w.transpose(1, 2))  # [G, m, r]
     out.copy_(res.transpose(0, 1))
     return out

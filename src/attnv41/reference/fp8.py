@@ -58,20 +58,22 @@ def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
     return q.flatten(-2), s.squeeze(-1)
 
 
-def e8m0_to_float(scale: torch.Tensor, name: str = "scale") -> torch.Tensor:
-    """fp32 `2^(E−127)` of e8m0 bytes (float8_e8m0fnu or raw uint8). Byte 0xFF (NaN) is rejected."""
+def e8m0_to_float(scale: torch.Tensor, name: str = "scale", check: bool = True) -> torch.Tensor:
+    """fp32 `2^(E−127)` of e8m0 bytes (float8_e8m0fnu or raw uint8). Byte 0xFF (NaN) is rejected;
+    `check=False` skips that scan (it reads the bytes back to the host, which a CUDA graph
+    capture cannot do) for scales already checked at load (`weights.py` rejects 0xFF)."""
     if scale.dtype not in (torch.float8_e8m0fnu, torch.uint8):
         raise TypeError(f"{name}.dtype = {scale.dtype}; allowed: torch.float8_e8m0fnu or torch.uint8")
     e = scale.view(torch.uint8)
-    bad = (e == 0xFF).nonzero()
-    if bad.numel():
+    bad = (e == 0xFF).nonzero() if check else None
+    if bad is not None and bad.numel():
         raise ValueError(f"{name}: byte 0xFF (NaN) at block {bad[0].tolist()}; allowed: 0x00..0xFE")
     # 2^(E−127) from its fp32 bits: exponent field E for E >= 1, the subnormal 2^−127 for E = 0.
     bits = torch.where(e == 0, 0x00400000, e.to(torch.int32) << 23)
     return bits.view(torch.float32)
 
 
-def _weight_scales(w: torch.Tensor, scale: torch.Tensor, block: int, name: str) -> torch.Tensor:
+def _weight_scales(w: torch.Tensor, scale: torch.Tensor, block: int, name: str, check: bool = True) -> torch.Tensor:
     """Per row of `w` and per K block: fp32 `[N, K/block]`, after checking dtypes and shapes."""
     if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
         raise TypeError(f"{name}: dtype {w.dtype}, {w.dim()} dims; allowed: a 2-D torch.float8_e4m3fn [out, in]")
@@ -81,7 +83,7 @@ def _weight_scales(w: torch.Tensor, scale: torch.Tensor, block: int, name: str) 
     grid = (-(-N // block), K // block)
     if tuple(scale.shape) != grid:
         raise ValueError(f"{name} scale shape = {tuple(scale.shape)}; allowed: {grid} for a weight {[N, K]}")
-    return e8m0_to_float(scale.to(w.device), name + " scale").repeat_interleave(block, 0)[:N]
+    return e8m0_to_float(scale.to(w.device), name + " scale", check).repeat_interleave(block, 0)[:N]
 
 
 def quant_weight(w: torch.Tensor, block: int = BLOCK, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,10 +120,13 @@ def quant_weight(w: torch.Tensor, block: int = BLOCK, name: str = "weight") -> t
     return q.to(torch.float8_e4m3fn).contiguous(), byte.view(torch.float8_e8m0fnu).contiguous()
 
 
-def dequant_weight(w: torch.Tensor, scale: torch.Tensor, block: int = BLOCK, name: str = "weight") -> torch.Tensor:
+def dequant_weight(
+    w: torch.Tensor, scale: torch.Tensor, block: int = BLOCK, name: str = "weight", check: bool = True
+) -> torch.Tensor:
     """bf16 `W[n, k] = e4m3(w[n, k]) · 2^(S[n // 32, k // 32] − 127)`, what the released
-    conversion holds for `wo_a` (exact in bf16: 4 significant bits times a power of two)."""
-    sw = _weight_scales(w, scale, block, name)
+    conversion holds for `wo_a` (exact in bf16: 4 significant bits times a power of two).
+    `check=False`: the scale bytes are trusted (see `e8m0_to_float`); same bits."""
+    sw = _weight_scales(w, scale, block, name, check)
     return (w.float() * sw.repeat_interleave(block, 1)).to(torch.bfloat16)
 
 
