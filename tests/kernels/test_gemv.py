@@ -538,14 +538,7 @@ def test_flash_shapes_on_cuda(m):
         )
     last = G.group_gemv(o[m - 1 :], qd, torch.empty(1, 8, 1024, dtype=BF, device=dev), scd)
     _assert_same_bits("wo_a fp8 last token alone", last, out8[m - 1 :])
-    first8 = out8.clone()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        G.group_gemv(o, qd, out8, scd)
-    out8.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    _assert_same_bits("wo_a fp8 graph replay", out8, first8)
+    _assert_replay_same("wo_a fp8 graph replay", out8, lambda: G.group_gemv(o, qd, out8, scd))
 
 
 @pytest.mark.gpu
@@ -566,12 +559,18 @@ def test_group_mm_auto_fp8_captured(m):
     if m > G.AUTO_MAX_M:
         want = linear.group_mm(o, deq.to(dev), torch.empty_like(out))
         _assert_same_bits("eager vs cuBLAS on the bf16 weight", out, want)
+    _assert_replay_same("graph replay vs eager", out, lambda: G.group_mm_auto(o, qd, out, scd))
+
+
+def _assert_replay_same(name: str, out: torch.Tensor, call) -> None:
+    """`call` (which writes `out`) captured in a CUDA graph: its replay, into an `out`
+    poisoned with NaN, gives the bytes `out` holds now (the eager call's)."""
     first = out.clone()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        G.group_mm_auto(o, qd, out, scd)
+        call()
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    _assert_same_bits("graph replay vs eager", out, first)
+    _assert_same_bits(name, out, first)
