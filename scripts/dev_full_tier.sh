@@ -8,6 +8,9 @@
 #                                          # the stack test at STACK_STEPS (default 50: 255 s)
 #   bash scripts/dev_full_tier.sh replays  # the two 10k-step replays, one per worker (each
 #                                          # ~550 s at 10,000 steps: REPLAY_STEPS, LIMIT=590)
+#                                          # 2026-12-04 (eighteenth entry): neither ended in 585 s
+#   bash scripts/dev_full_tier.sh own      # one replay alone, no xdist, its per-1,000-step
+#   bash scripts/dev_full_tier.sh released # progress printed live (-s): one call each
 # (the quick tier: scripts/dev_tier.sh)
 # carry: [".golden"] (and ".whl" for the peer wheel, installed to /tmp/site)
 set -u
@@ -23,7 +26,8 @@ case "$part" in
   long) sel=(-m gpu_full -n 2 --dist loadfile --ignore tests/runtime/test_gpu.py tests) ;;
   stack) sel=(-m gpu_full -k "not 10k_steps" -n 2 --dist load tests/runtime/test_gpu.py) ;;
   replays) sel=(-m gpu_full -k "10k_steps" -n 2 --dist load tests/runtime/test_gpu.py) ;;
-  *) echo "part: long, stack or replays (got $part)"; exit 2 ;;
+  own|released) sel=(-m gpu_full -s "tests/runtime/test_gpu.py::test_flash_graph_replay_10k_steps[$part]") ;;
+  *) echo "part: long, stack, replays, own or released (got $part)"; exit 2 ;;
 esac
 T0=$(date +%s)
 timeout -k 5 "${LIMIT:-560}" python3 -m pytest -v -p no:cacheprovider -rfEs --durations 20 \
@@ -31,3 +35,4 @@ timeout -k 5 "${LIMIT:-560}" python3 -m pytest -v -p no:cacheprovider -rfEs --du
 echo "$part rc $? at $(($(date +%s) - T0)) s"; tail -1 "$OUT/$part.log" | cut -c1-300
 # -v names each test as it ends (also when the limit cuts the run before pytest's summary)
 grep -E " (FAILED|ERROR)( |$)" "$OUT/$part.log" | head -20 | cut -c1-300
+grep -E "steps, [0-9]+ checked" "$OUT/$part.log" | tail -3 | cut -c1-200  # the replays' progress (own, released)
