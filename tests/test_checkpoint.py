@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -508,10 +509,19 @@ def test_role_mismatch_between_configs(tmp_path):
     assert plain.roles[4].name == "reuse" and more.roles[4].is_kv_source
     a = write_checkpoint(tmp_path / "plain", plain, random_weights(plain, 1), shards=3)
     b = write_checkpoint(tmp_path / "more", more, random_weights(more, 1), shards=3)
-    with pytest.raises(CheckpointError, match=r"layers\.4\.attn\.compressor\.\w+\.weight: present.*role mismatch"):
+    # a cfg other than the checkpoint's own is refused first, naming the fields
+    with pytest.raises(CheckpointError, match=r"cfg differs .*kv_source_layers=\[1, 3\] \(checkpoint: \[1, 3, 4\]\)"):
         load_layer(b, 4, cfg=plain)
+    with pytest.raises(CheckpointError, match=r"cfg differs .*index_source_layers"):
+        load_model(a, cfg=more, progress=False)
+    # config.json itself contradicting the tensors: each file's config swapped for the other's
+    ca, cb = (Path(a) / "config.json").read_text(), (Path(b) / "config.json").read_text()
+    (Path(a) / "config.json").write_text(cb)
+    (Path(b) / "config.json").write_text(ca)
+    with pytest.raises(CheckpointError, match=r"layers\.4\.attn\.compressor\.\w+\.weight: present.*role mismatch"):
+        load_layer(b, 4)
     with pytest.raises(CheckpointError, match=r"layers\.4\.attn\.compressor\.\w+\.weight: missing,.*role mismatch"):
-        load_layer(a, 4, cfg=more)
+        load_layer(a, 4)
 
 
 def test_bad_quantization_config(written, tmp_path):

@@ -76,7 +76,12 @@ def test_check_cli_batch(capsys):
     out = capsys.readouterr().out
     assert "PASS" in out and "batch 4, prefill in chunks of 5" in out and "0 differ" in out
     assert main(["check", "--batch", "0"]) == 2
-    assert "--batch 0; allowed: >= 1" in capsys.readouterr().err
+    assert "--batch 0; allowed: 1.." in capsys.readouterr().err
+    g = str(golden_path("tiny"))
+    assert main(["check", "--batch", "100000", "--golden", g]) == 2  # more sequences than a step holds
+    assert "--batch 100000; allowed: 1.." in capsys.readouterr().err
+    assert main(["check", "--batch", "2", "--decode", "split", "--golden", g]) == 2
+    assert "--decode split with --batch; allowed: --decode forward" in capsys.readouterr().err
     assert main(["check", "--batch", "2", "--golden", str(golden_path("tiny"))]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "variants released, intended, batched runtime, batch 2" in out and "0 differ" in out

@@ -384,6 +384,23 @@ def _check_weights_arg(weights: str | None, wo_a: str = "bf16") -> None:
         raise ValueError(f"wo_a = {wo_a!r}; allowed: {WO_A_FORMATS}")
 
 
+def _check_cfg(path: str | Path, cfg: AttnV41Cfg) -> AttnV41Cfg:
+    """`cfg` if it is the checkpoint's own config (`AttnV41Cfg.from_checkpoint(path)`) with
+    its `max_seq` and `max_tokens`; else CheckpointError naming the fields that differ (a
+    window, top-k or layer count other than the model's would load and run silently)."""
+    if not isinstance(cfg, AttnV41Cfg):
+        raise TypeError(f"cfg is a {type(cfg).__name__}; allowed: AttnV41Cfg or None (the checkpoint's)")
+    ref = AttnV41Cfg.from_checkpoint(path, max_seq=cfg.max_seq, max_tokens=cfg.max_tokens)
+    if ref != cfg:
+        a, b = cfg.to_dict(), ref.to_dict()
+        diff = [f"{k}={a[k]!r} (checkpoint: {b[k]!r})" for k in a if a[k] != b[k]]
+        raise CheckpointError(
+            f"{path}: cfg differs from the checkpoint's config in {', '.join(diff)}; allowed: "
+            "AttnV41Cfg.from_checkpoint(path, max_seq=..., max_tokens=...) (only those two may be chosen)"
+        )
+    return cfg
+
+
 def load_layer(
     path: str | Path,
     layer: int,
@@ -400,7 +417,7 @@ def load_layer(
     `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
     max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint."""
     _check_weights_arg(weights, wo_a)
-    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
+    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else _check_cfg(path, cfg)
     with _Checkpoint(path) as ck:
         return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck), wo_a)
 
@@ -417,7 +434,7 @@ def load_model(
     default `cfg`, same `weights` formats and default), with a progress bar (tqdm when importable, else
     one stderr line per layer)."""
     _check_weights_arg(weights, wo_a)
-    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg
+    cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else _check_cfg(path, cfg)
     out = []
     bar = None
     if progress:

@@ -156,8 +156,16 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
     N − 1 random sequences, then alone (batch 1): the golden rules, and the golden slot's
     bytes identical between the two runs."""
     n = args.batch
-    if n < 1:
-        print(f"attnv41 check: --batch {n}; allowed: >= 1", file=sys.stderr)
+    hi = golden.cfg.max_tokens  # a step holds at most max_tokens tokens: more sequences would never run
+    if not 1 <= n <= hi:
+        print(f"attnv41 check: --batch {n}; allowed: 1..{hi} (the golden config's max_tokens)", file=sys.stderr)
+        return 2
+    if args.decode != "forward":
+        print(
+            f"attnv41 check: --decode {args.decode} with --batch; allowed: --decode forward (batched steps run "
+            "BatchV41; their graphs are tested by `pytest -m gpu`)",
+            file=sys.stderr,
+        )
         return 2
     variants = _variants(args, chunk)
     if args.device == "cuda":

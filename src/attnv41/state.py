@@ -171,12 +171,22 @@ class SharedV41:
         self.last_layer = -1  # the layer that ran last, and the positions of its call:
         self.step_pos = -1  # layers run strictly in order, layer i right after layer i−1
         self.step_end = -1  # start_pos + m of the step in progress (the next step starts there)
+        # (layer, pos, order state before) of this sequence's last decode_prep: it may be
+        # prepared again while its order state is still the one that prep left
+        self.prepared: tuple[int, int, tuple[int, int, int]] | None = None
         self.seq_id = next(_SEQ_IDS)
 
     def continue_at(self, states, next_pos: int) -> None:
         """Bookkeeping for a context written straight into the caches (benchmarks, tests):
         bind `states` to this sequence and mark the step ending at `next_pos` complete, so
         the next decode step starts there."""
+        n, hi = self.cfg.n_layers, self.cfg.max_seq
+        if isinstance(next_pos, bool) or not isinstance(next_pos, int) or not 1 <= next_pos <= hi:
+            raise ValueError(f"next_pos = {next_pos!r}; allowed: 1..{hi} (max_seq)")
+        if len(states) != n or any(st.role.layer != i for i, st in enumerate(states)):
+            got = [getattr(getattr(st, "role", None), "layer", None) for st in states]
+            raise ValueError(f"states of layers {got}; allowed: one per layer, in order (n_layers = {n})")
+        self.prepared = None
         for st in states:
             st.seq_id, st.next_pos = self.seq_id, next_pos
             if st.role.is_kv_source:

@@ -172,7 +172,10 @@ def test_decode_body_with_a_state_of_another_sequence_is_refused(setup):
     attn = rt.attn
     rb = attn.decode_prep(rt.weights[0], rt.shared, 14)
     before = _snapshot(rt)
-    with pytest.raises(ValueError, match=r"layer 0: its state belongs to sequence #\d+; allowed: the state prefilled"):
+    with pytest.raises(
+        ValueError,
+        match=r"layer 0: its state belongs to sequence #\d+, but the last decode_prep .*; allowed: the state prefilled",
+    ):
         attn.decode_body(rt.weights[0], other.states[0], setup[2][0][14:15], rb)
     with pytest.raises(ValueError, match="never prefilled"):
         attn.decode_body(rt.weights[0], attn.new_layer_state(0), setup[2][0][14:15], rb)
@@ -338,6 +341,7 @@ def test_check_finite_raises_before_any_write(setup):
     assert snap_now[1]["last_layer"] == 0
     rt.shared.last_layer, rt.shared.step_pos, rt.shared.step_end = 5, 13, 14
     rt.shared.calls = before[1]["calls"]
+    rt.shared.prepared = before[1]["prepared"]  # the prep's record (it may be prepared again)
     _assert_unchanged(before, rt)
     assert rt.attn.nonfinite_count() == 0
     with pytest.raises(TypeError, match="check_finite = 1; allowed: True or False"):

@@ -172,9 +172,7 @@ class AttnV41:
             raise TypeError(f"cfg is a {type(cfg).__name__}; allowed: AttnV41Cfg")
         self.cfg = cfg
         self.kv_format = check_kv_format(kv_format)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = check_device(device)
         self.index_keys = index_keys
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite = {check_finite!r}; allowed: True or False")
@@ -546,6 +544,7 @@ class AttnV41:
         views to the visible lengths.
         """
         self._check(w, st, shared, x, start_pos)
+        x = _dense_rows(x)
         if start_pos > 0 and x.shape[0] == 1:
             return self._forward_decode(w, st, shared, x, start_pos)
         return self._forward_tokens(w, st, shared, x, start_pos)
@@ -654,6 +653,7 @@ class AttnV41:
         if log:
             st.undo["calls"] = shared.calls
         self._ticket = None  # a decode_prep before this call can no longer be run
+        shared.prepared = None
         return AttnV41Run(
             q=q,
             rows_win=win,
@@ -761,6 +761,7 @@ class AttnV41:
         shared.topk_pos = shared.candidates_pos = -1  # nothing published is for the next step
         shared.step_pos, shared.step_end = pos - 1, pos
         self._ticket = None
+        shared.prepared = None
 
     def _forward_decode(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, p: int
@@ -775,6 +776,7 @@ class AttnV41:
         st.next_pos = p + 1
         self._advance(shared, role.layer, p, 1)
         self._ticket = None  # a decode_prep before this call can no longer be run
+        shared.prepared = None
         plan, run_extra = self.plan, {}
         L = (p + 1) // r if r else 0
         k = min(c.index_topk, L)
@@ -879,6 +881,7 @@ class AttnV41:
         selection of the layer's class, so the launch argument is constant. −1 padding
         adds an exact zero, so results equal the eager step's bit for bit."""
         self._check_freed("decode_fixed_topk")
+        self._check_role(w)
         return self._width(w.role.ratio)
 
     def bucket(self, start_pos: int) -> int:
@@ -914,16 +917,21 @@ class AttnV41:
         i = role.layer
         t = self._ticket
         again = t is not None and not t.done and t.shared is shared and t.layer == i and t.pos == start_pos
-        if not again:
+        pr = shared.prepared
+        # prepared last in this sequence, its order state unchanged since, though another
+        # sequence's decode_prep on this runtime came between (that dropped the ticket)
+        again_seq = pr is not None and pr[:2] == (i, start_pos) and self._book(shared) == (i, start_pos, start_pos + 1)
+        if not (again or again_seq):
             self._check_order(i, shared, start_pos, 1)
         st = self._source_state(role, shared)
         self._check_sources(role, st, shared, start_pos, 1)
         keys = self._decode_publish(role, st, shared, start_pos)
         self.plan.set_pos(start_pos)
         rows = shared.compress_kv if role.ratio > 0 else None
-        before = t.before if again else self._book(shared)
+        before = t.before if again else pr[2] if again_seq else self._book(shared)
         self._advance(shared, i, start_pos, 1)
         self._ticket = _Ticket(shared, i, start_pos, rows, keys, before)
+        shared.prepared = (i, start_pos, before)
         self._prepared[i] = keys
         return rows
 
@@ -963,7 +971,9 @@ class AttnV41:
 
     def _check_pos_decode(self, start_pos: int) -> None:
         hi = self.cfg.max_seq - 1
-        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or not 1 <= start_pos <= hi:
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int):
+            raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int (1..{hi})")
+        if not 1 <= start_pos <= hi:
             raise ValueError(f"start_pos = {start_pos!r}; allowed: 1..{hi} (a decode position below max_seq)")
 
     def decode_prep_role(self, ratio_positive: bool, shared: SharedV41, start_pos: int) -> None:
@@ -1006,11 +1016,13 @@ class AttnV41:
         c, role = self.cfg, w.role
         self._check_freed("decode_body")
         self._check_x(x, m_max=1)
+        x = _dense_rows(x)
         self._check_layer(w, st)
         if role.ratio == 0 and rows_b is not None:
-            raise ValueError(
-                f"layer {role.layer} has ratio 0: rows_b must be None (got a {tuple(rows_b.shape)} tensor)"
+            got = (
+                f"a {tuple(rows_b.shape)} tensor" if isinstance(rows_b, torch.Tensor) else f"a {type(rows_b).__name__}"
             )
+            raise ValueError(f"layer {role.layer} has ratio 0: rows_b must be None (got {got})")
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Capture runs nothing and writes no state; the graph's replays are ordered by the
             # decode_prep calls before them. So layers prepared earlier can be captured
@@ -1052,6 +1064,13 @@ class AttnV41:
                 f"decode_body of layer {role.layer} at start_pos {t.pos} already ran (it would write the ring "
                 f"twice); allowed: once per decode_prep (next: {self._expected_next(self._book(t.shared))})"
             )
+        if st.seq_id is not None and st.seq_id != t.shared.seq_id:
+            raise ValueError(
+                f"layer {role.layer}: its state belongs to sequence #{st.seq_id}, but the last decode_prep on this "
+                f"runtime was for sequence #{t.shared.seq_id} (layer {t.layer} at start_pos {t.pos}); allowed: the "
+                f"state prefilled in sequence #{t.shared.seq_id}, or decode_prep(w, the shared state of sequence "
+                f"#{st.seq_id}, start_pos) again right before this decode_body"
+            )
         self._check_bound(st, t.shared)
         if role.ratio > 0 and not _same_tensor(rows_b, t.rows):
             got = None if not isinstance(rows_b, torch.Tensor) else tuple(rows_b.shape)
@@ -1064,6 +1083,7 @@ class AttnV41:
         self.plan.set_pos(t.pos)  # an eager forward between prep and body may have moved it
         out = self._decode_kernels(w, st, x, rows_b, t.keys, self.plan.bucket(t.pos))
         t.done = True
+        t.shared.prepared = None  # ran: preparing it again would run it twice
         st.next_pos = t.pos + 1
         return out
 
@@ -1307,6 +1327,33 @@ class AttnV41:
             del scores
         if ids is not None:
             shared.candidates, shared.candidates_pos = ids, s
+
+
+def check_device(device) -> torch.device:
+    """The runtime's device from `device` (a torch.device or its string): "cpu", or a CUDA
+    device this process can use ("cuda" is the current one); ValueError naming it else."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' ({e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' (type {dev.type!r})")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"device = {device!r}: this torch sees no CUDA device; allowed: 'cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif not 0 <= dev.index < n:
+            raise ValueError(f"device = {device!r}; allowed: cuda:0..cuda:{n - 1}")
+    return dev
+
+
+def _dense_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (checked `[m, dim]`) with unit column stride: a strided view (a column slice of a
+    wider tensor, a transpose) is copied, as the CUDA decode GEMV reads rows contiguously;
+    the values, and so the results, are the same."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _same_tensor(a, b: torch.Tensor | None) -> bool:

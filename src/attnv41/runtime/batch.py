@@ -77,6 +77,7 @@ the golden tolerance of `AttnV41.forward`'s prefill, not equal).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,7 @@ from ..packed import row_bytes, unpack
 from ..reference import INDEX_KEY_MODES
 from ..state import check_kv_format
 from ..weights import AttnV41LayerWeights
-from .attn import AttnV41
+from .attn import AttnV41, check_device
 from .ops import TRITON_BATCH_OPS
 
 __all__ = ["SeqPool", "BatchV41", "BatchStep"]
@@ -111,7 +112,7 @@ class SeqPool:
             raise ValueError(f"n_slots = {n_slots!r}; allowed: an int >= 1")
         if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
             raise ValueError(f"block_rows = {block_rows!r}; allowed: an int >= 1")
-        dev = torch.device(device)
+        dev = check_device(device)
         c = cfg
         self.cfg, self.n_slots, self.block_rows, self.device = cfg, n_slots, block_rows, dev
         W, D, B = c.window, c.head_dim, block_rows
@@ -137,6 +138,7 @@ class SeqPool:
         self.blocks_of: dict[int, list[list[int]]] = {r: [[] for _ in range(n_slots)] for r in self.ratios}
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
+        self.in_step: frozenset[int] = frozenset()  # the slots of a step begun and not finished (`BatchV41`)
         bf = dict(dtype=torch.bfloat16, device=dev)
         # kv_format "packed": every cached row in V4.1's byte format (attnv41.packed): window
         # rows fp8_e8m0, compressed rows fp4_e4m3, index keys fp4_e8m0 (uint8 rows)
@@ -179,6 +181,7 @@ class SeqPool:
         tests): the blocks its caches need are allocated, the contents are whatever the
         pools hold. The next step of the slot starts at `length`."""
         self._check_slot(slot)
+        self._check_idle(slot, "assume")
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.cfg.max_seq:
             raise ValueError(f"length = {length!r}; allowed: 0..{self.cfg.max_seq}")
         for r in self.ratios:
@@ -191,9 +194,17 @@ class SeqPool:
         self._grow(slot, length)
         self.length[slot] = length
 
+    def _check_idle(self, slot: int, what: str) -> None:
+        if slot in self.in_step:
+            raise ValueError(
+                f"{what}(slot {slot}) while a step of slots {sorted(self.in_step)} runs; allowed: between steps "
+                f"(after the step's last layer)"
+            )
+
     def release(self, slot: int) -> None:
-        """Forget the slot's sequence and return its blocks."""
+        """Forget the slot's sequence and return its blocks (not while a step of the slot runs)."""
         self._check_slot(slot)
+        self._check_idle(slot, "release")
         for r in self.ratios:
             self.free_blocks[r].extend(reversed(self.blocks_of[r][slot]))
             self.blocks_of[r][slot] = []
@@ -204,7 +215,9 @@ class SeqPool:
         self.length[slot] = 0
 
     def _check_slot(self, slot) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.n_slots:
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise TypeError(f"slot is a {type(slot).__name__}; allowed: int (0..{self.n_slots - 1})")
+        if not 0 <= slot < self.n_slots:
             raise ValueError(f"slot = {slot!r}; allowed: 0..{self.n_slots - 1}")
 
     def physical(self, r: int, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -290,7 +303,7 @@ class BatchV41:
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
-        if ops is None and torch.device(device).type == "cuda":
+        if ops is None and check_device(device).type == "cuda":
             ops = TRITON_BATCH_OPS  # batch-invariant projections
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
@@ -493,6 +506,7 @@ class BatchV41:
         its continuations of 2..window tokens (the others' logs dropped)."""
         W = self.cfg.window
         self._step = st
+        self.pool.in_step = frozenset(st.slots)
         st.next_layer = 0
         self._steps += 1
         st.id = self._steps
@@ -509,6 +523,7 @@ class BatchV41:
 
     def _finish(self, st: BatchStep) -> None:
         """After the step's last layer: the slots' lengths advance, its undo logs complete."""
+        self.pool.in_step = frozenset()
         for slot, s, m in zip(st.slots, st.starts, st.lens):
             self.pool.length[slot] = s + m
         if st.keys_plan is not None:
@@ -603,14 +618,15 @@ class BatchV41:
         sequences contiguous in `step` order). Returns `[T, dim]` bf16, a view valid until
         the next call."""
         c, attn = self.cfg, self.attn
+        attn._check_role(w)
         i = w.role.layer
-        if step is not self._step or step.next_layer != i:
+        if not isinstance(step, BatchStep) or step is not self._step or step.next_layer != i:
             want = "none (call begin)" if self._step is None else f"layer {self._step.next_layer} of the last begin"
-            raise ValueError(f"layer {i} of a step; allowed: {want}")
+            got = f"a {type(step).__name__}" if not isinstance(step, BatchStep) else "a step"
+            raise ValueError(f"layer {i} of {got}; allowed: {want}")
         m_x = attn._check_x(x)
         if m_x != step.T:
             raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
-        attn._check_role(w)
         attn._check_weights(w)
         out = self._layer(w, x, step)
         if step.next_layer == c.n_layers:
@@ -864,11 +880,35 @@ class BatchV41:
 
     def step(self, weights, xs, slots, starts, lens, keep: bool = True, bucket: int | None = None) -> list:
         """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each
-        layer's output (cloned with `keep`)."""
+        layer's output (cloned with `keep`). Every layer's weights and input are checked
+        before `begin`: a refused step changes nothing (no slot released, no undo log
+        dropped, no layer run)."""
+        self.check_layers(weights, xs, sum(lens) if isinstance(lens, (list, tuple)) else None)
         st = self.begin(slots, starts, lens, bucket=bucket)
         return [
             (lambda y: y.clone() if keep else y)(self.forward(weights[i], xs[i], st)) for i in range(self.cfg.n_layers)
         ]
+
+    def check_layers(self, weights, xs, T: int | None) -> None:
+        """What `step` checks before `begin`: n_layers weights (`AttnV41LayerWeights` of
+        layers 0..n−1, built for this runtime's device) and n_layers inputs of T rows each
+        (`forward`'s rules for x; T None: the rows are left to `begin`'s checks of lens)."""
+        n, attn = self.cfg.n_layers, self.attn
+        for name, v in (("weights", weights), ("xs", xs)):
+            if isinstance(v, torch.Tensor) or not isinstance(v, Sequence) or len(v) != n:
+                got = f"a {type(v).__name__}" + (f" of {len(v)}" if isinstance(v, Sequence) else "")
+                raise ValueError(f"{name} is {got}; allowed: a sequence of n_layers = {n} (one per layer)")
+        for i, (w, x) in enumerate(zip(weights, xs)):
+            try:
+                attn._check_role(w)
+                if w.role.layer != i:
+                    raise ValueError(f"weights of layer {w.role.layer}; allowed: layer {i}'s")
+                attn._check_weights(w)
+                m = attn._check_x(x)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"layer {i}: {e}") from None
+            if T is not None and m != T:
+                raise ValueError(f"xs[{i}] has {m} rows; allowed: the step's {T} tokens (sum of lens)")
 
     # ------------------------------------------------------------------ pieces
     def _released_scores(self, iq, hw, step: BatchStep, vis, owners, t0: int, t1: int, Lw: int) -> torch.Tensor:
@@ -899,22 +939,23 @@ class BatchV41:
         device. One `index_scores_paged` per layer that publishes keys, each token seeing
         its visible rows only in its owner's (the others see none: nothing of them is
         read), the owner's row kept. A row's bits depend on its own inputs only, so each
-        token gets the bytes of the eager grouping."""
+        token gets the bytes of the eager grouping. A publisher whose table holds fewer
+        rows than `Lw` (a larger ratio than the scoring layer's: `Lw = bucket // r`) is
+        scored over the rows it holds, −∞ past them: `_keys_plan` keeps a token's visible
+        count within its owner's rows, and rows past it are −∞ in any call."""
         ops, pool, roles = self.ops, self.pool, self.cfg.roles
         o, v = own[t0:t1], vis[t0:t1]
         scores = None
         for j in self.publishers:
+            table = pool.tables[roles[j].ratio]
+            wj = min(Lw, table.shape[1] * pool.block_rows)
             mine = o == j
             s = ops.index_scores_paged(
-                iq[t0:t1],
-                hw[t0:t1],
-                pool.index_k[j],
-                pool.tables[roles[j].ratio],
-                step.tok_slot[t0:t1],
-                pool.block_rows,
-                torch.where(mine, v, 0),
-                Lw,
-            )
+                iq[t0:t1], hw[t0:t1], pool.index_k[j], table, step.tok_slot[t0:t1], pool.block_rows,
+                torch.where(mine, v, 0), wj,
+            )  # fmt: skip
+            if wj < Lw:
+                s = torch.cat([s, s.new_full((t1 - t0, Lw - wj), float("-inf"))], dim=1)
             scores = s if scores is None else torch.where(mine[:, None], s, scores)
         return scores
 

@@ -287,15 +287,26 @@ class BatchGraphs:
             raise ValueError(f"capture during a step (layer {bt._step.next_layer} runs next); allowed: between steps")
         n = 0
         baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in self.weights)
-        for kind, T, b in [
+        todo = [
             (k, T, b)
             for T in sorted(set(sizes), reverse=True)
             for b in sorted(set(buckets), reverse=True)
             for k in kinds
-        ]:
-            cap = self._graphs.get((kind, T, b))
-            if cap is not None and cap.baked == baked:
+            if (cap := self._graphs.get((k, T, b))) is None or cap.baked != baked
+        ]
+        # A warm-up runs the persistent step of its kind and size, whose undo buffers a
+        # slot's last continuation of that size may still need (`BatchV41.rollback`)
+        for slot, u in sorted(bt.undo.items()):
+            if "cont" not in u or not u["done"] or u["step"] != bt.last_step[slot]:
                 continue
+            st0 = u["cont"][0]
+            if st0.id == u["step"] and any(k == "cont" and self._steps.get((k, T)) is st0 for k, T, _ in todo):
+                raise ValueError(
+                    f"capture of 'cont' graphs of size {st0.T}: their warm-up would overwrite the undo buffers of "
+                    f"slot {slot}'s last step (a continuation it may still roll back); allowed: after that slot's "
+                    f"rollback or next step, or other sizes or kinds"
+                )
+        for kind, T, b in todo:
             pads = torch.tensor(self._meta_rows([], [], [], [], T) + self._owner_rows(None, T, []), dtype=torch.int32)
             if self.use_graphs:
                 pads = pads.pin_memory()
@@ -304,6 +315,8 @@ class BatchGraphs:
             st = self._step_for(kind, T)
             st.slots, st.starts, st.lens, st.offsets, st.bucket = [], [], [], [], b
             st.keys_plan = None
+            bt._steps += 1  # a new id: no undo log may take the warm-up's buffers for its own
+            st.id = bt._steps
             if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
                 self._body(st)
                 st.next_layer = c.n_layers

@@ -161,6 +161,7 @@ class DecodeGraphs:
             s.next_pos = start_pos + 1
         attn._advance(st.shared, self.cfg.n_layers - 1, start_pos, 1)
         attn._ticket = None  # this driver ran the step: a decode_prep before it can no longer run
+        st.shared.prepared = None
         if saved is not None:
             self._oracle_compare(start_pos, saved)
         self.last_host_s = time.perf_counter() - t0
@@ -172,8 +173,10 @@ class DecodeGraphs:
         attn._check_live("DecodeGraphs.step")
         n, shape = cfg.n_layers, (1, cfg.dim)
         if isinstance(xs, torch.Tensor):  # one tensor: checked once
-            if xs.numel() != n * cfg.dim:
-                raise ValueError(f"xs.shape = {tuple(xs.shape)}; allowed: [{n}, 1, {cfg.dim}] (one row per layer)")
+            if tuple(xs.shape) not in ((n, 1, cfg.dim), (n, cfg.dim)):
+                raise ValueError(
+                    f"xs.shape = {tuple(xs.shape)}; allowed: [{n}, 1, {cfg.dim}] or [{n}, {cfg.dim}] (one row per layer)"
+                )
             attn._check_x(xs.reshape(n, cfg.dim), m_max=n)
             rows = [xs]
         else:
@@ -182,9 +185,9 @@ class DecodeGraphs:
             rows = list(xs)
             dev, bf16 = attn.device, torch.bfloat16
             for i, x in enumerate(rows):
-                if not isinstance(x, torch.Tensor) or x.numel() != cfg.dim:
+                if not isinstance(x, torch.Tensor) or tuple(x.shape) not in (shape, (cfg.dim,)):
                     got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                    raise ValueError(f"layer {i} input: {got}; allowed: {shape} bf16")
+                    raise ValueError(f"layer {i} input: {got}; allowed: {shape} or ({cfg.dim},) bf16")
                 if x.dtype is not bf16 or x.device != dev:
                     attn._check_x(x.reshape(shape), m_max=1)  # raises, naming what is wrong
         attn._check_pos_decode(start_pos)

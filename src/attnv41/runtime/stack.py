@@ -52,12 +52,40 @@ class RuntimeStack:
 
     def step(self, xs: Sequence[torch.Tensor], start_pos: int, keep: bool = False) -> list:
         """All layers in order; `xs[i]` is layer i's input. With `keep`, returns each
-        layer's output cloned (runs are views, overwritten by the next layer)."""
+        layer's output cloned (runs are views, overwritten by the next layer). Every
+        layer's input and weights are checked before layer 0 runs: a refused step changes
+        nothing (a bad input of layer 3 does not leave layers 0-2 stepped)."""
+        self.check_step(xs, start_pos)
         outs = []
         for i in range(self.cfg.n_layers):
             run = self.layer(i, xs[i], start_pos)
             outs.append(run.out.clone() if keep else run)
         return outs
+
+    def check_step(self, xs: Sequence[torch.Tensor], start_pos: int) -> int:
+        """What `step` checks before its first layer: n_layers inputs of the same m
+        (`AttnV41.forward`'s rules for x), each layer's weights and state, and with
+        `check_finite` the inputs' values. Returns m."""
+        n, attn = self.cfg.n_layers, self.attn
+        if isinstance(xs, torch.Tensor) or not isinstance(xs, Sequence) or len(xs) != n:
+            got = f"a {type(xs).__name__}" + (f" of {len(xs)}" if isinstance(xs, Sequence) else "")
+            raise ValueError(f"xs is {got}; allowed: a sequence of n_layers = {n} tensors (layer i's input)")
+        ms = []
+        for i, x in enumerate(xs):
+            try:
+                ms.append(attn._check_x(x))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"xs[{i}]: {e}") from None
+        if len(set(ms)) != 1:
+            raise ValueError(f"xs rows per layer {ms}; allowed: the same m for every layer")
+        for i, (w, st) in enumerate(zip(self.weights, self.states)):
+            attn._check_layer(w, st)
+            if w.role.layer != i:
+                raise ValueError(f"weights[{i}] are layer {w.role.layer}'s; allowed: layer {i}'s")
+        if attn.check_finite:
+            for i, x in enumerate(xs):
+                attn._check_values(x, i, start_pos)
+        return ms[0]
 
     def rollback(self, pos: int) -> None:
         """`AttnV41.rollback` of this stack's sequence to `pos`."""

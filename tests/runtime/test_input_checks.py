@@ -1,0 +1,255 @@
+"""Bad calls to the public entry points (a 2026-12-04 audit): each raises a clear error
+naming the value and what is allowed, before anything changes, and the corrected call
+then gives the bytes of a run that never saw the bad one. CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnv41.runtime import AttnV41, BatchGraphs, BatchV41, RuntimeStack
+from attnv41.runtime.graphs import DecodeGraphs
+from attnv41.weights import AttnV41LayerWeights
+from helpers import random_inputs, random_weights, small_cfg
+
+PREFILL = 13
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = small_cfg()
+    w = random_weights(cfg, 21)
+    xs = random_inputs(cfg, 24, 22)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], d, cfg=cfg) for i, d in enumerate(w)]
+    return cfg, w, xs, wts
+
+
+def _stack(setup) -> RuntimeStack:
+    cfg, w, xs, _ = setup
+    rt = RuntimeStack(cfg, w)
+    rt.step([x[:PREFILL] for x in xs], 0)
+    return rt
+
+
+def _state_bytes(rt: RuntimeStack) -> list:
+    got = [{k: v.clone() for k, v in s.tensors().items()} | {"n": (s.n_rows, s.next_pos)} for s in rt.states]
+    return got + [rt.shared.snapshot()]
+
+
+def _same(a: list, b: list) -> None:
+    for da, db in zip(a, b):
+        for k in da:
+            va, vb = da[k], db[k]
+            assert torch.equal(va, vb) if isinstance(va, torch.Tensor) else va == vb, k
+
+
+def test_stack_step_checks_every_layer_before_the_first(setup):
+    """A bad input of layer 3 (or too few inputs) is refused before layer 0 runs: the
+    state is unchanged and the corrected step equals a clean run's."""
+    cfg, _, xs, _ = setup
+    rt, clean = _stack(setup), _stack(setup)
+    good = [x[PREFILL : PREFILL + 1] for x in xs]
+    before = _state_bytes(rt)
+    bad = list(good)
+    bad[3] = bad[3].float()
+    with pytest.raises(TypeError, match=r"xs\[3\]: x.dtype = torch.float32; allowed: torch.bfloat16"):
+        rt.step(bad, PREFILL)
+    with pytest.raises(ValueError, match=rf"xs is a list of 5; allowed: a sequence of n_layers = {cfg.n_layers}"):
+        rt.step(good[:5], PREFILL)
+    with pytest.raises(ValueError, match=r"xs rows per layer \[1, 1, 2, 1, 1, 1\]; allowed: the same m"):
+        rt.step(good[:2] + [xs[2][PREFILL : PREFILL + 2]] + good[3:], PREFILL)
+    _same(before, _state_bytes(rt))
+    got = rt.step(good, PREFILL, keep=True)
+    want = clean.step(good, PREFILL, keep=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_non_contiguous_inputs_give_the_contiguous_bytes(setup):
+    """x as a column slice of a wider tensor (unit stride broken): the same bytes."""
+    _, _, xs, _ = setup
+    a, b = _stack(setup), _stack(setup)
+    wide = [torch.stack([x[PREFILL], x[PREFILL]], dim=1).view(1, -1)[:, ::2] for x in xs]
+    assert wide[0].stride(-1) == 2 and torch.equal(wide[0], xs[0][PREFILL : PREFILL + 1])
+    got = a.step(wide, PREFILL, keep=True)
+    want = b.step([x[PREFILL : PREFILL + 1] for x in xs], PREFILL, keep=True)
+    assert all(torch.equal(u, v) for u, v in zip(got, want))
+
+
+def _batch(cfg, wts, xs) -> BatchV41:
+    bt = BatchV41(cfg, n_slots=2, block_rows=8)
+    bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])
+    bt.step(wts, [x[PREFILL : PREFILL + 4] for x in xs], [0], [PREFILL], [4])  # a verify call: rollback-able
+    return bt
+
+
+def test_batch_step_checks_weights_and_inputs_before_begin(setup):
+    """`BatchV41.step` with plain weight dicts, a short input list or a wrong row count is
+    refused before `begin`: the slot's undo log survives (its rollback still works) and
+    the pool is unchanged."""
+    cfg, w, xs, wts = setup
+    bt = _batch(cfg, wts, xs)
+    nxt = [x[PREFILL + 4 : PREFILL + 5] for x in xs]
+    length = list(bt.pool.length)
+    for weights, inputs, msg, exc in (
+        (w, nxt, r"layer 0: weights are a dict; allowed: AttnV41LayerWeights", TypeError),
+        (wts, nxt[:4], rf"xs is a list of 4; allowed: a sequence of n_layers = {cfg.n_layers}", ValueError),
+        (wts[:1] * cfg.n_layers, nxt, r"layer 1: weights of layer 0; allowed: layer 1's", ValueError),
+        (
+            wts,
+            [xs[i][:2] for i in range(cfg.n_layers)],
+            r"xs\[0\] has 2 rows; allowed: the step's 1 tokens",
+            ValueError,
+        ),
+    ):
+        with pytest.raises(exc, match=msg):
+            bt.step(weights, inputs, [0], [PREFILL + 4], [1])
+        assert bt.pool.length == length and bt._step.next_layer == cfg.n_layers
+    bt.rollback(0, PREFILL + 2)  # the undo log of the verify call is still there
+    assert bt.pool.length[0] == PREFILL + 2
+
+
+def test_batch_forward_without_begin_and_release_during_a_step(setup):
+    cfg, _, xs, wts = setup
+    bt = BatchV41(cfg, n_slots=2, block_rows=8)
+    with pytest.raises(ValueError, match=r"layer 0 of a NoneType; allowed: none \(call begin\)"):
+        bt.forward(wts[0], xs[0][:3], None)
+    with pytest.raises(TypeError, match="weights are a dict"):
+        bt.forward(dict(wts[0].tensors), xs[0][:3], None)
+    bt.step(wts, [x[:PREFILL] for x in xs], [1], [0], [PREFILL])
+    st = bt.begin([1], [PREFILL], [1])
+    for i in range(3):
+        bt.forward(wts[i], xs[i][PREFILL : PREFILL + 1], st)
+    for call in (lambda: bt.pool.release(1), lambda: bt.pool.assume(1, 3)):
+        with pytest.raises(ValueError, match=r"\(slot 1\) while a step of slots \[1\] runs; allowed: between steps"):
+            call()
+    bt.pool.release(0)  # a slot outside the step
+    for i in range(3, cfg.n_layers):
+        bt.forward(wts[i], xs[i][PREFILL : PREFILL + 1], st)
+    assert bt.pool.length[1] == PREFILL + 1 and bt.pool.blocks_of[1][1]
+    bt.pool.release(1)  # between steps
+    assert bt.pool.length[1] == 0
+
+
+def test_capture_refuses_to_overwrite_undo_buffers_a_rollback_needs(setup):
+    """A graph verify step's undo buffers belong to the persistent step of its size;
+    capturing graphs of that size while the slot may still roll back is refused (nothing
+    changes): the rollback and the steps after it give the bytes of a run without the
+    capture attempts, and the capture works after the slot's next step."""
+    cfg = small_cfg(max_seq=128)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], d, cfg=cfg) for i, d in enumerate(random_weights(cfg, 3))]
+
+    def run(try_capture: bool) -> torch.Tensor:
+        bt = BatchV41(cfg, n_slots=2, block_rows=4)
+        g = BatchGraphs(bt, wts, sizes=(4,), bucket_min=8)
+        gen = torch.Generator().manual_seed(0)
+
+        def x(t):
+            return torch.randn(cfg.n_layers, t, cfg.dim, generator=gen).bfloat16()
+
+        bt.step(wts, list(x(12)), [0], [0], [12])
+        g.step(x(3), [0], [3])
+        if try_capture:
+            with pytest.raises(ValueError, match=r"size 4: their warm-up would overwrite the undo buffers of slot 0"):
+                g.capture([16, 32], kinds=("cont",))
+            assert g.capture([16, 32], kinds=("decode",)) == 0  # decode steps keep no undo buffers (CPU: 0)
+        bt.rollback(0, 13)
+        if try_capture:  # a slot may roll back again inside its last call: still refused
+            with pytest.raises(ValueError, match=r"undo buffers of slot 0's last step"):
+                g.capture([16, 32], kinds=("cont",))
+        y = g.step(x(1), [0]).clone()
+        if try_capture:  # after the slot's next step
+            g.capture([16, 32], kinds=("cont",))
+        return torch.cat([y, g.step(x(2), [0], [2]).clone()], dim=1)
+
+    assert torch.equal(run(False), run(True))
+
+
+def test_integer_types_are_named(setup):
+    rt = _stack(setup)
+    attn = rt.attn
+    for call in (
+        lambda: attn.decode_prep(rt.weights[0], rt.shared, np.int64(PREFILL)),
+        lambda: attn.bucket(torch.tensor(PREFILL)),
+        lambda: DecodeGraphs(rt).step([x[PREFILL : PREFILL + 1] for x in setup[2]], np.int64(PREFILL)),
+    ):
+        with pytest.raises(TypeError, match=r"start_pos is a (int64|Tensor); allowed: int \(1\.\."):
+            call()
+    bt = BatchV41(setup[0], n_slots=2)
+    with pytest.raises(TypeError, match=r"slot is a int64; allowed: int \(0\.\.1\)"):
+        bt.pool.release(np.int64(0))
+
+
+def test_interleaved_preps_of_two_sequences_name_the_other_and_recover(setup):
+    """prep A, prep B, body A: refused naming both sequences; A prepared again then runs,
+    and its step gives the bytes of a clean run."""
+    cfg, _, xs, wts = setup
+    xb = random_inputs(cfg, 24, 77)
+    attn = AttnV41(cfg)
+
+    def prefill(inputs):
+        st = [attn.new_layer_state(i) for i in range(cfg.n_layers)]
+        sh = attn.new_shared()
+        for i in range(cfg.n_layers):
+            attn.forward(wts[i], st[i], sh, inputs[i][:PREFILL], 0)
+        return st, sh
+
+    (sa, ha), (_sb, hb) = prefill(xs), prefill(xb)
+    ra = attn.decode_prep(wts[0], ha, PREFILL)
+    attn.decode_prep(wts[0], hb, PREFILL)
+    with pytest.raises(ValueError, match=r"layer 0: its state belongs to sequence #\d+, but the last decode_prep"):
+        attn.decode_body(wts[0], sa[0], xs[0][PREFILL : PREFILL + 1], ra)
+    ra = attn.decode_prep(wts[0], ha, PREFILL)  # prepared again: allowed, its body has not run
+    got = [attn.decode_body(wts[0], sa[0], xs[0][PREFILL : PREFILL + 1], ra).clone()]
+    with pytest.raises(ValueError, match="layer 0 at start_pos 13"):  # ran: not again
+        attn.decode_prep(wts[0], ha, PREFILL)
+    for i in range(1, cfg.n_layers):
+        got.append(attn.forward(wts[i], sa[i], ha, xs[i][PREFILL : PREFILL + 1], PREFILL).out.clone())
+    clean = RuntimeStack(cfg, wts)
+    clean.step([x[:PREFILL] for x in xs], 0)
+    want = clean.step([x[PREFILL : PREFILL + 1] for x in xs], PREFILL, keep=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_unclear_errors_now_name_the_value(setup):
+    cfg, w, xs, wts = setup
+    attn = AttnV41(cfg)
+    with pytest.raises(TypeError, match="weights are a dict; allowed: AttnV41LayerWeights"):
+        attn.decode_fixed_topk(w[0])
+    rt = _stack(setup)
+    assert cfg.roles[0].ratio == 0
+    rt.attn.decode_prep(rt.weights[0], rt.shared, PREFILL)
+    with pytest.raises(ValueError, match=r"layer 0 has ratio 0: rows_b must be None \(got a int\)"):
+        rt.attn.decode_body(rt.weights[0], rt.states[0], xs[0][PREFILL : PREFILL + 1], 5)
+    drv = DecodeGraphs(_stack(setup))
+    flat = torch.stack([x[PREFILL] for x in xs])  # [n_layers, dim]
+    with pytest.raises(ValueError, match=rf"xs.shape = \({cfg.dim}, {cfg.n_layers}\); allowed: \[{cfg.n_layers}, 1"):
+        drv.step(flat.t().contiguous(), PREFILL)
+    with pytest.raises(ValueError, match=r"layer 0 input: \(2, 32\); allowed"):
+        drv.step([x[PREFILL].view(2, -1) for x in xs], PREFILL)
+    drv.step(flat, PREFILL)  # [n_layers, dim] is accepted
+
+
+@pytest.mark.parametrize("device", ["npu", "meta", "cuda:7", 3.5])  # ("gpu" as an id would mark it a GPU test)
+def test_bad_devices_are_named(setup, device):
+    if torch.cuda.is_available() and device == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    with pytest.raises(ValueError, match=r"device = .*; allowed"):
+        AttnV41(setup[0], device)
+    with pytest.raises(ValueError, match=r"device = .*; allowed"):
+        BatchV41(setup[0], device, n_slots=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_cuda_is_named(setup):
+    with pytest.raises(ValueError, match=r"device = 'cuda': this torch sees no CUDA device; allowed: 'cpu'"):
+        AttnV41(setup[0], "cuda")
+
+
+def test_continue_at_checks_its_arguments(setup):
+    cfg = setup[0]
+    rt = RuntimeStack(cfg, setup[1])
+    with pytest.raises(ValueError, match=rf"next_pos = {cfg.max_seq + 1}; allowed: 1\.\.{cfg.max_seq}"):
+        rt.shared.continue_at(rt.states, cfg.max_seq + 1)
+    with pytest.raises(ValueError, match=r"states of layers \[0, 1\]; allowed: one per layer"):
+        rt.shared.continue_at(rt.states[:2], 5)
