@@ -253,3 +253,103 @@ def test_continue_at_checks_its_arguments(setup):
         rt.shared.continue_at(rt.states, cfg.max_seq + 1)
     with pytest.raises(ValueError, match=r"states of layers \[0, 1\]; allowed: one per layer"):
         rt.shared.continue_at(rt.states[:2], 5)
+
+
+def test_a_step_that_raises_inside_a_layer_frees_the_runtime(setup, monkeypatch):
+    """A layer raising mid-step (an out-of-memory error, an interrupt) used to leave the
+    runtime inside the step: `begin` refused ever after. Now the step is abandoned: the
+    other slot's sequence goes on with the bytes of a run that never saw the failure, the
+    failed slot refuses to continue (its caches hold part of the step) and takes a new
+    sequence, with or without a release first."""
+    cfg, _, xs, wts = setup
+    bt, clean = BatchV41(cfg, n_slots=2, block_rows=8), BatchV41(cfg, n_slots=2, block_rows=8)
+    for r in (bt, clean):
+        for sl in (0, 1):
+            r.step(wts, [x[:PREFILL] for x in xs], [sl], [0], [PREFILL])
+    layer = bt._layer
+
+    def boom(w, x, step, out=None):
+        y = layer(w, x, step, out)  # the layer's writes happen, then it raises
+        if w.role.layer == 2:
+            raise RuntimeError("boom")
+        return y
+
+    monkeypatch.setattr(bt, "_layer", boom)
+    nxt = [x[PREFILL : PREFILL + 1] for x in xs]
+    with pytest.raises(RuntimeError, match="boom"):
+        bt.step(wts, nxt, [1], [PREFILL], [1])
+    monkeypatch.undo()
+    sid = bt._steps
+    assert bt.pool.in_step == frozenset() and bt._step is None
+    assert bt.pool.failed == {1: (sid, 2)} and bt.pool.length[1] == PREFILL
+    with pytest.raises(ValueError, match=rf"slot 1: start = {PREFILL}, but its step {sid} raised in layer 2"):
+        bt.begin([1], [PREFILL], [1])
+    with pytest.raises(ValueError, match=rf"slot 1: rollback to 5: its step {sid} raised in layer 2"):
+        bt.rollback(1, 5)
+    assert bt.pool.length == [PREFILL, PREFILL] and bt._step is None
+    for sl in (0, 1):  # slot 0 goes on; slot 1 as a new sequence (no release needed)
+        start, xin = (PREFILL, nxt) if sl == 0 else (0, [x[:PREFILL] for x in xs])
+        got = bt.step(wts, xin, [sl], [start], [xin[0].shape[0]])
+        want = clean.step(wts, xin, [sl], [start], [xin[0].shape[0]])
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert bt.pool.failed == {}
+    got = bt.step(wts, nxt, [1], [PREFILL], [1])  # and continues
+    assert all(torch.equal(a, b) for a, b in zip(got, clean.step(wts, nxt, [1], [PREFILL], [1])))
+
+
+def _graph_runtime(cfg, wts, xs):
+    """A `BatchV41` with `BatchGraphs` (size 2), slot 0 prefilled; the next decode input."""
+    bt = BatchV41(cfg, n_slots=2, block_rows=8)
+    g = BatchGraphs(bt, wts, sizes=(2,), bucket_min=16)
+    bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])
+    return bt, g, torch.stack([x[PREFILL : PREFILL + 1] for x in xs])
+
+
+def test_a_graph_step_that_raises_frees_the_runtime(setup, monkeypatch):
+    """The same for `BatchGraphs.step`: the step's slot is marked failed, `release` clears
+    it, and the next steps give a clean run's bytes."""
+    cfg, _, xs, wts = setup
+    runs = []
+    for fail in (False, True):
+        bt, g, x1 = _graph_runtime(cfg, wts, xs)
+        if fail:
+            monkeypatch.setattr(g, "_body", lambda st: (_ for _ in ()).throw(MemoryError("out of memory")))
+            with pytest.raises(MemoryError):
+                g.step(x1, [0])
+            monkeypatch.undo()
+            assert bt.pool.in_step == frozenset() and set(bt.pool.failed) == {0}
+            with pytest.raises(ValueError, match="slot 0: start = 13, but its step 2 raised in layer 0"):
+                g.step(x1, [0])
+            bt.pool.release(0)
+            assert bt.pool.failed == {}
+        else:
+            bt.pool.release(0)
+        bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])
+        runs.append(torch.cat([g.step(x1, [0]).clone(), g.step(x1, [0]).clone()], dim=1))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_a_capture_that_raises_leaves_the_runtime_between_steps(setup, monkeypatch):
+    """A capture's warm-up runs the persistent step object of its kind and size, which
+    may be the runtime's last step: a warm-up raising mid-way used to leave that step
+    looking unfinished, and every later `begin` was refused. The steps after it give the
+    bytes of a run without the failed capture."""
+    cfg, _, xs, wts = setup
+    runs = []
+    for fail in (False, True):
+        bt, g, x1 = _graph_runtime(cfg, wts, xs)
+        y = [g.step(x1, [0]).clone()]  # the decode step of size 2: the persistent step capture reuses
+        if fail:
+
+            def boom(w, x, step, out=None, layer=bt._layer):
+                if w.role.layer == 2:
+                    raise MemoryError("out of memory")
+                return layer(w, x, step, out)
+
+            monkeypatch.setattr(bt, "_layer", boom)
+            with pytest.raises(MemoryError):
+                g.capture([16], kinds=("decode",))
+            monkeypatch.undo()
+        y.append(g.step(x1, [0]).clone())
+        runs.append(torch.cat(y, dim=1))
+    assert torch.equal(runs[0], runs[1])

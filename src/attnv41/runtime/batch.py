@@ -139,6 +139,9 @@ class SeqPool:
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
         self.in_step: frozenset[int] = frozenset()  # the slots of a step begun and not finished (`BatchV41`)
+        # slots whose step raised inside a layer (`BatchV41._abandon`): slot -> (step id, layer); their
+        # caches hold part of that step, so they take only a new sequence (start 0) until release/assume
+        self.failed: dict[int, tuple[int, int]] = {}
         bf = dict(dtype=torch.bfloat16, device=dev)
         # kv_format "packed": every cached row in V4.1's byte format (attnv41.packed): window
         # rows fp8_e8m0, compressed rows fp4_e4m3, index keys fp4_e8m0 (uint8 rows)
@@ -193,6 +196,7 @@ class SeqPool:
                 )
         self._grow(slot, length)
         self.length[slot] = length
+        self.failed.pop(slot, None)
 
     def _check_idle(self, slot: int, what: str) -> None:
         if slot in self.in_step:
@@ -202,7 +206,8 @@ class SeqPool:
             )
 
     def release(self, slot: int) -> None:
-        """Forget the slot's sequence and return its blocks (not while a step of the slot runs)."""
+        """Forget the slot's sequence and return its blocks (not while a step of the slot runs);
+        a slot whose step failed (`failed`) takes any step again."""
         self._check_slot(slot)
         self._check_idle(slot, "release")
         for r in self.ratios:
@@ -213,6 +218,7 @@ class SeqPool:
             self.comp_a[i][slot].zero_()
             self.comp_g[i][slot].fill_(float("-inf"))
         self.length[slot] = 0
+        self.failed.pop(slot, None)
 
     def _check_slot(self, slot) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int):
@@ -426,6 +432,12 @@ class BatchV41:
         for slot, s, m in zip(slots, starts, lens):
             if m < 1:
                 raise ValueError(f"slot {slot}: lens = {m}; allowed: >= 1")
+            if s != 0 and slot in pool.failed:
+                sid, layer = pool.failed[slot]
+                raise ValueError(
+                    f"slot {slot}: start = {s}, but its step {sid} raised in layer {layer} and its caches hold part "
+                    f"of that step; allowed: start 0 (a new sequence), or pool.release / pool.assume first"
+                )
             if s != 0 and s != pool.length[slot]:
                 raise ValueError(
                     f"slot {slot}: start = {s}; allowed: 0 (a new sequence) or {pool.length[slot]} (its next position)"
@@ -532,6 +544,20 @@ class BatchV41:
         for sl in st.logged:
             self.undo[sl]["done"] = True
 
+    def _abandon(self, st: BatchStep, layer: int) -> None:
+        """A step whose layer raised (an out-of-memory error, an interrupt: every input
+        was checked before `begin`): the runtime is free again (`begin`, `rollback`,
+        `release` work) and the step's slots are marked `pool.failed`: their lengths stay,
+        but layers before the failing one (and it, in part) wrote the step's rows, so
+        such a slot takes only a new sequence (start 0) until it is released or assumed;
+        its undo log is dropped (no rollback into a half-run step). The other slots are
+        untouched."""
+        self.pool.in_step = frozenset()
+        self._step = None
+        for sl in st.slots:
+            self.pool.failed[sl] = (st.id, layer)
+            self.undo.pop(sl, None)
+
     def _derive_decode(self, st: BatchStep) -> None:
         """A decode-only step's window selection and ring rows from its device `pos` and
         `tok_slot` (in place; capturable; eager decode-only steps too): decode layout,
@@ -628,7 +654,11 @@ class BatchV41:
         if m_x != step.T:
             raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
         attn._check_weights(w)
-        out = self._layer(w, x, step)
+        try:
+            out = self._layer(w, x, step)
+        except BaseException:
+            self._abandon(step, i)
+            raise
         if step.next_layer == c.n_layers:
             self._finish(step)
         return out
@@ -741,6 +771,12 @@ class BatchV41:
             end = pool.length[slot]
             if pos == end:
                 continue
+            if slot in pool.failed:
+                sid, layer = pool.failed[slot]
+                raise ValueError(
+                    f"slot {slot}: rollback to {pos}: its step {sid} raised in layer {layer}; allowed: none (start "
+                    f"a new sequence, or pool.release / pool.assume the slot)"
+                )
             u = self.undo.get(slot)
             if u is None or not u["done"] or u["step"] != self.last_step[slot]:
                 raise ValueError(

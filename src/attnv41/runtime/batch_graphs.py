@@ -240,6 +240,18 @@ class BatchGraphs:
         st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, lens, offsets, bucket
         st.keys_plan = plan  # the owners after the step (`_finish`)
         bt._register(st)
+        try:
+            self._run(st, kind, T, bucket)
+        except BaseException:
+            bt._abandon(st, st.next_layer)  # the runtime free again, the step's slots marked failed
+            raise
+        st.next_layer = c.n_layers
+        bt._finish(st)
+        self.last_host_s = time.perf_counter() - t0
+        return self.y[:, :B]
+
+    def _run(self, st: BatchStep, kind: str, T: int, bucket: int) -> None:
+        """A registered step's device work: eager, replayed, or warmed up and captured."""
         if not self.use_graphs:
             self._body(st)
         else:
@@ -255,10 +267,6 @@ class BatchGraphs:
                 self.capture_s[key] = time.perf_counter() - t1
             else:
                 cap.graph.replay()
-        st.next_layer = c.n_layers
-        bt._finish(st)
-        self.last_host_s = time.perf_counter() - t0
-        return self.y[:, :B]
 
     def capture(
         self, buckets: Sequence[int], sizes: Sequence[int] | None = None, kinds: Sequence[str] = ("decode",)
@@ -317,16 +325,17 @@ class BatchGraphs:
             st.keys_plan = None
             bt._steps += 1  # a new id: no undo log may take the warm-up's buffers for its own
             st.id = bt._steps
-            if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
-                self._body(st)
+            try:
+                if not self.use_graphs:  # the warm-up's state effects only (the pad slot's)
+                    self._body(st)
+                    continue
+                t1 = time.perf_counter()
+                self._warm_up(st)
+                self._graphs[(kind, T, b)] = self._capture(st, baked)
+                self.capture_s[(kind, T, b)] = time.perf_counter() - t1
+                n += 1
+            finally:  # also when it raised: a pad step changed no sequence, so the runtime is between steps
                 st.next_layer = c.n_layers
-                continue
-            t1 = time.perf_counter()
-            self._warm_up(st)
-            self._graphs[(kind, T, b)] = self._capture(st, baked)
-            self.capture_s[(kind, T, b)] = time.perf_counter() - t1
-            st.next_layer = c.n_layers
-            n += 1
         return n
 
     def _meta_rows(self, slots, starts, lens, offsets, T: int) -> list[list[int]]:
