@@ -145,7 +145,11 @@ class SharedV41:
     `step_pos`/`step_end` are the positions of the step in progress (or the last one),
     `last_layer` the layer that ran last in it (n_layers − 1: the step is complete), and
     `seq_id` a number unique to each sequence (new at every reset), which layer states are
-    bound to at their prefill, so a state of another sequence is refused.
+    bound to at their prefill, so a state of another sequence is refused. `failed`: set
+    when a layer call or graph step raised part-way through its writes (an out-of-memory
+    error, an interrupt); until the next prefill from 0 (or `continue_at`) every call of
+    the sequence but a new one is refused, since re-running a half-run call does not give
+    its bytes (it would read ring slots it already overwrote).
     """
 
     def __init__(self, cfg: AttnV41Cfg, device: torch.device | str):
@@ -174,6 +178,9 @@ class SharedV41:
         # (layer, pos, order state before) of this sequence's last decode_prep: it may be
         # prepared again while its order state is still the one that prep left
         self.prepared: tuple[int, int, tuple[int, int, int]] | None = None
+        # (layer or None for a whole graph step, start_pos) of a call that raised part-way
+        # through its device work: the caches hold part of it, so only a new sequence may follow
+        self.failed: tuple[int | None, int] | None = None
         self.seq_id = next(_SEQ_IDS)
 
     def continue_at(self, states, next_pos: int) -> None:
@@ -187,6 +194,7 @@ class SharedV41:
             got = [getattr(getattr(st, "role", None), "layer", None) for st in states]
             raise ValueError(f"states of layers {got}; allowed: one per layer, in order (n_layers = {n})")
         self.prepared = None
+        self.failed = None  # the caller vouches for the caches' contents
         for st in states:
             st.seq_id, st.next_pos = self.seq_id, next_pos
             if st.role.is_kv_source:

@@ -353,3 +353,82 @@ def test_a_capture_that_raises_leaves_the_runtime_between_steps(setup, monkeypat
         y.append(g.step(x1, [0]).clone())
         runs.append(torch.cat(y, dim=1))
     assert torch.equal(runs[0], runs[1])
+
+
+def _raise_at(obj, name: str, layer: int, after: bool = True):
+    """obj.name wrapped to raise MemoryError once, for `layer` (its first argument's role),
+    after (or before) running the original: a failure part-way through a call."""
+    orig, done = getattr(obj, name), []
+
+    def wrapped(w, *a, **k):
+        hit = not done and w.role.layer == layer
+        if hit and not after:
+            done.append(1)
+            raise MemoryError("out of memory")
+        out = orig(w, *a, **k)
+        if hit:
+            done.append(1)
+            raise MemoryError("out of memory")
+        return out
+
+    return wrapped
+
+
+def test_a_layer_call_that_raises_part_way_takes_only_a_new_sequence(setup, monkeypatch):
+    """A continuation whose layer 3 raised after writing its window rows: re-running that
+    layer used to be offered (and read the ring slots it had overwritten: other bytes).
+    Now every call of the sequence but a new one is refused, rollback included; the new
+    sequence gives a clean run's bytes."""
+    cfg, w, xs, _ = setup
+    rt, clean = _stack(setup), _stack(setup)
+    cont = [x[PREFILL : PREFILL + 4] for x in xs]
+    monkeypatch.setattr(rt.attn, "_qkv", _raise_at(rt.attn, "_qkv", 3))
+    with pytest.raises(MemoryError):
+        rt.step(cont, PREFILL)
+    monkeypatch.undo()
+    assert rt.shared.failed == (3, PREFILL)
+    msg = rf"its layer 3 call at start_pos {PREFILL} raised part-way, so its caches hold part of that call; allowed: layer 0 at start_pos 0"
+    with pytest.raises(ValueError, match=rf"layer 3 at start_pos {PREFILL}: " + msg):
+        rt.layer(3, cont[3], PREFILL)
+    with pytest.raises(ValueError, match=rf"layer 0 at start_pos {PREFILL}: " + msg):
+        rt.step(cont, PREFILL)
+    with pytest.raises(ValueError, match=rf"rollback to {PREFILL + 1}: " + msg):
+        rt.rollback(PREFILL + 1)
+    rt.step([x[:PREFILL] for x in xs], 0)  # a new sequence
+    assert rt.shared.failed is None
+    got, want = rt.step(cont, PREFILL, keep=True), clean.step(cont, PREFILL, keep=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_decode_body_and_graph_steps_that_raise_take_only_a_new_sequence(setup, monkeypatch):
+    """The same for an eager `decode_body` (not run again either) and a `DecodeGraphs`
+    step; `continue_at` (the caller vouches for the caches) clears the mark too."""
+    cfg, _, xs, wts = setup
+    nxt = [x[PREFILL : PREFILL + 1] for x in xs]
+    rt = _stack(setup)
+    attn = rt.attn
+    rows = [attn.decode_prep(wts[i], rt.shared, PREFILL) for i in range(1)]
+    attn.decode_body(wts[0], rt.states[0], nxt[0], rows[0])
+    r1 = attn.decode_prep(wts[1], rt.shared, PREFILL)
+    monkeypatch.setattr(attn, "_decode_kernels", _raise_at(attn, "_decode_kernels", 1, after=False))
+    with pytest.raises(MemoryError):
+        attn.decode_body(wts[1], rt.states[1], nxt[1], r1)
+    monkeypatch.undo()
+    assert rt.shared.failed == (1, PREFILL)
+    with pytest.raises(ValueError, match=r"decode_body of layer 1 at start_pos 13 already ran"):
+        attn.decode_body(wts[1], rt.states[1], nxt[1], r1)
+    with pytest.raises(ValueError, match=r"layer 1 at start_pos 13: its layer 1 call at start_pos 13 raised"):
+        attn.decode_prep(wts[1], rt.shared, PREFILL)
+
+    rt = _stack(setup)
+    drv = DecodeGraphs(rt)
+    monkeypatch.setattr(drv, "_body", lambda bucket: (_ for _ in ()).throw(MemoryError("out of memory")))
+    with pytest.raises(MemoryError):
+        drv.step(nxt, PREFILL)
+    monkeypatch.undo()
+    assert rt.shared.failed == (None, PREFILL)
+    with pytest.raises(ValueError, match=r"layer 0 at start_pos 13: its decode step at start_pos 13 raised part-way"):
+        drv.step(nxt, PREFILL)
+    rt.shared.continue_at(rt.states, PREFILL)  # the caller vouches for the caches
+    assert rt.shared.failed is None
+    drv.step(nxt, PREFILL)

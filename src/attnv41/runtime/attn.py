@@ -480,6 +480,7 @@ class AttnV41:
         last, pos, end = self._book(shared) if book is None else book
         if layer == 0 and start_pos == 0:
             return  # a new sequence may always start
+        self._check_failed(shared, f"layer {layer} at start_pos {start_pos}")
         if layer == 0:
             ok = last == n - 1 and start_pos == end
             if not ok and last == n - 1:
@@ -491,6 +492,17 @@ class AttnV41:
         if not ok:
             raise ValueError(
                 f"layer {layer} at start_pos {start_pos} (m = {m}); allowed: {self._expected_next((last, pos, end))}"
+            )
+
+    @staticmethod
+    def _check_failed(shared: SharedV41, what: str) -> None:
+        """A sequence whose call raised part-way (`SharedV41.failed`) takes a new sequence only."""
+        if shared.failed is not None:
+            layer, p = shared.failed
+            call = "its decode step" if layer is None else f"its layer {layer} call"
+            raise ValueError(
+                f"{what}: {call} at start_pos {p} raised part-way, so its caches hold part of that call; "
+                f"allowed: layer 0 at start_pos 0 (a new sequence)"
             )
 
     def _check_sources(self, role, st: AttnV41LayerState | None, shared: SharedV41, start_pos: int, m: int) -> None:
@@ -545,9 +557,13 @@ class AttnV41:
         """
         self._check(w, st, shared, x, start_pos)
         x = _dense_rows(x)
-        if start_pos > 0 and x.shape[0] == 1:
-            return self._forward_decode(w, st, shared, x, start_pos)
-        return self._forward_tokens(w, st, shared, x, start_pos)
+        try:
+            if start_pos > 0 and x.shape[0] == 1:
+                return self._forward_decode(w, st, shared, x, start_pos)
+            return self._forward_tokens(w, st, shared, x, start_pos)
+        except BaseException:
+            shared.failed = (w.role.layer, start_pos)  # part of the call may be written: a new sequence only
+            raise
 
     def _forward_tokens(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, s: int
@@ -719,6 +735,7 @@ class AttnV41:
             raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
         if self.index_keys != "own":
             raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
+        self._check_failed(shared, f"rollback to {pos}")
         if shared.last_layer != n - 1:
             raise ValueError(
                 f"rollback during a step (layer {shared.last_layer} ran last); allowed: after layer {n - 1}"
@@ -915,6 +932,7 @@ class AttnV41:
         self._check_pos_decode(start_pos)
         self._check_shared(shared)
         i = role.layer
+        self._check_failed(shared, f"layer {i} at start_pos {start_pos}")
         t = self._ticket
         again = t is not None and not t.done and t.shared is shared and t.layer == i and t.pos == start_pos
         pr = shared.prepared
@@ -1081,7 +1099,13 @@ class AttnV41:
             )
         self._check_values(x, role.layer, t.pos)
         self.plan.set_pos(t.pos)  # an eager forward between prep and body may have moved it
-        out = self._decode_kernels(w, st, x, rows_b, t.keys, self.plan.bucket(t.pos))
+        try:
+            out = self._decode_kernels(w, st, x, rows_b, t.keys, self.plan.bucket(t.pos))
+        except BaseException:
+            t.done = True  # not again, nor prepared again: it may have written part of the step
+            t.shared.prepared = None
+            t.shared.failed = (role.layer, t.pos)
+            raise
         t.done = True
         t.shared.prepared = None  # ran: preparing it again would run it twice
         st.next_pos = t.pos + 1

@@ -138,6 +138,25 @@ class DecodeGraphs:
         st, attn = self.stack, self.stack.attn
         plan = attn.plan
         saved = self._oracle_eager(start_pos) if self.oracle else None
+        try:
+            self._run(start_pos)
+        except BaseException:
+            st.shared.failed = (None, start_pos)  # part of the step may be written: a new sequence only
+            raise
+        plan.pos_at, plan.derived_at = start_pos + 1, start_pos  # the step ends with pos += 1
+        for s in st.states:
+            s.next_pos = start_pos + 1
+        attn._advance(st.shared, self.cfg.n_layers - 1, start_pos, 1)
+        attn._ticket = None  # this driver ran the step: a decode_prep before it can no longer run
+        st.shared.prepared = None
+        if saved is not None:
+            self._oracle_compare(start_pos, saved)
+        self.last_host_s = time.perf_counter() - t0
+        return self.y
+
+    def _run(self, start_pos: int) -> None:
+        """A checked step's host bookkeeping and device work: eager, replayed, or warmed up and captured."""
+        plan = self.stack.attn.plan
         self._publish(start_pos)
         bucket = plan.bucket(start_pos)
         plan.set_pos(start_pos, derive=False)  # the step derives; after a replay pos is there already
@@ -156,16 +175,6 @@ class DecodeGraphs:
                 self.capture_s[key] = time.perf_counter() - t1
             else:
                 cap.graph.replay()
-        plan.pos_at, plan.derived_at = start_pos + 1, start_pos  # the step ends with pos += 1
-        for s in st.states:
-            s.next_pos = start_pos + 1
-        attn._advance(st.shared, self.cfg.n_layers - 1, start_pos, 1)
-        attn._ticket = None  # this driver ran the step: a decode_prep before it can no longer run
-        st.shared.prepared = None
-        if saved is not None:
-            self._oracle_compare(start_pos, saved)
-        self.last_host_s = time.perf_counter() - t0
-        return self.y
 
     def _check_step(self, xs, start_pos: int) -> None:
         """Everything a step needs, checked before any layer runs."""
