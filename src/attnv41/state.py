@@ -178,9 +178,10 @@ class SharedV41:
         # (layer, pos, order state before) of this sequence's last decode_prep: it may be
         # prepared again while its order state is still the one that prep left
         self.prepared: tuple[int, int, tuple[int, int, int]] | None = None
-        # (layer or None for a whole graph step, start_pos) of a call that raised part-way
-        # through its device work: the caches hold part of it, so only a new sequence may follow
-        self.failed: tuple[int | None, int] | None = None
+        # (layer, or None for a whole graph step, or "rollback"; its position) of a call that
+        # raised part-way through its writes: the caches hold part of it, so only a new
+        # sequence may follow
+        self.failed: tuple[int | str | None, int] | None = None
         self.seq_id = next(_SEQ_IDS)
 
     def continue_at(self, states, next_pos: int) -> None:

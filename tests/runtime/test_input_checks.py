@@ -282,9 +282,11 @@ def test_a_step_that_raises_inside_a_layer_frees_the_runtime(setup, monkeypatch)
     sid = bt._steps
     assert bt.pool.in_step == frozenset() and bt._step is None
     assert bt.pool.failed == {1: (sid, 2)} and bt.pool.length[1] == PREFILL
-    with pytest.raises(ValueError, match=rf"slot 1: start = {PREFILL}, but its step {sid} raised in layer 2"):
+    with pytest.raises(
+        ValueError, match=rf"slot 1: start = {PREFILL}, but its step {sid} \(in layer 2\) raised part-way"
+    ):
         bt.begin([1], [PREFILL], [1])
-    with pytest.raises(ValueError, match=rf"slot 1: rollback to 5: its step {sid} raised in layer 2"):
+    with pytest.raises(ValueError, match=rf"slot 1: rollback to 5: its step {sid} \(in layer 2\) raised part-way"):
         bt.rollback(1, 5)
     assert bt.pool.length == [PREFILL, PREFILL] and bt._step is None
     for sl in (0, 1):  # slot 0 goes on; slot 1 as a new sequence (no release needed)
@@ -318,7 +320,7 @@ def test_a_graph_step_that_raises_frees_the_runtime(setup, monkeypatch):
                 g.step(x1, [0])
             monkeypatch.undo()
             assert bt.pool.in_step == frozenset() and set(bt.pool.failed) == {0}
-            with pytest.raises(ValueError, match="slot 0: start = 13, but its step 2 raised in layer 0"):
+            with pytest.raises(ValueError, match=r"slot 0: start = 13, but its step 2 \(in layer 0\) raised part-way"):
                 g.step(x1, [0])
             bt.pool.release(0)
             assert bt.pool.failed == {}
@@ -432,3 +434,41 @@ def test_decode_body_and_graph_steps_that_raise_take_only_a_new_sequence(setup, 
     rt.shared.continue_at(rt.states, PREFILL)  # the caller vouches for the caches
     assert rt.shared.failed is None
     drv.step(nxt, PREFILL)
+
+
+def test_a_rollback_that_raises_part_way_takes_only_a_new_sequence(setup, monkeypatch):
+    """A rollback whose device work raised (out of memory, an interrupt) leaves the caches
+    restored in part: one sequence and a batch slot then take only a new sequence."""
+    cfg, _, xs, wts = setup
+    rt = _stack(setup)
+    rt.step([x[PREFILL : PREFILL + 4] for x in xs], PREFILL)  # a verify call: rollback-able
+    real = rt.attn._rollback_states
+
+    def boom(*a):
+        real(*a)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rt.attn, "_rollback_states", boom)
+    with pytest.raises(KeyboardInterrupt):
+        rt.rollback(PREFILL + 1)
+    monkeypatch.undo()
+    assert rt.shared.failed == ("rollback", PREFILL + 1)
+    msg = rf"its rollback to {PREFILL + 1} raised part-way, so its caches hold part of that call"
+    with pytest.raises(ValueError, match=rf"layer 0 at start_pos {PREFILL + 4}: " + msg):
+        rt.step([x[PREFILL + 4 : PREFILL + 5] for x in xs], PREFILL + 4)
+    with pytest.raises(ValueError, match=rf"rollback to {PREFILL + 1}: " + msg):
+        rt.rollback(PREFILL + 1)
+    rt.step([x[:PREFILL] for x in xs], 0)
+    assert rt.shared.failed is None
+
+    bt = _batch(cfg, wts, xs)  # slot 0: a prompt, then a verify call of 4 tokens
+    sid = bt.last_step[0]
+    monkeypatch.setattr(bt, "_rollback_cont", lambda group: (_ for _ in ()).throw(MemoryError("out of memory")))
+    with pytest.raises(MemoryError):
+        bt.rollback(0, PREFILL + 2)
+    monkeypatch.undo()
+    assert bt.pool.failed == {0: (sid, "rollback")} and bt.pool.length[0] == PREFILL + 4
+    with pytest.raises(ValueError, match=rf"slot 0: start = {PREFILL + 4}, but the rollback after its step {sid}"):
+        bt.begin([0], [PREFILL + 4], [1])
+    bt.pool.release(0)
+    bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])

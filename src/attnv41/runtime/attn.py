@@ -499,9 +499,10 @@ class AttnV41:
         """A sequence whose call raised part-way (`SharedV41.failed`) takes a new sequence only."""
         if shared.failed is not None:
             layer, p = shared.failed
-            call = "its decode step" if layer is None else f"its layer {layer} call"
+            call = {None: "its decode step", "rollback": "its rollback"}.get(layer, f"its layer {layer} call")
+            p = f"to {p}" if layer == "rollback" else f"at start_pos {p}"
             raise ValueError(
-                f"{what}: {call} at start_pos {p} raised part-way, so its caches hold part of that call; "
+                f"{what}: {call} {p} raised part-way, so its caches hold part of that call; "
                 f"allowed: layer 0 at start_pos 0 (a new sequence)"
             )
 
@@ -758,7 +759,15 @@ class AttnV41:
         s = span[0]
         if not s <= pos <= end:
             raise ValueError(f"pos = {pos}; allowed: {s}..{end} (inside the last continuation, up to the current end)")
-        W = c.window
+        try:
+            self._rollback_states(states, shared, pos, end)
+        except BaseException:  # part of the caches restored, part not: a new sequence only
+            shared.failed = ("rollback", pos)
+            raise
+
+    def _rollback_states(self, states, shared: SharedV41, pos: int, end: int) -> None:
+        """`rollback`'s writes, checked: ring slots, compressor rows and group, bookkeeping."""
+        W = self.cfg.window
         slots = torch.remainder(self.iota[pos:end], W).long()
         for st in states:
             u = st.undo

@@ -94,6 +94,12 @@ from .ops import TRITON_BATCH_OPS
 __all__ = ["SeqPool", "BatchV41", "BatchStep"]
 
 
+def _failed_call(rec: tuple[int, int | str]) -> str:
+    """A `SeqPool.failed` record (step id, layer or "rollback") in words."""
+    sid, where = rec
+    return f"the rollback after its step {sid}" if where == "rollback" else f"its step {sid} (in layer {where})"
+
+
 class SeqPool:
     """Slots, rings, compressor states and paged caches for `n_slots` sequences (module
     docstring). `blocks`: blocks per ratio (default: enough for every slot at max_seq)."""
@@ -139,8 +145,9 @@ class SeqPool:
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
         self.in_step: frozenset[int] = frozenset()  # the slots of a step begun and not finished (`BatchV41`)
-        # slots whose step raised inside a layer (`BatchV41._abandon`): slot -> (step id, layer); their
-        # caches hold part of that step, so they take only a new sequence (start 0) until release/assume
+        # slots whose step raised inside a layer (`BatchV41._abandon`) or whose rollback raised part-way:
+        # slot -> (step id, layer or "rollback"); their caches hold part of that work, so they take
+        # only a new sequence (start 0) until release/assume
         self.failed: dict[int, tuple[int, int]] = {}
         bf = dict(dtype=torch.bfloat16, device=dev)
         # kv_format "packed": every cached row in V4.1's byte format (attnv41.packed): window
@@ -433,10 +440,9 @@ class BatchV41:
             if m < 1:
                 raise ValueError(f"slot {slot}: lens = {m}; allowed: >= 1")
             if s != 0 and slot in pool.failed:
-                sid, layer = pool.failed[slot]
                 raise ValueError(
-                    f"slot {slot}: start = {s}, but its step {sid} raised in layer {layer} and its caches hold part "
-                    f"of that step; allowed: start 0 (a new sequence), or pool.release / pool.assume first"
+                    f"slot {slot}: start = {s}, but {_failed_call(pool.failed[slot])} raised part-way and its caches "
+                    f"hold part of it; allowed: start 0 (a new sequence), or pool.release / pool.assume first"
                 )
             if s != 0 and s != pool.length[slot]:
                 raise ValueError(
@@ -772,10 +778,9 @@ class BatchV41:
             if pos == end:
                 continue
             if slot in pool.failed:
-                sid, layer = pool.failed[slot]
                 raise ValueError(
-                    f"slot {slot}: rollback to {pos}: its step {sid} raised in layer {layer}; allowed: none (start "
-                    f"a new sequence, or pool.release / pool.assume the slot)"
+                    f"slot {slot}: rollback to {pos}: {_failed_call(pool.failed[slot])} raised part-way; allowed: "
+                    f"none (start a new sequence, or pool.release / pool.assume the slot)"
                 )
             u = self.undo.get(slot)
             if u is None or not u["done"] or u["step"] != self.last_step[slot]:
@@ -793,15 +798,22 @@ class BatchV41:
                     f"the next continuation step of {u['cont'][0].T} tokens"
                 )
             todo.append((slot, pos, end, s, u))
-        # nothing below can fail
-        by_step: dict[int, list] = {}
-        for slot, pos, end, s, u in todo:
-            if "cont" in u:
-                by_step.setdefault(id(u["cont"][0]), []).append((slot, pos, end, s, *u["cont"]))
-            else:
-                self._rollback_logged(slot, pos, end, u)
-        for group in by_step.values():
-            self._rollback_cont(group)
+        # nothing below can fail but the device work itself (out of memory, an interrupt):
+        # then the slots' caches are restored in part, so they take only a new sequence
+        try:
+            by_step: dict[int, list] = {}
+            for slot, pos, end, s, u in todo:
+                if "cont" in u:
+                    by_step.setdefault(id(u["cont"][0]), []).append((slot, pos, end, s, *u["cont"]))
+                else:
+                    self._rollback_logged(slot, pos, end, u)
+            for group in by_step.values():
+                self._rollback_cont(group)
+        except BaseException:
+            for slot, *_ in todo:
+                pool.failed[slot] = (self.last_step[slot], "rollback")
+                self.undo.pop(slot, None)
+            raise
         for slot, pos, _end, _s, _u in todo:
             pool.length[slot] = pos
 
