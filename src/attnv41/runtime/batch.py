@@ -148,7 +148,7 @@ class SeqPool:
         # slots whose step raised inside a layer (`BatchV41._abandon`) or whose rollback raised part-way:
         # slot -> (step id, layer or "rollback"); their caches hold part of that work, so they take
         # only a new sequence (start 0) until release/assume
-        self.failed: dict[int, tuple[int, int]] = {}
+        self.failed: dict[int, tuple[int, int | str]] = {}
         bf = dict(dtype=torch.bfloat16, device=dev)
         # kv_format "packed": every cached row in V4.1's byte format (attnv41.packed): window
         # rows fp8_e8m0, compressed rows fp4_e4m3, index keys fp4_e8m0 (uint8 rows)
