@@ -1,0 +1,283 @@
+"""FP8 linears on the tensor cores with the dequantized weight as the product's register
+operand (Gluon, sm_90): `tc_mm`'s FP8 math and split rule without the weight's round trip
+through shared memory.
+
+Why: `tc_mm` dequantizes each FP8 weight chunk in registers, stores it to shared memory,
+waits on a barrier and multiplies it there (the operand Triton's Hopper product takes), so
+every chunk waits on that round trip; with bf16 weights the same loop streams 2.2-2.4x
+more bytes per second (BENCHMARKS.md, 2026-12-04, nineteenth entry). Here the weight is
+the first operand of the warpgroup product, held in registers: each program computes a
+transposed tile `outᵀ[BN weight rows, BT tokens]`; the weight chunk `[BN, BK]` is loaded
+straight from global memory into the registers the product reads, converted there, and
+never touches shared memory; only x's chunk (`[BT, BK]`, from L2) is staged.
+
+The column order. The product's register operand gives each thread, per row and chunk,
+the columns {16s + 8h + 2q + p} (s < 8, h, p < 2, q = lane % 4): 2-byte runs. Loaded in
+that order the FP8 weight would take 2-byte loads. A sum over k does not depend on how the
+columns are named, as long as x's columns get the same names, so each chunk's 128 columns
+are renamed: logical column 16s + 8h + 2q + p holds physical column 32q + 4s + 2h + p.
+Thread q of a row then holds the 32 contiguous bytes 32q … 32q + 31 (two 16-byte loads),
+which are exactly one FP8 scale block (one scale per thread and chunk), and x's chunk is
+stored to shared memory in the same logical order. The renaming is a constant of the
+kernel, so it moves no bit between calls (but the fp32 sums run in another order than
+`tc_mm`'s: other bits, within the same bound of the exact product).
+
+Batch invariance: as `tc_mm` (module doc): a fixed tile of BT = 64 token rows for every m
+(rows past m zero), SEGS and IPS from `tc_mm.plan`, the segment partials summed by the last
+program to arrive in segment order, one bf16 rounding. A token's bits depend on its own
+row of x and the weights only.
+
+Gluon does not run under `TRITON_INTERPRET`: on the CPU the kernel is compiled for sm_90
+only (`bench.sass`); its numerics are checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    HAVE_GLUON = HAVE_TRITON
+except ImportError:  # pragma: no cover - an older Triton
+    HAVE_GLUON = False
+
+__all__ = ["HAVE_GLUON", "tc_fp8", "rename_cols", "FP8_TUNE"]
+
+BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), columns per chunk
+# Launch shape (no bit depends on it): pf chunks (weight bytes, scales, x) loaded ahead into
+# registers; xcp: x given renamed (`rename_cols`) and copied by cp.async into xst stages of
+# shared memory instead; warps fixed at 4 (one warpgroup: the product's 64 rows).
+FP8_TUNE = dict(pf=2, xcp=0, xst=3)
+
+if HAVE_GLUON:
+    from .sparse_attn_gluon import _pdl_release_wait
+
+    @gluon.jit
+    def _rename(t, R: gl.constexpr):
+        """[R, 128] physical columns 32q + 4s + 2h + p → logical 16s + 8h + 2q + p."""
+        t = gl.reshape(t, [R, 4, 8, 2, 2])
+        t = gl.permute(t, (0, 2, 3, 1, 4))
+        return gl.reshape(t, [R, 128])
+
+    @gluon.jit
+    def _bytes(v):
+        """[R, 4, 8] int32 words → [R, 4, 32] float8e4nv, byte b of word i at 4i + b."""
+        b0 = (v & 0xFF).to(gl.uint8)
+        b1 = ((v >> 8) & 0xFF).to(gl.uint8)
+        b2 = ((v >> 16) & 0xFF).to(gl.uint8)
+        b3 = ((v >> 24) & 0xFF).to(gl.uint8)
+        t = gl.join(gl.join(b0, b2), gl.join(b1, b3))  # [R, 4, 8, 2, 2]: [.., j, i] = byte 2j + i
+        t = gl.reshape(t, [v.shape[0], 4, 32])
+        return t.to(gl.float8e4nv, bitcast=True)
+
+    @gluon.jit
+    def _e8m0_gl(b):
+        """fp32 2^(b−127) of e8m0 bytes (int32 0..254); b = 0 is the subnormal 2^−127."""
+        return gl.where(b == 0, 0x00400000, b << 23).to(gl.float32, bitcast=True)
+
+    @gluon.jit(do_not_specialize=["M"])
+    def _fp8_kernel(
+        x, sxm, w, wsc, out, som, part, locks, M, N, K,
+        SEGS: gl.constexpr, IPS: gl.constexpr, PF: gl.constexpr, XCP: gl.constexpr, XST: gl.constexpr,
+        BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
+        _pdl_release_wait(PDL)
+        pm, pn, seg = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        n_pn = gl.num_programs(1)
+
+        # the weight chunk as int32 words [BN rows, 4 scale blocks q, 8 words]: thread (lane l,
+        # warp v) holds rows 16v + l/4 and 16v + l/4 + 8, block q = l % 4, its 8 words (32 bytes)
+        LW: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[BN, 4, 8],
+        )
+        # its bytes [BN, 4, 32] (`_bytes`): the same threads, all 32 bytes in registers
+        LB: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[BN, 4, 32],
+        )
+        LS: gl.constexpr = gl.SliceLayout(2, LB)  # [BN, 4] the chunk's scales
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 1, 4], [4, 1, 1], [2, 1, 0])  # x [BT, 4, 32]
+        X_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
+
+        LW2: gl.constexpr = gl.SliceLayout(2, LW)
+        rows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LW2))
+        qs = gl.arange(0, 4, layout=gl.SliceLayout(0, LW2))
+        js = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        rok = rows < N
+        w_off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * (K // 4), 1) + qs[None, :] * 8, 2) + gl.expand_dims(
+            gl.expand_dims(js, 0), 1
+        )  # [BN, 4, 8] words
+        w_ok = gl.expand_dims(gl.expand_dims(rok, 1), 2)
+        srows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        s_off = (srows // 32).to(gl.int64)[:, None] * (K // 32) + gl.arange(0, 4, layout=gl.SliceLayout(0, LS))[None, :]
+        s_ok = (srows < N)[:, None]
+
+        toks = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+        xq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+        xj = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+        x_off = gl.expand_dims(gl.expand_dims(toks.to(gl.int64) * sxm, 1) + xq[None, :] * 32, 2) + gl.expand_dims(
+            gl.expand_dims(xj, 0), 1
+        )  # [BT, 4, 32]
+        x_ok = gl.expand_dims(gl.expand_dims(toks < M, 1), 2)
+
+        acc = gl.zeros([BN, BT], gl.float32, layout=MMA)
+        k_seg = seg * IPS * BK
+        if XCP:
+            # x already renamed in global memory (`rename_cols`): cp.async straight into XST stages
+            LXC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, BK] 16-byte pieces
+            ct = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, LXC))
+            cc = gl.arange(0, BK, layout=gl.SliceLayout(0, LXC))
+            xc_off = ct.to(gl.int64)[:, None] * sxm + cc[None, :]
+            xc_ok = (ct < M)[:, None]
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [XST, BT, BK], X_SL)
+            for st in gl.static_range(XST - 1):
+                async_copy.async_copy_global_to_shared(
+                    x_smem.index(st), x + xc_off + (k_seg + st * BK), mask=xc_ok & (st < IPS)
+                )
+                async_copy.commit_group()
+        else:
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BK], X_SL)
+
+        # the first PF chunks' weight bytes and scales (and x, without XCP) in flight (registers)
+        wv0 = gl.load(w + w_off + k_seg // 4, mask=w_ok)
+        sv0 = gl.load(wsc + s_off + k_seg // 32, mask=s_ok)
+        if not XCP:
+            xv0 = gl.load(x + x_off + k_seg, mask=x_ok, other=0.0)
+        if PF >= 2:
+            ok1 = IPS > 1
+            wv1 = gl.load(w + w_off + (k_seg + BK) // 4, mask=w_ok & ok1)
+            sv1 = gl.load(wsc + s_off + (k_seg + BK) // 32, mask=s_ok & ok1)
+            if not XCP:
+                xv1 = gl.load(x + x_off + (k_seg + BK), mask=x_ok & ok1, other=0.0)
+        for i in range(IPS):
+            k0 = k_seg + i * BK
+            wv, sv = wv0, sv0
+            if not XCP:
+                xv = xv0
+            if PF >= 2:
+                wv0, sv0 = wv1, sv1
+                nxt = k0 + 2 * BK
+                ok = i + 2 < IPS
+                wv1 = gl.load(w + w_off + nxt // 4, mask=w_ok & ok)
+                sv1 = gl.load(wsc + s_off + nxt // 32, mask=s_ok & ok)
+                if not XCP:
+                    xv0 = xv1
+                    xv1 = gl.load(x + x_off + nxt, mask=x_ok & ok, other=0.0)
+            else:
+                nxt = k0 + BK
+                ok = i + 1 < IPS
+                wv0 = gl.load(w + w_off + nxt // 4, mask=w_ok & ok)
+                sv0 = gl.load(wsc + s_off + nxt // 32, mask=s_ok & ok)
+                if not XCP:
+                    xv0 = gl.load(x + x_off + nxt, mask=x_ok & ok, other=0.0)
+            if XCP:
+                buf = x_smem.index(i % XST)
+            else:
+                buf = x_smem.index(i % 2)
+                buf.store(_rename(gl.reshape(xv, [BT, BK]), BT))
+            # e4m3 · 2^(e−127), exact in bf16 (4 significant bits), renamed into the operand
+            wf = _bytes(wv).to(gl.float32) * gl.expand_dims(_e8m0_gl(sv.to(gl.int32)), 2)
+            a = gl.convert_layout(_rename(gl.reshape(wf.to(gl.bfloat16), [BN, BK]), BN), A_OP)
+            if XCP:
+                async_copy.wait_group(XST - 2)  # chunk i's x has landed
+            fence_async_shared()
+            gl.thread_barrier()
+            if XCP:  # every warp is past chunk i − 1's product: its stage takes chunk i + XST − 1
+                nx = i + XST - 1
+                async_copy.async_copy_global_to_shared(
+                    x_smem.index(nx % XST), x + xc_off + (k_seg + nx * BK), mask=xc_ok & (nx < IPS)
+                )
+                async_copy.commit_group()
+            # the product waited on at once: its register operand may not be reused before
+            # (Triton keeps the unpacked values alive, not the packed registers the product reads)
+            acc = warpgroup_mma(a, buf.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if XCP:
+            async_copy.wait_group(0)
+
+        # outᵀ tile → out[t, n] (n contiguous per thread), or the segment's partial
+        LO: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
+        acc = gl.convert_layout(acc, LO)
+        on = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LO))
+        ot = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, LO))
+        ok2 = (on < N)[:, None] & (ot < M)[None, :]
+        o_ptr = out + ot.to(gl.int64)[None, :] * som + on[:, None]
+        if SEGS == 1:
+            gl.store(o_ptr, acc.to(gl.bfloat16), mask=ok2)
+        else:
+            plane = M * N
+            pp = part + ot.to(gl.int64)[None, :] * N + on[:, None]
+            gl.store(pp + seg * plane, acc, mask=ok2)
+            gl.thread_barrier()  # every thread's partial stored before the release below
+            lock = locks + pm * n_pn + pn
+            arrived = gl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if arrived == SEGS - 1:
+                s = gl.load(pp, mask=ok2, other=0.0, cache_modifier=".cg")
+                for j in gl.static_range(1, SEGS):  # the adds in segment order
+                    s += gl.load(pp + j * plane, mask=ok2, other=0.0, cache_modifier=".cg")
+                gl.store(o_ptr, s.to(gl.bfloat16), mask=ok2)
+                gl.atomic_xchg(lock, 0)
+
+
+def rename_cols(x: torch.Tensor) -> torch.Tensor:
+    """x `[m, K]` with each chunk's 128 columns in the kernel's logical order (module doc):
+    column 16s + 8h + 2q + p of a chunk holds x's column 32q + 4s + 2h + p (K a multiple of 128)."""
+    m, K = x.shape
+    return x.reshape(m, K // 128, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, K).contiguous()
+
+
+def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, **tune) -> torch.Tensor:
+    """`out = bf16(xq · dequant(w)ᵀ)`: `tc_mm`'s FP8 contract (xq the input's FP8 round trip,
+    already `rename_cols`-renamed with `xcp=1`,
+    w float8_e4m3fn `[N, K]` with its e8m0 scale `[ceil(N/32), K/32]`, out bf16 `[m, N]`),
+    K a multiple of 128; CUDA sm_90 only (module doc). `tune`: keys of `FP8_TUNE`."""
+    from . import tc_mm as TC  # noqa: PLC0415
+
+    scale = TC._check_mm(xq, w, out, scale)
+    unknown = sorted(set(tune) - set(FP8_TUNE))
+    if unknown:
+        raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
+    cfg = dict(FP8_TUNE, **tune)
+    if cfg["pf"] not in (1, 2) or cfg["xcp"] not in (0, 1) or cfg["xst"] not in (2, 3, 4):
+        raise ValueError(f"tune {cfg}; allowed: pf 1 or 2, xcp 0 or 1, xst 2, 3 or 4")
+    m, K = xq.shape
+    N = w.shape[0]
+    if K % BK:
+        raise ValueError(f"w.shape[1] (K) = {K}; allowed: a multiple of {BK}")
+    require_triton("tc_fp8", xq, w, out)
+    if not HAVE_GLUON or interpreting():
+        raise RuntimeError("tc_fp8: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
+    segs = TC.plan(N, K)
+    ips = K // BK // segs
+    tiles = (-(-m // BT), -(-N // BN))
+    dev = xq.device
+    part = torch.empty(segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
+    locks = TC._counters.buffer(dev) if segs > 1 else part
+    if segs > 1 and tiles[0] * tiles[1] > TC._LOCKS:
+        raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
+    _fp8_kernel[(*tiles, segs)](
+        xq, xq.stride(0), w.view(torch.int32), scale, out, out.stride(0), part, locks, m, N, K,
+        SEGS=segs, IPS=ips, PF=cfg["pf"], XCP=cfg["xcp"], XST=cfg["xst"], BN=BN, BT=BT, BK=BK, num_warps=4,
+        **pdl_launch(xq),
+    )  # fmt: skip
+    return out
