@@ -43,9 +43,12 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon.language.nvidia.hopper import (
         async_copy,
         fence_async_shared,
+        mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAVE_GLUON = HAVE_TRITON
 except ImportError:  # pragma: no cover - an older Triton
@@ -54,10 +57,10 @@ except ImportError:  # pragma: no cover - an older Triton
 __all__ = ["HAVE_GLUON", "tc_fp8", "rename_cols", "FP8_TUNE"]
 
 BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), columns per chunk
-# Launch shape (no bit depends on it): pf chunks (weight bytes, scales, x) loaded ahead into
-# registers; xcp: x given renamed (`rename_cols`) and copied by cp.async into xst stages of
-# shared memory instead; warps fixed at 4 (one warpgroup: the product's 64 rows).
-FP8_TUNE = dict(pf=2, xcp=0, xst=3)
+# Launch shape (no bit depends on it): stages of shared memory (each chunk's weight bytes,
+# scale words and x; stages − 1 chunks in flight); xm, how x (given renamed: `rename_cols`)
+# is copied: 1 cp.async, 2 TMA; warps fixed at 4 (one warpgroup: the product's 64 rows).
+FP8_TUNE = dict(stages=4, xm=2)
 
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
@@ -81,14 +84,39 @@ if HAVE_GLUON:
         return t.to(gl.float8e4nv, bitcast=True)
 
     @gluon.jit
+    def _tma_x(xd, x_smem, bars, st, row, col, pred, BT: gl.constexpr):
+        """Chunk columns col … col + 127 of x's rows row … row + BT − 1 (rows past m zero) into
+        stage st (its two [BT, 64] halves), counted on its barrier; nothing when not pred."""
+        mbarrier.expect(bars.index(st), 2 * BT * 64 * 2, pred=pred)
+        tma.async_copy_global_to_shared(xd, [row, col], bars.index(st), x_smem.index(2 * st), pred=pred)
+        tma.async_copy_global_to_shared(xd, [row, col + 64], bars.index(st), x_smem.index(2 * st + 1), pred=pred)
+
+    @gluon.jit
     def _e8m0_gl(b):
         """fp32 2^(b−127) of e8m0 bytes (int32 0..254); b = 0 is the subnormal 2^−127."""
         return gl.where(b == 0, 0x00400000, b << 23).to(gl.float32, bitcast=True)
 
+    @gluon.jit
+    def _issue(
+        w_smem, s_smem, x_smem, bars, st, chunk, pred, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off, xc_ok, row0,
+        XM: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    ):  # fmt: skip
+        """Chunk `chunk`'s copies into stage st (nothing where not pred; one cp.async group
+        committed either way): each thread's 32 weight bytes and its rows' scale word
+        (cp.async, the thread's own slots), x's [BT, BK] chunk (cp.async, or TMA on the
+        stage's barrier)."""
+        async_copy.async_copy_global_to_shared(w_smem.index(st), w + w_off + chunk * (BK // 4), mask=w_ok & pred)
+        async_copy.async_copy_global_to_shared(s_smem.index(st), wsc + s_off + chunk, mask=s_ok & pred)
+        if XM == 1:
+            async_copy.async_copy_global_to_shared(x_smem.index(st), x + xc_off + chunk * BK, mask=xc_ok & pred)
+        else:
+            _tma_x(x, x_smem, bars, st, row0, chunk * BK, pred, BT)
+        async_copy.commit_group()
+
     @gluon.jit(do_not_specialize=["M"])
     def _fp8_kernel(
         x, sxm, w, wsc, out, som, part, locks, M, N, K,
-        SEGS: gl.constexpr, IPS: gl.constexpr, PF: gl.constexpr, XCP: gl.constexpr, XST: gl.constexpr,
+        SEGS: gl.constexpr, IPS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr,
         BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
@@ -96,16 +124,16 @@ if HAVE_GLUON:
         pm, pn, seg = gl.program_id(0), gl.program_id(1), gl.program_id(2)
         n_pn = gl.num_programs(1)
 
-        # the weight chunk as int32 words [BN rows, 4 scale blocks q, 8 words]: thread (lane l,
-        # warp v) holds rows 16v + l/4 and 16v + l/4 + 8, block q = l % 4, its 8 words (32 bytes)
+        # the weight chunk as int32 words [BN rows, 32 words]: thread (lane l, warp v) holds
+        # rows 16v + l/4 and 16v + l/4 + 8, words 8q … 8q + 7 (q = l % 4: one scale block)
         LW: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0]],
+            lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
             block_bases=[],
-            shape=[BN, 4, 8],
+            shape=[BN, 32],
         )
-        # its bytes [BN, 4, 32] (`_bytes`): the same threads, all 32 bytes in registers
+        # its bytes [BN, 4 blocks q, 32] (`_bytes`): the same threads, all 32 bytes in registers
         LB: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
@@ -113,107 +141,79 @@ if HAVE_GLUON:
             block_bases=[],
             shape=[BN, 4, 32],
         )
-        LS: gl.constexpr = gl.SliceLayout(2, LB)  # [BN, 4] the chunk's scales
+        LS: gl.constexpr = gl.SliceLayout(2, LB)  # [BN, 4] the chunk's scale words
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 1, 4], [4, 1, 1], [2, 1, 0])  # x [BT, 4, 32]
-        X_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
+        W_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        S_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
-        LW2: gl.constexpr = gl.SliceLayout(2, LW)
-        rows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LW2))
-        qs = gl.arange(0, 4, layout=gl.SliceLayout(0, LW2))
-        js = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
-        rok = rows < N
-        w_off = gl.expand_dims(gl.expand_dims(rows.to(gl.int64) * (K // 4), 1) + qs[None, :] * 8, 2) + gl.expand_dims(
-            gl.expand_dims(js, 0), 1
-        )  # [BN, 4, 8] words
-        w_ok = gl.expand_dims(gl.expand_dims(rok, 1), 2)
+        rows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LW))
+        w_off = rows.to(gl.int64)[:, None] * (K // 4) + gl.arange(0, 32, layout=gl.SliceLayout(0, LW))[None, :]
+        w_ok = (rows < N)[:, None]
         srows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
-        s_off = (srows // 32).to(gl.int64)[:, None] * (K // 32) + gl.arange(0, 4, layout=gl.SliceLayout(0, LS))[None, :]
-        s_ok = (srows < N)[:, None]
+        sq = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
+        s_off = (srows // 32).to(gl.int64)[:, None] * (K // BK) + (sq * 0)[None, :]  # the rows' scale word of chunk 0
+        s_ok = (srows < N)[:, None] & (sq >= 0)[None, :]
+        w_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 32], W_SL)
+        s_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 4], S_SL)
 
-        toks = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-        xq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-        xj = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
-        x_off = gl.expand_dims(gl.expand_dims(toks.to(gl.int64) * sxm, 1) + xq[None, :] * 32, 2) + gl.expand_dims(
-            gl.expand_dims(xj, 0), 1
-        )  # [BT, 4, 32]
-        x_ok = gl.expand_dims(gl.expand_dims(toks < M, 1), 2)
-
-        acc = gl.zeros([BN, BT], gl.float32, layout=MMA)
-        k_seg = seg * IPS * BK
-        if XCP:
-            # x already renamed in global memory (`rename_cols`): cp.async straight into XST stages
+        if XM == 1:  # x renamed in global memory (`rename_cols`), copied by cp.async
             LXC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, BK] 16-byte pieces
+            X_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
             ct = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, LXC))
-            cc = gl.arange(0, BK, layout=gl.SliceLayout(0, LXC))
-            xc_off = ct.to(gl.int64)[:, None] * sxm + cc[None, :]
+            xc_off = ct.to(gl.int64)[:, None] * sxm + gl.arange(0, BK, layout=gl.SliceLayout(0, LXC))[None, :]
             xc_ok = (ct < M)[:, None]
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [XST, BT, BK], X_SL)
-            for st in gl.static_range(XST - 1):
-                async_copy.async_copy_global_to_shared(
-                    x_smem.index(st), x + xc_off + (k_seg + st * BK), mask=xc_ok & (st < IPS)
-                )
-                async_copy.commit_group()
-        else:
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BK], X_SL)
-
-        # the first PF chunks' weight bytes and scales (and x, without XCP) in flight (registers)
-        wv0 = gl.load(w + w_off + k_seg // 4, mask=w_ok)
-        sv0 = gl.load(wsc + s_off + k_seg // 32, mask=s_ok)
-        if not XCP:
-            xv0 = gl.load(x + x_off + k_seg, mask=x_ok, other=0.0)
-        if PF >= 2:
-            ok1 = IPS > 1
-            wv1 = gl.load(w + w_off + (k_seg + BK) // 4, mask=w_ok & ok1)
-            sv1 = gl.load(wsc + s_off + (k_seg + BK) // 32, mask=s_ok & ok1)
-            if not XCP:
-                xv1 = gl.load(x + x_off + (k_seg + BK), mask=x_ok & ok1, other=0.0)
-        for i in range(IPS):
-            k0 = k_seg + i * BK
-            wv, sv = wv0, sv0
-            if not XCP:
-                xv = xv0
-            if PF >= 2:
-                wv0, sv0 = wv1, sv1
-                nxt = k0 + 2 * BK
-                ok = i + 2 < IPS
-                wv1 = gl.load(w + w_off + nxt // 4, mask=w_ok & ok)
-                sv1 = gl.load(wsc + s_off + nxt // 32, mask=s_ok & ok)
-                if not XCP:
-                    xv0 = xv1
-                    xv1 = gl.load(x + x_off + nxt, mask=x_ok & ok, other=0.0)
-            else:
-                nxt = k0 + BK
-                ok = i + 1 < IPS
-                wv0 = gl.load(w + w_off + nxt // 4, mask=w_ok & ok)
-                sv0 = gl.load(wsc + s_off + nxt // 32, mask=s_ok & ok)
-                if not XCP:
-                    xv0 = gl.load(x + x_off + nxt, mask=x_ok & ok, other=0.0)
-            if XCP:
-                buf = x_smem.index(i % XST)
-            else:
-                buf = x_smem.index(i % 2)
-                buf.store(_rename(gl.reshape(xv, [BT, BK]), BT))
-            # e4m3 · 2^(e−127), exact in bf16 (4 significant bits), renamed into the operand
-            wf = _bytes(wv).to(gl.float32) * gl.expand_dims(_e8m0_gl(sv.to(gl.int32)), 2)
-            a = gl.convert_layout(_rename(gl.reshape(wf.to(gl.bfloat16), [BN, BK]), BN), A_OP)
-            if XCP:
-                async_copy.wait_group(XST - 2)  # chunk i's x has landed
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], X_SL)
+            bars = s_smem  # (unused)
+        else:  # x renamed, a TMA descriptor of [BT, 64] boxes: two per chunk, one barrier per stage
+            XH_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
+            bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+            for st in gl.static_range(S):
+                mbarrier.init(bars.index(st), count=1)
             fence_async_shared()
-            gl.thread_barrier()
-            if XCP:  # every warp is past chunk i − 1's product: its stage takes chunk i + XST − 1
-                nx = i + XST - 1
-                async_copy.async_copy_global_to_shared(
-                    x_smem.index(nx % XST), x + xc_off + (k_seg + nx * BK), mask=xc_ok & (nx < IPS)
-                )
-                async_copy.commit_group()
-            # the product waited on at once: its register operand may not be reused before
+            xc_off = 0
+            xc_ok = False
+
+        c0 = seg * IPS  # the segment's first chunk
+        for st in gl.static_range(S - 1):
+            _issue(
+                w_smem, s_smem, x_smem, bars, st, c0 + st, st < IPS, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off,
+                xc_ok, pm * BT, XM, BT, BK,
+            )  # fmt: skip
+        acc = gl.zeros([BN, BT], gl.float32, layout=MMA)
+        for i in range(IPS):
+            cur = i % S
+            async_copy.wait_group(S - 2)  # this thread's copies of chunk i have landed
+            if XM == 2:
+                mbarrier.wait(bars.index(cur), (i // S) & 1)  # and x's boxes
+            wv = gl.reshape(w_smem.index(cur).load(LW), [BN, 4, 8])
+            sb = (s_smem.index(cur).load(LS) >> (sq * 8)[None, :]) & 0xFF  # block q's e8m0 byte
+            # e4m3 · 2^(e−127), exact in bf16 (4 significant bits), renamed into the operand
+            wf = _bytes(wv).to(gl.float32) * gl.expand_dims(_e8m0_gl(sb), 2)
+            ab = _rename(gl.reshape(wf.to(gl.bfloat16), [BN, BK]), BN)
+            if XM == 1:
+                fence_async_shared()  # x's cp.async writes, before the product reads them
+            gl.thread_barrier()  # every warp has chunk i's x and is past chunk i − 1's product
+            nx = i + S - 1  # into the stage chunk i − 1 used
+            _issue(
+                w_smem, s_smem, x_smem, bars, nx % S, c0 + nx, nx < IPS, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off,
+                xc_ok, pm * BT, XM, BT, BK,
+            )  # fmt: skip
+            # each product waited on at once: its register operand may not be reused before
             # (Triton keeps the unpacked values alive, not the packed registers the product reads)
-            acc = warpgroup_mma(a, buf.permute((1, 0)), acc, is_async=True)
+            if XM == 2:
+                a0, a1 = gl.split(gl.permute(gl.reshape(ab, [BN, 2, 64]), (0, 2, 1)))
+                acc = warpgroup_mma(
+                    gl.convert_layout(a0, A_OP), x_smem.index(2 * cur).permute((1, 0)), acc, is_async=True
+                )
+                acc = warpgroup_mma(
+                    gl.convert_layout(a1, A_OP), x_smem.index(2 * cur + 1).permute((1, 0)), acc, is_async=True
+                )
+            else:
+                acc = warpgroup_mma(gl.convert_layout(ab, A_OP), x_smem.index(cur).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if XCP:
-            async_copy.wait_group(0)
+        async_copy.wait_group(0)
 
         # outᵀ tile → out[t, n] (n contiguous per thread), or the segment's partial
         LO: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
@@ -248,7 +248,7 @@ def rename_cols(x: torch.Tensor) -> torch.Tensor:
 
 def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, **tune) -> torch.Tensor:
     """`out = bf16(xq · dequant(w)ᵀ)`: `tc_mm`'s FP8 contract (xq the input's FP8 round trip,
-    already `rename_cols`-renamed with `xcp=1`,
+    already `rename_cols`-renamed,
     w float8_e4m3fn `[N, K]` with its e8m0 scale `[ceil(N/32), K/32]`, out bf16 `[m, N]`),
     K a multiple of 128; CUDA sm_90 only (module doc). `tune`: keys of `FP8_TUNE`."""
     from . import tc_mm as TC  # noqa: PLC0415
@@ -258,8 +258,8 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
     cfg = dict(FP8_TUNE, **tune)
-    if cfg["pf"] not in (1, 2) or cfg["xcp"] not in (0, 1) or cfg["xst"] not in (2, 3, 4):
-        raise ValueError(f"tune {cfg}; allowed: pf 1 or 2, xcp 0 or 1, xst 2, 3 or 4")
+    if cfg["stages"] not in (2, 3, 4, 5, 6, 8) or cfg["xm"] not in (1, 2):
+        raise ValueError(f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2")
     m, K = xq.shape
     N = w.shape[0]
     if K % BK:
@@ -275,9 +275,12 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     locks = TC._counters.buffer(dev) if segs > 1 else part
     if segs > 1 and tiles[0] * tiles[1] > TC._LOCKS:
         raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
+    xa = xq
+    if cfg["xm"] == 2:
+        xa = TensorDescriptor.from_tensor(xq, [BT, 64], gl.NVMMASharedLayout(128, 16, 2))
     _fp8_kernel[(*tiles, segs)](
-        xq, xq.stride(0), w.view(torch.int32), scale, out, out.stride(0), part, locks, m, N, K,
-        SEGS=segs, IPS=ips, PF=cfg["pf"], XCP=cfg["xcp"], XST=cfg["xst"], BN=BN, BT=BT, BK=BK, num_warps=4,
+        xa, xq.stride(0), w.view(torch.int32), scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
+        SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], BN=BN, BT=BT, BK=BK, num_warps=4,
         **pdl_launch(xq),
     )  # fmt: skip
     return out
