@@ -34,7 +34,7 @@ SHAPES = {
     "indexer.wq_b": (4096, 1280),
     "wo_b": (5120, 8192),
 }
-TUNES = json.loads(os.environ.get("PROBE_TUNES", '[{}]'))
+TUNES = json.loads(os.environ.get("PROBE_TUNES", "[{}]"))
 
 
 def check(dev) -> dict:

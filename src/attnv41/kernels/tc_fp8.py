@@ -59,8 +59,10 @@ __all__ = ["HAVE_GLUON", "tc_fp8", "rename_cols", "FP8_TUNE"]
 BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), columns per chunk
 # Launch shape (no bit depends on it): stages of shared memory (each chunk's weight bytes,
 # scale words and x; stages − 1 chunks in flight); xm, how x (given renamed: `rename_cols`)
-# is copied: 1 cp.async, 2 TMA; warps fixed at 4 (one warpgroup: the product's 64 rows).
-FP8_TUNE = dict(stages=4, xm=2)
+# is copied: 1 cp.async, 2 TMA in boxes of xr rows; segs: 0 the split rule of `tc_mm.plan`,
+# else that many K segments (probes: other bits); warps fixed at 4 (one warpgroup: the
+# product's 64 rows).
+FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0)
 
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
@@ -84,12 +86,21 @@ if HAVE_GLUON:
         return t.to(gl.float8e4nv, bitcast=True)
 
     @gluon.jit
-    def _tma_x(xd, x_smem, bars, st, row, col, pred, BT: gl.constexpr):
-        """Chunk columns col … col + 127 of x's rows row … row + BT − 1 (rows past m zero) into
-        stage st (its two [BT, 64] halves), counted on its barrier; nothing when not pred."""
-        mbarrier.expect(bars.index(st), 2 * BT * 64 * 2, pred=pred)
-        tma.async_copy_global_to_shared(xd, [row, col], bars.index(st), x_smem.index(2 * st), pred=pred)
-        tma.async_copy_global_to_shared(xd, [row, col + 64], bars.index(st), x_smem.index(2 * st + 1), pred=pred)
+    def _tma_x(xd, x_smem, bars, st, row, col, pred, M, BT: gl.constexpr, XR: gl.constexpr):
+        """Chunk columns col … col + 127 of x's rows row … row + BT − 1 into stage st (its two
+        [BT, 64] halves) in boxes of XR rows, counted on its barrier (BT / XR arrivals); boxes
+        wholly past m are not loaded (their rows keep stale values: they feed only output
+        columns past m, which are not stored). Nothing when not pred."""
+        for j in gl.static_range(BT // XR):
+            r = row + j * XR
+            ok = pred & (r < M)
+            mbarrier.expect(bars.index(st), XR * 64 * 2 * 2, pred=ok)
+            mbarrier.arrive(bars.index(st), pred=pred & (r >= M))
+            bar = bars.index(st)
+            tma.async_copy_global_to_shared(xd, [r, col], bar, x_smem.index(2 * st).slice(j * XR, XR, dim=0), pred=ok)
+            tma.async_copy_global_to_shared(
+                xd, [r, col + 64], bar, x_smem.index(2 * st + 1).slice(j * XR, XR, dim=0), pred=ok
+            )
 
     @gluon.jit
     def _e8m0_gl(b):
@@ -98,8 +109,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _issue(
-        w_smem, s_smem, x_smem, bars, st, chunk, pred, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off, xc_ok, row0,
-        XM: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+        w_smem, s_smem, x_smem, bars, st, chunk, pred, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off, xc_ok, row0, M,
+        XM: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, XR: gl.constexpr,
     ):  # fmt: skip
         """Chunk `chunk`'s copies into stage st (nothing where not pred; one cp.async group
         committed either way): each thread's 32 weight bytes and its rows' scale word
@@ -110,13 +121,13 @@ if HAVE_GLUON:
         if XM == 1:
             async_copy.async_copy_global_to_shared(x_smem.index(st), x + xc_off + chunk * BK, mask=xc_ok & pred)
         else:
-            _tma_x(x, x_smem, bars, st, row0, chunk * BK, pred, BT)
+            _tma_x(x, x_smem, bars, st, row0, chunk * BK, pred, M, BT, XR)
         async_copy.commit_group()
 
     @gluon.jit(do_not_specialize=["M"])
     def _fp8_kernel(
         x, sxm, w, wsc, out, som, part, locks, M, N, K,
-        SEGS: gl.constexpr, IPS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr,
+        SEGS: gl.constexpr, IPS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr, XR: gl.constexpr,
         BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
@@ -170,7 +181,7 @@ if HAVE_GLUON:
             x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
             bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
             for st in gl.static_range(S):
-                mbarrier.init(bars.index(st), count=1)
+                mbarrier.init(bars.index(st), count=BT // XR)
             fence_async_shared()
             xc_off = 0
             xc_ok = False
@@ -179,7 +190,7 @@ if HAVE_GLUON:
         for st in gl.static_range(S - 1):
             _issue(
                 w_smem, s_smem, x_smem, bars, st, c0 + st, st < IPS, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off,
-                xc_ok, pm * BT, XM, BT, BK,
+                xc_ok, pm * BT, M, XM, BT, BK, XR,
             )  # fmt: skip
         acc = gl.zeros([BN, BT], gl.float32, layout=MMA)
         for i in range(IPS):
@@ -198,7 +209,7 @@ if HAVE_GLUON:
             nx = i + S - 1  # into the stage chunk i − 1 used
             _issue(
                 w_smem, s_smem, x_smem, bars, nx % S, c0 + nx, nx < IPS, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off,
-                xc_ok, pm * BT, XM, BT, BK,
+                xc_ok, pm * BT, M, XM, BT, BK, XR,
             )  # fmt: skip
             # each product waited on at once: its register operand may not be reused before
             # (Triton keeps the unpacked values alive, not the packed registers the product reads)
@@ -258,8 +269,8 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
     cfg = dict(FP8_TUNE, **tune)
-    if cfg["stages"] not in (2, 3, 4, 5, 6, 8) or cfg["xm"] not in (1, 2):
-        raise ValueError(f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2")
+    if cfg["stages"] not in (2, 3, 4, 5, 6, 8) or cfg["xm"] not in (1, 2) or cfg["xr"] not in (8, 16, 32, 64):
+        raise ValueError(f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64")
     m, K = xq.shape
     N = w.shape[0]
     if K % BK:
@@ -267,7 +278,9 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     require_triton("tc_fp8", xq, w, out)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("tc_fp8: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
-    segs = TC.plan(N, K)
+    segs = cfg["segs"] or TC.plan(N, K)
+    if (K // BK) % segs:
+        raise ValueError(f"segs = {segs}; allowed: a divisor of K / {BK} = {K // BK}")
     ips = K // BK // segs
     tiles = (-(-m // BT), -(-N // BN))
     dev = xq.device
@@ -277,10 +290,10 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
         raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
     xa = xq
     if cfg["xm"] == 2:
-        xa = TensorDescriptor.from_tensor(xq, [BT, 64], gl.NVMMASharedLayout(128, 16, 2))
+        xa = TensorDescriptor.from_tensor(xq, [cfg["xr"], 64], gl.NVMMASharedLayout(128, 16, 2))
     _fp8_kernel[(*tiles, segs)](
         xa, xq.stride(0), w.view(torch.int32), scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
-        SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], BN=BN, BT=BT, BK=BK, num_warps=4,
+        SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"], BN=BN, BT=BT, BK=BK, num_warps=4,
         **pdl_launch(xq),
     )  # fmt: skip
     return out
