@@ -58,7 +58,11 @@ def check(dev) -> dict:
         rows = {}
         for tune in TUNES:
             xin = F.rename_cols(x)
-            out = F.tc_fp8(xin, w, sc, torch.empty(m, N, dtype=BF, device=dev), **tune)
+            try:
+                out = F.tc_fp8(xin, w, sc, torch.empty(m, N, dtype=BF, device=dev), **tune)
+            except ValueError as e:  # a split count this shape does not take
+                print(f"check {name:14s} m={m:4d} {tune}: skipped ({e})", flush=True)
+                continue
             err = (out.double() - exact).abs()
             fin = bool(torch.isfinite(out).all())
             within = fin and bool((err <= bound).all())
