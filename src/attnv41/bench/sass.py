@@ -10,6 +10,7 @@ of two trees and diff it (identical SASS, identical behaviour on the GPU).
     python -m attnv41.bench.sass attn --pdl       # as launched under programmatic dependent launch
     python -m attnv41.bench.sass tc --dtype fp8 --rope   # the batched projections over q's latent
     python -m attnv41.bench.sass topk --neg-inf-past      # the radix top-k and candidate mask
+    python -m attnv41.bench.sass tcfp8 --N 5120 --K 8192 --tune '{"stages": 3}'  # the Gluon FP8 linear
     # the same from another revision's tree, then diff the two folders:
     git worktree add /tmp/rev REV && PYTHONPATH=/tmp/rev/src python -m attnv41.bench.sass attn --dump /tmp/sass-old
 
@@ -35,7 +36,16 @@ from collections import Counter
 
 import torch
 
-__all__ = ["compile_only", "report", "gemv_launches", "attn_launches", "index_launches", "tc_launches", "topk_launches"]
+__all__ = [
+    "compile_only",
+    "report",
+    "gemv_launches",
+    "attn_launches",
+    "index_launches",
+    "tc_launches",
+    "tcfp8_launches",
+    "topk_launches",
+]
 
 
 def _bin(name: str) -> str:
@@ -265,6 +275,19 @@ def tc_launches(m: int = 64, dtype: str = "bf16", rope: bool = False) -> list:
     return launches
 
 
+def tcfp8_launches(N: int = 5120, K: int = 8192, m: int = 64, tune=None) -> list:
+    """`tc_fp8.tc_fp8` (the Gluon FP8 linear, not wired into the runtime) of x `[m, K]`
+    against an FP8 weight `[N, K]`, with `tune`'s launch shape, compiled: [(name, kernel)]."""
+    from ..kernels import tc_fp8 as F  # noqa: PLC0415
+
+    w = torch.zeros(N, K, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    sc = torch.zeros(-(-N // 32), K // 32, dtype=torch.uint8)
+    x, out = torch.zeros(m, K, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16)
+    with compile_only(pdl=True) as launches:
+        F.tc_fp8(x, w, sc, out, **(tune or {}))
+    return launches
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -297,11 +320,16 @@ def main(argv=None) -> None:
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
     t.add_argument("--rope", action="store_true", help="q's RoPE in the store (mm_many_batch's rope=)")
+    f8 = sub.add_parser("tcfp8")
+    f8.add_argument("--N", type=int, default=5120)
+    f8.add_argument("--K", type=int, default=8192)
+    f8.add_argument("--m", type=int, default=64)
+    f8.add_argument("--tune", type=json.loads, default=None, help="launch shape as JSON, e.g. '{\"stages\": 3}'")
     k = sub.add_parser("topk")
     k.add_argument("--m", type=int, default=64)
     k.add_argument("--Lb", type=int, default=1 << 20)
     k.add_argument("--neg-inf-past", action="store_true", help="topk_fixed's neg_inf_past=True")
-    for p in (g, a, i, t, k):
+    for p in (g, a, i, t, f8, k):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
         p.add_argument("--dump-sass-lines", action="store_true", help="include the SASS lines in the printed JSON")
@@ -312,6 +340,8 @@ def main(argv=None) -> None:
         launches = index_launches(args.m, args.L, args.packed, args.tune, args.paged)
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
+    elif args.what == "tcfp8":
+        launches = tcfp8_launches(args.N, args.K, args.m, args.tune)
     elif args.what == "topk":
         launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
     else:

@@ -258,10 +258,10 @@ def rename_cols(x: torch.Tensor) -> torch.Tensor:
 
 
 def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, **tune) -> torch.Tensor:
-    """`out = bf16(xq · dequant(w)ᵀ)`: `tc_mm`'s FP8 contract (xq the input's FP8 round trip,
-    already `rename_cols`-renamed,
-    w float8_e4m3fn `[N, K]` with its e8m0 scale `[ceil(N/32), K/32]`, out bf16 `[m, N]`),
-    K a multiple of 128; CUDA sm_90 only (module doc). `tune`: keys of `FP8_TUNE`."""
+    """`out = bf16(xq · dequant(w)ᵀ)`, `tc_mm`'s FP8 contract: xq the input's FP8 round trip
+    (`qdq.fp8_qdq`) renamed by `rename_cols`, w float8_e4m3fn `[N, K]` with its e8m0 scale
+    `[ceil(N/32), K/32]`, out bf16 `[m, N]`; K a multiple of 128; CUDA sm_90 only (module
+    doc). `tune`: keys of `FP8_TUNE`. Every argument is checked before anything runs."""
     from . import tc_mm as TC  # noqa: PLC0415
 
     scale = TC._check_mm(xq, w, out, scale)
@@ -275,19 +275,25 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     N = w.shape[0]
     if K % BK:
         raise ValueError(f"w.shape[1] (K) = {K}; allowed: a multiple of {BK}")
+    segs = cfg["segs"]
+    if not isinstance(segs, int) or segs < 0 or (segs and (K // BK) % segs):
+        raise ValueError(f"segs = {segs!r}; allowed: 0 (tc_mm.plan) or a divisor of K / {BK} = {K // BK}")
+    segs = segs or TC.plan(N, K)
+    tiles = (-(-m // BT), -(-N // BN))
+    if segs > 1 and tiles[0] * tiles[1] > TC._LOCKS:
+        raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
+    if cfg["xm"] == 2 and (xq.data_ptr() % 16 or (xq.stride(0) * 2) % 16):
+        raise ValueError(
+            f"xq: data_ptr() % 16 = {xq.data_ptr() % 16}, row stride {xq.stride(0)}; allowed: 16-byte aligned "
+            "start and rows (x's TMA boxes)"
+        )
     require_triton("tc_fp8", xq, w, out)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("tc_fp8: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
-    segs = cfg["segs"] or TC.plan(N, K)
-    if (K // BK) % segs:
-        raise ValueError(f"segs = {segs}; allowed: a divisor of K / {BK} = {K // BK}")
     ips = K // BK // segs
-    tiles = (-(-m // BT), -(-N // BN))
     dev = xq.device
     part = torch.empty(segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
     locks = TC._counters.buffer(dev) if segs > 1 else part
-    if segs > 1 and tiles[0] * tiles[1] > TC._LOCKS:
-        raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
     xa = xq
     if cfg["xm"] == 2:
         xa = TensorDescriptor.from_tensor(xq, [cfg["xr"], 64], gl.NVMMASharedLayout(128, 16, 2))

@@ -1,0 +1,132 @@
+"""kernels.tc_fp8 (the FP8 linear with the weight as the register operand, Gluon; not wired
+into the runtime) against the exact product and the released FP8 linear, and its batch
+invariance.
+
+Gluon does not run under TRITON_INTERPRET: without a GPU these tests check the column
+renaming (`rename_cols`) and the argument errors; the offline sm_90 compile is
+test_tc_fp8_sass.py; the numerics run on the GPU (quick tier).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnv41.kernels import qdq
+from attnv41.kernels import tc_fp8 as F
+from attnv41.reference.fp8 import dequant_weight, fp8_linear, quant_weight
+
+CUDA = torch.cuda.is_available()
+BF = torch.bfloat16
+
+
+def _weight(g, N, K):
+    w, sc = quant_weight(torch.randn(N, K, generator=g) * 0.05)
+    return w, sc.view(torch.uint8)
+
+
+# ---------------------------------------------------------------- without a GPU
+
+
+def test_rename_cols_puts_each_physical_column_at_its_logical_place():
+    """Logical column 16s + 8h + 2q + p of each 128-column chunk holds physical column
+    32q + 4s + 2h + p (the module doc): thread q's 32 contiguous bytes are its operand
+    columns, and one FP8 scale block."""
+    K = 384
+    x = torch.arange(K, dtype=torch.float64).repeat(2, 1)
+    r = F.rename_cols(x)
+    for c in range(K // 128):
+        for s in range(8):
+            for h in range(2):
+                for q in range(4):
+                    for p in range(2):
+                        logical = c * 128 + 16 * s + 8 * h + 2 * q + p
+                        assert r[1, logical] == c * 128 + 32 * q + 4 * s + 2 * h + p
+    # a permutation within each chunk: the same product with the weight renamed alike
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, K, generator=g, dtype=torch.float64), torch.randn(5, K, generator=g, dtype=torch.float64)
+    assert torch.allclose(F.rename_cols(a) @ F.rename_cols(b).t(), a @ b.t(), rtol=1e-12, atol=1e-12)
+    # each thread's logical columns (lane q, all s, h, p) are one 32-column scale block
+    for q in range(4):
+        cols = sorted(int(r[0, 16 * s + 8 * h + 2 * q + p]) for s in range(8) for h in range(2) for p in range(2))
+        assert cols == list(range(32 * q, 32 * q + 32))
+
+
+def test_argument_errors_name_the_value():
+    g = torch.Generator().manual_seed(1)
+    w, sc = _weight(g, 64, 256)
+    x = torch.zeros(2, 256, dtype=BF)
+    out = torch.zeros(2, 64, dtype=BF)
+    with pytest.raises(ValueError, match="tune keys"):
+        F.tc_fp8(x, w, sc, out, warps=8)
+    with pytest.raises(ValueError, match="stages"):
+        F.tc_fp8(x, w, sc, out, stages=7)
+    with pytest.raises(ValueError, match="xm"):
+        F.tc_fp8(x, w, sc, out, xm=3)
+    with pytest.raises(ValueError, match="xr"):
+        F.tc_fp8(x, w, sc, out, xr=12)
+    with pytest.raises(ValueError, match=r"segs = 3; allowed: 0 \(tc_mm.plan\) or a divisor of K / 128 = 2"):
+        F.tc_fp8(x, w, sc, out, segs=3)
+    w160, sc160 = _weight(g, 64, 160)
+    with pytest.raises(ValueError, match=r"\(K\) = 160; allowed: a multiple of 128"):
+        F.tc_fp8(torch.zeros(2, 160, dtype=BF), w160, sc160, out)
+    with pytest.raises(ValueError, match="out.shape"):
+        F.tc_fp8(x, w, sc, torch.zeros(3, 64, dtype=BF))
+    with pytest.raises(ValueError, match="scale"):
+        F.tc_fp8(x, w, sc[:1], out)
+    if not CUDA:  # valid arguments on the CPU: a clear error, not a launch
+        with pytest.raises(RuntimeError, match="tc_fp8"):
+            F.tc_fp8(x, w, sc, out)
+
+
+# ---------------------------------------------------------------- on the GPU
+
+SHAPES = [(64, 256), (96, 384), (1280, 5120), (5120, 8192), (4096, 1280)]
+TUNES = [{}, {"stages": 3}, {"xm": 1}, {"xr": 64}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tune", TUNES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()) or "default")
+@pytest.mark.parametrize("N,K", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_within_the_bound_of_the_exact_product_and_batch_invariant(N, K, tune):
+    """Each output within one bf16 rounding plus fp32 summation of the exact product
+    (fp64), no NaN; every row of an m = 130 call (three row tiles, the last partial) equal
+    byte for byte to that row alone and in calls of 2 and 7 rows; rows past m never written."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(N + K)
+    w, sc = (t.to(dev) for t in _weight(g, N, K))
+    m = 130
+    x = qdq.fp8_qdq(torch.randn(m, K, generator=g).to(BF).to(dev))
+    xr = F.rename_cols(x)
+    out = torch.full((m + 3, N), float("nan"), dtype=BF, device=dev)
+    F.tc_fp8(xr, w, sc, out[:m], **tune)
+    assert torch.isnan(out[m:].float()).all(), "rows past m written"
+    got = out[:m].double()
+    assert torch.isfinite(got).all()
+    wd = dequant_weight(w, sc).double()
+    exact = x.double() @ wd.t()
+    bound = exact.abs() * 2.0**-8 + (x.double().abs() @ wd.abs().t()) * K * 2.0**-23
+    worst = float(((got - exact).abs() / bound).max())
+    assert worst <= 1.0, f"worst error {worst:.3f} of the bound"
+    for sub in ((0, 1), (5, 7), (63, 65), (129, 130), (0, 7)):
+        part = F.tc_fp8(xr[sub[0] : sub[1]], w, sc, torch.empty(sub[1] - sub[0], N, dtype=BF, device=dev), **tune)
+        assert torch.equal(part.view(torch.int16), out[sub[0] : sub[1]].view(torch.int16)), f"rows {sub}"
+
+
+@pytest.mark.gpu
+def test_against_the_released_fp8_linear():
+    """Against `reference.fp8.fp8_linear` (the released math on the unquantized input) at a
+    Flash shape: within one bf16 ulp plus the fp32 summation bound of the exact product."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(7)
+    N, K, m = 1280, 5120, 9
+    w, sc = _weight(g, N, K)
+    x = torch.randn(m, K, generator=g).to(BF)
+    ref = fp8_linear(x, w, sc).double()
+    xq = qdq.fp8_qdq(x.to(dev))
+    got = F.tc_fp8(F.rename_cols(xq), w.to(dev), sc.to(dev), torch.empty(m, N, dtype=BF, device=dev)).double().cpu()
+    wd = dequant_weight(w, sc).double()
+    mag = xq.double().cpu().abs() @ wd.abs().t()
+    ulp = ref.abs().clamp_min(2.0**-126) * 2.0**-7
+    assert torch.isfinite(got).all()
+    assert bool(((got - ref).abs() <= ulp + mag * K * 2.0**-23).all())

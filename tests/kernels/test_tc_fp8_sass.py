@@ -1,0 +1,61 @@
+"""The Gluon FP8 linear (`kernels.tc_fp8`) compiled for sm_90 offline (no GPU needed; Gluon
+does not run under the interpreter, so this is its CPU check): no spills, the launch's
+shared memory within an sm_90 block's, and the property it is built for: with x copied by
+TMA, no memory barrier (`MEMBAR`, what `fence.proxy.async` compiles to) inside the chunk
+loop, where it would wait for the weight copies in flight."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels.sass_helpers import compiled
+
+CASES = [  # N, K, m, tune
+    (5120, 8192, 64, {}),
+    (5120, 8192, 1, {}),
+    (32768, 1280, 64, {"stages": 3}),
+    (1280, 5120, 1, {"xr": 64}),
+    (512, 5120, 64, {"xm": 1}),
+]
+
+
+def _ops(k):
+    return [ln.split()[1] if ln.startswith("@") else ln.split()[0] for ln in k["sass"]]
+
+
+@pytest.mark.parametrize("N,K,m,tune", CASES, ids=[f"{c[0]}x{c[1]}-m{c[2]}-{json.dumps(c[3])}" for c in CASES])
+def test_sm90_compile(N, K, m, tune):
+    args = ["tcfp8", "--N", str(N), "--K", str(K), "--m", str(m), "--tune", json.dumps(tune), "--dump-sass-lines"]
+    ks = compiled(*args)
+    assert list(ks) == ["_fp8_kernel"], f"launched {sorted(ks)}"
+    k = ks["_fp8_kernel"]
+    assert k["local"] == 0, f"{k['local']} bytes of local memory (spills)"
+    assert k["regs"] <= 255
+    assert 0 < k["dyn_smem"] <= 227 * 1024, f"{k['dyn_smem']} bytes of shared memory"
+    ops = _ops(k)
+    mma = [i for i, o in enumerate(ops) if o.startswith("HGMMA")]
+    assert len(mma) == 8, f"{len(mma)} warpgroup MMAs (one 128-column chunk: 8 of k = 16)"
+    assert all(o.startswith("HGMMA.64x64x16.F32.BF16") for o in (ops[i] for i in mma))
+    assert any(o.startswith("LDGSTS") for o in ops), "the weight's async copies are missing"
+    # the chunk loop: from its first wait for the copies to its last product
+    start = next(i for i, o in enumerate(ops) if o.startswith("DEPBAR.LE"))
+    inside = [o for o in ops[start : mma[-1]] if o.startswith(("MEMBAR", "FENCE.VIEW.ASYNC"))]
+    if tune.get("xm", 2) == 2:
+        assert any(o.startswith("UTMALDG") for o in ops), "x's TMA copies are missing"
+        assert not inside, f"memory barriers inside the chunk loop: {inside}"
+    else:  # x by cp.async needs the proxy fence before each product (why xm = 2 is the default)
+        assert inside, "x by cp.async without the fence before the product"
+
+
+def test_pdl_wait_precedes_every_global_load():
+    """Launched with programmatic dependent launch (as `compile_only(pdl=True)` compiles it),
+    the kernel waits before its first global load, async copy or TMA: x is another kernel's
+    output."""
+    k = compiled("tcfp8", "--m", "2", "--dump-sass-lines")["_fp8_kernel"]
+    ops = _ops(k)
+    waits = [i for i, o in enumerate(ops) if o == "ACQBULK"]
+    loads = [i for i, o in enumerate(ops) if o.startswith(("LDG", "LDGSTS", "UTMALDG"))]
+    assert waits and loads, f"ACQBULK at {waits[:3]}, global loads at {loads[:3]}"
+    assert waits[0] < loads[0]
