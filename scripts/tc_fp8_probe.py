@@ -1,22 +1,30 @@
 """The FP8 linear with the weight as the register operand (`kernels.tc_fp8`, Gluon) against
 the production `tc_mm` FP8 path (CUDA only; a development tool, not part of `attnv41 bench`).
 
-1. Numerics: every finite e4m3 byte under scales 2^-20..2^5, and the Flash FP8 shapes at
-   m = 1, 7, 64, 130: `tc_fp8` against the exact product (fp64) within the bound of one
-   bf16 rounding plus fp32 summation (|out − exact| ≤ 2^-8·|exact| + K·2^-23·Σ|terms|);
-   each row of the m = 130 call equal, bit for bit, to its one-row call (batch invariance);
-   how many outputs differ from `tc_mm`'s bits (another summation order).
-2. Time, weights cold (one CUDA graph over copies, L2 flushed): the Flash FP8 shapes at m =
-   1, 64, 2048, each `FP8_TUNE` variant in PROBE_TUNES (JSON list, default pf 1 and 2)
-   and `tc_mm`.
+Each variant (a `tc_fp8` tune dict of PROBE_TUNES, a JSON list; default: the variants
+below) runs in a subprocess of its own with a time limit (PROBE_VARIANT_S, default 150 s),
+so a variant that hangs (a warp-specialized form with a wrong barrier phase) costs its
+slot, not the call. Per variant:
 
-    python3 scripts/tc_fp8_probe.py        # OUT set: $OUT/tc_fp8_probe.json
+1. Numerics: every finite e4m3 byte under scales 2^-20..2^5, and the Flash FP8 shapes at
+   m = 1, 7, 64, 130: against the exact product (fp64) within one bf16 rounding plus fp32
+   summation (|out − exact| ≤ 2^-8·|exact| + K·2^-23·Σ|terms|); rows 0, 1, 63, 64, 129 of
+   the m = 130 call equal, bit for bit, to their one-row calls (batch invariance); how many
+   outputs differ from `tc_mm`'s bits and from the default variant's.
+2. Time, weights cold (one CUDA graph over copies, L2 flushed): the Flash FP8 shapes at m =
+   1, 64, 2048 (2048: wq_b and wo_b only).
+
+`tc_mm` (production) is timed in a subprocess of its own. The table is printed last.
+
+    python3 scripts/tc_fp8_probe.py              # OUT set: $OUT/tc_fp8_probe.json
+    python3 scripts/tc_fp8_probe.py one '{"ws": 1}'   # one variant, JSON on the last line
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -34,15 +42,28 @@ SHAPES = {
     "indexer.wq_b": (4096, 1280),
     "wo_b": (5120, 8192),
 }
-TUNES = json.loads(os.environ.get("PROBE_TUNES", "[{}]"))
+DEFAULT_TUNES = [
+    {},
+    {"stages": 3},
+    {"xr": 64},
+    {"segs": 4},
+    {"ws": 1, "stages": 3, "maxnreg": 128},
+    {"ws": 1, "stages": 4, "maxnreg": 128},
+    {"ws": 2, "stages": 2, "maxnreg": 112},
+    {"ws": 2, "stages": 4},
+]
+MS = (1, 64, 2048)
 
 
-def check(dev) -> dict:
+def _key(tune: dict) -> str:
+    return json.dumps(tune, sort_keys=True)
+
+
+def check(dev, tune: dict) -> dict:
     g = torch.Generator(device="cpu").manual_seed(1)
-    res = {}
+    res = {"ok": True}
     codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     cases = [("codes", 256, 1024, 64)] + [(n, *SHAPES[n], m) for n in SHAPES for m in (1, 7, 64, 130)]
-    ok_all = True
     for name, N, K, m in cases:
         if name == "codes":
             w = codes[torch.randint(len(codes), (N, K), generator=g)].view(torch.float8_e4m3fn).to(dev)
@@ -51,39 +72,40 @@ def check(dev) -> dict:
             w, sc = quant_weight(torch.randn(N, K, generator=g) * 0.05)
             w, sc = w.to(dev), sc.view(torch.uint8).to(dev)
         x = qdq.fp8_qdq(torch.randn(m, K, generator=g).to(BF).to(dev))
+        xr = F.rename_cols(x)
+        try:
+            out = F.tc_fp8(xr, w, sc, torch.empty(m, N, dtype=BF, device=dev), **tune)
+        except ValueError as e:  # a split count this shape does not take
+            res[f"{name} m={m}"] = dict(skipped=str(e))
+            continue
         wd = dequant_weight(w, sc).double()
         exact = x.double() @ wd.t()
-        mag = x.double().abs() @ wd.abs().t()
-        bound = exact.abs() * 2.0**-8 + mag * K * 2.0**-23
-        rows = {}
-        for tune in TUNES:
-            xin = F.rename_cols(x)
-            try:
-                out = F.tc_fp8(xin, w, sc, torch.empty(m, N, dtype=BF, device=dev), **tune)
-            except ValueError as e:  # a split count this shape does not take
-                print(f"check {name:14s} m={m:4d} {tune}: skipped ({e})", flush=True)
-                continue
-            err = (out.double() - exact).abs()
-            fin = bool(torch.isfinite(out).all())
-            within = fin and bool((err <= bound).all())
-            ref = TC.tc_mm(x, w, torch.empty(m, N, dtype=BF, device=dev), sc)
-            differ = int((out.view(torch.int16) != ref.view(torch.int16)).sum())
-            inv = True
-            if m == 130:
-                for t in (0, 1, 63, 64, 129):
-                    one = F.tc_fp8(xin[t : t + 1], w, sc, torch.empty(1, N, dtype=BF, device=dev), **tune)
-                    inv &= torch.equal(one.view(torch.int16), out[t : t + 1].view(torch.int16))
-            key = json.dumps(tune, sort_keys=True)
-            rows[key] = dict(within=within, worst=float((err / bound).max()), differ=differ, n=m * N, invariant=inv)
-            ok_all &= within and inv
-            print(f"check {name:14s} m={m:4d} {key}: within={within} worst/bound={rows[key]['worst']:.3f} "
-                  f"bits != tc_mm {differ}/{m * N} invariant={inv}", flush=True)  # fmt: skip
-        res[f"{name} m={m}"] = rows
-    res["ok"] = ok_all
+        bound = exact.abs() * 2.0**-8 + (x.double().abs() @ wd.abs().t()) * K * 2.0**-23
+        err = (out.double() - exact).abs()
+        within = bool(torch.isfinite(out).all()) and bool((err <= bound).all())
+        ref = TC.tc_mm(x, w, torch.empty(m, N, dtype=BF, device=dev), sc)
+        base = F.tc_fp8(xr, w, sc, torch.empty(m, N, dtype=BF, device=dev))
+        inv = True
+        if m == 130:
+            for t in (0, 1, 63, 64, 129):
+                one = F.tc_fp8(xr[t : t + 1], w, sc, torch.empty(1, N, dtype=BF, device=dev), **tune)
+                inv &= torch.equal(one.view(torch.int16), out[t : t + 1].view(torch.int16))
+        row = dict(
+            within=within,
+            worst=float((err / bound).max()),
+            vs_tc_mm=int((out.view(torch.int16) != ref.view(torch.int16)).sum()),
+            vs_default=int((out.view(torch.int16) != base.view(torch.int16)).sum()),
+            n=m * N,
+            invariant=inv,
+        )
+        res[f"{name} m={m}"] = row
+        res["ok"] &= within and inv
+        print(f"check {name:14s} m={m:4d}: {row}", flush=True)
     return res
 
 
-def timing(dev) -> list:
+def timing(dev, tune: dict | None) -> list:
+    """tune None: tc_mm (production); else tc_fp8 with it."""
     from attnv41.bench.common import Timer  # noqa: PLC0415
 
     timer = Timer(dev, flush_l2=True)
@@ -95,47 +117,80 @@ def timing(dev) -> list:
         nbytes = w8.numel()
         copies = max(1, -(-(200 << 20) // nbytes))
         ws = [w8.clone() for _ in range(copies)]
-        for m in (1, 64, 2048):
+        for m in MS:
             if m == 2048 and name not in ("wq_b", "wo_b"):
                 continue
             x = qdq.fp8_qdq(torch.randn(m, K, generator=gen, device=dev).to(BF))
             out = torch.empty(m, N, dtype=BF, device=dev)
-            variants = [("tc_mm", {})] + [(json.dumps(t, sort_keys=True), t) for t in TUNES]
-            for vname, tune in variants:
-                if vname == "tc_mm":
-                    fns = [lambda w_=w_, x=x, out=out, sc=sc: TC.fp8_mm_batch(x, w_, sc, out, xq=x) for w_ in ws]
-                else:
-                    xin = F.rename_cols(x)
-                    fns = [
-                        lambda w_=w_, x=xin, out=out, tune=tune, sc=sc: F.tc_fp8(x, w_, sc, out, **tune) for w_ in ws
-                    ]
-                us = timer.time_graph(fns, reps=10).median_ms * 1e3
-                rows.append(dict(name=name, m=m, variant=vname, us=us, gbs=nbytes / us * 1e-3))
-                print(f"time {name:14s} m={m:5d} {vname:14s} {us:8.1f} µs {nbytes / us * 1e-3:7.0f} GB/s", flush=True)
+            if tune is None:
+                fns = [lambda w_=w_, x=x, out=out, sc=sc: TC.fp8_mm_batch(x, w_, sc, out, xq=x) for w_ in ws]
+            else:
+                xr = F.rename_cols(x)
+                fns = [lambda w_=w_, x=xr, out=out, sc=sc: F.tc_fp8(x, w_, sc, out, **tune) for w_ in ws]
+                try:
+                    fns[0]()
+                except ValueError:
+                    continue
+            us = timer.time_graph(fns, reps=10).median_ms * 1e3
+            rows.append(dict(name=name, m=m, us=us, gbs=nbytes / us * 1e-3))
+            print(f"time {name:14s} m={m:5d} {us:8.1f} µs {nbytes / us * 1e-3:7.0f} GB/s", flush=True)
         del ws
-    names = ["tc_mm"] + [json.dumps(t, sort_keys=True) for t in TUNES]
-    print("\n| weight | m | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 2) + "|")
-    for name in SHAPES:
-        for m in (1, 64, 2048):
-            cells = [next((r for r in rows if (r["name"], r["m"], r["variant"]) == (name, m, v)), None) for v in names]
-            if any(cells):
-                print(f"| {name} | {m} | " + " | ".join("" if c is None else f"{c['us']:.1f}" for c in cells) + " |")
     return rows
 
 
-def main() -> None:
+def one(arg: str) -> None:
     dev = torch.device("cuda")
     TC.prepare(dev)
-    res = check(dev)
-    rows = timing(dev)
+    if arg == "tc_mm":
+        print(json.dumps(dict(rows=timing(dev, None))))
+        return
+    tune = json.loads(arg)
+    res = check(dev, tune)
+    rows = timing(dev, tune)
+    print(json.dumps(dict(check=res, rows=rows)))
+
+
+def main() -> None:
+    tunes = json.loads(os.environ["PROBE_TUNES"]) if os.environ.get("PROBE_TUNES") else DEFAULT_TUNES
+    limit = float(os.environ.get("PROBE_VARIANT_S", "150"))
+    results = {}
+    for arg in ["tc_mm"] + [_key(t) for t in tunes]:
+        try:
+            r = subprocess.run(
+                [sys.executable, __file__, "one", arg], capture_output=True, text=True, timeout=limit, env=os.environ
+            )
+            sys.stdout.write(r.stdout[-4000:])
+            if r.returncode:
+                sys.stdout.write(r.stderr[-3000:])
+            last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+            results[arg] = json.loads(last) if r.returncode == 0 and last.startswith("{") else {"rc": r.returncode}
+        except subprocess.TimeoutExpired:
+            results[arg] = {"timeout": limit}
+        print(f"== {arg}: {'ok' if 'rows' in results[arg] else results[arg]}", flush=True)
+    names = list(results)
+    print("\n| weight | m | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 2) + "|")
+    for wname in SHAPES:
+        for m in MS:
+            cells = []
+            for a in names:
+                hit = [r for r in results[a].get("rows", []) if (r["name"], r["m"]) == (wname, m)]
+                cells.append(f"{hit[0]['us']:.1f}" if hit else "")
+            if any(cells):
+                print(f"| {wname} | {m} | " + " | ".join(cells) + " |")
+    for a in names[1:]:
+        chk = results[a].get("check", {})
+        print(f"numerics {a}: ok={chk.get('ok')}")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "tc_fp8_probe.json"), "w") as f:
-            json.dump(dict(check=res, rows=rows), f, indent=1)
-    print(f"numerics ok: {res['ok']}", flush=True)
-    sys.exit(0 if res["ok"] else 1)
+            json.dump(results, f, indent=1)
+    ok = all(results[a].get("check", {}).get("ok") for a in names[1:] if "rows" in results[a])
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "one":
+        one(sys.argv[2])
+    else:
+        main()

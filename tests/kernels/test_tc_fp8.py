@@ -65,6 +65,10 @@ def test_argument_errors_name_the_value():
         F.tc_fp8(x, w, sc, out, xm=3)
     with pytest.raises(ValueError, match="xr"):
         F.tc_fp8(x, w, sc, out, xr=12)
+    with pytest.raises(ValueError, match="ws 0, 1 or 2"):
+        F.tc_fp8(x, w, sc, out, ws=2, stages=3)
+    with pytest.raises(ValueError, match="maxnreg"):
+        F.tc_fp8(x, w, sc, out, maxnreg=100)
     with pytest.raises(ValueError, match=r"segs = 3; allowed: 0 \(tc_mm.plan\) or a divisor of K / 128 = 2"):
         F.tc_fp8(x, w, sc, out, segs=3)
     w160, sc160 = _weight(g, 64, 160)
@@ -82,7 +86,7 @@ def test_argument_errors_name_the_value():
 # ---------------------------------------------------------------- on the GPU
 
 SHAPES = [(64, 256), (96, 384), (1280, 5120), (5120, 8192), (4096, 1280)]
-TUNES = [{}, {"stages": 3}, {"xm": 1}, {"xr": 64}]
+TUNES = [{}, {"stages": 3}, {"xm": 1}, {"xr": 64}, {"ws": 1, "stages": 3, "maxnreg": 128}, {"ws": 2}]
 
 
 @pytest.mark.gpu
@@ -108,6 +112,9 @@ def test_within_the_bound_of_the_exact_product_and_batch_invariant(N, K, tune):
     bound = exact.abs() * 2.0**-8 + (x.double().abs() @ wd.abs().t()) * K * 2.0**-23
     worst = float(((got - exact).abs() / bound).max())
     assert worst <= 1.0, f"worst error {worst:.3f} of the bound"
+    if tune.get("ws", 0) in (0, 1):  # one summation chain: the bits of the default form
+        base = F.tc_fp8(xr, w, sc, torch.empty(m, N, dtype=BF, device=dev))
+        assert torch.equal(base.view(torch.int16), out[:m].view(torch.int16)), "bits differ from the default form"
     for sub in ((0, 1), (5, 7), (63, 65), (129, 130), (0, 7)):
         part = F.tc_fp8(xr[sub[0] : sub[1]], w, sc, torch.empty(sub[1] - sub[0], N, dtype=BF, device=dev), **tune)
         assert torch.equal(part.view(torch.int16), out[sub[0] : sub[1]].view(torch.int16)), f"rows {sub}"

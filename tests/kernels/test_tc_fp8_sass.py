@@ -18,6 +18,9 @@ CASES = [  # N, K, m, tune
     (32768, 1280, 64, {"stages": 3}),
     (1280, 5120, 1, {"xr": 64}),
     (512, 5120, 64, {"xm": 1}),
+    (5120, 8192, 64, {"ws": 1, "stages": 3, "maxnreg": 128}),
+    (1280, 5120, 64, {"ws": 2, "stages": 2, "maxnreg": 112}),
+    (32768, 1280, 1, {"ws": 2}),
 ]
 
 
@@ -29,15 +32,28 @@ def _ops(k):
 def test_sm90_compile(N, K, m, tune):
     args = ["tcfp8", "--N", str(N), "--K", str(K), "--m", str(m), "--tune", json.dumps(tune), "--dump-sass-lines"]
     ks = compiled(*args)
-    assert list(ks) == ["_fp8_kernel"], f"launched {sorted(ks)}"
-    k = ks["_fp8_kernel"]
+    name = "_fp8_ws_kernel" if tune.get("ws") else "_fp8_kernel"
+    assert list(ks) == [name], f"launched {sorted(ks)}"
+    k = ks[name]
     assert k["local"] == 0, f"{k['local']} bytes of local memory (spills)"
     assert k["regs"] <= 255
     assert 0 < k["dyn_smem"] <= 227 * 1024, f"{k['dyn_smem']} bytes of shared memory"
     ops = _ops(k)
     mma = [i for i, o in enumerate(ops) if o.startswith("HGMMA")]
-    assert len(mma) == 8, f"{len(mma)} warpgroup MMAs (one 128-column chunk: 8 of k = 16)"
+    nc = tune.get("ws", 0) or 1  # consumer warpgroups, each with its own chunk loop
+    assert len(mma) == 8 * nc, f"{len(mma)} warpgroup MMAs (one 128-column chunk: 8 of k = 16 per consumer)"
     assert all(o.startswith("HGMMA.64x64x16.F32.BF16") for o in (ops[i] for i in mma))
+    if tune.get("ws"):  # the producer warp's TMA copies; no memory barrier in the consumers' loops
+        assert any(o.startswith("UTMALDG") for o in ops) and any(o.startswith("USETMAXREG") for o in ops)
+        waits = [i for i, o in enumerate(ops) if o.startswith("SYNCS.PHASECHK")]
+        for c in range(nc):  # consumer c's loop: its barrier wait, up to its 8th product
+            last = mma[8 * c + 7]
+            first = max(i for i in waits if i < mma[8 * c])
+            inside = [o for o in ops[first:last] if o.startswith(("MEMBAR", "FENCE.VIEW.ASYNC"))]
+            assert not inside, f"memory barriers inside consumer {c}'s loop: {inside}"
+        if tune.get("maxnreg"):
+            assert k["regs"] <= tune["maxnreg"]
+        return
     assert any(o.startswith("LDGSTS") for o in ops), "the weight's async copies are missing"
     # the chunk loop: from its first wait for the copies to its last product
     start = next(i for i, o in enumerate(ops) if o.startswith("DEPBAR.LE"))

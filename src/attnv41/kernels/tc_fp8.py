@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton
+from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, triton
 
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
@@ -60,9 +60,11 @@ BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), c
 # Launch shape (no bit depends on it): stages of shared memory (each chunk's weight bytes,
 # scale words and x; stages − 1 chunks in flight); xm, how x (given renamed: `rename_cols`)
 # is copied: 1 cp.async, 2 TMA in boxes of xr rows; segs: 0 the split rule of `tc_mm.plan`,
-# else that many K segments (probes: other bits); warps fixed at 4 (one warpgroup: the
-# product's 64 rows).
-FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0)
+# else that many K segments (probes: other bits); ws: 1 or 2, the warp-specialized form
+# (`_fp8_ws_kernel`: a producer warp, ws consumer warpgroups, the second of cregs registers;
+# stages a multiple of ws; ws = 2 sums two chains: other bits); 4 warps per warpgroup (the
+# product's 64 rows); maxnreg: 0 ptxas's count, else the launch's register cap.
+FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0)
 
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
@@ -226,7 +228,14 @@ if HAVE_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         async_copy.wait_group(0)
 
-        # outᵀ tile → out[t, n] (n contiguous per thread), or the segment's partial
+        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS, BN, BT)
+
+    @gluon.jit
+    def _epilogue(
+        acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr
+    ):
+        """outᵀ tile → out[t, n] (bf16, n contiguous per thread), or the segment's partial and,
+        by the last of the tile's SEGS programs to arrive, the partials summed in segment order."""
         LO: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
         acc = gl.convert_layout(acc, LO)
         on = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LO))
@@ -249,6 +258,161 @@ if HAVE_GLUON:
                 gl.store(o_ptr, s.to(gl.bfloat16), mask=ok2)
                 gl.atomic_xchg(lock, 0)
 
+    # ------------------------------------------------------------ warp-specialized form (ws = 1, 2)
+
+    @gluon.jit
+    def _ws_consumer0(
+        w_smem, x_smem, s_smem, full, empty, IPS,
+        S: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, NC: gl.constexpr,
+    ):  # fmt: skip
+        """The default partition: consumer 0 (every NC-th chunk from the first); returns its
+        accumulator."""
+        return (_ws_chain(0, w_smem, x_smem, s_smem, full, empty, IPS, S, BN, BT, BK, NC),)
+
+    @gluon.jit
+    def _ws_consumer1(
+        w_smem,
+        x_smem,
+        s_smem,
+        full,
+        empty,
+        acc_smem,
+        IPS,
+        S: gl.constexpr,
+        BN: gl.constexpr,
+        BT: gl.constexpr,
+        BK: gl.constexpr,
+    ):
+        """A worker warpgroup: consumer 1 (the odd chunks); leaves its accumulator in acc_smem."""
+        acc_smem.store(_ws_chain(1, w_smem, x_smem, s_smem, full, empty, IPS, S, BN, BT, BK, 2))
+
+    @gluon.jit
+    def _ws_chain(
+        cid: gl.constexpr, w_smem, x_smem, s_smem, full, empty, IPS,
+        S: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, NC: gl.constexpr,
+    ):  # fmt: skip
+        """Consumer cid's chunks cid, cid + NC, …: waits for the stage, converts the weight
+        bytes (renamed into the product's register operand), multiplies, releases the stage;
+        returns the accumulator."""
+        LB: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[BN, 4, 32],
+        )
+        LB2: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+            lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[BN, 128],
+        )
+        LS: gl.constexpr = gl.SliceLayout(2, LB)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        sq = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
+        acc = gl.zeros([BN, BT], gl.float32, layout=MMA)
+        for t in range((IPS - cid + NC - 1) // NC):
+            j = cid + NC * t
+            st = j % S
+            mbarrier.wait(full.index(st), (j // S) & 1)
+            wb = gl.reshape(w_smem.index(st).load(LB2), [BN, 4, 32])
+            sw = s_smem.index(j).load(gl.SliceLayout(1, LS))  # [BN] each row's scale word of chunk j
+            sb = (sw[:, None] >> (sq * 8)[None, :]) & 0xFF  # block q's e8m0 byte
+            wf = gl.convert_layout(wb, LB).to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            wf = wf * gl.expand_dims(_e8m0_gl(sb), 2)
+            ab = _rename(gl.reshape(wf.to(gl.bfloat16), [BN, BK]), BN)
+            a0, a1 = gl.split(gl.permute(gl.reshape(ab, [BN, 2, 64]), (0, 2, 1)))
+            acc = warpgroup_mma(gl.convert_layout(a0, A_OP), x_smem.index(2 * st).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(
+                gl.convert_layout(a1, A_OP), x_smem.index(2 * st + 1).permute((1, 0)), acc, is_async=True
+            )
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the partition's warps are past the stage's reads and product
+            mbarrier.arrive(empty.index(st))
+        return acc
+
+    @gluon.jit
+    def _ws_producer(
+        xd, wd, w_smem, x_smem, full, empty, w_row, c0, x_row, M, IPS,
+        S: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, XR: gl.constexpr,
+    ):  # fmt: skip
+        """One warp: each chunk's weight box [BN, BK] and x's boxes by TMA into stage j % S,
+        once the consumer of chunk j − S has released it."""
+        for j in range(IPS):
+            st = j % S
+            mbarrier.wait(empty.index(st), ((j // S) - 1) & 1, pred=j >= S)
+            mbarrier.expect(full.index(st), w_smem.shape[1] * BK)
+            tma.async_copy_global_to_shared(wd, [w_row, (c0 + j) * BK], full.index(st), w_smem.index(st))
+            _tma_x(xd, x_smem, full, st, x_row, (c0 + j) * BK, True, M, BT, XR)
+
+    @gluon.jit(do_not_specialize=["M"])
+    def _fp8_ws_kernel(
+        xd, wd, wsc, out, som, part, locks, M, N, K,
+        SEGS: gl.constexpr, IPS: gl.constexpr, IPS_P2: gl.constexpr, S: gl.constexpr, XR: gl.constexpr,
+        NC: gl.constexpr, C_REGS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+        PDL: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """`_fp8_kernel`'s tile, warp-specialized: a producer warp issues every copy (TMA for the
+        weight and x) into S stages; NC consumer warpgroups convert and multiply. NC = 1: one
+        chain, `_fp8_kernel`'s bits; NC = 2: chunks even and odd in two chains added at the end
+        (other bits), one converting while the other's product runs."""
+        gl.static_assert(BN == 64 and BK == 128 and num_warps == 4 and S % NC == 0)
+        _pdl_release_wait(PDL)
+        pm, pn, seg = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+        n_pn = gl.num_programs(1)
+        c0 = seg * IPS
+        W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        XH_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        SC_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        w_smem = gl.allocate_shared_memory(gl.uint8, [S, BN, BK], W_SL)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
+        acc_smem = gl.allocate_shared_memory(
+            gl.float32, [BN, BT if NC == 2 else 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
+        full = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+        for st in gl.static_range(S):
+            mbarrier.init(full.index(st), count=1 + BT // XR)
+            mbarrier.init(empty.index(st), count=1)
+        # the segment's scale words, one per weight row and chunk: s_smem[j, r]
+        LSC: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+        jj = gl.arange(0, IPS_P2, layout=gl.SliceLayout(1, LSC))
+        rr = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, LSC))
+        sw = gl.load(
+            wsc + (rr // 32).to(gl.int64)[None, :] * (K // BK) + (c0 + jj)[:, None],
+            mask=(jj < IPS)[:, None] & (rr < N)[None, :],
+            other=0,
+        )
+        s_smem = gl.allocate_shared_memory(gl.int32, [IPS_P2, BN], SC_SL, sw)
+        # the same bytes (unswizzled, row-major) as rows that `.index(j)` takes
+        s_smem = s_smem._reinterpret(gl.int32, [IPS_P2, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        fence_async_shared()
+        gl.thread_barrier()
+        if NC == 2:
+            (acc,) = gl.warp_specialize(
+                [
+                    (_ws_consumer0, (w_smem, x_smem, s_smem, full, empty, IPS, S, BN, BT, BK, NC)),
+                    (_ws_consumer1, (w_smem, x_smem, s_smem, full, empty, acc_smem, IPS, S, BN, BT, BK)),
+                    (_ws_producer, (xd, wd, w_smem, x_smem, full, empty, pn * BN, c0, pm * BT, M, IPS, S, BT, BK, XR)),
+                ],
+                [4, 1],
+                [C_REGS, 24],
+            )
+            acc = acc + acc_smem.load(MMA)  # the even chunks' chain, then the odd ones'
+        else:
+            (acc,) = gl.warp_specialize(
+                [
+                    (_ws_consumer0, (w_smem, x_smem, s_smem, full, empty, IPS, S, BN, BT, BK, NC)),
+                    (_ws_producer, (xd, wd, w_smem, x_smem, full, empty, pn * BN, c0, pm * BT, M, IPS, S, BT, BK, XR)),
+                ],
+                [1],
+                [24],
+            )
+        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS, BN, BT)
+
 
 def rename_cols(x: torch.Tensor) -> torch.Tensor:
     """x `[m, K]` with each chunk's 128 columns in the kernel's logical order (module doc):
@@ -269,8 +433,19 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
     cfg = dict(FP8_TUNE, **tune)
-    if cfg["stages"] not in (2, 3, 4, 5, 6, 8) or cfg["xm"] not in (1, 2) or cfg["xr"] not in (8, 16, 32, 64):
-        raise ValueError(f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64")
+    if (
+        cfg["stages"] not in (2, 3, 4, 5, 6, 8)
+        or cfg["xm"] not in (1, 2)
+        or cfg["xr"] not in (8, 16, 32, 64)
+        or cfg["ws"] not in (0, 1, 2)
+        or (cfg["ws"] and (cfg["stages"] % cfg["ws"] or cfg["xm"] != 2))
+        or cfg["cregs"] not in range(24, 257, 8)
+        or cfg["maxnreg"] not in (0, *range(24, 257, 8))
+    ):
+        raise ValueError(
+            f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64, ws 0, 1 or 2 "
+            "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as cregs"
+        )
     m, K = xq.shape
     N = w.shape[0]
     if K % BK:
@@ -297,9 +472,18 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     xa = xq
     if cfg["xm"] == 2:
         xa = TensorDescriptor.from_tensor(xq, [cfg["xr"], 64], gl.NVMMASharedLayout(128, 16, 2))
+    cap = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}
+    if cfg["ws"]:
+        wd = TensorDescriptor.from_tensor(w.view(torch.uint8), [BN, BK], gl.NVMMASharedLayout(128, 8, 2))
+        _fp8_ws_kernel[(*tiles, segs)](
+            xa, wd, scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
+            SEGS=segs, IPS=ips, IPS_P2=triton.next_power_of_2(ips), S=cfg["stages"], XR=cfg["xr"],
+            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, **pdl_launch(xq), **cap,
+        )  # fmt: skip
+        return out
     _fp8_kernel[(*tiles, segs)](
         xa, xq.stride(0), w.view(torch.int32), scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
         SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"], BN=BN, BT=BT, BK=BK, num_warps=4,
-        **pdl_launch(xq),
+        **pdl_launch(xq), **cap,
     )  # fmt: skip
     return out
