@@ -1,34 +1,50 @@
 """FP8 linears on the tensor cores with the dequantized weight as the product's register
-operand (Gluon, sm_90): `tc_mm`'s FP8 math and split rule without the weight's round trip
-through shared memory.
+operand (Gluon, sm_90): `tc_mm`'s FP8 math (x the input's FP8 round trip, each weight
+value e4m3 · 2^(e−127) exact in bf16, the products exact in fp32, fp32 sums, one bf16
+rounding) and its split rule, without the dequantized weight's trip through shared memory.
+Not wired into the runtime: a candidate for `tc_mm`'s FP8 path, measured by
+`scripts/tc_fp8_probe.py` (BENCHMARKS.md, 2026-12-04, twentieth entry).
 
-Why: `tc_mm` dequantizes each FP8 weight chunk in registers, stores it to shared memory,
-waits on a barrier and multiplies it there (the operand Triton's Hopper product takes), so
-every chunk waits on that round trip; with bf16 weights the same loop streams 2.2-2.4x
-more bytes per second (BENCHMARKS.md, 2026-12-04, nineteenth entry). Here the weight is
-the first operand of the warpgroup product, held in registers: each program computes a
-transposed tile `outᵀ[BN weight rows, BT tokens]`; the weight chunk `[BN, BK]` is loaded
-straight from global memory into the registers the product reads, converted there, and
-never touches shared memory; only x's chunk (`[BT, BK]`, from L2) is staged.
+Why: `tc_mm` dequantizes each FP8 weight chunk in registers and stores it to shared memory
+for the product; Triton then puts `fence.proxy.async` before the product, which compiles to
+`MEMBAR.ALL.CTA` (offline SASS), a memory barrier in every chunk while the next chunks'
+copies are in flight. The same loop over bf16 weights, with no such store and no barrier,
+streams 2.2-2.4x more bytes per second (nineteenth entry); here x copied by cp.async (with
+the fence) ran slower than x copied by TMA (without) at most shapes (twentieth entry).
+Here each program computes a transposed tile `outᵀ[BN weight rows, BT tokens]`: the weight
+chunk `[BN, BK]` is the product's first operand, converted in registers and passed to the
+product from there; only x's chunk `[BT, BK]` is in shared memory as the second operand,
+copied by TMA (no fence needed). The weight bytes reach each thread through shared memory
+as raw FP8 bytes: `_fp8_kernel` copies each thread's own 32 bytes (cp.async into its own
+slots, read back by the same thread); the warp-specialized `_fp8_ws_kernel` (tune ws) has
+a producer warp copy whole chunks by TMA while consumer warpgroups convert and multiply.
 
 The column order. The product's register operand gives each thread, per row and chunk,
-the columns {16s + 8h + 2q + p} (s < 8, h, p < 2, q = lane % 4): 2-byte runs. Loaded in
-that order the FP8 weight would take 2-byte loads. A sum over k does not depend on how the
-columns are named, as long as x's columns get the same names, so each chunk's 128 columns
-are renamed: logical column 16s + 8h + 2q + p holds physical column 32q + 4s + 2h + p.
-Thread q of a row then holds the 32 contiguous bytes 32q … 32q + 31 (two 16-byte loads),
-which are exactly one FP8 scale block (one scale per thread and chunk), and x's chunk is
-stored to shared memory in the same logical order. The renaming is a constant of the
-kernel, so it moves no bit between calls (but the fp32 sums run in another order than
-`tc_mm`'s: other bits, within the same bound of the exact product).
+the columns {16s + 8h + 2q + p} (s < 8, h, p < 2, q = lane % 4): 2-byte runs. A sum over
+k does not depend on how the columns are named, as long as x's columns get the same names,
+so each chunk's 128 columns are renamed: logical column 16s + 8h + 2q + p holds physical
+column 32q + 4s + 2h + p. Thread q of a row then holds the 32 contiguous bytes 32q … 32q +
+31, exactly one FP8 scale block (one scale per thread and chunk). x is given renamed
+(`rename_cols`). The renaming is a constant of the kernel, so it moves no bit between
+calls (but the fp32 sums run in another order than `tc_mm`'s: other bits, within the same
+bound of the exact product).
 
-Batch invariance: as `tc_mm` (module doc): a fixed tile of BT = 64 token rows for every m
-(rows past m zero), SEGS and IPS from `tc_mm.plan`, the segment partials summed by the last
-program to arrive in segment order, one bf16 rounding. A token's bits depend on its own
-row of x and the weights only.
+Each product is waited on at once: the warpgroup product reads its register operand
+asynchronously, and Triton keeps the unpacked bf16 values alive across a later wait, not the
+packed registers the product reads (with one product left in flight, ptxas reused them for
+the next chunk's loads: offline SASS). Conversion and product overlap across programs on
+an SM, or across the two consumers of `ws = 2`.
 
-Gluon does not run under `TRITON_INTERPRET`: on the CPU the kernel is compiled for sm_90
-only (`bench.sass`); its numerics are checked on the GPU.
+Batch invariance: as `tc_mm` (module doc): a fixed tile of BT = 64 token rows for every m,
+SEGS and IPS from `tc_mm.plan` (or the tune's segs), the segment partials summed by the last
+program to arrive in segment order, one bf16 rounding. x's TMA boxes of rows wholly past m
+are not loaded: those rows of shared memory keep stale values, which reach only output
+columns past m (each output column depends on its own x row only), never stored. A token's
+bits depend on its own row of x and the weights only.
+
+Gluon does not run under `TRITON_INTERPRET`: on the CPU the kernels are compiled for sm_90
+only (`bench.sass tcfp8`, tests/kernels/test_tc_fp8_sass.py); the numerics are checked on
+the GPU (tests/kernels/test_tc_fp8.py).
 """
 
 from __future__ import annotations
