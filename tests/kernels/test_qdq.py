@@ -253,3 +253,38 @@ def test_nonfinite_counter_is_validated(bad, msg):
     for fn in (K.fp8_qdq, K.fp8_qdq_torch):
         with pytest.raises(ValueError, match=msg):
             fn(x, nonfinite=bad)
+
+
+# ------------------------------------------------------- fp8 round trip in tc_fp8's column order
+
+
+@pytest.mark.parametrize("rows,width", [(1, 128), (3, 384), (70, 1280)], ids=["r1-w128", "r3-w384", "r70-w1280"])
+def test_fp8_rename_stores_the_round_trip_in_the_renamed_order(rows, width, device):
+    """`fp8_qdq(x, rename=True)` equals `rename_cols(fp8_qdq(x))` bit for bit (the reference
+    round trip, then `tc_fp8`'s column order), kernel and twin, strided rows included; the
+    scale blocks are the physical 32-value blocks (renaming comes after quantizing)."""
+    from attnv41.kernels.tc_fp8 import rename_cols
+
+    gen = torch.Generator().manual_seed(rows * width)
+    base = (torch.randn(rows, width + 32, generator=gen) * 3).to(torch.bfloat16)
+    base[:, : width // 2] *= torch.exp2(torch.randint(-8, 9, (rows, width // 2), generator=gen)).to(torch.bfloat16)
+    want = rename_cols(R.fp8_qdq(base[:, :width].contiguous(), 32))
+    x = base.to(device)[:, :width]  # row stride width + 32
+    got = K.fp8_qdq(x, rename=True)
+    assert_bits_equal("fp8 rename", got, want)
+    out = torch.full((rows, width), 7.0, dtype=torch.bfloat16)
+    assert K.fp8_qdq_torch(base[:, :width], out=out, rename=True) is out
+    assert_bits_equal("fp8 rename twin", out, want)
+    count = torch.zeros(1, dtype=torch.int64, device=device)
+    K.fp8_qdq(x, nonfinite=count, rename=True)
+    assert int(count.item()) == 0
+
+
+def test_fp8_rename_is_validated(device):
+    x = torch.zeros(2, 96, dtype=torch.bfloat16, device=device)
+    for fn in (K.fp8_qdq, K.fp8_qdq_torch):
+        with pytest.raises(ValueError, match=r"x.shape\[-1\] = 96; allowed with rename: a multiple of 128"):
+            fn(x.cpu() if fn is K.fp8_qdq_torch else x, rename=True)
+    x = torch.zeros(2, 128, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="out is x"):
+        K.fp8_qdq(x, out=x, rename=True)

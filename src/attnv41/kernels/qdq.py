@@ -165,6 +165,7 @@ if HAVE_TRITON:
         COUNT: tl.constexpr,  # count non-finite inputs into count_ptr
         EXACT_CAST: tl.constexpr,  # e4m3 rounding by bit arithmetic (the interpreter) or the GPU's cast
         PDL: tl.constexpr = False,
+        RENAME: tl.constexpr = False,  # store in `tc_fp8`'s renamed column order (fp8, width % 128 == 0)
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -214,6 +215,10 @@ if HAVE_TRITON:
             s = _e4m3_rne(tl.minimum(t, 448.0))
             # [BLOCKS, QBLOCK]: e2m1(clamp(v/s, ±6)) without dividing, see _e2m1_round_scaled
             y = _e2m1_round_scaled(v, s[:, None]) * s[:, None]
+        if RENAME:  # physical column 128c + 32q + 4s + 2h + p → 128c + 16s + 8h + 2q + p
+            j = cols % 32
+            q = (cols // 32) % 4
+            cols = (cols // 128) * 128 + (j >> 2) * 16 + ((j >> 1) & 1) * 8 + q * 2 + (j & 1)
         tl.store(out_ptr + row[:, None] * stride_out + cols, _f32_to_bf16_rne(y), mask=mask)
 
 
@@ -233,10 +238,18 @@ def _count_torch(x: torch.Tensor, nonfinite: torch.Tensor | None) -> None:
 
 
 def _launch(
-    op: str, x: torch.Tensor, out: torch.Tensor | None, block: int, mode: int, nonfinite: torch.Tensor | None
+    op: str,
+    x: torch.Tensor,
+    out: torch.Tensor | None,
+    block: int,
+    mode: int,
+    nonfinite: torch.Tensor | None,
+    rename: bool = False,
 ) -> torch.Tensor:
     out = _check(x, out, block)
     _check_count(nonfinite, x)
+    if rename:
+        _check_rename(x, out)
     require_triton(op, x, out)
     rows, width = x.shape
     blocks_per_row = width // block
@@ -258,20 +271,32 @@ def _launch(
         BLOCKS=blocks,
         COUNT=nonfinite is not None,
         EXACT_CAST=interpreting() or not _HW_E4M3,
+        RENAME=rename,
         num_warps=_NUM_WARPS,
         **pdl_launch(x),
     )
     return out
 
 
-def fp8_qdq(x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_qdq(
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None, rename: bool = False
+) -> torch.Tensor:
     """FP8 e4m3 round trip per 32 values, power-of-two scale, in Triton.
 
     `amax = max(|v|, 1e-4)`, `s = 2^ceil(log2(amax·fp32(1/448)))`,
     `v ← bf16(e4m3_rne(clamp(v/s, ±448))·s)`. `x`: bf16 `[rows, width]`, width a
     multiple of 32. `out`: None or bf16 of x's shape (may be x). Returns `out`.
+    `rename`: the values stored in `tc_fp8`'s column order, `rename_cols(fp8_qdq(x))`
+    (width a multiple of 128; `out` must not be x): the input the Gluon FP8 product reads.
     """
-    return _launch("fp8_qdq", x, out, FP8_BLOCK, _MODE_FP8, nonfinite)
+    return _launch("fp8_qdq", x, out, FP8_BLOCK, _MODE_FP8, nonfinite, rename)
+
+
+def _check_rename(x: torch.Tensor, out: torch.Tensor) -> None:
+    if x.shape[-1] % 128:
+        raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed with rename: a multiple of 128")
+    if out.numel() and x.numel() and out.data_ptr() == x.data_ptr():
+        raise ValueError("out is x; allowed with rename: a separate tensor (the columns move)")
 
 
 def fp4_e8m0_qdq(
@@ -297,11 +322,17 @@ def fp4_e4m3_qdq(
 
 
 def fp8_qdq_torch(
-    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None
+    x: torch.Tensor, out: torch.Tensor | None = None, nonfinite: torch.Tensor | None = None, rename: bool = False
 ) -> torch.Tensor:
     """`fp8_qdq` through the reference twin (any device); same contract."""
     out = _check(x, out, FP8_BLOCK)
     _check_count(nonfinite, x)
+    if rename:
+        from .tc_fp8 import rename_cols  # noqa: PLC0415
+
+        _check_rename(x, out)
+        _count_torch(x, nonfinite)
+        return out.copy_(rename_cols(_ref.fp8_qdq(x, FP8_BLOCK)))
     _count_torch(x, nonfinite)
     return out.copy_(_ref.fp8_qdq(x, FP8_BLOCK))
 
