@@ -137,3 +137,45 @@ def test_against_the_released_fp8_linear():
     ulp = ref.abs().clamp_min(2.0**-126) * 2.0**-7
     assert torch.isfinite(got).all()
     assert bool(((got - ref).abs() <= ulp + mag * K * 2.0**-23).all())
+
+
+ROPE_CASES = [  # m, heads, head_dim, half, K, tune: one segment, split K, two consumers, a Flash head
+    (3, 2, 128, 32, 1024, {}),
+    (70, 2, 64, 16, 1024, {"segs": 2}),
+    (5, 4, 64, 8, 512, {"ws": 2}),
+    (2, 2, 512, 32, 1280, {}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m,H,D,half,K,tune", ROPE_CASES, ids=[f"m{c[0]}-H{c[1]}-D{c[2]}-h{c[3]}-K{c[4]}-{c[5]}" for c in ROPE_CASES]
+)
+def test_rope_epilogue_is_the_rope_op_after(m, H, D, half, K, tune):
+    """`tc_fp8(..., rope=)` stores its output rotated: the bytes of the same call without it,
+    then `rope.apply_rope` (the rope op's bits, as `tc_mm`'s epilogue gives them)."""
+    from attnv41.kernels import rope as R
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(m * 1000 + D + K)
+    w, sc = (t.to(dev) for t in _weight(g, H * D, K))
+    xr = qdq.fp8_qdq(torch.randn(m, K, generator=g).to(BF).to(dev), rename=True)
+    ang = torch.rand(90, half, generator=g) * 6
+    cos, sin = ang.cos().to(dev), ang.sin().to(dev)
+    pos = torch.randint(0, 90, (m,), generator=g, dtype=torch.int32).to(dev)
+    plain = F.tc_fp8(xr, w, sc, torch.empty(m, H * D, dtype=BF, device=dev), **tune)
+    want = R.apply_rope(plain.view(m, H, D), cos, sin, pos).view(m, H * D)
+    got = F.tc_fp8(xr, w, sc, torch.full_like(plain, float("nan")), rope=(D, cos, sin, pos), **tune)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "rotated != tc_fp8 then apply_rope"
+
+
+def test_rope_argument_is_checked():
+    g = torch.Generator().manual_seed(2)
+    w, sc = _weight(g, 128, 256)
+    x, out = torch.zeros(2, 256, dtype=BF), torch.zeros(2, 128, dtype=BF)
+    cos = sin = torch.zeros(8, 4)
+    pos = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="rope = list"):
+        F.tc_fp8(x, w, sc, out, rope=[64, cos, sin, pos])
+    with pytest.raises(ValueError, match="head_dim = 48"):
+        F.tc_fp8(x, w, sc, out, rope=(48, cos, sin, pos))

@@ -65,6 +65,17 @@ def test_sm90_compile(N, K, m, tune):
         assert inside, "x by cp.async without the fence before the product"
 
 
+def test_rope_epilogue_compiles_without_fma():
+    """With q's RoPE in the store (wq_b's shape, heads of 512): no spills, and no fused
+    multiply-add anywhere (the rotation must round as the rope op does: the launch turns FMA
+    contraction off), in both forms."""
+    for tune in ({}, {"ws": 2}):
+        ks = compiled("tcfp8", "--N", "32768", "--K", "1280", "--rope", "--tune", json.dumps(tune))
+        (k,) = ks.values()
+        assert k["local"] == 0
+        assert not any(o.startswith("FFMA") for o in k["ops"]), {o: n for o, n in k["ops"].items() if "FMA" in o}
+
+
 def test_pdl_wait_precedes_every_global_load():
     """Launched with programmatic dependent launch (as `compile_only(pdl=True)` compiles it),
     the kernel waits before its first global load, async copy or TMA: x is another kernel's

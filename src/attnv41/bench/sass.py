@@ -275,16 +275,18 @@ def tc_launches(m: int = 64, dtype: str = "bf16", rope: bool = False) -> list:
     return launches
 
 
-def tcfp8_launches(N: int = 5120, K: int = 8192, m: int = 64, tune=None) -> list:
+def tcfp8_launches(N: int = 5120, K: int = 8192, m: int = 64, tune=None, rope: bool = False) -> list:
     """`tc_fp8.tc_fp8` (the Gluon FP8 linear, not wired into the runtime) of x `[m, K]`
-    against an FP8 weight `[N, K]`, with `tune`'s launch shape, compiled: [(name, kernel)]."""
+    against an FP8 weight `[N, K]`, with `tune`'s launch shape (and with `rope`, q's RoPE in
+    the store: heads of 512, a 64-value tail), compiled: [(name, kernel)]."""
     from ..kernels import tc_fp8 as F  # noqa: PLC0415
 
     w = torch.zeros(N, K, dtype=torch.uint8).view(torch.float8_e4m3fn)
     sc = torch.zeros(-(-N // 32), K // 32, dtype=torch.uint8)
     x, out = torch.zeros(m, K, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16)
     with compile_only(pdl=True) as launches:
-        F.tc_fp8(x, w, sc, out, **(tune or {}))
+        r = (512, torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(m, dtype=torch.int32)) if rope else None
+        F.tc_fp8(x, w, sc, out, rope=r, **(tune or {}))
     return launches
 
 
@@ -325,6 +327,7 @@ def main(argv=None) -> None:
     f8.add_argument("--K", type=int, default=8192)
     f8.add_argument("--m", type=int, default=64)
     f8.add_argument("--tune", type=json.loads, default=None, help="launch shape as JSON, e.g. '{\"stages\": 3}'")
+    f8.add_argument("--rope", action="store_true", help="q's RoPE in the store (heads of 512)")
     k = sub.add_parser("topk")
     k.add_argument("--m", type=int, default=64)
     k.add_argument("--Lb", type=int, default=1 << 20)
@@ -341,7 +344,7 @@ def main(argv=None) -> None:
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     elif args.what == "tcfp8":
-        launches = tcfp8_launches(args.N, args.K, args.m, args.tune)
+        launches = tcfp8_launches(args.N, args.K, args.m, args.tune, args.rope)
     elif args.what == "topk":
         launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
     else:

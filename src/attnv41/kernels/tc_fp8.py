@@ -144,9 +144,10 @@ if HAVE_GLUON:
 
     @gluon.jit(do_not_specialize=["M"])
     def _fp8_kernel(
-        x, sxm, w, wsc, out, som, part, locks, M, N, K,
+        x, sxm, w, wsc, out, som, part, locks, M, N, K, rope,
         SEGS: gl.constexpr, IPS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr, XR: gl.constexpr,
         BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+        ROPE: gl.constexpr = False,
     ):  # fmt: skip
         gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
         _pdl_release_wait(PDL)
@@ -244,14 +245,54 @@ if HAVE_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         async_copy.wait_group(0)
 
-        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS, BN, BT)
+        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, rope, SEGS, BN, BT, ROPE)
+
+    @gluon.jit
+    def _round_bf16_gl(x):
+        """fp32 → bf16, round to nearest even, NaN → 0x7FC0 (`_triton.round_bf16`'s bits)."""
+        nan = gl.full(x.shape, 0x7FC0, gl.uint16, layout=x.type.layout).to(gl.bfloat16, bitcast=True)
+        return gl.where(x != x, nan, x.to(gl.bfloat16))
+
+    @gluon.jit
+    def _store_out(o_ptr, total, ok2, n0, t0, M, rope, ROPE: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr):
+        """The [BN, BT] fp32 sums (rows n0 …, tokens t0 …) rounded to bf16 and stored; with ROPE
+        the pairs (rows 2i, 2i + 1) in each head's rope tail rotated as `gemv._store` does
+        (`rope`: cos, sin, pos, their row strides, head_dim, half the tail; the launch without
+        FMA contraction): the rope op's bits after the product."""
+        y = _round_bf16_gl(total)
+        if ROPE:
+            cos_ptr, sin_ptr, pos_ptr, stride_cos, stride_sin, D, HALF = rope
+            a, b = gl.split(gl.permute(gl.reshape(y.to(gl.float32), [BN // 2, 2, BT]), (0, 2, 1)))
+            PAIR: gl.constexpr = a.type.layout
+            lead = D - 2 * HALF
+            jn = (
+                n0 + 2 * gl.arange(0, BN // 2, layout=gl.SliceLayout(1, PAIR))
+            ) % D  # each pair's first column in its head
+            tail = jn >= lead
+            k = gl.where(tail, (jn - lead) // 2, 0)
+            tt = t0 + gl.arange(0, BT, layout=gl.SliceLayout(0, PAIR))
+            tok = tt < M
+            p = gl.load(pos_ptr + tt, mask=tok, other=0).to(gl.int64)
+            m2 = tail[:, None] & tok[None, :]
+            c = gl.load(cos_ptr + p[None, :] * stride_cos + k[:, None], mask=m2, other=1.0)
+            sn = gl.load(sin_ptr + p[None, :] * stride_sin + k[:, None], mask=m2, other=0.0)
+            re = _round_bf16_gl(a * c - b * sn).to(gl.float32)
+            im = _round_bf16_gl(a * sn + b * c).to(gl.float32)
+            rot = gl.reshape(gl.permute(gl.join(re, im), (0, 2, 1)), [BN, BT])
+            keep = gl.reshape(gl.permute(gl.join(m2, m2), (0, 2, 1)), [BN, BT])
+            rot = gl.convert_layout(rot, y.type.layout)
+            keep = gl.convert_layout(keep, y.type.layout)
+            y = gl.where(keep, rot.to(gl.bfloat16), y)
+        gl.store(o_ptr, y, mask=ok2)
 
     @gluon.jit
     def _epilogue(
-        acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr
-    ):
-        """outᵀ tile → out[t, n] (bf16, n contiguous per thread), or the segment's partial and,
-        by the last of the tile's SEGS programs to arrive, the partials summed in segment order."""
+        acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, rope,
+        SEGS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, ROPE: gl.constexpr,
+    ):  # fmt: skip
+        """outᵀ tile → out[t, n] (bf16, n contiguous per thread; `_store_out`), or the
+        segment's partial and, by the last of the tile's SEGS programs to arrive, the
+        partials summed in segment order."""
         LO: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, 4], [0, 1])
         acc = gl.convert_layout(acc, LO)
         on = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LO))
@@ -259,7 +300,7 @@ if HAVE_GLUON:
         ok2 = (on < N)[:, None] & (ot < M)[None, :]
         o_ptr = out + ot.to(gl.int64)[None, :] * som + on[:, None]
         if SEGS == 1:
-            gl.store(o_ptr, acc.to(gl.bfloat16), mask=ok2)
+            _store_out(o_ptr, acc, ok2, pn * BN, pm * BT, M, rope, ROPE, BN, BT)
         else:
             plane = M * N
             pp = part + ot.to(gl.int64)[None, :] * N + on[:, None]
@@ -271,7 +312,7 @@ if HAVE_GLUON:
                 s = gl.load(pp, mask=ok2, other=0.0, cache_modifier=".cg")
                 for j in gl.static_range(1, SEGS):  # the adds in segment order
                     s += gl.load(pp + j * plane, mask=ok2, other=0.0, cache_modifier=".cg")
-                gl.store(o_ptr, s.to(gl.bfloat16), mask=ok2)
+                _store_out(o_ptr, s, ok2, pn * BN, pm * BT, M, rope, ROPE, BN, BT)
                 gl.atomic_xchg(lock, 0)
 
     # ------------------------------------------------------------ warp-specialized form (ws = 1, 2)
@@ -365,10 +406,10 @@ if HAVE_GLUON:
 
     @gluon.jit(do_not_specialize=["M"])
     def _fp8_ws_kernel(
-        xd, wd, wsc, out, som, part, locks, M, N, K,
+        xd, wd, wsc, out, som, part, locks, M, N, K, rope,
         SEGS: gl.constexpr, IPS: gl.constexpr, IPS_P2: gl.constexpr, S: gl.constexpr, XR: gl.constexpr,
         NC: gl.constexpr, C_REGS: gl.constexpr, BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
-        PDL: gl.constexpr, num_warps: gl.constexpr,
+        PDL: gl.constexpr, num_warps: gl.constexpr, ROPE: gl.constexpr = False,
     ):  # fmt: skip
         """`_fp8_kernel`'s tile, warp-specialized: a producer warp issues every copy (TMA for the
         weight and x) into S stages; NC consumer warpgroups convert and multiply. NC = 1: one
@@ -427,7 +468,7 @@ if HAVE_GLUON:
                 [1],
                 [24],
             )
-        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, SEGS, BN, BT)
+        _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, rope, SEGS, BN, BT, ROPE)
 
 
 def rename_cols(x: torch.Tensor) -> torch.Tensor:
@@ -437,11 +478,16 @@ def rename_cols(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(m, K // 128, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, K).contiguous()
 
 
-def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, **tune) -> torch.Tensor:
+def tc_fp8(
+    xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, rope=None, **tune
+) -> torch.Tensor:
     """`out = bf16(xq · dequant(w)ᵀ)`, `tc_mm`'s FP8 contract: xq the input's FP8 round trip
     (`qdq.fp8_qdq`) renamed by `rename_cols`, w float8_e4m3fn `[N, K]` with its e8m0 scale
     `[ceil(N/32), K/32]`, out bf16 `[m, N]`; K a multiple of 128; CUDA sm_90 only (module
-    doc). `tune`: keys of `FP8_TUNE`. Every argument is checked before anything runs."""
+    doc). `rope`: None or (head_dim, cos, sin, pos): out's heads' RoPE tails rotated in the
+    store, as `tc_mm.mm_many_batch`'s `rope` does (the rope op's bits after the product).
+    `tune`: keys of `FP8_TUNE`. Every argument is checked before anything runs."""
+    from . import gemv  # noqa: PLC0415
     from . import tc_mm as TC  # noqa: PLC0415
 
     scale = TC._check_mm(xq, w, out, scale)
@@ -478,6 +524,11 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
             f"xq: data_ptr() % 16 = {xq.data_ptr() % 16}, row stride {xq.stride(0)}; allowed: 16-byte aligned "
             "start and rows (x's TMA boxes)"
         )
+    if rope is not None:
+        if not isinstance(rope, tuple) or len(rope) != 4:
+            raise ValueError(f"rope = {type(rope).__name__}; allowed: None or a tuple (head_dim, cos, sin, pos)")
+        rope = gemv._check_rope((0, *rope), (w,), (out,))
+    rargs = gemv._rope_args(rope, xq)[1]
     require_triton("tc_fp8", xq, w, out)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("tc_fp8: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
@@ -492,14 +543,15 @@ def tc_fp8(xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     if cfg["ws"]:
         wd = TensorDescriptor.from_tensor(w.view(torch.uint8), [BN, BK], gl.NVMMASharedLayout(128, 8, 2))
         _fp8_ws_kernel[(*tiles, segs)](
-            xa, wd, scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
+            xa, wd, scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K, rargs,
             SEGS=segs, IPS=ips, IPS_P2=triton.next_power_of_2(ips), S=cfg["stages"], XR=cfg["xr"],
-            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, **pdl_launch(xq), **cap,
+            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, ROPE=rope is not None,
+            enable_fp_fusion=rope is None, **pdl_launch(xq), **cap,
         )  # fmt: skip
         return out
     _fp8_kernel[(*tiles, segs)](
         xa, xq.stride(0), w.view(torch.int32), scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
-        SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"], BN=BN, BT=BT, BK=BK, num_warps=4,
-        **pdl_launch(xq), **cap,
+        rargs, SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"], BN=BN, BT=BT, BK=BK, num_warps=4,
+        ROPE=rope is not None, enable_fp_fusion=rope is None, **pdl_launch(xq), **cap,
     )  # fmt: skip
     return out
