@@ -179,3 +179,39 @@ def test_rope_argument_is_checked():
         F.tc_fp8(x, w, sc, out, rope=[64, cos, sin, pos])
     with pytest.raises(ValueError, match="head_dim = 48"):
         F.tc_fp8(x, w, sc, out, rope=(48, cos, sin, pos))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 70])
+def test_one_launch_of_several_weights_gives_each_its_alone_bytes(m):
+    """`tc_fp8_many`: weights of different shapes and split counts in one launch, the first
+    rotated in its store, each output byte-equal to its own `tc_fp8` call."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(m)
+    K, D, half = 1280, 128, 16
+    shapes = (256, 4096, 64)  # one segment each at K = 1280 (10 chunks)
+    ws = [tuple(t.to(dev) for t in _weight(g, n, K)) for n in shapes]
+    xr = qdq.fp8_qdq(torch.randn(m, K, generator=g).to(BF).to(dev), rename=True)
+    ang = torch.rand(40, half, generator=g) * 6
+    cos, sin = ang.cos().to(dev), ang.sin().to(dev)
+    pos = torch.randint(0, 40, (m,), generator=g, dtype=torch.int32).to(dev)
+    for segs in (0, 2):
+        outs = tuple(torch.full((m, n), float("nan"), dtype=BF, device=dev) for n in shapes)
+        F.tc_fp8_many(xr, [w for w, _ in ws], outs, [sc for _, sc in ws], rope=(0, D, cos, sin, pos), segs=segs)
+        for i, ((w, sc), n) in enumerate(zip(ws, shapes)):
+            rope = (D, cos, sin, pos) if i == 0 else None
+            alone = F.tc_fp8(xr, w, sc, torch.empty(m, n, dtype=BF, device=dev), rope=rope, segs=segs)
+            assert torch.equal(outs[i].view(torch.int16), alone.view(torch.int16)), f"weight {i}, segs {segs}"
+
+
+def test_several_weights_arguments_are_checked():
+    g = torch.Generator().manual_seed(3)
+    (w, sc), (w2, sc2) = _weight(g, 64, 256), _weight(g, 32, 256)
+    x = torch.zeros(2, 256, dtype=BF)
+    outs = (torch.zeros(2, 64, dtype=BF), torch.zeros(2, 32, dtype=BF))
+    with pytest.raises(ValueError, match="2 weights, 1 outs"):
+        F.tc_fp8_many(x, (w, w2), outs[:1], (sc, sc2))
+    with pytest.raises(ValueError, match="ws = 1 with 2 weights"):
+        F.tc_fp8_many(x, (w, w2), outs, (sc, sc2), ws=1)
+    with pytest.raises(ValueError, match="rope i = 2"):
+        F.tc_fp8_many(x, (w, w2), outs, (sc, sc2), rope=(2, 32, torch.zeros(4, 4), torch.zeros(4, 4), torch.zeros(2)))

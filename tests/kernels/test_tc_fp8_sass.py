@@ -76,6 +76,17 @@ def test_rope_epilogue_compiles_without_fma():
         assert not any(o.startswith("FFMA") for o in k["ops"]), {o: n for o, n in k["ops"].items() if "FMA" in o}
 
 
+def test_several_weights_in_one_launch_compile():
+    """`tc_fp8_many` over q's latent (wq_b and indexer.wq_b, wq_b rotated): one kernel, each
+    weight's chunk loop (8 products each), no spills, within two programs' shared memory
+    per SM (113 KiB each)."""
+    ks = compiled("tcfp8", "--N", "32768", "4096", "--K", "1280", "--rope", "--dump-sass-lines")
+    k = ks["_fp8_kernel"]
+    assert k["local"] == 0
+    assert sum(n for o, n in k["ops"].items() if o.startswith("HGMMA")) == 16
+    assert k["dyn_smem"] <= 113 * 1024, f"{k['dyn_smem']} bytes of shared memory"
+
+
 def test_pdl_wait_precedes_every_global_load():
     """Launched with programmatic dependent launch (as `compile_only(pdl=True)` compiles it),
     the kernel waits before its first global load, async copy or TMA: x is another kernel's

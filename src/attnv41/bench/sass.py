@@ -275,18 +275,20 @@ def tc_launches(m: int = 64, dtype: str = "bf16", rope: bool = False) -> list:
     return launches
 
 
-def tcfp8_launches(N: int = 5120, K: int = 8192, m: int = 64, tune=None, rope: bool = False) -> list:
-    """`tc_fp8.tc_fp8` (the Gluon FP8 linear, not wired into the runtime) of x `[m, K]`
-    against an FP8 weight `[N, K]`, with `tune`'s launch shape (and with `rope`, q's RoPE in
-    the store: heads of 512, a 64-value tail), compiled: [(name, kernel)]."""
+def tcfp8_launches(Ns=(5120,), K: int = 8192, m: int = 64, tune=None, rope: bool = False) -> list:
+    """`tc_fp8.tc_fp8_many` (the Gluon FP8 linear, not wired into the runtime) of x `[m, K]`
+    against FP8 weights `[N, K]` for each N in Ns, in one launch, with `tune`'s launch shape
+    (and with `rope`, q's RoPE in weight 0's store: heads of 512, a 64-value tail),
+    compiled: [(name, kernel)]."""
     from ..kernels import tc_fp8 as F  # noqa: PLC0415
 
-    w = torch.zeros(N, K, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    sc = torch.zeros(-(-N // 32), K // 32, dtype=torch.uint8)
-    x, out = torch.zeros(m, K, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16)
+    ws = tuple(torch.zeros(N, K, dtype=torch.uint8).view(torch.float8_e4m3fn) for N in Ns)
+    scs = tuple(torch.zeros(-(-N // 32), K // 32, dtype=torch.uint8) for N in Ns)
+    x = torch.zeros(m, K, dtype=torch.bfloat16)
+    outs = tuple(torch.zeros(m, N, dtype=torch.bfloat16) for N in Ns)
     with compile_only(pdl=True) as launches:
-        r = (512, torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(m, dtype=torch.int32)) if rope else None
-        F.tc_fp8(x, w, sc, out, rope=r, **(tune or {}))
+        r = (0, 512, torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(m, dtype=torch.int32)) if rope else None
+        F.tc_fp8_many(x, ws, outs, scs, rope=r, **(tune or {}))
     return launches
 
 
@@ -323,7 +325,7 @@ def main(argv=None) -> None:
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
     t.add_argument("--rope", action="store_true", help="q's RoPE in the store (mm_many_batch's rope=)")
     f8 = sub.add_parser("tcfp8")
-    f8.add_argument("--N", type=int, default=5120)
+    f8.add_argument("--N", type=int, nargs="+", default=[5120], help="several: one launch (tc_fp8_many)")
     f8.add_argument("--K", type=int, default=8192)
     f8.add_argument("--m", type=int, default=64)
     f8.add_argument("--tune", type=json.loads, default=None, help="launch shape as JSON, e.g. '{\"stages\": 3}'")

@@ -70,7 +70,7 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - an older Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "tc_fp8", "rename_cols", "FP8_TUNE"]
+__all__ = ["HAVE_GLUON", "tc_fp8", "tc_fp8_many", "rename_cols", "FP8_TUNE"]
 
 BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), columns per chunk
 # Launch shape (no bit depends on it): stages of shared memory (each chunk's weight bytes,
@@ -142,18 +142,15 @@ if HAVE_GLUON:
             _tma_x(x, x_smem, bars, st, row0, chunk * BK, pred, M, BT, XR)
         async_copy.commit_group()
 
-    @gluon.jit(do_not_specialize=["M"])
-    def _fp8_kernel(
-        x, sxm, w, wsc, out, som, part, locks, M, N, K, rope,
+    @gluon.jit
+    def _fp8_tile(
+        x, sxm, w, wsc, out, som, part, locks, M, N, K, rope, pm, pn, seg, n_pn, w_smem, s_smem, x_smem, bars,
         SEGS: gl.constexpr, IPS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr, XR: gl.constexpr,
-        BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
-        ROPE: gl.constexpr = False,
+        BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, ROPE: gl.constexpr,
     ):  # fmt: skip
-        gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
-        _pdl_release_wait(PDL)
-        pm, pn, seg = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-        n_pn = gl.num_programs(1)
-
+        """Output tile (pm, pn), K segment seg of one weight: the chunk loop over the stages
+        (shared memory and x's barriers allocated by the kernel, fresh: one tile per program)
+        and the store or ordered split-K sum."""
         # the weight chunk as int32 words [BN rows, 32 words]: thread (lane l, warp v) holds
         # rows 16v + l/4 and 16v + l/4 + 8, words 8q … 8q + 7 (q = l % 4: one scale block)
         LW: gl.constexpr = gl.DistributedLinearLayout(
@@ -174,8 +171,6 @@ if HAVE_GLUON:
         LS: gl.constexpr = gl.SliceLayout(2, LB)  # [BN, 4] the chunk's scale words
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        W_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-        S_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
         rows = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, LW))
         w_off = rows.to(gl.int64)[:, None] * (K // 4) + gl.arange(0, 32, layout=gl.SliceLayout(0, LW))[None, :]
@@ -184,24 +179,12 @@ if HAVE_GLUON:
         sq = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
         s_off = (srows // 32).to(gl.int64)[:, None] * (K // BK) + (sq * 0)[None, :]  # the rows' scale word of chunk 0
         s_ok = (srows < N)[:, None] & (sq >= 0)[None, :]
-        w_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 32], W_SL)
-        s_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 4], S_SL)
-
         if XM == 1:  # x renamed in global memory (`rename_cols`), copied by cp.async
             LXC: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [BT, BK] 16-byte pieces
-            X_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
             ct = pm * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, LXC))
             xc_off = ct.to(gl.int64)[:, None] * sxm + gl.arange(0, BK, layout=gl.SliceLayout(0, LXC))[None, :]
             xc_ok = (ct < M)[:, None]
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], X_SL)
-            bars = s_smem  # (unused)
-        else:  # x renamed, a TMA descriptor of [BT, 64] boxes: two per chunk, one barrier per stage
-            XH_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
-            bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
-            for st in gl.static_range(S):
-                mbarrier.init(bars.index(st), count=BT // XR)
-            fence_async_shared()
+        else:
             xc_off = 0
             xc_ok = False
 
@@ -230,8 +213,7 @@ if HAVE_GLUON:
                 w_smem, s_smem, x_smem, bars, nx % S, c0 + nx, nx < IPS, w, w_off, w_ok, wsc, s_off, s_ok, x, xc_off,
                 xc_ok, pm * BT, M, XM, BT, BK, XR,
             )  # fmt: skip
-            # each product waited on at once: its register operand may not be reused before
-            # (Triton keeps the unpacked values alive, not the packed registers the product reads)
+            # each product waited on at once (module doc)
             if XM == 2:
                 a0, a1 = gl.split(gl.permute(gl.reshape(ab, [BN, 2, 64]), (0, 2, 1)))
                 acc = warpgroup_mma(
@@ -244,8 +226,48 @@ if HAVE_GLUON:
                 acc = warpgroup_mma(gl.convert_layout(ab, A_OP), x_smem.index(cur).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         async_copy.wait_group(0)
-
         _epilogue(acc, out, som, part, locks, M, N, pm, pn, seg, n_pn, rope, SEGS, BN, BT, ROPE)
+
+    @gluon.jit(do_not_specialize=["M", "n_pm"])
+    def _fp8_kernel(
+        x, sxm, ws, scs, outs, ns, soms, starts, lock_offs, part_offs, part, locks, M, K, n_pm, rope,
+        SEGSS: gl.constexpr, IPSS: gl.constexpr, S: gl.constexpr, XM: gl.constexpr, XR: gl.constexpr,
+        BN: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+        ROPE_I: gl.constexpr = -1,
+    ):  # fmt: skip
+        """Several FP8 weights reading the same x in one launch (`tc_fp8_many`): work item j of
+        weight i (starts[i] ≤ j < starts[i + 1]; weight tile fastest, then the segment) × n_pm
+        row tiles (fastest), each as it is computed alone: the same bits. Weight ROPE_I's
+        output (−1: none) is stored rotated (`rope`)."""
+        gl.static_assert(BN == 64 and BK == 128 and num_warps == 4)
+        _pdl_release_wait(PDL)
+        pid = gl.program_id(0)
+        pm = pid % n_pm
+        item = pid // n_pm
+        W_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        S_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        w_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 32], W_SL)
+        s_smem = gl.allocate_shared_memory(gl.int32, [S, BN, 4], S_SL)
+        if XM == 1:
+            X_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], gl.bfloat16)
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BK], X_SL)
+            bars = s_smem  # (unused)
+        else:  # x a TMA descriptor of [XR, 64] boxes: two halves per chunk, one barrier per stage
+            XH_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
+            bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+            for st in gl.static_range(S):
+                mbarrier.init(bars.index(st), count=BT // XR)
+            fence_async_shared()
+        for i in gl.static_range(len(ws)):
+            if (item >= starts[i]) & (item < starts[i + 1]):
+                local = item - starts[i]
+                n_pn = gl.cdiv(ns[i], BN)
+                _fp8_tile(
+                    x, sxm, ws[i], scs[i], outs[i], soms[i], part + part_offs[i], locks + lock_offs[i], M, ns[i], K,
+                    rope, pm, local % n_pn, local // n_pn, n_pn, w_smem, s_smem, x_smem, bars,
+                    SEGSS[i], IPSS[i], S, XM, XR, BN, BT, BK, ROPE_I == i,
+                )  # fmt: skip
 
     @gluon.jit
     def _round_bf16_gl(x):
@@ -478,19 +500,7 @@ def rename_cols(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(m, K // 128, 4, 8, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, K).contiguous()
 
 
-def tc_fp8(
-    xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, rope=None, **tune
-) -> torch.Tensor:
-    """`out = bf16(xq · dequant(w)ᵀ)`, `tc_mm`'s FP8 contract: xq the input's FP8 round trip
-    (`qdq.fp8_qdq`) renamed by `rename_cols`, w float8_e4m3fn `[N, K]` with its e8m0 scale
-    `[ceil(N/32), K/32]`, out bf16 `[m, N]`; K a multiple of 128; CUDA sm_90 only (module
-    doc). `rope`: None or (head_dim, cos, sin, pos): out's heads' RoPE tails rotated in the
-    store, as `tc_mm.mm_many_batch`'s `rope` does (the rope op's bits after the product).
-    `tune`: keys of `FP8_TUNE`. Every argument is checked before anything runs."""
-    from . import gemv  # noqa: PLC0415
-    from . import tc_mm as TC  # noqa: PLC0415
-
-    scale = TC._check_mm(xq, w, out, scale)
+def _check_tune(tune: dict) -> dict:
     unknown = sorted(set(tune) - set(FP8_TUNE))
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
@@ -508,50 +518,96 @@ def tc_fp8(
             f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64, ws 0, 1 or 2 "
             "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as cregs"
         )
+    return cfg
+
+
+def tc_fp8(
+    xq: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, rope=None, **tune
+) -> torch.Tensor:
+    """`out = bf16(xq · dequant(w)ᵀ)`, `tc_mm`'s FP8 contract: xq the input's FP8 round trip
+    renamed (`qdq.fp8_qdq(x, rename=True)`, or `rename_cols` of the round trip), w
+    float8_e4m3fn `[N, K]` with its e8m0 scale `[ceil(N/32), K/32]`, out bf16 `[m, N]`; K a
+    multiple of 128; CUDA sm_90 only (module doc). `rope`: None or (head_dim, cos, sin,
+    pos): out's heads' RoPE tails rotated in the store, as `tc_mm.mm_many_batch`'s `rope`
+    does (the rope op's bits after the product). `tune`: keys of `FP8_TUNE`. Every argument
+    is checked before anything runs."""
+    if rope is not None and (not isinstance(rope, tuple) or len(rope) != 4):
+        raise ValueError(f"rope = {type(rope).__name__}; allowed: None or a tuple (head_dim, cos, sin, pos)")
+    tc_fp8_many(xq, (w,), (out,), (scale,), rope=None if rope is None else (0, *rope), **tune)
+    return out
+
+
+def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> tuple:
+    """`tc_fp8` for several FP8 weights reading the same renamed xq, in one launch (each
+    weight's bits as alone; `tc_mm.mm_many_batch`'s grouping); `rope` (i, head_dim, cos,
+    sin, pos) rotates output i in the store. The warp-specialized forms (tune ws) take one
+    weight. Returns outs."""
+    from . import gemv  # noqa: PLC0415
+    from . import tc_mm as TC  # noqa: PLC0415
+
+    weights, outs, scales = tuple(weights), tuple(outs), tuple(scales)
+    if not weights or len(outs) != len(weights) or len(scales) != len(weights):
+        raise ValueError(
+            f"{len(weights)} weights, {len(outs)} outs, {len(scales)} scales; allowed: >= 1, as many of each"
+        )
+    sbytes = [TC._check_mm(xq, w, o, sc) for w, o, sc in zip(weights, outs, scales)]
+    cfg = _check_tune(tune)
     m, K = xq.shape
-    N = w.shape[0]
     if K % BK:
         raise ValueError(f"w.shape[1] (K) = {K}; allowed: a multiple of {BK}")
-    segs = cfg["segs"]
-    if not isinstance(segs, int) or segs < 0 or (segs and (K // BK) % segs):
-        raise ValueError(f"segs = {segs!r}; allowed: 0 (tc_mm.plan) or a divisor of K / {BK} = {K // BK}")
-    segs = segs or TC.plan(N, K)
-    tiles = (-(-m // BT), -(-N // BN))
-    if segs > 1 and tiles[0] * tiles[1] > TC._LOCKS:
-        raise ValueError(f"m = {m}: arrival counters needed = {tiles[0] * tiles[1]}; allowed: <= {TC._LOCKS}")
+    if cfg["ws"] and len(weights) > 1:
+        raise ValueError(f"ws = {cfg['ws']} with {len(weights)} weights; allowed: one weight")
+    segs_tune = cfg["segs"]
+    if not isinstance(segs_tune, int) or segs_tune < 0 or (segs_tune and (K // BK) % segs_tune):
+        raise ValueError(f"segs = {segs_tune!r}; allowed: 0 (tc_mm.plan) or a divisor of K / {BK} = {K // BK}")
+    plans = [segs_tune or TC.plan(w.shape[0], K) for w in weights]
+    n_pm = -(-m // BT)
+    starts, lock_offs, part_offs = [0], [], []
+    locks_used = part_used = 0
+    for w, segs in zip(weights, plans):
+        N = w.shape[0]
+        starts.append(starts[-1] + -(-N // BN) * segs)
+        lock_offs.append(locks_used)
+        part_offs.append(part_used)
+        locks_used += n_pm * -(-N // BN) if segs > 1 else 0
+        part_used += segs * m * N if segs > 1 else 0
+    if locks_used > TC._LOCKS:
+        raise ValueError(f"m = {m}: arrival counters needed = {locks_used}; allowed: <= {TC._LOCKS}")
     if cfg["xm"] == 2 and (xq.data_ptr() % 16 or (xq.stride(0) * 2) % 16):
         raise ValueError(
             f"xq: data_ptr() % 16 = {xq.data_ptr() % 16}, row stride {xq.stride(0)}; allowed: 16-byte aligned "
             "start and rows (x's TMA boxes)"
         )
     if rope is not None:
-        if not isinstance(rope, tuple) or len(rope) != 4:
-            raise ValueError(f"rope = {type(rope).__name__}; allowed: None or a tuple (head_dim, cos, sin, pos)")
-        rope = gemv._check_rope((0, *rope), (w,), (out,))
-    rargs = gemv._rope_args(rope, xq)[1]
-    require_triton("tc_fp8", xq, w, out)
+        rope = gemv._check_rope(rope, weights, outs)
+    rope_i, rargs = gemv._rope_args(rope, xq)
+    require_triton("tc_fp8", xq, *weights, *outs)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("tc_fp8: needs Gluon and a CUDA device (it does not run under TRITON_INTERPRET)")
-    ips = K // BK // segs
     dev = xq.device
-    part = torch.empty(segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
-    locks = TC._counters.buffer(dev) if segs > 1 else part
+    part = torch.empty(max(part_used, 1), dtype=torch.float32, device=dev)
+    locks = TC._counters.buffer(dev) if locks_used else part
     xa = xq
     if cfg["xm"] == 2:
         xa = TensorDescriptor.from_tensor(xq, [cfg["xr"], 64], gl.NVMMASharedLayout(128, 16, 2))
     cap = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}
+    launch = dict(enable_fp_fusion=rope is None, **pdl_launch(xq), **cap)  # the rotation as the rope op: no FMA
     if cfg["ws"]:
+        (w,), (out,), (sb,), (segs,) = weights, outs, sbytes, plans
+        N = w.shape[0]
+        ips = K // BK // segs
         wd = TensorDescriptor.from_tensor(w.view(torch.uint8), [BN, BK], gl.NVMMASharedLayout(128, 8, 2))
-        _fp8_ws_kernel[(*tiles, segs)](
-            xa, wd, scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K, rargs,
+        _fp8_ws_kernel[(n_pm, -(-N // BN), segs)](
+            xa, wd, sb.view(torch.int32), out, out.stride(0), part, locks, m, N, K, rargs,
             SEGS=segs, IPS=ips, IPS_P2=triton.next_power_of_2(ips), S=cfg["stages"], XR=cfg["xr"],
-            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, ROPE=rope is not None,
-            enable_fp_fusion=rope is None, **pdl_launch(xq), **cap,
+            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, ROPE=rope is not None, **launch,
         )  # fmt: skip
-        return out
-    _fp8_kernel[(*tiles, segs)](
-        xa, xq.stride(0), w.view(torch.int32), scale.view(torch.int32), out, out.stride(0), part, locks, m, N, K,
-        rargs, SEGS=segs, IPS=ips, S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"], BN=BN, BT=BT, BK=BK, num_warps=4,
-        ROPE=rope is not None, enable_fp_fusion=rope is None, **pdl_launch(xq), **cap,
+        return outs
+    _fp8_kernel[(starts[-1] * n_pm,)](
+        xa, xq.stride(0), tuple(w.view(torch.int32) for w in weights), tuple(sb.view(torch.int32) for sb in sbytes),
+        outs, tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts), tuple(lock_offs),
+        tuple(part_offs), part, locks, m, K, n_pm, rargs,
+        SEGSS=tuple(plans), IPSS=tuple(K // BK // sg for sg in plans), S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"],
+        BN=BN, BT=BT, BK=BK, num_warps=4, ROPE_I=rope_i, **launch,
     )  # fmt: skip
-    return out
+    return outs
