@@ -128,3 +128,20 @@ def test_batched_golden_released_on_cuda(name):
     assert rep.n_compared > 0 and rep.n_skipped == 0
     assert rep.ok, "\n".join(rep.failures())
     assert n > 0 and not bad, bad[:5]
+
+
+@pytest.mark.gpu
+def test_batched_fp8_golden_through_the_gluon_fp8_product(monkeypatch):
+    """`tc_mm.FP8_GLUON` on (the development switch: the FP8 linears through the Gluon
+    product, `kernels/tc_fp8.py`): the FP8 golden file through the batched runtime on CUDA
+    passes the golden rules and the golden slot's bytes equal the batch-1 run (the switched
+    kernels are batch-invariant too)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    from attnv41.kernels import tc_mm
+
+    monkeypatch.setattr(tc_mm, "FP8_GLUON", {})
+    rep, n, bad = replay_batched(GoldenFile(golden_path("fp8")), device="cuda", batch=8, chunk=64)
+    assert rep.n_compared > 0 and rep.n_skipped == 0
+    assert rep.ok, "\n".join(rep.failures())
+    assert n > 0 and not bad, bad[:5]

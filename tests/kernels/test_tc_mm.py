@@ -485,3 +485,53 @@ def test_rows_past_one_row_tile_keep_their_one_token_bits(device, kind):
                 got = call(list(range(lo, lo + m)), many)
                 where = f"{kind} many={many} rows {lo}..{lo + m - 1}"
                 _same_row_bytes(got, ref[lo : lo + m], device, where, x[lo : lo + m], w_val, rope is not None and many)
+
+
+# ------------------------------------------------ the development switch FP8_GLUON (tc_fp8)
+
+
+def test_fp8_gluon_switch_needs_cuda(device, monkeypatch):
+    """`FP8_GLUON` set: on the interpreter a clear error naming the switch, not the Triton
+    path (no silent fallback); bf16-only calls are untouched."""
+    if device != "cpu":
+        pytest.skip("the interpreter's case")
+    from attnv41.kernels import qdq
+
+    g = _gen("fp8-gluon-cpu")
+    K = 256
+    x = _rand(g, (2, K))
+    w, sc = _fp8_weight(g, 64, K)
+    monkeypatch.setattr(TC, "FP8_GLUON", {})
+    with pytest.raises(RuntimeError, match="FP8_GLUON"):
+        TC.fp8_mm_batch(x, w, sc, torch.empty(2, 64, dtype=BF), xq=qdq.fp8_qdq(x.clone()))
+    wb = _rand(g, (32, K))
+    got = TC.mm_batch(x, wb, torch.empty(2, 32, dtype=BF))
+    monkeypatch.setattr(TC, "FP8_GLUON", None)
+    assert torch.equal(got, TC.mm_batch(x, wb, torch.empty(2, 32, dtype=BF)))
+
+
+@pytest.mark.gpu
+def test_fp8_gluon_switch_routes_fp8_weights(monkeypatch):
+    """`FP8_GLUON` set on CUDA: `mm_many_batch`'s FP8 weight gives `tc_fp8_many`'s bytes on x's
+    renamed round trip (RoPE in its store included), the bf16 weight beside it `tc_mm`'s own."""
+    from attnv41.kernels import qdq, tc_fp8
+
+    dev = torch.device("cuda")
+    g = _gen("fp8-gluon")
+    m, K, H, D, half = 9, 1280, 2, 128, 16
+    x = _rand(g, (m, K)).to(dev)
+    w8, sc = (t.to(dev) for t in _fp8_weight(g, H * D, K))
+    wb = _rand(g, (96, K)).to(dev)
+    ang = torch.rand(40, half, generator=g) * 6
+    cos, sin = ang.cos().to(dev), ang.sin().to(dev)
+    pos = torch.randint(0, 40, (m,), generator=g, dtype=torch.int32).to(dev)
+    monkeypatch.setattr(TC, "FP8_GLUON", {"stages": 3})
+    outs = (torch.empty(m, H * D, dtype=BF, device=dev), torch.empty(m, 96, dtype=BF, device=dev))
+    TC.mm_many_batch(x, (w8, wb), outs, (sc, None), rope=(0, D, cos, sin, pos))
+    want8 = tc_fp8.tc_fp8(
+        qdq.fp8_qdq(x.clone(), rename=True), w8, sc, torch.empty_like(outs[0]), rope=(D, cos, sin, pos), stages=3
+    )
+    monkeypatch.setattr(TC, "FP8_GLUON", None)
+    wantb = TC.mm_batch(x, wb, torch.empty_like(outs[1]))
+    assert torch.equal(outs[0].view(torch.int16), want8.view(torch.int16))
+    assert torch.equal(outs[1].view(torch.int16), wantb.view(torch.int16))

@@ -95,6 +95,12 @@ _WARPS, _STAGES = 4, 3
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
 _PF_BYTES = 512
 _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of a split call
+# Development switch, off (None): a `tc_fp8.FP8_TUNE` dict sends `mm_many_batch`'s FP8
+# weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, x's round trip made renamed) and
+# the others here, in two launches. Its bits are other bits (another summation order,
+# batch-invariant too), so it is one choice per process, never per call; CUDA only
+# (BENCHMARKS.md, 2026-12-04, twentieth entry: not yet measured in a step).
+FP8_GLUON: dict | None = None
 _counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
 
@@ -463,10 +469,42 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     if rope is not None:
         rope = gemv._check_rope(rope, weights, outs)
     require_triton("mm_many_batch", x, *weights, *outs)
+    if FP8_GLUON is not None and any(fp8):
+        return _many_gluon(x, weights, outs, scales, sbytes, fp8, rope)
     xr = None
     if any(fp8):
         xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous())
     _launch_many(x, xr, weights, outs, sbytes, rope)
+    return tuple(outs)
+
+
+def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope) -> tuple:
+    """`mm_many_batch` under `FP8_GLUON`: the FP8 weights through `tc_fp8.tc_fp8_many` on x's
+    round trip stored renamed (`qdq.fp8_qdq(x, rename=True)`: the values of any producer's
+    `xq`, in the kernel's column order), the others through `_launch_many` as before."""
+    from . import qdq, tc_fp8  # noqa: PLC0415
+
+    if interpreting() or x.device.type != "cuda":
+        raise RuntimeError(
+            f"tc_mm.FP8_GLUON = {FP8_GLUON!r}: the Gluon FP8 product runs on CUDA only (x on {x.device})"
+        )
+    K = x.shape[1]
+    if K % 128:
+        raise ValueError(f"x.shape[1] (K) = {K}; allowed with tc_mm.FP8_GLUON: a multiple of 128")
+    idx8 = [i for i, f in enumerate(fp8) if f]
+    rest = [i for i, f in enumerate(fp8) if not f]
+    xr = qdq.fp8_qdq(x.contiguous(), rename=True)
+    rope8 = rope_rest = None
+    if rope is not None:
+        if fp8[rope[0]]:
+            rope8 = (idx8.index(rope[0]), *rope[1:])
+        else:
+            rope_rest = (rest.index(rope[0]), *rope[1:])
+    tc_fp8.tc_fp8_many(
+        xr, [weights[i] for i in idx8], [outs[i] for i in idx8], [scales[i] for i in idx8], rope=rope8, **FP8_GLUON
+    )
+    if rest:
+        _launch_many(x, None, [weights[i] for i in rest], [outs[i] for i in rest], [sbytes[i] for i in rest], rope_rest)
     return tuple(outs)
 
 
