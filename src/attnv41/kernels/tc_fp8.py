@@ -85,6 +85,19 @@ FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0)
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
 
+    # A weight chunk's bytes [BN rows, 4 scale blocks q, 32]: thread (lane l, warp v) holds
+    # rows 16v + l/4 and 16v + l/4 + 8, block q = l % 4, all 32 bytes in registers: after
+    # `_rename`, the product's register operand with a register permutation only.
+    _LB = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[BN, 4, 32],
+        )
+    )
+
     @gluon.jit
     def _rename(t, R: gl.constexpr):
         """[R, 128] physical columns 32q + 4s + 2h + p → logical 16s + 8h + 2q + p."""
@@ -160,15 +173,7 @@ if HAVE_GLUON:
             block_bases=[],
             shape=[BN, 32],
         )
-        # its bytes [BN, 4 blocks q, 32] (`_bytes`): the same threads, all 32 bytes in registers
-        LB: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]],
-            block_bases=[],
-            shape=[BN, 4, 32],
-        )
-        LS: gl.constexpr = gl.SliceLayout(2, LB)  # [BN, 4] the chunk's scale words
+        LS: gl.constexpr = gl.SliceLayout(2, _LB)  # [BN, 4] the chunk's scale words
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
 
@@ -373,13 +378,7 @@ if HAVE_GLUON:
         """Consumer cid's chunks cid, cid + NC, …: waits for the stage, converts the weight
         bytes (renamed into the product's register operand), multiplies, releases the stage;
         returns the accumulator."""
-        LB: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]],
-            block_bases=[],
-            shape=[BN, 4, 32],
-        )
+        # the chunk's bytes as a [BN, 128] tile read from the TMA-written stage: `_LB`'s threads
         LB2: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
@@ -387,7 +386,7 @@ if HAVE_GLUON:
             block_bases=[],
             shape=[BN, 128],
         )
-        LS: gl.constexpr = gl.SliceLayout(2, LB)
+        LS: gl.constexpr = gl.SliceLayout(2, _LB)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         sq = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
@@ -399,7 +398,7 @@ if HAVE_GLUON:
             wb = gl.reshape(w_smem.index(st).load(LB2), [BN, 4, 32])
             sw = s_smem.index(j).load(gl.SliceLayout(1, LS))  # [BN] each row's scale word of chunk j
             sb = (sw[:, None] >> (sq * 8)[None, :]) & 0xFF  # block q's e8m0 byte
-            wf = gl.convert_layout(wb, LB).to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            wf = gl.convert_layout(wb, _LB).to(gl.float8e4nv, bitcast=True).to(gl.float32)
             wf = wf * gl.expand_dims(_e8m0_gl(sb), 2)
             ab = _rename(gl.reshape(wf.to(gl.bfloat16), [BN, BK]), BN)
             a0, a1 = gl.split(gl.permute(gl.reshape(ab, [BN, 2, 64]), (0, 2, 1)))
