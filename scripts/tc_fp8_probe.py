@@ -49,7 +49,7 @@ DEFAULT_TUNES = [
     {"segs": 4},
     {"ws": 1, "stages": 3, "maxnreg": 128},
     {"ws": 1, "stages": 4, "maxnreg": 128},
-    {"ws": 2, "stages": 2, "maxnreg": 112},
+    {"ws": 2, "stages": 2, "maxnreg": 112, "cregs": 128},
     {"ws": 2, "stages": 4},
 ]
 MS = (1, 64, 2048)

@@ -517,6 +517,12 @@ def _check_tune(tune: dict) -> dict:
             f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64, ws 0, 1 or 2 "
             "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as cregs"
         )
+    if cfg["ws"] == 2 and cfg["maxnreg"] and 128 * (cfg["maxnreg"] + cfg["cregs"]) + 32 * 24 > 288 * cfg["maxnreg"]:
+        # the launch's pool (maxnreg for each of the 288 threads) must hold the default warpgroup's
+        # maxnreg, the second consumer's cregs and the producer warp's 24, or the second
+        # consumer's register request waits forever
+        most = (160 * cfg["maxnreg"] - 768) // 128 // 8 * 8
+        raise ValueError(f"cregs = {cfg['cregs']} with ws = 2, maxnreg = {cfg['maxnreg']}; allowed: <= {most}")
     return cfg
 
 
