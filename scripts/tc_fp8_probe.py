@@ -2,7 +2,7 @@
 the production `tc_mm` FP8 path (CUDA only; a development tool, not part of `attnv41 bench`).
 
 Each variant (a `tc_fp8` tune dict of PROBE_TUNES, a JSON list; default: the variants
-below) runs in a subprocess of its own with a time limit (PROBE_VARIANT_S, default 150 s),
+below) runs in a subprocess of its own with a time limit (PROBE_VARIANT_S, default 90 s),
 so a variant that hangs (a warp-specialized form with a wrong barrier phase) costs its
 slot, not the call. Per variant:
 
@@ -152,7 +152,7 @@ def one(arg: str) -> None:
 
 def main() -> None:
     tunes = json.loads(os.environ["PROBE_TUNES"]) if os.environ.get("PROBE_TUNES") else DEFAULT_TUNES
-    limit = float(os.environ.get("PROBE_VARIANT_S", "150"))
+    limit = float(os.environ.get("PROBE_VARIANT_S", "90"))
     results = {}
     for arg in ["tc_mm"] + [_key(t) for t in tunes]:
         try:
@@ -167,6 +167,9 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             results[arg] = {"timeout": limit}
         print(f"== {arg}: {'ok' if 'rows' in results[arg] else results[arg]}", flush=True)
+        if os.environ.get("OUT"):  # what has run so far, should an outer limit cut the call
+            with open(os.path.join(os.environ["OUT"], "tc_fp8_probe.json"), "w") as f:
+                json.dump(results, f, indent=1)
     names = list(results)
     print("\n| weight | m | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 2) + "|")
