@@ -12,7 +12,8 @@ slot, not the call. Per variant:
    the m = 130 call equal, bit for bit, to their one-row calls (batch invariance); how many
    outputs differ from `tc_mm`'s bits and from the default variant's.
 2. Time, weights cold (one CUDA graph over copies, L2 flushed): the Flash FP8 shapes at m =
-   1, 64, 2048 (2048: wq_b and wo_b only).
+   1, 64, 2048 (2048: wq_b and wo_b only); and one layer's three FP8 passes as the batched
+   runtime calls them, through `tc_mm.FP8_GLUON` (one-weight forms excepted).
 
 `tc_mm` (production) is timed in a subprocess of its own. The table is printed last.
 
@@ -135,6 +136,47 @@ def timing(dev, tune: dict | None) -> list:
             rows.append(dict(name=name, m=m, us=us, gbs=nbytes / us * 1e-3))
             print(f"time {name:14s} m={m:5d} {us:8.1f} µs {nbytes / us * 1e-3:7.0f} GB/s", flush=True)
         del ws
+    if tune is None or not tune.get("ws"):  # the warp-specialized forms take one weight per launch
+        rows += layer_timing(dev, timer, gen, tune)
+    return rows
+
+
+def layer_timing(dev, timer, gen, tune: dict | None) -> list:
+    """One layer's FP8 projections as the batched runtime calls `mm_many_batch` (x → wq_a,
+    wkv; cq → wq_b with q's RoPE in the store, indexer.wq_b, cq's round trip given as a
+    producer makes it at decode sizes; u → wo_b), with `tc_mm.FP8_GLUON` = tune (None: the
+    production path): launches, round trips and split sums included. Weights cold (copies)."""
+    TC.FP8_GLUON = tune
+    H, D, half = 64, 512, 32
+    sets = []
+    for _ in range(3):  # about 100 MB of FP8 weights per set
+        sets.append({n: quant_weight(torch.randn(*SHAPES[n], generator=gen, device=dev) * 0.05) for n in SHAPES})
+    ang = torch.rand(256, half, generator=gen, device=dev) * 6
+    cos, sin = ang.cos(), ang.sin()
+    rows = []
+    for m in (1, 64):
+        x = torch.randn(m, 5120, generator=gen, device=dev).to(BF)
+        cq = torch.randn(m, 1280, generator=gen, device=dev).to(BF)
+        cq_q = qdq.fp8_qdq(cq.clone())
+        u = torch.randn(m, 8192, generator=gen, device=dev).to(BF)
+        pos = torch.randint(0, 256, (m,), generator=gen, device=dev, dtype=torch.int32)
+        outs = {n: torch.empty(m, N, dtype=BF, device=dev) for n, (N, _) in SHAPES.items()}
+
+        def layer(ws, x=x, cq=cq, cq_q=cq_q, u=u, pos=pos, outs=outs):
+            sc = {n: ws[n][1].view(torch.uint8) for n in ws}
+            TC.mm_many_batch(x, (ws["wq_a"][0], ws["wkv"][0]), (outs["wq_a"], outs["wkv"]), (sc["wq_a"], sc["wkv"]))
+            TC.mm_many_batch(
+                cq, (ws["wq_b"][0], ws["indexer.wq_b"][0]), (outs["wq_b"], outs["indexer.wq_b"]),
+                (sc["wq_b"], sc["indexer.wq_b"]), xq=cq_q, rope=(0, D, cos, sin, pos),
+            )  # fmt: skip
+            TC.fp8_mm_batch(u, ws["wo_b"][0], sc["wo_b"], outs["wo_b"])
+
+        us = timer.time_graph([lambda ws=ws: layer(ws) for ws in sets], reps=10).median_ms * 1e3
+        nbytes = sum(ws[n][0].numel() for n in SHAPES for ws in sets[:1])
+        rows.append(dict(name="layer (3 passes)", m=m, us=us, gbs=nbytes / us * 1e-3))
+        print(f"time {'layer (3 passes)':14s} m={m:5d} {us:8.1f} µs", flush=True)
+    TC.FP8_GLUON = None
+    assert H * D == SHAPES["wq_b"][0]
     return rows
 
 
@@ -173,7 +215,7 @@ def main() -> None:
     names = list(results)
     print("\n| weight | m | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 2) + "|")
-    for wname in SHAPES:
+    for wname in [*SHAPES, "layer (3 passes)"]:
         for m in MS:
             cells = []
             for a in names:
