@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 import torch
+from fp8_tc_probe import SHAPES  # the Flash FP8 linears (this folder: the script's own path)
 
 from attnv41.kernels import qdq
 from attnv41.kernels import tc_fp8 as F
@@ -36,13 +37,6 @@ from attnv41.kernels import tc_mm as TC
 from attnv41.reference.fp8 import dequant_weight, quant_weight
 
 BF = torch.bfloat16
-SHAPES = {
-    "wq_a": (1280, 5120),
-    "wkv": (512, 5120),
-    "wq_b": (32768, 1280),
-    "indexer.wq_b": (4096, 1280),
-    "wo_b": (5120, 8192),
-}
 DEFAULT_TUNES = [
     {},
     {"stages": 3},
