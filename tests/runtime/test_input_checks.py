@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnv41.runtime import AttnV41, BatchGraphs, BatchV41, RuntimeStack
-from attnv41.runtime.graphs import DecodeGraphs
+from attnv41.runtime.graphs import DecodeGraphs, _Captured
 from attnv41.weights import AttnV41LayerWeights
 from helpers import random_inputs, random_weights, small_cfg
 
@@ -329,6 +329,30 @@ def test_a_graph_step_that_raises_frees_the_runtime(setup, monkeypatch):
         bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])
         runs.append(torch.cat([g.step(x1, [0]).clone(), g.step(x1, [0]).clone()], dim=1))
     assert torch.equal(runs[0], runs[1])
+
+
+def test_a_graph_replay_that_raises_is_reported_as_a_replay(setup, monkeypatch):
+    """A replayed step runs every layer at once, so a failure in it (an illegal address
+    reported at launch) is recorded as the replay, not as a layer the host never
+    reached. The replay path runs on the CPU with a stand-in graph that raises."""
+    cfg, _, xs, wts = setup
+    bt, g, x1 = _graph_runtime(cfg, wts, xs)
+
+    class Raising:
+        def replay(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    baked = tuple(tuple(t.data_ptr() for t in w.tensors.values()) for w in g.weights)
+    monkeypatch.setattr(g, "use_graphs", True)
+    g._graphs[("decode", 2, 16)] = _Captured(Raising(), baked)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        g.step(x1, [0])
+    monkeypatch.undo()
+    sid = bt.pool.failed[0][0]
+    assert bt.pool.in_step == frozenset() and bt.pool.failed == {0: (sid, "replay")}
+    msg = rf"slot 0: start = 13, but its step {sid} \(a CUDA graph replay: the layer is not known\) raised part-way"
+    with pytest.raises(ValueError, match=msg):
+        g.step(x1, [0])
 
 
 def test_a_capture_that_raises_leaves_the_runtime_between_steps(setup, monkeypatch):

@@ -95,9 +95,13 @@ __all__ = ["SeqPool", "BatchV41", "BatchStep"]
 
 
 def _failed_call(rec: tuple[int, int | str]) -> str:
-    """A `SeqPool.failed` record (step id, layer or "rollback") in words."""
+    """A `SeqPool.failed` record (step id, layer, "replay" or "rollback") in words."""
     sid, where = rec
-    return f"the rollback after its step {sid}" if where == "rollback" else f"its step {sid} (in layer {where})"
+    if where == "rollback":
+        return f"the rollback after its step {sid}"
+    if where == "replay":
+        return f"its step {sid} (a CUDA graph replay: the layer is not known)"
+    return f"its step {sid} (in layer {where})"
 
 
 class SeqPool:
@@ -550,7 +554,7 @@ class BatchV41:
         for sl in st.logged:
             self.undo[sl]["done"] = True
 
-    def _abandon(self, st: BatchStep, layer: int) -> None:
+    def _abandon(self, st: BatchStep, layer: int | str) -> None:
         """A step whose layer raised (an out-of-memory error, an interrupt: every input
         was checked before `begin`): the runtime is free again (`begin`, `rollback`,
         `release` work) and the step's slots are marked `pool.failed`: their lengths stay,

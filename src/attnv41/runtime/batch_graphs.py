@@ -144,6 +144,7 @@ class BatchGraphs:
         self.recaptures = 0
         self.capture_s: dict[tuple[int, int], float] = {}
         self.last_host_s = 0.0
+        self._replaying = False  # set while a step's graph replays (`step`'s failure record)
 
     def size_for(self, n: int) -> int:
         """The captured size (tokens) a step of n tokens runs in."""
@@ -240,10 +241,13 @@ class BatchGraphs:
         st.slots, st.starts, st.lens, st.offsets, st.bucket = list(slots), starts, lens, offsets, bucket
         st.keys_plan = plan  # the owners after the step (`_finish`)
         bt._register(st)
+        self._replaying = False
         try:
             self._run(st, kind, T, bucket)
         except BaseException:
-            bt._abandon(st, st.next_layer)  # the runtime free again, the step's slots marked failed
+            # the runtime free again, the step's slots marked failed (a replay runs every
+            # layer at once: which one raised is not known)
+            bt._abandon(st, "replay" if self._replaying else st.next_layer)
             raise
         st.next_layer = c.n_layers
         bt._finish(st)
@@ -266,6 +270,7 @@ class BatchGraphs:
                 self._graphs[key] = cap = self._capture(st, baked)
                 self.capture_s[key] = time.perf_counter() - t1
             else:
+                self._replaying = True
                 cap.graph.replay()
 
     def capture(
