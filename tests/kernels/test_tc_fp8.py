@@ -71,6 +71,16 @@ def test_argument_errors_name_the_value():
         F.tc_fp8(x, w, sc, out, maxnreg=100)
     with pytest.raises(ValueError, match=r"segs = 3; allowed: 0 \(tc_mm.plan\) or a divisor of K / 128 = 2"):
         F.tc_fp8(x, w, sc, out, segs=3)
+    with pytest.raises(ValueError, match=r"tune values \{'stages': 4.0\}; allowed: ints"):
+        F.tc_fp8(x, w, sc, out, stages=4.0)
+    with pytest.raises(ValueError, match=r"tune values \{'segs': True\}; allowed: ints"):
+        F.tc_fp8(x, w, sc, out, segs=True)
+    # a weight view starting 4 bytes in (contiguous, so tc_mm takes it): its copies are 16-byte
+    wide = torch.zeros(64 * 256 + 4, dtype=torch.uint8)
+    wide[4:] = w.view(torch.uint8).flatten()
+    w4 = wide[4:].view(torch.float8_e4m3fn).view(64, 256)
+    with pytest.raises(ValueError, match=r"weight 0: data_ptr\(\) % 16 = 4, its scale's % 4 = 0; allowed: 0 and 0"):
+        F.tc_fp8(x, w4, sc, out)
     w160, sc160 = _weight(g, 64, 160)
     with pytest.raises(ValueError, match=r"\(K\) = 160; allowed: a multiple of 128"):
         F.tc_fp8(torch.zeros(2, 160, dtype=BF), w160, sc160, out)
@@ -119,10 +129,11 @@ def test_within_the_bound_of_the_exact_product_and_batch_invariant(N, K, tune):
     bound = exact.abs() * 2.0**-8 + (x.double().abs() @ wd.abs().t()) * K * 2.0**-23
     worst = float(((got - exact).abs() / bound).max())
     assert worst <= 1.0, f"worst error {worst:.3f} of the bound"
-    if tune.get("ws", 0) in (0, 1):  # one summation chain: the bits of the default form
+    if tune and tune.get("ws", 0) in (0, 1):  # another one-chain form: the default form's bits
         base = F.tc_fp8(xr, w, sc, torch.empty(m, N, dtype=BF, device=dev))
         assert torch.equal(base.view(torch.int16), out[:m].view(torch.int16)), "bits differ from the default form"
-    for sub in ((0, 1), (5, 7), (63, 65), (129, 130), (0, 7)):
+    # x's boxes of 16 rows (the default xr): 1, 2, 3 and 4 of a tile's loaded
+    for sub in ((0, 1), (5, 7), (63, 65), (129, 130), (0, 7), (3, 30), (0, 40), (1, 130)):
         part = F.tc_fp8(xr[sub[0] : sub[1]], w, sc, torch.empty(sub[1] - sub[0], N, dtype=BF, device=dev), **tune)
         assert torch.equal(part.view(torch.int16), out[sub[0] : sub[1]].view(torch.int16)), f"rows {sub}"
 

@@ -61,8 +61,27 @@ def test_sm90_compile(N, K, m, tune):
     if tune.get("xm", 2) == 2:
         assert any(o.startswith("UTMALDG") for o in ops), "x's TMA copies are missing"
         assert not inside, f"memory barriers inside the chunk loop: {inside}"
+        _check_x_copies_branch(ops[start : mma[-1]], tune)
     else:  # x by cp.async needs the proxy fence before each product (why xm = 2 is the default)
         assert inside, "x by cp.async without the fence before the product"
+
+
+def _check_x_copies_branch(loop: list[str], tune: dict) -> None:
+    """The chunk loop's x copies: the compiler puts a CTA barrier (`BAR.SYNC`) before every
+    operation on an mbarrier, TMA copies included, so each box's two copies and each
+    possible expect sit behind a branch of their own: a chunk at m = 1 runs one box's
+    barriers, not all BT / XR boxes' (18 barriers a chunk before; BENCHMARKS.md, 2026-12-04
+    twenty-first entry). Events: B a conditional branch, U a TMA copy, A an mbarrier
+    arrive (the expect)."""
+    boxes = 64 // tune.get("xr", 16)
+    ev = "".join(
+        "B" if o.startswith("BRA") else "U" if o.startswith("UTMALDG") else "A" if o.startswith("SYNCS.ARRIVE") else ""
+        for o in loop
+    )
+    ev = ev[ev.index("A") - 1 :]  # from the copies' first branch (the loop's wait retries before it)
+    assert ev.count("U") == 2 * boxes and ev.count("A") == boxes, ev
+    for run in ev.split("B")[1:]:
+        assert run in ("", "A", "UU"), f"more than one expect or box behind one branch: {ev}"
 
 
 def test_rope_epilogue_compiles_without_fma():

@@ -535,3 +535,19 @@ def test_fp8_gluon_switch_routes_fp8_weights(monkeypatch):
     wantb = TC.mm_batch(x, wb, torch.empty_like(outs[1]))
     assert torch.equal(outs[0].view(torch.int16), want8.view(torch.int16))
     assert torch.equal(outs[1].view(torch.int16), wantb.view(torch.int16))
+
+
+def test_split_k_workspace_past_int32_offsets_is_refused(device):
+    """The split-K workspace is addressed with int32 offsets: a call needing 2³¹ values or
+    more raises before anything is allocated or launched (stride-0 views: no memory)."""
+    m, N, K = 1 << 22, 64, 1024
+    assert TC.plan(N, K) == 8  # 8 · m · N = 2³¹ values
+    x = torch.zeros(1, K, dtype=BF, device=device).expand(m, K)
+    w = torch.zeros(N, K, dtype=BF, device=device)
+    out = torch.zeros(1, N, dtype=BF, device=device).expand(m, N)
+    msg = rf"m = {m}: split-K workspace of {1 << 31} fp32 values; allowed: < 2\^31"
+    with pytest.raises(ValueError, match=msg):
+        TC.tc_mm(x, w, out)
+    with pytest.raises(ValueError, match=msg):
+        TC.mm_many_batch(x, (w,), (out,))
+    TC._check_part(m - 1, 8 * (m - 1) * N)  # one row fewer fits

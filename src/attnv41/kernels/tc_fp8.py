@@ -119,19 +119,26 @@ if HAVE_GLUON:
     @gluon.jit
     def _tma_x(xd, x_smem, bars, st, row, col, pred, M, BT: gl.constexpr, XR: gl.constexpr):
         """Chunk columns col … col + 127 of x's rows row … row + BT − 1 into stage st (its two
-        [BT, 64] halves) in boxes of XR rows, counted on its barrier (BT / XR arrivals); boxes
-        wholly past m are not loaded (their rows keep stale values: they feed only output
-        columns past m, which are not stored). Nothing when not pred."""
+        [BT, 64] halves) in boxes of XR rows, counted on its barrier by one expect of the
+        loaded boxes' bytes (one arrival); boxes wholly past m are not loaded (their rows keep
+        stale values: they feed only output columns past m, which are not stored). Nothing
+        when not pred. The compiler puts a CTA barrier (`BAR.SYNC`) before every operation on
+        an mbarrier, TMA copies included, so the expect (one per possible box count: its
+        byte count is a constant) and each box's copies sit behind branches of their own: a
+        chunk runs 1 + 2·(boxes loaded) such barriers, 3 at m = 1, 9 for a full tile (it
+        was 18 at every m with one expect, or one arrive, per box; offline SASS)."""
+        nb = gl.minimum(gl.cdiv(M - row, XR), BT // XR)  # ≥ 1: a program's first row is < m
+        for k in gl.static_range(1, BT // XR + 1):
+            if pred & (nb == k):
+                mbarrier.expect(bars.index(st), k * (XR * 64 * 2 * 2))
         for j in gl.static_range(BT // XR):
             r = row + j * XR
-            ok = pred & (r < M)
-            mbarrier.expect(bars.index(st), XR * 64 * 2 * 2, pred=ok)
-            mbarrier.arrive(bars.index(st), pred=pred & (r >= M))
-            bar = bars.index(st)
-            tma.async_copy_global_to_shared(xd, [r, col], bar, x_smem.index(2 * st).slice(j * XR, XR, dim=0), pred=ok)
-            tma.async_copy_global_to_shared(
-                xd, [r, col + 64], bar, x_smem.index(2 * st + 1).slice(j * XR, XR, dim=0), pred=ok
-            )
+            if pred & (r < M):
+                bar = bars.index(st)
+                tma.async_copy_global_to_shared(xd, [r, col], bar, x_smem.index(2 * st).slice(j * XR, XR, dim=0))
+                tma.async_copy_global_to_shared(
+                    xd, [r, col + 64], bar, x_smem.index(2 * st + 1).slice(j * XR, XR, dim=0)
+                )
 
     @gluon.jit
     def _e8m0_gl(b):
@@ -262,7 +269,7 @@ if HAVE_GLUON:
             x_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * S, BT, 64], XH_SL)
             bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
             for st in gl.static_range(S):
-                mbarrier.init(bars.index(st), count=BT // XR)
+                mbarrier.init(bars.index(st), count=1)
             fence_async_shared()
         for i in gl.static_range(len(ws)):
             if (item >= starts[i]) & (item < starts[i + 1]):
@@ -453,7 +460,7 @@ if HAVE_GLUON:
         full = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
         for st in gl.static_range(S):
-            mbarrier.init(full.index(st), count=1 + BT // XR)
+            mbarrier.init(full.index(st), count=2)
             mbarrier.init(empty.index(st), count=1)
         # the segment's scale words, one per weight row and chunk: s_smem[j, r]
         LSC: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
@@ -504,6 +511,9 @@ def _check_tune(tune: dict) -> dict:
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(FP8_TUNE)}")
     cfg = dict(FP8_TUNE, **tune)
+    odd = {k: v for k, v in cfg.items() if isinstance(v, bool) or not isinstance(v, int)}
+    if odd:
+        raise ValueError(f"tune values {odd}; allowed: ints")
     if (
         cfg["stages"] not in (2, 3, 4, 5, 6, 8)
         or cfg["xm"] not in (1, 2)
@@ -578,11 +588,18 @@ def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> t
         part_used += segs * m * N if segs > 1 else 0
     if locks_used > TC._LOCKS:
         raise ValueError(f"m = {m}: arrival counters needed = {locks_used}; allowed: <= {TC._LOCKS}")
+    TC._check_part(m, part_used)
     if cfg["xm"] == 2 and (xq.data_ptr() % 16 or (xq.stride(0) * 2) % 16):
         raise ValueError(
             f"xq: data_ptr() % 16 = {xq.data_ptr() % 16}, row stride {xq.stride(0)}; allowed: 16-byte aligned "
             "start and rows (x's TMA boxes)"
         )
+    for i, (w, sb) in enumerate(zip(weights, sbytes)):
+        if w.data_ptr() % 16 or sb.data_ptr() % 4:
+            raise ValueError(
+                f"weight {i}: data_ptr() % 16 = {w.data_ptr() % 16}, its scale's % 4 = {sb.data_ptr() % 4}; "
+                "allowed: 0 and 0 (16-byte weight copies, the scales read as int32 words)"
+            )
     if rope is not None:
         rope = gemv._check_rope(rope, weights, outs)
     rope_i, rargs = gemv._rope_args(rope, xq)

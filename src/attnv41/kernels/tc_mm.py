@@ -299,6 +299,15 @@ def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, i
     return segs, ips, wk, pf
 
 
+def _check_part(m: int, values: int) -> None:
+    """The split-K workspace is addressed with int32 offsets in the kernels: fewer than 2³¹
+    values (checked before anything is launched)."""
+    if values >= 1 << 31:
+        raise ValueError(
+            f"m = {m}: split-K workspace of {values} fp32 values; allowed: < 2^31 (int32 offsets; split the call)"
+        )
+
+
 def _counters_needed(m: int, G: int, N: int, segs: int) -> int:
     return G * -(-m // BM) * -(-N // BN) if segs > 1 else 0
 
@@ -312,6 +321,7 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
             f"m = {m}: arrival counters needed = {G * tiles[0] * tiles[1]} (groups × row tiles × weight tiles "
             f"of {tuple(w.shape)}); allowed: <= {_LOCKS}"
         )
+    _check_part(m, G * segs * m * N if segs > 1 else 0)
     dev = x.device
     part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
     locks = _counters.buffer(dev) if segs > 1 else part
@@ -347,6 +357,7 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
             f"{[tuple(w.shape) for w in weights]}); allowed: <= {_LOCKS}"
         )
     dev = x.device
+    _check_part(m, part_used)
     part = torch.empty(max(part_used, 1), dtype=torch.float32, device=dev)
     locks = _counters.buffer(dev) if locks_used else part
     n_pm = -(-m // BM)
