@@ -125,8 +125,8 @@ if HAVE_GLUON:
         when not pred. The compiler puts a CTA barrier (`BAR.SYNC`) before every operation on
         an mbarrier, TMA copies included, so the expect (one per possible box count: its
         byte count is a constant) and each box's copies sit behind branches of their own: the
-        chunk loop runs 4 + 2·(boxes loaded) CTA barriers, 6 at m = 1 and 12 for a full tile
-        (it was 18 at every m with an expect, or an arrive, per box; offline SASS)."""
+        chunk loop runs 6 CTA barriers at m = 1 and 11 for a full tile (it was 18 at every m
+        with an expect, or an arrive, per box; offline SASS)."""
         nb = gl.minimum(gl.cdiv(M - row, XR), BT // XR)  # ≥ 1: a program's first row is < m
         for k in gl.static_range(1, BT // XR + 1):
             if pred & (nb == k):
