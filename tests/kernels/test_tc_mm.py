@@ -551,3 +551,21 @@ def test_split_k_workspace_past_int32_offsets_is_refused(device):
     with pytest.raises(ValueError, match=msg):
         TC.mm_many_batch(x, (w,), (out,))
     TC._check_part(m - 1, 8 * (m - 1) * N)  # one row fewer fits
+
+
+@pytest.mark.gpu
+def test_fp8_gluon_switch_checks_both_launches_first(monkeypatch):
+    """Under `FP8_GLUON` a call whose second launch (the bf16 weights) would exceed its
+    split-K workspace raises before the first (the FP8 weights) writes anything."""
+    dev = torch.device("cuda")
+    g = _gen("fp8-gluon-limits")
+    m, K = 1 << 22, 1024
+    x = _rand(g, (1, K)).to(dev).expand(m, K)
+    w8, sc = (t.to(dev) for t in _fp8_weight(g, 64, K))
+    wb = _rand(g, (64, K)).to(dev)
+    out8 = torch.full((1, 64), float("nan"), dtype=BF, device=dev).expand(m, 64)
+    outb = torch.full((1, 64), float("nan"), dtype=BF, device=dev).expand(m, 64)
+    monkeypatch.setattr(TC, "FP8_GLUON", {})
+    with pytest.raises(ValueError, match="split-K workspace"):
+        TC.mm_many_batch(x, (w8, wb), (out8, outb), (sc, None))
+    assert torch.isnan(out8[:1].float()).all() and torch.isnan(outb[:1].float()).all()

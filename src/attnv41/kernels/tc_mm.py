@@ -333,15 +333,12 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     )  # fmt: skip
 
 
-def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
-    """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
-    plan and counters as `tc_mm` alone would use them, so the same bits; `rope` (checked):
-    output i rotated in the store."""
-    from .gemv import _rope_args  # noqa: PLC0415
-
+def _plan_many(x, weights, scales, pdl: bool) -> tuple:
+    """`_launch_many`'s layout, checked (ValueError before anything is launched): each
+    weight's plan, its first work item, arrival counters and workspace offset, and the
+    totals."""
     m, K = x.shape
-    pdl = pdl_launch(x)
-    plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl["PDL"]) for w, sc in zip(weights, scales)]
+    plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl) for w, sc in zip(weights, scales)]
     starts, lock_offs, part_offs = [0], [], []
     locks_used = part_used = 0
     for w, (segs, _, _, _) in zip(weights, plans):
@@ -351,13 +348,25 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
         part_offs.append(part_used)
         locks_used += _counters_needed(m, 1, N, segs)
         part_used += segs * m * N if segs > 1 else 0
-    if locks_used > _LOCKS:  # checked before anything is launched
+    if locks_used > _LOCKS:
         raise ValueError(
             f"m = {m}: arrival counters needed = {locks_used} (row tiles × weight tiles of "
             f"{[tuple(w.shape) for w in weights]}); allowed: <= {_LOCKS}"
         )
-    dev = x.device
     _check_part(m, part_used)
+    return plans, starts, lock_offs, part_offs, locks_used, part_used
+
+
+def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
+    """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
+    plan and counters as `tc_mm` alone would use them, so the same bits; `rope` (checked):
+    output i rotated in the store."""
+    from .gemv import _rope_args  # noqa: PLC0415
+
+    m, K = x.shape
+    pdl = pdl_launch(x)
+    plans, starts, lock_offs, part_offs, locks_used, part_used = _plan_many(x, weights, scales, pdl["PDL"])
+    dev = x.device
     part = torch.empty(max(part_used, 1), dtype=torch.float32, device=dev)
     locks = _counters.buffer(dev) if locks_used else part
     n_pm = -(-m // BM)
@@ -504,6 +513,8 @@ def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope) -> tuple:
         raise ValueError(f"x.shape[1] (K) = {K}; allowed with tc_mm.FP8_GLUON: a multiple of 128")
     idx8 = [i for i, f in enumerate(fp8) if f]
     rest = [i for i, f in enumerate(fp8) if not f]
+    if rest:  # the second launch's limits checked before anything runs
+        _plan_many(x, [weights[i] for i in rest], [sbytes[i] for i in rest], pdl_launch(x)["PDL"])
     xr = qdq.fp8_qdq(x.contiguous(), rename=True)
     rope8 = rope_rest = None
     if rope is not None:
