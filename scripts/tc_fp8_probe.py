@@ -46,6 +46,10 @@ DEFAULT_TUNES = [
     {"ws": 1, "stages": 4, "maxnreg": 128},
     {"ws": 2, "stages": 2, "maxnreg": 112, "cregs": 128},
     {"ws": 2, "stages": 4},
+    # token rows per tile by m (8 at m = 1): smaller x stages, more programs per SM
+    {"bt": 0},
+    {"bt": 0, "stages": 8},
+    {"bt": 0, "ws": 1, "stages": 4, "maxnreg": 128},
 ]
 MS = (1, 64, 2048)
 

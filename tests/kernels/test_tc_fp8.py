@@ -69,6 +69,8 @@ def test_argument_errors_name_the_value():
         F.tc_fp8(x, w, sc, out, ws=2, stages=3)
     with pytest.raises(ValueError, match="maxnreg"):
         F.tc_fp8(x, w, sc, out, maxnreg=100)
+    with pytest.raises(ValueError, match="bt 0, 8, 16, 32 or 64"):
+        F.tc_fp8(x, w, sc, out, bt=12)
     with pytest.raises(ValueError, match=r"segs = 3; allowed: 0 \(tc_mm.plan\) or a divisor of K / 128 = 2"):
         F.tc_fp8(x, w, sc, out, segs=3)
     with pytest.raises(ValueError, match=r"tune values \{'stages': 4.0\}; allowed: ints"):
@@ -102,7 +104,19 @@ SHAPES = [(64, 256), (96, 384), (1280, 5120), (5120, 8192), (4096, 1280)]
 _WS = [pytest.mark.gpu_full]
 TUNES = [
     pytest.param(t, id="-".join(f"{k}{v}" for k, v in t.items()) or "default", marks=_WS if t.get("ws") else [])
-    for t in ({}, {"stages": 3}, {"xm": 1}, {"xr": 64}, {"ws": 1, "stages": 3, "maxnreg": 128}, {"ws": 2})
+    for t in (
+        {},
+        {"stages": 3},
+        {"xm": 1},
+        {"xr": 64},
+        {"bt": 8},  # fewer token rows per tile: the same bits (bt 0 may then pick it by m)
+        {"bt": 0},
+        {"bt": 16, "xr": 64},
+        {"bt": 8, "xm": 1},
+        {"ws": 1, "stages": 3, "maxnreg": 128},
+        {"ws": 2},
+        {"ws": 1, "bt": 8, "stages": 4, "maxnreg": 128},
+    )
 ]
 
 

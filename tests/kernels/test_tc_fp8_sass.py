@@ -21,7 +21,15 @@ CASES = [  # N, K, m, tune
     (5120, 8192, 64, {"ws": 1, "stages": 3, "maxnreg": 128}),
     (1280, 5120, 64, {"ws": 2, "stages": 2, "maxnreg": 112, "cregs": 128}),
     (32768, 1280, 1, {"ws": 2}),
+    (32768, 1280, 1, {"bt": 8, "stages": 8}),
+    (5120, 8192, 7, {"bt": 0}),
+    (1280, 5120, 1, {"bt": 8, "ws": 1, "stages": 4, "maxnreg": 128}),
 ]
+
+
+def _bt(m: int, tune: dict) -> int:
+    """The token rows per tile the launch takes (`tc_fp8._tile_rows`)."""
+    return tune.get("bt", 64) or next(b for b in (8, 16, 32, 64) if b >= min(m, 64))
 
 
 def _ops(k):
@@ -42,7 +50,8 @@ def test_sm90_compile(N, K, m, tune):
     mma = [i for i, o in enumerate(ops) if o.startswith("HGMMA")]
     nc = tune.get("ws", 0) or 1  # consumer warpgroups, each with its own chunk loop
     assert len(mma) == 8 * nc, f"{len(mma)} warpgroup MMAs (one 128-column chunk: 8 of k = 16 per consumer)"
-    assert all(o.startswith("HGMMA.64x64x16.F32.BF16") for o in (ops[i] for i in mma))
+    bt = _bt(m, tune)
+    assert all(o.startswith(f"HGMMA.64x{bt}x16.F32.BF16") for o in (ops[i] for i in mma))
     if tune.get("ws"):  # the producer warp's TMA copies; no memory barrier in the consumers' loops
         assert any(o.startswith("UTMALDG") for o in ops) and any(o.startswith("USETMAXREG") for o in ops)
         waits = [i for i, o in enumerate(ops) if o.startswith("SYNCS.PHASECHK")]
@@ -61,19 +70,19 @@ def test_sm90_compile(N, K, m, tune):
     if tune.get("xm", 2) == 2:
         assert any(o.startswith("UTMALDG") for o in ops), "x's TMA copies are missing"
         assert not inside, f"memory barriers inside the chunk loop: {inside}"
-        _check_x_copies_branch(ops[start : mma[-1]], tune)
+        _check_x_copies_branch(ops[start : mma[-1]], tune, bt)
     else:  # x by cp.async needs the proxy fence before each product (why xm = 2 is the default)
         assert inside, "x by cp.async without the fence before the product"
 
 
-def _check_x_copies_branch(loop: list[str], tune: dict) -> None:
+def _check_x_copies_branch(loop: list[str], tune: dict, bt: int) -> None:
     """The chunk loop's x copies: the compiler puts a CTA barrier (`BAR.SYNC`) before every
     operation on an mbarrier, TMA copies included, so each box's two copies and each
     possible expect sit behind a branch of their own: a chunk at m = 1 runs one box's
     barriers, not all BT / XR boxes' (18 barriers a chunk before; BENCHMARKS.md, 2026-12-04
     twenty-first entry). Events: B a conditional branch, U a TMA copy, A an mbarrier
     arrive (the expect)."""
-    boxes = 64 // tune.get("xr", 16)
+    boxes = bt // min(tune.get("xr", 16), bt)
     ev = "".join(
         "B" if o.startswith("BRA") else "U" if o.startswith("UTMALDG") else "A" if o.startswith("SYNCS.ARRIVE") else ""
         for o in loop

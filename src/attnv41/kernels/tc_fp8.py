@@ -35,9 +35,9 @@ packed registers the product reads (with one product left in flight, ptxas reuse
 the next chunk's loads: offline SASS). Conversion and product overlap across programs on
 an SM, or across the two consumers of `ws = 2`.
 
-Batch invariance: as `tc_mm` (module doc): a fixed tile of BT = 64 token rows for every m,
-SEGS and IPS from `tc_mm.plan` (or the tune's segs), the segment partials summed by the last
-program to arrive in segment order, one bf16 rounding. x's TMA boxes of rows wholly past m
+Batch invariance: as `tc_mm` (module doc): a fixed tile of BT token rows (tune bt, 64 by
+default) for every m, SEGS and IPS from `tc_mm.plan` (or the tune's segs), the segment
+partials summed by the last program to arrive in segment order, one bf16 rounding. x's TMA boxes of rows wholly past m
 are not loaded: those rows of shared memory keep stale values, which reach only output
 columns past m (each output column depends on its own x row only), never stored. A token's
 bits depend on its own row of x and the weights only.
@@ -72,15 +72,19 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["HAVE_GLUON", "tc_fp8", "tc_fp8_many", "rename_cols", "FP8_TUNE"]
 
-BN, BT, BK = 64, 64, 128  # weight rows (the product's M), token rows (its N), columns per chunk
+BN, BK = 64, 128  # weight rows (the product's M), columns per chunk; token rows (its N): tune bt
 # Launch shape (no bit depends on it): stages of shared memory (each chunk's weight bytes,
 # scale words and x; stages − 1 chunks in flight); xm, how x (given renamed: `rename_cols`)
 # is copied: 1 cp.async, 2 TMA in boxes of xr rows; segs: 0 the split rule of `tc_mm.plan`,
 # else that many K segments (probes: other bits); ws: 1 or 2, the warp-specialized form
 # (`_fp8_ws_kernel`: a producer warp, ws consumer warpgroups, the second of cregs registers;
 # stages a multiple of ws; ws = 2 sums two chains: other bits); 4 warps per warpgroup (the
-# product's 64 rows); maxnreg: 0 ptxas's count, else the launch's register cap.
-FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0)
+# product's 64 rows); maxnreg: 0 ptxas's count, else the launch's register cap; bt: token
+# rows per tile (the product's N: 8, 16, 32 or 64), 0 by m (`_tile_rows`: the smallest that
+# holds min(m, 64)); boxes of min(xr, bt) rows. A token's sums run over k alone, so bt
+# should move no bit; tests/kernels/test_tc_fp8.py compares each bt's bytes with bt 64's on
+# the GPU (not yet run: until it has passed, bt 0 is not a rule the runtime may use).
+FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0, bt=64)
 
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
@@ -522,10 +526,12 @@ def _check_tune(tune: dict) -> dict:
         or (cfg["ws"] and (cfg["stages"] % cfg["ws"] or cfg["xm"] != 2))
         or cfg["cregs"] not in range(24, 257, 8)
         or cfg["maxnreg"] not in (0, *range(24, 257, 8))
+        or cfg["bt"] not in (0, 8, 16, 32, 64)
     ):
         raise ValueError(
             f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64, ws 0, 1 or 2 "
-            "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as cregs"
+            "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as "
+            "cregs, bt 0, 8, 16, 32 or 64"
         )
     if cfg["ws"] == 2 and cfg["maxnreg"] and 128 * (cfg["maxnreg"] + cfg["cregs"]) + 32 * 24 > 288 * cfg["maxnreg"]:
         # the launch's pool (maxnreg for each of the 288 threads) must hold the default warpgroup's
@@ -534,6 +540,12 @@ def _check_tune(tune: dict) -> dict:
         most = (160 * cfg["maxnreg"] - 768) // 128 // 8 * 8
         raise ValueError(f"cregs = {cfg['cregs']} with ws = 2, maxnreg = {cfg['maxnreg']}; allowed: <= {most}")
     return cfg
+
+
+def _tile_rows(cfg: dict, m: int) -> tuple[int, int]:
+    """(token rows per tile, rows per x box) of a call of m rows under tune `cfg`."""
+    bt = cfg["bt"] or next(b for b in (8, 16, 32, 64) if b >= min(m, 64))
+    return bt, min(cfg["xr"], bt)
 
 
 def tc_fp8(
@@ -576,7 +588,8 @@ def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> t
     if not isinstance(segs_tune, int) or segs_tune < 0 or (segs_tune and (K // BK) % segs_tune):
         raise ValueError(f"segs = {segs_tune!r}; allowed: 0 (tc_mm.plan) or a divisor of K / {BK} = {K // BK}")
     plans = [segs_tune or TC.plan(w.shape[0], K) for w in weights]
-    n_pm = -(-m // BT)
+    bt, xr = _tile_rows(cfg, m)
+    n_pm = -(-m // bt)
     starts, lock_offs, part_offs = [0], [], []
     locks_used = part_used = 0
     for w, segs in zip(weights, plans):
@@ -611,7 +624,7 @@ def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> t
     locks = TC._counters.buffer(dev) if locks_used else part
     xa = xq
     if cfg["xm"] == 2:
-        xa = TensorDescriptor.from_tensor(xq, [cfg["xr"], 64], gl.NVMMASharedLayout(128, 16, 2))
+        xa = TensorDescriptor.from_tensor(xq, [xr, 64], gl.NVMMASharedLayout(128, 16, 2))
     cap = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}
     launch = dict(enable_fp_fusion=rope is None, **pdl_launch(xq), **cap)  # the rotation as the rope op: no FMA
     if cfg["ws"]:
@@ -621,15 +634,15 @@ def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> t
         wd = TensorDescriptor.from_tensor(w.view(torch.uint8), [BN, BK], gl.NVMMASharedLayout(128, 8, 2))
         _fp8_ws_kernel[(n_pm, -(-N // BN), segs)](
             xa, wd, sb.view(torch.int32), out, out.stride(0), part, locks, m, N, K, rargs,
-            SEGS=segs, IPS=ips, IPS_P2=triton.next_power_of_2(ips), S=cfg["stages"], XR=cfg["xr"],
-            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=BT, BK=BK, num_warps=4, ROPE=rope is not None, **launch,
+            SEGS=segs, IPS=ips, IPS_P2=triton.next_power_of_2(ips), S=cfg["stages"], XR=xr,
+            NC=cfg["ws"], C_REGS=cfg["cregs"], BN=BN, BT=bt, BK=BK, num_warps=4, ROPE=rope is not None, **launch,
         )  # fmt: skip
         return outs
     _fp8_kernel[(starts[-1] * n_pm,)](
         xa, xq.stride(0), tuple(w.view(torch.int32) for w in weights), tuple(sb.view(torch.int32) for sb in sbytes),
         outs, tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts), tuple(lock_offs),
         tuple(part_offs), part, locks, m, K, n_pm, rargs,
-        SEGSS=tuple(plans), IPSS=tuple(K // BK // sg for sg in plans), S=cfg["stages"], XM=cfg["xm"], XR=cfg["xr"],
-        BN=BN, BT=BT, BK=BK, num_warps=4, ROPE_I=rope_i, **launch,
+        SEGSS=tuple(plans), IPSS=tuple(K // BK // sg for sg in plans), S=cfg["stages"], XM=cfg["xm"], XR=xr,
+        BN=BN, BT=bt, BK=BK, num_warps=4, ROPE_I=rope_i, **launch,
     )  # fmt: skip
     return outs
