@@ -71,6 +71,8 @@ def test_argument_errors_name_the_value():
         F.tc_fp8(x, w, sc, out, maxnreg=100)
     with pytest.raises(ValueError, match="bt 0, 8, 16, 32 or 64"):
         F.tc_fp8(x, w, sc, out, bt=12)
+    with pytest.raises(ValueError, match=r"progs 1 … 4096, minseg 1 … 64"):
+        F.tc_fp8(x, w, sc, out, minseg=0)
     with pytest.raises(ValueError, match=r"segs = 3; allowed: 0 \(tc_mm.plan\) or a divisor of K / 128 = 2"):
         F.tc_fp8(x, w, sc, out, segs=3)
     with pytest.raises(ValueError, match=r"tune values \{'stages': 4.0\}; allowed: ints"):

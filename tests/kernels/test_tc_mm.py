@@ -157,6 +157,10 @@ def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
         assert chunks % segs == 0 and (segs == 1 or chunks // segs * p >= 10), name
     assert TC.plan(40, 200) == 1  # 2 chunks of one product: one segment
     assert TC.plan(64, 96 * 128, 3) == 24  # 1 tile, none reaches 128: the largest divisor of 96 the floor allows (≤ 28)
+    # other targets and floors (tc_fp8's tune keys progs, minseg): wo_b
+    assert TC.plan(5120, 8192, 1, 528) == 4  # 80 tiles; the floor of 10 allows 1, 2, 4 of 64 chunks
+    assert TC.plan(5120, 8192, 1, 528, 4) == 8  # floor 4: up to 16; 8 segments reach 640 programs
+    assert TC.plan(5120, 8192, 1, 64) == 1
 
 
 def test_bad_shapes_are_refused(device):

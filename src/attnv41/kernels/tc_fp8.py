@@ -84,7 +84,9 @@ BN, BK = 64, 128  # weight rows (the product's M), columns per chunk; token rows
 # holds min(m, 64)); boxes of min(xr, bt) rows. A token's sums run over k alone, so bt
 # should move no bit; tests/kernels/test_tc_fp8.py compares each bt's bytes with bt 64's on
 # the GPU (not yet run: until it has passed, bt 0 is not a rule the runtime may use).
-FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0, bt=64)
+# progs, minseg: the split rule's target program count and least chunks per segment
+# (`tc_mm.plan`'s arguments; with segs 0): a constant of the shape, so the bits too.
+FP8_TUNE = dict(stages=4, xm=2, xr=16, segs=0, ws=0, cregs=152, maxnreg=0, bt=64, progs=128, minseg=10)
 
 if HAVE_GLUON:
     from .sparse_attn_gluon import _pdl_release_wait
@@ -527,11 +529,13 @@ def _check_tune(tune: dict) -> dict:
         or cfg["cregs"] not in range(24, 257, 8)
         or cfg["maxnreg"] not in (0, *range(24, 257, 8))
         or cfg["bt"] not in (0, 8, 16, 32, 64)
+        or not 1 <= cfg["progs"] <= 4096
+        or not 1 <= cfg["minseg"] <= 64
     ):
         raise ValueError(
             f"tune {cfg}; allowed: stages 2, 3, 4, 5, 6 or 8, xm 1 or 2, xr 8, 16, 32 or 64, ws 0, 1 or 2 "
             "(consumer warpgroups; stages a multiple, xm 2), cregs 24 … 256 in steps of 8, maxnreg 0 or as "
-            "cregs, bt 0, 8, 16, 32 or 64"
+            "cregs, bt 0, 8, 16, 32 or 64, progs 1 … 4096, minseg 1 … 64"
         )
     if cfg["ws"] == 2 and cfg["maxnreg"] and 128 * (cfg["maxnreg"] + cfg["cregs"]) + 32 * 24 > 288 * cfg["maxnreg"]:
         # the launch's pool (maxnreg for each of the 288 threads) must hold the default warpgroup's
@@ -587,7 +591,7 @@ def tc_fp8_many(xq: torch.Tensor, weights, outs, scales, rope=None, **tune) -> t
     segs_tune = cfg["segs"]
     if not isinstance(segs_tune, int) or segs_tune < 0 or (segs_tune and (K // BK) % segs_tune):
         raise ValueError(f"segs = {segs_tune!r}; allowed: 0 (tc_mm.plan) or a divisor of K / {BK} = {K // BK}")
-    plans = [segs_tune or TC.plan(w.shape[0], K) for w in weights]
+    plans = [segs_tune or TC.plan(w.shape[0], K, 1, cfg["progs"], cfg["minseg"]) for w in weights]
     bt, xr = _tile_rows(cfg, m)
     n_pm = -(-m // bt)
     starts, lock_offs, part_offs = [0], [], []

@@ -104,17 +104,20 @@ FP8_GLUON: dict | None = None
 _counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
 
-def plan(N: int, K: int, products: int = 1) -> int:
+def plan(N: int, K: int, products: int = 1, target: int | None = None, min_seg: int | None = None) -> int:
     """SEGS for a weight `[N, K]` whose chunks cost `products` tensor-core products each (3
     for fp32 weights, else 1): among the divisors s of ceil(K/BK) that leave each segment at
-    least `_MIN_SEG_PRODUCTS` products (s ≤ chunks·products / that; s = 1 always allowed),
-    the smallest with ceil(N/BN)·s ≥ the target program count, else the largest. A constant
-    of the shape and weight kind."""
+    least `min_seg` products (default `_MIN_SEG_PRODUCTS`; s ≤ chunks·products / that; s = 1
+    always allowed), the smallest with ceil(N/BN)·s ≥ `target` programs (default
+    `_TARGET_PROGRAMS`), else the largest. A constant of the shape and weight kind
+    (`tc_fp8` probes other targets and minimums: tune keys)."""
+    target = _TARGET_PROGRAMS if target is None else target
+    min_seg = _MIN_SEG_PRODUCTS if min_seg is None else min_seg
     chunks, tiles = -(-K // BK), -(-N // BN)
-    cap = max(1, chunks * products // _MIN_SEG_PRODUCTS)
+    cap = max(1, chunks * products // min_seg)
     allowed = [s for s in range(1, min(cap, chunks) + 1) if chunks % s == 0]
     for s in allowed:
-        if tiles * s >= _TARGET_PROGRAMS:
+        if tiles * s >= target:
             return s
     return allowed[-1]
 
