@@ -15,7 +15,8 @@ slot, not the call. Per variant:
    1, 64, 2048 (2048: wq_b and wo_b only); and one layer's three FP8 passes as the batched
    runtime calls them, through `tc_mm.FP8_GLUON` (one-weight forms excepted).
 
-`tc_mm` (production) is timed in a subprocess of its own. The table is printed last.
+`tc_mm` (production) and, at m = 1, the single-sequence runtime's decode GEMV (`gemv`) are
+timed in subprocesses of their own. The table is printed last.
 
     python3 scripts/tc_fp8_probe.py              # OUT set: $OUT/tc_fp8_probe.json
     python3 scripts/tc_fp8_probe.py one '{"ws": 1}'   # one variant, JSON on the last line
@@ -104,6 +105,33 @@ def check(dev, tune: dict) -> dict:
     return res
 
 
+def gemv_timing(dev) -> list:
+    """The single-sequence runtime's decode GEMV (`gemv.gemv`, m ≤ 16: its FP8 step's
+    projections) at m = 1 on the same shapes, x's round trip given: the figure a tc_fp8 form
+    would have to beat to serve that runtime's decode too."""
+    from attnv41.bench.common import Timer  # noqa: PLC0415
+    from attnv41.kernels import gemv  # noqa: PLC0415
+
+    gemv.prepare(dev)
+    timer = Timer(dev, flush_l2=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for name, (N, K) in SHAPES.items():
+        w8, sc = quant_weight(torch.randn(N, K, generator=gen, device=dev) * 0.05)
+        sc = sc.view(torch.uint8)
+        nbytes = w8.numel()
+        ws = [w8.clone() for _ in range(max(1, -(-(200 << 20) // nbytes)))]
+        x = torch.randn(1, K, generator=gen, device=dev).to(BF)
+        xq = qdq.fp8_qdq(x.clone())
+        out = torch.empty(1, N, dtype=BF, device=dev)
+        fns = [lambda w_=w_, x=x, out=out, sc=sc, xq=xq: gemv.gemv(x, (w_,), (out,), (sc,), xq=xq) for w_ in ws]
+        us = timer.time_graph(fns, reps=10).median_ms * 1e3
+        rows.append(dict(name=name, m=1, us=us, gbs=nbytes / us * 1e-3))
+        print(f"time {name:14s} m={1:5d} {us:8.1f} µs {nbytes / us * 1e-3:7.0f} GB/s (gemv)", flush=True)
+        del ws
+    return rows
+
+
 def timing(dev, tune: dict | None) -> list:
     """tune None: tc_mm (production); else tc_fp8 with it."""
     from attnv41.bench.common import Timer  # noqa: PLC0415
@@ -185,6 +213,9 @@ def one(arg: str) -> None:
     if arg == "tc_mm":
         print(json.dumps(dict(rows=timing(dev, None))))
         return
+    if arg == "gemv":
+        print(json.dumps(dict(rows=gemv_timing(dev))))
+        return
     tune = json.loads(arg)
     res = check(dev, tune)
     rows = timing(dev, tune)
@@ -195,7 +226,7 @@ def main() -> None:
     tunes = json.loads(os.environ["PROBE_TUNES"]) if os.environ.get("PROBE_TUNES") else DEFAULT_TUNES
     limit = float(os.environ.get("PROBE_VARIANT_S", "90"))
     results = {}
-    for arg in ["tc_mm"] + [_key(t) for t in tunes]:
+    for arg in ["tc_mm", "gemv"] + [_key(t) for t in tunes]:
         try:
             r = subprocess.run(
                 [sys.executable, __file__, "one", arg], capture_output=True, text=True, timeout=limit, env=os.environ
@@ -222,14 +253,14 @@ def main() -> None:
                 cells.append(f"{hit[0]['us']:.1f}" if hit else "")
             if any(cells):
                 print(f"| {wname} | {m} | " + " | ".join(cells) + " |")
-    for a in names[1:]:
+    for a in names[2:]:
         chk = results[a].get("check", {})
         print(f"numerics {a}: ok={chk.get('ok')}")
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "tc_fp8_probe.json"), "w") as f:
             json.dump(results, f, indent=1)
-    ok = all(results[a].get("check", {}).get("ok") for a in names[1:] if "rows" in results[a])
+    ok = all(results[a].get("check", {}).get("ok") for a in names[2:] if "rows" in results[a])
     sys.exit(0 if ok else 1)
 
 
