@@ -37,10 +37,10 @@ an SM, or across the two consumers of `ws = 2`.
 
 Batch invariance: as `tc_mm` (module doc): a fixed tile of BT token rows (tune bt, 64 by
 default) for every m, SEGS and IPS from `tc_mm.plan` (or the tune's segs), the segment
-partials summed by the last program to arrive in segment order, one bf16 rounding. x's TMA boxes of rows wholly past m
-are not loaded: those rows of shared memory keep stale values, which reach only output
-columns past m (each output column depends on its own x row only), never stored. A token's
-bits depend on its own row of x and the weights only.
+partials summed by the last program to arrive in segment order, one bf16 rounding. x's TMA
+boxes of rows wholly past m are not loaded: those rows of shared memory keep stale values,
+which reach only output columns past m (each output column depends on its own x row
+only), never stored. A token's bits depend on its own row of x and the weights only.
 
 Gluon does not run under `TRITON_INTERPRET`: on the CPU the kernels are compiled for sm_90
 only (`bench.sass tcfp8`, tests/kernels/test_tc_fp8_sass.py); the numerics are checked on
