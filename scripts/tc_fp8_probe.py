@@ -105,6 +105,14 @@ def check(dev, tune: dict) -> dict:
     return res
 
 
+def _cold_weights(gen, dev, N: int, K: int) -> tuple[list, torch.Tensor, int]:
+    """A random FP8 weight `[N, K]` in enough copies (≥ 200 MiB) for each timed call to read
+    it cold; its scale bytes; its bytes."""
+    w8, sc = quant_weight(torch.randn(N, K, generator=gen, device=dev) * 0.05)
+    nbytes = w8.numel()
+    return [w8.clone() for _ in range(max(1, -(-(200 << 20) // nbytes)))], sc.view(torch.uint8), nbytes
+
+
 def gemv_timing(dev) -> list:
     """The single-sequence runtime's decode GEMV (`gemv.gemv`, m ≤ 16: its FP8 step's
     projections) at m = 1 on the same shapes, x's round trip given: the figure a tc_fp8 form
@@ -117,10 +125,7 @@ def gemv_timing(dev) -> list:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     for name, (N, K) in SHAPES.items():
-        w8, sc = quant_weight(torch.randn(N, K, generator=gen, device=dev) * 0.05)
-        sc = sc.view(torch.uint8)
-        nbytes = w8.numel()
-        ws = [w8.clone() for _ in range(max(1, -(-(200 << 20) // nbytes)))]
+        ws, sc, nbytes = _cold_weights(gen, dev, N, K)
         x = torch.randn(1, K, generator=gen, device=dev).to(BF)
         xq = qdq.fp8_qdq(x.clone())
         out = torch.empty(1, N, dtype=BF, device=dev)
@@ -140,11 +145,7 @@ def timing(dev, tune: dict | None) -> list:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     for name, (N, K) in SHAPES.items():
-        w8, sc = quant_weight(torch.randn(N, K, generator=gen, device=dev) * 0.05)
-        sc = sc.view(torch.uint8)
-        nbytes = w8.numel()
-        copies = max(1, -(-(200 << 20) // nbytes))
-        ws = [w8.clone() for _ in range(copies)]
+        ws, sc, nbytes = _cold_weights(gen, dev, N, K)
         for m in MS:
             if m == 2048 and name not in ("wq_b", "wo_b"):
                 continue
