@@ -108,7 +108,11 @@ VARIANTS = {
     "index paged packed sub 4 stages 3": {"index_paged": dict(sub_packed=4, num_stages=3)},
     "index paged packed sub 4 uncapped": {"index_paged": dict(sub_packed=4, maxnreg_packed=None)},
     "index scale tile": {"index": dict(scale_word=False), "index_paged": dict(scale_word=False)},
-    "attn scale word": {"batch": dict(scale_word=True), "batch_small": dict(scale_word=True), "single": dict(scale_word=True)},
+    "attn scale word": {
+        "batch": dict(scale_word=True),
+        "batch_small": dict(scale_word=True),
+        "single": dict(scale_word=True),
+    },
     # (fourteenth entry) the block combine gathers its rows while the logits kernel runs (PDL)
     "attn early rows": {"single": dict(early_rows=True)},
     "batch packed logits 96 combine 8 warps 128": {

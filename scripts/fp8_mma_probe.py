@@ -26,8 +26,13 @@ from attnv41.kernels.gemv_fp8 import _e8m0, _quant_block
 from attnv41.reference.fp8 import fp8_linear
 
 BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
-SHAPES = {"wq_a": (5120, 1280), "wkv": (5120, 512), "wq_b": (1280, 32768), "wo_b": (8192, 5120),
-          "indexer.wq_b": (1280, 4096)}  # fmt: skip  name: (K, N)
+SHAPES = {
+    "wq_a": (5120, 1280),
+    "wkv": (5120, 512),
+    "wq_b": (1280, 32768),
+    "wo_b": (8192, 5120),
+    "indexer.wq_b": (1280, 4096),
+}  # fmt: skip  name: (K, N)
 L2_PASS = 128 << 20
 
 
@@ -175,9 +180,11 @@ def main(dev):
             row = dict(name=name, kind=kind, cfg=cfg, bytes=nbytes)
             try:
                 if kind == "lanes":
+
                     def call(i):
                         return F.fp8_mm(xs[i], ws[i][0], ws[i][1], outs[i])
                 elif kind == "mma":
+
                     def call(i):
                         return mma(xs[i], ws[i][0], ws[i][1], outs[i], **cfg)
                 elif kind == "mma_xq":
@@ -191,6 +198,7 @@ def main(dev):
 
                     def call(i):
                         return torch._scaled_mm(xq16[i], ws[i][0].t(), scale_a=one, scale_b=one, out_dtype=BF)
+
                 if kind != "scaled_mm":
                     first = call(0).clone()
                     row["deterministic"] = bool(torch.equal(first.view(torch.int16), call(0).view(torch.int16)))

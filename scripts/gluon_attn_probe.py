@@ -40,9 +40,7 @@ def inputs(B, H=64, D=512, W=128, K=512, C=8192, absent=0, seed=0):
         sel[:, -absent:] = -1
     sink = torch.randn(H, generator=g, device=dev)
     pos = ((torch.arange(B, device=dev) * 97 + 5) % 8192).to(torch.int32)  # within the tables
-    ang = torch.arange(8192, device=dev, dtype=torch.float32)[:, None] * torch.logspace(
-        0, -4, 32, device=dev
-    )[None, :]
+    ang = torch.arange(8192, device=dev, dtype=torch.float32)[:, None] * torch.logspace(0, -4, 32, device=dev)[None, :]
     return q, win, comp, sel, offset, sink, (ang.cos(), ang.sin(), pos)
 
 
@@ -71,11 +69,23 @@ def main() -> int:
             )
             single = sparse_attn_batch(q, win, comp, sel, offset, sink, D**-0.5)
             args = (q, win, comp, sel, offset, sink, D**-0.5)
-            forms = [("Triton (BATCH_TUNE)", lambda o, r, args=args, t=(cos, sin, pos): sparse_attn_split(
-                *args, out=o, rot=(*t, r), **BATCH_TUNE))]
+            forms = [
+                (
+                    "Triton (BATCH_TUNE)",
+                    lambda o, r, args=args, t=(cos, sin, pos): sparse_attn_split(
+                        *args, out=o, rot=(*t, r), **BATCH_TUNE
+                    ),
+                )
+            ]
             for tune in a.tunes:
-                forms.append((f"gluon {json.dumps(tune)}", lambda o, r, tune=tune, args=args, t=(cos, sin, pos): (
-                    sparse_attn_gluon(*args, out=o, rot=(*t, r), **tune))))
+                forms.append(
+                    (
+                        f"gluon {json.dumps(tune)}",
+                        lambda o, r, tune=tune, args=args, t=(cos, sin, pos): sparse_attn_gluon(
+                            *args, out=o, rot=(*t, r), **tune
+                        ),
+                    )
+                )
             for name, fn in forms:
                 o, r = torch.empty_like(q), torch.empty_like(q)
                 try:
@@ -90,8 +100,13 @@ def main() -> int:
                 nd = int((bits(o) != bits(prod)).sum())
                 err = (o.float() - ref).abs().max().item()
                 fin = bool(torch.isfinite(o.float()).all())
-                print(f"| {B} | {absent} | {name} | {us:.1f} | {same} ({nd} differ) | {same_r} | {err:.3g} finite={fin} |", flush=True)
-            print(f"(sparse_attn_batch == Triton BATCH_TUNE bytes: {torch.equal(bits(single), bits(prod))})", flush=True)
+                print(
+                    f"| {B} | {absent} | {name} | {us:.1f} | {same} ({nd} differ) | {same_r} | {err:.3g} finite={fin} |",
+                    flush=True,
+                )
+            print(
+                f"(sparse_attn_batch == Triton BATCH_TUNE bytes: {torch.equal(bits(single), bits(prod))})", flush=True
+            )
     return 0
 
 

@@ -94,7 +94,10 @@ def main() -> None:
                 t = timer.time_graph([lambda w=w, ob=ob: chain(w, ob) for w, ob in zip(layers, outs)], reps=20)
                 us = t.median_ms * 1e3
                 rows.append(dict(kind=kind, m=m, mode=label, us=us, gbs=nbytes / us * 1e-3, same_bytes=same))
-                print(f"{kind:6s} m={m:3d} {label:10s} {us:8.1f} µs/layer {nbytes / us * 1e-3:6.0f} GB/s same={same}", flush=True)
+                print(
+                    f"{kind:6s} m={m:3d} {label:10s} {us:8.1f} µs/layer {nbytes / us * 1e-3:6.0f} GB/s same={same}",
+                    flush=True,
+                )
             except Exception as e:  # noqa: BLE001
                 print(f"{kind} m={m} {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
         outs_by[(kind, m)] = outs
@@ -105,7 +108,9 @@ def main() -> None:
         cells = []
         for lab, _, _ in MODES:
             r = next((r for r in rows if (r["kind"], r["m"], r["mode"]) == (kind, m, lab)), None)
-            cells.append("" if r is None else f"{r['us']:.1f} ({r['gbs']:.0f} GB/s){'' if r['same_bytes'] else ' DIFF'}")
+            cells.append(
+                "" if r is None else f"{r['us']:.1f} ({r['gbs']:.0f} GB/s){'' if r['same_bytes'] else ' DIFF'}"
+            )
         print(f"| {kind} | {m} | " + " | ".join(cells) + " |")
     out = os.environ.get("OUT")
     if out:

@@ -152,9 +152,13 @@ def main() -> None:
             names[n].append(e - s)
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
-    what = (f"batch {args.batch}{f' x {args.verify_len} tokens' if args.verify_len > 1 else ''}, " if args.batch else "") + f"{args.kv_format} caches, "
+    what = (
+        f"batch {args.batch}{f' x {args.verify_len} tokens' if args.verify_len > 1 else ''}, " if args.batch else ""
+    ) + f"{args.kv_format} caches, "
     what = (f"a {args.chunk}-token prompt chunk, " if args.chunk else "") + what
-    print(f"\n### {'prompt chunk' if args.chunk else 'decode step'} under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n")
+    print(
+        f"\n### {'prompt chunk' if args.chunk else 'decode step'} under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n"
+    )
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
@@ -172,7 +176,12 @@ def main() -> None:
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}c{args.chunk}_{args.kv_format}.json"), "w") as f:
+        with open(
+            os.path.join(
+                out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}c{args.chunk}_{args.kv_format}.json"
+            ),
+            "w",
+        ) as f:
             json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
 
 

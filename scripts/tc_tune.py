@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
 """Sweep of the batch-invariant tensor-core matmuls (`kernels.tc_mm`) at the V4.1-Flash
 projection shapes (CUDA only; a development tool, not part of `attnv41 bench`).
 
@@ -90,7 +91,7 @@ def main() -> None:
             for v in VARIANTS:
                 if time.perf_counter() - t0 > BUDGET_S and v != VARIANTS[0]:
                     continue
-                cands["tc %d/%d/%d w%d s%d t%d" % v] = lambda w, o, v=v: _with(v, tc, x, w, o)
+                cands["tc {}/{}/{} w{} s{} t{}".format(*v)] = lambda w, o, v=v: _with(v, tc, x, w, o)
             for label, fn in cands.items():
                 try:
                     fn(ws[0], outs[0])
@@ -113,7 +114,10 @@ def main() -> None:
     labels = sorted({r["kernel"] for r in rows})
     for m in M_LIST:
         for k in labels:
-            cells = [next((r["us"] for r in rows if r["m"] == m and r["kernel"] == k and r["name"] == n), None) for n in SHAPES]
+            cells = [
+                next((r["us"] for r in rows if r["m"] == m and r["kernel"] == k and r["name"] == n), None)
+                for n in SHAPES
+            ]
             if None in cells:
                 continue
             print(f"| {m} | {k} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {sum(cells):.1f} |")

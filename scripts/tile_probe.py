@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the timed lambdas run inside the loop iteration that made them)
 """Does the weight's memory layout bound the batched projections? (CUDA only; a
 development probe, not part of `attnv41 bench`.)
 
@@ -27,7 +28,13 @@ from attnv41.bench.common import Timer
 from attnv41.kernels import tc_mm as TC
 
 BF = torch.bfloat16
-SHAPES = {"wq_b": (32768, 1280), "wo_b": (5120, 8192), "wq_a": (1280, 5120), "wkv": (512, 5120), "wo_a as one": (8192, 4096)}
+SHAPES = {
+    "wq_b": (32768, 1280),
+    "wo_b": (5120, 8192),
+    "wq_a": (1280, 5120),
+    "wkv": (512, 5120),
+    "wo_a as one": (8192, 4096),
+}
 M_LIST = [int(v) for v in os.environ.get("M_LIST", "1,64").split(",")]
 VARIANTS = [(64, 128, 4, 3)]  # BN, BK, warps, stages (the production tile)
 
@@ -87,6 +94,7 @@ def main() -> None:
                 res = {}
                 for lay, wl in (("rows", ws), ("tiled", tiled)):
                     for dot in (1, 0):
+
                         def fn(w, o, x=x, part=part, lay=lay, dot=dot, m=m):
                             _probe[(1 if m <= 64 else -(-m // 64), N // bn, segs)](
                                 x, w, o, part, m, N, K, TILED=lay == "tiled", DOT=dot, SEGS=segs, IPS=ips,
@@ -102,14 +110,19 @@ def main() -> None:
                         label = f"{lay} {'mm' if dot else 'read'}"
                         rows.append(dict(name=name, m=m, variant=f"{bn}/{bk} w{warps} s{stages}", segs=segs, kind=label,
                                          us=us, gbs=nbytes / us * 1e-3))  # fmt: skip
-                        print(f"{name:12s} m={m:3d} {bn}/{bk} w{warps} s{stages} segs={segs:3d} {label:11s} {us:8.1f} µs {nbytes / us * 1e-3:6.0f} GB/s", flush=True)
+                        print(
+                            f"{name:12s} m={m:3d} {bn}/{bk} w{warps} s{stages} segs={segs:3d} {label:11s} {us:8.1f} µs {nbytes / us * 1e-3:6.0f} GB/s",
+                            flush=True,
+                        )
                 same = all(torch.equal(a, b) for a, b in zip(res["rows"], res["tiled"]))
                 print(f"{name} m={m} {bn}/{bk}: tiled == rows bytes: {same}", flush=True)
             del tiled
         del ws
     print("\n| shape | m | variant | rows mm | tiled mm | rows read | tiled read |")
     print("|---|---|---|---|---|---|---|")
-    for key in sorted({(r["name"], r["m"], r["variant"]) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])):
+    for key in sorted(
+        {(r["name"], r["m"], r["variant"]) for r in rows}, key=lambda k: (list(SHAPES).index(k[0]), k[1], k[2])
+    ):
         cells = []
         for kind in ("rows mm", "tiled mm", "rows read", "tiled read"):
             r = next((r for r in rows if (r["name"], r["m"], r["variant"], r["kind"]) == (*key, kind)), None)

@@ -6,7 +6,7 @@
 # 2. `batch_kernel_probe.py --attn-set onepass` on one batched step's own inputs: B = 64 at
 #    32K (bf16 and packed rows) and B = 1 (bf16), each launch shape timed and compared
 #    byte for byte with production.
-# Results under $OUT; a short table last.   carry: [".golden"]; run: bash scripts/dev_onepass.sh
+# Results under $OUT; a short table last.   carry: [".golden"]; run: bash scripts/sessions/dev_onepass.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

@@ -5,7 +5,7 @@
 # 2. `bench --parts batch`: decode and verify rows (k = 1, 2, 4) at B = 1, 64 over 4K with
 #    bf16 caches, and the chunked prefill (g), eager against graphs, at 4K and 32K.
 # Results under $OUT (at most 8 files come back); a short table last.
-#   carry: [".golden"]; run: bash scripts/dev_next.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_next.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

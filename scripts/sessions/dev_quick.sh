@@ -3,7 +3,7 @@
 # CLI golden checks, then pytest -m "gpu and not gpu_full" over 8 xdist workers; no
 # memcheck), then the batch-1 attention's logits tiles on one batched step's own inputs
 # (`batch_kernel_probe.py --batch 1 --attn-set single`, 32K).
-#   carry: [".golden"]; run: bash scripts/dev_quick.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_quick.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

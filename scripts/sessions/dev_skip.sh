@@ -8,7 +8,7 @@
 #    90 % and 55 % visible, a 32K chunk).
 # If skip is faster and keeps the bits, make it the default (both _TUNE and _PAGED_TUNE) and
 # run the quick tier; the whole 1M prompt then: LONG_BUDGET_S=540 BENCH_S=590 bash scripts/dev_long.sh
-#   carry: [".golden"]; run: bash scripts/dev_skip.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_skip.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

@@ -11,7 +11,7 @@
 # default top-k's sm_90 SASS byte-identical, the option 64-86 registers, no local memory).
 # If it is faster with the same selections, pass neg_inf_past=True where the runtime's
 # selections take the index scores (runtime/attn.py, runtime/batch.py) and run the quick tier.
-#   carry: [".golden"]; run: bash scripts/dev_chunk_profile.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_chunk_profile.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The index scores' prefill regime on the H200 (2026-12-03, sixth entry), one device call
 # (the record: the regime lost and was removed after it, BENCHMARKS.md; its probe now times
-# `skip=True` instead, scripts/dev_skip.sh):
+# `skip=True` instead, scripts/sessions/dev_skip.sh):
 # 1. the indexer's GPU tests (the prefill regime's bytes equal the decode regime's, Flash
 #    shapes included);
 # 2. scripts/index_prefill_probe.py: the kernel alone on a 1M-context tile and a 32K chunk;
 # 3. `bench --parts long` on a 131,072-token prompt (bf16), against the same prefix of the
 #    1M run before the change (131,072 tokens in 37.3 s);
 # 4. the quick GPU tier (the runtimes now launch the prefill regime for prompt chunks).
-#   carry: [".golden"]; run: bash scripts/dev_prefill_index.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_prefill_index.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

@@ -9,7 +9,7 @@
 # 1. its GPU tests: the same bytes as the loop at the Flash shapes, graph replay, packed rows;
 # 2. `batch_kernel_probe.py --attn-set lookback` at B = 1 (32K, bf16 and packed), B = 8 and 64
 #    (bf16): each shape timed and compared byte for byte with production.
-#   carry: [".golden"]; run: bash scripts/dev_lookback.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_lookback.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # 2026-12-03 (seventh entry), call 2: the index scores' skip=True made the default shape
-# (both _TUNE and _PAGED_TUNE) after call 1 (scripts/dev_skip.sh) showed it faster with the
+# (both _TUNE and _PAGED_TUNE) after call 1 (scripts/sessions/dev_skip.sh) showed it faster with the
 # same bytes. 1. the quick tier; 2. part batch at 32K (bf16): the chunked 32K prompt (g)
 # against the fifth entry's 2,563 ms, and the decode steps at B = 1 and 64 (8.45 ms before).
-#   carry: [".golden"]; run: bash scripts/dev_skipdefault.sh
+#   carry: [".golden"]; run: bash scripts/sessions/dev_skipdefault.sh
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
