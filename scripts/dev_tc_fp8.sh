@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device calls for the Gluon FP8 product (`kernels/tc_fp8.py`, BENCHMARKS.md 2026-12-04
 # twentieth entry), each within the 10-minute limit; the table last.
-#   bash scripts/dev_tc_fp8.sh probe   # its GPU tests (tc_fp8, the renamed qdq, the tc_mm switch,
-#                                      # the FP8 golden file through BatchV41 with it on), then the
+#   bash scripts/dev_tc_fp8.sh probe   # its GPU tests (tc_fp8, the renamed qdq and norm round trip, the
+#                                      # tc_mm switch, the FP8 golden file through BatchV41 with it on), then the
 #                                      # probe of every variant (subprocesses with a time limit)
 #   bash scripts/dev_tc_fp8.sh step    # the batched FP8 step (bench (f), 4K, B = 1 and 64, bf16
 #                                      # caches) with tc_mm.FP8_GLUON off, then on (TUNE, default {})
@@ -14,7 +14,7 @@ T0=$(date +%s)
 case "${1:-probe}" in
   probe)
     timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -rfEs -m "gpu and not gpu_full" \
-      tests/kernels/test_tc_fp8.py tests/kernels/test_qdq.py tests/kernels/test_tc_mm.py \
+      tests/kernels/test_tc_fp8.py tests/kernels/test_qdq.py tests/kernels/test_tc_mm.py tests/kernels/test_norm.py \
       "tests/test_golden_batched.py::test_batched_fp8_golden_through_the_gluon_fp8_product" \
       > "$OUT/pytest_tc_fp8.log" 2>&1
     echo "tests rc $? in $(($(date +%s) - T0)) s: $(tail -1 "$OUT/pytest_tc_fp8.log")"

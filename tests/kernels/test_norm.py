@@ -118,6 +118,58 @@ def test_round_trip_output_is_fp8_qdq_of_the_result(width, rows, device):
 
 
 @pytest.mark.parametrize(
+    "width,rows", [(1280, 3), (128, 1), (K._MAX_BLOCK + 1024, 2)], ids=["w1280", "w128", "chunked"]
+)
+def test_renamed_round_trip_is_the_gluon_products_input(width, rows, device):
+    """`qdq_rename`: `qdq_out` holds the same values as without it, each at `tc_fp8`'s renamed
+    column (`rename_cols`; the map checked here against a hand-built permutation), and equals
+    `qdq.fp8_qdq(out, rename=True)` bit for bit; the result itself is unchanged. The twin
+    likewise (exact against the reference)."""
+    from attnv41.kernels import qdq
+    from attnv41.kernels.tc_fp8 import rename_cols
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"qdq-rename{width}".encode()))
+    x = (torch.randn(rows, width, generator=gen) * 3).to(torch.bfloat16).to(device)
+    weight = torch.randn(width, generator=gen).to(device)
+    q_plain, q_ren = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    out = K.rms_norm(x, weight, 1e-6, qdq_out=q_plain)
+    out_r = K.rms_norm(x, weight, 1e-6, qdq_out=q_ren, qdq_rename=True)
+    assert torch.equal(out.view(torch.int16), out_r.view(torch.int16))
+    # physical column 32q + 4s + 2h + p of each 128 lands at logical column 16s + 8h + 2q + p
+    dest = torch.empty(width, dtype=torch.long)
+    for c in range(width):
+        base, j = c - c % 128, c % 128
+        qq, s_, h, p = j // 32, (j % 32) // 4, (j % 4) // 2, j % 2
+        dest[c] = base + 16 * s_ + 8 * h + 2 * qq + p
+    assert sorted(dest.tolist()) == list(range(width))
+    want = torch.empty_like(q_plain.cpu())
+    want[:, dest] = q_plain.cpu()
+    assert torch.equal(q_ren.cpu().view(torch.int16), want.view(torch.int16))
+    assert torch.equal(want, rename_cols(q_plain.cpu()))
+    assert torch.equal(q_ren.cpu().view(torch.int16), qdq.fp8_qdq_torch(out.cpu(), rename=True).view(torch.int16))
+    q2 = torch.full_like(x, float("nan")).cpu()
+    out2 = K.rms_norm_torch(x.cpu(), weight.cpu(), 1e-6, qdq_out=q2, qdq_rename=True)
+    assert torch.equal(q2.view(torch.int16), rename_cols(qdq.fp8_qdq_torch(out2)).view(torch.int16))
+
+
+def test_rename_needs_a_round_trip_of_whole_chunks(device):
+    """`qdq_rename` without `qdq_out`, with a width not a multiple of 128, or not a bool:
+    ValueError naming it, nothing written."""
+    x = torch.ones(2, 96, dtype=torch.bfloat16, device=device)
+    w = torch.ones(96, device=device)
+    out = torch.full_like(x, 5.0)
+    q = torch.full_like(x, 5.0)
+    for fn in (K.rms_norm, K.rms_norm_torch):
+        with pytest.raises(ValueError, match="qdq_rename = True with qdq_out None"):
+            fn(x, w, 1e-6, out=out, qdq_rename=True)
+        with pytest.raises(ValueError, match=r"x.shape\[-1\] = 96; allowed with qdq_rename: a multiple of 128"):
+            fn(x, w, 1e-6, out=out, qdq_out=q, qdq_rename=True)
+        with pytest.raises(ValueError, match="qdq_rename = 1; allowed: True or False"):
+            fn(x, w, 1e-6, out=out, qdq_out=q, qdq_rename=1)
+        assert (out == 5.0).all() and (q == 5.0).all(), "written before the error"
+
+
+@pytest.mark.parametrize(
     "kw,match",
     [
         pytest.param(dict(qdq_out=torch.zeros(2, 32, dtype=torch.bfloat16)), r"qdq_out: ", id="shape"),

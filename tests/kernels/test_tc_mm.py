@@ -514,6 +514,26 @@ def test_fp8_gluon_switch_needs_cuda(device, monkeypatch):
     assert torch.equal(got, TC.mm_batch(x, wb, torch.empty(2, 32, dtype=BF)))
 
 
+def test_batch_norm_renames_the_round_trip_under_the_switch(device, monkeypatch):
+    """`rms_norm_batch` (the batched runtime's `ops.rms_norm`): `norm.rms_norm`'s bytes; its
+    `qdq_out` in natural order with `FP8_GLUON` off and in `tc_fp8`'s renamed order with it on
+    (the order `mm_many_batch` then reads a producer's `xq` in); no round trip asked, no change."""
+    from attnv41.kernels import norm
+    from attnv41.kernels.tc_fp8 import rename_cols
+
+    g = _gen("norm-batch-rename")
+    x, wn = _rand(g, (3, 256)).to(device), (torch.rand(256, generator=g) + 0.5).to(device)
+    q_want = torch.empty_like(x)
+    want = norm.rms_norm(x, wn, 1e-6, qdq_out=q_want)
+    for switch, q_exp in ((None, q_want), ({}, rename_cols(q_want))):
+        monkeypatch.setattr(TC, "FP8_GLUON", switch)
+        q = torch.full_like(x, float("nan"))
+        got = TC.rms_norm_batch(x, wn, 1e-6, out=torch.empty_like(x), qdq_out=q)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), switch
+        assert torch.equal(q.view(torch.int16), q_exp.view(torch.int16)), switch
+        assert torch.equal(TC.rms_norm_batch(x, wn, 1e-6).view(torch.int16), want.view(torch.int16)), switch
+
+
 @pytest.mark.gpu
 def test_fp8_gluon_switch_routes_fp8_weights(monkeypatch):
     """`FP8_GLUON` set on CUDA: `mm_many_batch`'s FP8 weight gives `tc_fp8_many`'s bytes on x's
@@ -535,10 +555,16 @@ def test_fp8_gluon_switch_routes_fp8_weights(monkeypatch):
     want8 = tc_fp8.tc_fp8(
         qdq.fp8_qdq(x.clone(), rename=True), w8, sc, torch.empty_like(outs[0]), rope=(D, cos, sin, pos), stages=3
     )
+    # a producer's round trip (renamed, as `rms_norm_batch` makes it under the switch): the same bytes, no qdq here
+    xq = qdq.fp8_qdq(x.clone(), rename=True)
+    outs2 = tuple(torch.full_like(o, float("nan")) for o in outs)
+    TC.mm_many_batch(x, (w8, wb), outs2, (sc, None), xq=xq, rope=(0, D, cos, sin, pos))
     monkeypatch.setattr(TC, "FP8_GLUON", None)
     wantb = TC.mm_batch(x, wb, torch.empty_like(outs[1]))
     assert torch.equal(outs[0].view(torch.int16), want8.view(torch.int16))
     assert torch.equal(outs[1].view(torch.int16), wantb.view(torch.int16))
+    for o, o2 in zip(outs, outs2):
+        assert torch.equal(o.view(torch.int16), o2.view(torch.int16))
 
 
 def test_split_k_workspace_past_int32_offsets_is_refused(device):

@@ -15,7 +15,9 @@ a tolerance of one bf16 ulp.
 `qdq_out` (optional, bf16 of x's shape, width a multiple of 32): also write the FP8
 round trip of the result, `qdq.fp8_qdq(y)` bit for bit (per 32 values, from the bf16 y
 this call stores), in the same kernel: the input an FP8 linear reads next
-(`gemv.gemv(..., xq=)`), without a launch of its own.
+(`gemv.gemv(..., xq=)`), without a launch of its own. `qdq_rename` (width a multiple of
+128): those values stored in the Gluon FP8 product's column order instead,
+`qdq.fp8_qdq(y, rename=True)` (`tc_fp8.rename_cols`), the input `tc_fp8` reads.
 
 `rms_norm_torch` runs the reference twin with the same signature (the CPU path).
 """
@@ -33,15 +35,19 @@ from ._triton import HAVE_TRITON, bf16_out_like, pdl_launch, require_triton, tl,
 if HAVE_TRITON:
     from ._triton import interpreting, pdl_release, pdl_wait
     from .gemv_fp8 import _quant_block
-    from .qdq import _bf16_to_f32, _f32_to_bf16_rne
+    from .qdq import _bf16_to_f32, _f32_to_bf16_rne, _renamed_col
 
 __all__ = ["rms_norm", "rms_norm_torch"]
 
 _MAX_BLOCK = 4096  # widest chunk one program holds; wider rows loop over chunks in two passes
 
 
-def _check_qdq(x: torch.Tensor, out: torch.Tensor, qdq_out) -> None:
+def _check_qdq(x: torch.Tensor, out: torch.Tensor, qdq_out, rename: bool = False) -> None:
+    if not isinstance(rename, bool):
+        raise ValueError(f"qdq_rename = {rename!r}; allowed: True or False")
     if qdq_out is None:
+        if rename:
+            raise ValueError("qdq_rename = True with qdq_out None; allowed: qdq_rename only with a qdq_out")
         return
     if not isinstance(qdq_out, torch.Tensor) or qdq_out.dtype != torch.bfloat16 or qdq_out.shape != x.shape:
         raise ValueError(
@@ -52,6 +58,8 @@ def _check_qdq(x: torch.Tensor, out: torch.Tensor, qdq_out) -> None:
         raise ValueError(f"qdq_out.device = {qdq_out.device}; allowed: {x.device} (the device of x)")
     if x.shape[-1] % 32:
         raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed with qdq_out: a multiple of 32 (fp8 blocks)")
+    if rename and x.shape[-1] % 128:
+        raise ValueError(f"x.shape[-1] = {x.shape[-1]}; allowed with qdq_rename: a multiple of 128")
     if qdq_out.shape[-1] > 1 and qdq_out.stride(-1) != 1:
         raise ValueError(f"qdq_out.stride(-1) = {qdq_out.stride(-1)}; allowed: 1 (contiguous last dim)")
     for name, t in (("x", x), ("out", out)):
@@ -95,15 +103,29 @@ if HAVE_TRITON:
             return tl.load(ptrs, mask=mask, other=0.0)
 
     @triton.jit
-    def _store_rows(out_row, q_row, cols, cmask, y, QDQ: tl.constexpr, BLOCK: tl.constexpr, EXACT_CAST: tl.constexpr):
+    def _store_rows(
+        out_row,
+        q_row,
+        cols,
+        cmask,
+        y,
+        QDQ: tl.constexpr,
+        BLOCK: tl.constexpr,
+        EXACT_CAST: tl.constexpr,
+        RENAME: tl.constexpr = False,
+    ):
         """Store fp32 `y [BLOCK]` rounded to bf16 at out_row + cols and, with QDQ, its fp8
-        round trip per 32 values (`qdq.fp8_qdq` of the stored bf16 values) at q_row + cols."""
+        round trip per 32 values (`qdq.fp8_qdq` of the stored bf16 values) at q_row + cols,
+        or with RENAME at `tc_fp8`'s renamed column of each (`qdq._qdq_kernel`'s map)."""
         yb = _f32_to_bf16_rne(y)
         tl.store(out_row + cols, yb, mask=cmask)
         if QDQ:
             # [BLOCK // 32, 32]: masked columns are +0 and never raise a block's amax
             v, sx = _quant_block(tl.reshape(_bf16_to_f32(yb), (BLOCK // 32, 32)), EXACT_CAST)
-            tl.store(q_row + cols, _f32_to_bf16_rne(tl.reshape(v * sx[:, None], (BLOCK,))), mask=cmask)
+            qcols = cols
+            if RENAME:
+                qcols = _renamed_col(cols)
+            tl.store(q_row + qcols, _f32_to_bf16_rne(tl.reshape(v * sx[:, None], (BLOCK,))), mask=cmask)
 
     @triton.jit
     def _rms_norm_kernel(
@@ -123,6 +145,7 @@ if HAVE_TRITON:
         QDQ: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PDL: tl.constexpr = False,
+        RENAME: tl.constexpr = False,  # the round trip stored renamed (`qdq_rename`)
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -149,14 +172,14 @@ if HAVE_TRITON:
         r = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))
         if NUM_CHUNKS == 1:
             w = _load_weight(w_ptr + offs * stride_w, mask)
-            _store_rows(out_row, q_row, offs, mask, w * (v * r), QDQ, BLOCK, EXACT_CAST)
+            _store_rows(out_row, q_row, offs, mask, w * (v * r), QDQ, BLOCK, EXACT_CAST, RENAME)
         else:
             for c in range(NUM_CHUNKS):
                 cols = c * BLOCK + offs
                 cmask = cols < width
                 v = _bf16_to_f32(tl.load(x_row + cols, mask=cmask, other=0.0))
                 w = _load_weight(w_ptr + cols * stride_w, cmask)
-                _store_rows(out_row, q_row, cols, cmask, w * (v * r), QDQ, BLOCK, EXACT_CAST)
+                _store_rows(out_row, q_row, cols, cmask, w * (v * r), QDQ, BLOCK, EXACT_CAST, RENAME)
 
 
 def rms_norm(
@@ -165,15 +188,17 @@ def rms_norm(
     eps: float,
     out: torch.Tensor | None = None,
     qdq_out: torch.Tensor | None = None,
+    qdq_rename: bool = False,
 ) -> torch.Tensor:
     """`bf16(w ⊙ v / sqrt(mean(v²) + eps))` per row of bf16 `x [rows, width]`, in Triton.
 
     `weight`: fp32 or bf16 `[width]`; `eps`: finite float >= 0; `out`: None or bf16 of
     x's shape (may be x). `qdq_out`: None, or bf16 of x's shape (not x or out) that gets
-    `fp8_qdq(out)` (module doc). Returns `out`. Within one bf16 ulp of the reference.
+    `fp8_qdq(out)`, renamed with `qdq_rename` (module doc). Returns `out`. Within one bf16
+    ulp of the reference.
     """
     out = _check(x, weight, eps, out)
-    _check_qdq(x, out, qdq_out)
+    _check_qdq(x, out, qdq_out, qdq_rename)
     require_triton("rms_norm", x, weight, out)
     rows, width = x.shape
     if rows == 0:
@@ -197,6 +222,7 @@ def rms_norm(
         NUM_CHUNKS=num_chunks,
         QDQ=qdq_out is not None,
         EXACT_CAST=interpreting(),
+        RENAME=qdq_rename,
         num_warps=4 if block <= 1024 else 8,
         **pdl_launch(x),
     )
@@ -209,12 +235,18 @@ def rms_norm_torch(
     eps: float,
     out: torch.Tensor | None = None,
     qdq_out: torch.Tensor | None = None,
+    qdq_rename: bool = False,
 ) -> torch.Tensor:
     """`rms_norm` through the reference twin (any device); same contract, bit-exact with it
-    (`qdq_out` by the reference `fp8_qdq` of the result)."""
+    (`qdq_out` by the reference `fp8_qdq` of the result, renamed by `tc_fp8.rename_cols`)."""
     out = _check(x, weight, eps, out)
-    _check_qdq(x, out, qdq_out)
+    _check_qdq(x, out, qdq_out, qdq_rename)
     out.copy_(_ref.rms_norm(x, weight, eps))
     if qdq_out is not None:
-        qdq_out.copy_(_ref_qdq.fp8_qdq(out, 32))
+        q = _ref_qdq.fp8_qdq(out, 32)
+        if qdq_rename:
+            from .tc_fp8 import rename_cols  # noqa: PLC0415
+
+            q = rename_cols(q)
+        qdq_out.copy_(q)
     return out

@@ -151,6 +151,13 @@ if HAVE_TRITON:
         return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _renamed_col(cols):
+        """`tc_fp8`'s renamed column of each column (`tc_fp8.rename_cols`): physical column
+        128c + 32q + 4s + 2h + p → 128c + 16s + 8h + 2q + p."""
+        j = cols % 32
+        return (cols // 128) * 128 + (j >> 2) * 16 + ((j >> 1) & 1) * 8 + ((cols // 32) % 4) * 2 + (j & 1)
+
+    @triton.jit
     def _qdq_kernel(
         x_ptr,
         out_ptr,
@@ -215,10 +222,8 @@ if HAVE_TRITON:
             s = _e4m3_rne(tl.minimum(t, 448.0))
             # [BLOCKS, QBLOCK]: e2m1(clamp(v/s, ±6)) without dividing, see _e2m1_round_scaled
             y = _e2m1_round_scaled(v, s[:, None]) * s[:, None]
-        if RENAME:  # physical column 128c + 32q + 4s + 2h + p → 128c + 16s + 8h + 2q + p
-            j = cols % 32
-            q = (cols // 32) % 4
-            cols = (cols // 128) * 128 + (j >> 2) * 16 + ((j >> 1) & 1) * 8 + q * 2 + (j & 1)
+        if RENAME:
+            cols = _renamed_col(cols)
         tl.store(out_ptr + row[:, None] * stride_out + cols, _f32_to_bf16_rne(y), mask=mask)
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "plan",
     "mm_batch",
     "mm_many_batch",
+    "rms_norm_batch",
     "fp8_mm_batch",
     "prepare",
     "BM",
@@ -96,7 +97,8 @@ _WARPS, _STAGES = 4, 3
 _PF_BYTES = 512
 _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of a split call
 # Development switch, off (None): a `tc_fp8.FP8_TUNE` dict sends `mm_many_batch`'s FP8
-# weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, x's round trip made renamed) and
+# weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, on x's round trip renamed: a
+# producer's `xq` as `rms_norm_batch` makes it then, else made for the call) and
 # the others here, in two launches. Its bits are other bits (another summation order,
 # batch-invariant too), so it is one choice per process, never per call; CUDA only
 # (BENCHMARKS.md, 2026-12-04, twentieth entry: not yet measured in a step).
@@ -477,7 +479,8 @@ def prepare(device: torch.device | str) -> None:
 def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     """`ops.mm_many` of the batched runtime on CUDA: every weight as `tc_mm` computes it
     alone (bf16, fp32, or FP8 with its scale), all in one launch; FP8 weights read x's FP8 round trip,
-    `xq` if given (its producer made it), else `qdq.fp8_qdq(x)` once for the call; `rope`
+    `xq` if given (its producer made it; under `FP8_GLUON` in `tc_fp8`'s renamed column
+    order, as `rms_norm_batch` makes it then), else `qdq.fp8_qdq(x)` once for the call; `rope`
     (i, head_dim, cos, sin, pos) rotates output i in the store, as the decode GEMV's
     epilogue does (`gemv._store`): the bits of the rope op applied after the product, no
     launch of its own."""
@@ -493,7 +496,7 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
         rope = gemv._check_rope(rope, weights, outs)
     require_triton("mm_many_batch", x, *weights, *outs)
     if FP8_GLUON is not None and any(fp8):
-        return _many_gluon(x, weights, outs, scales, sbytes, fp8, rope)
+        return _many_gluon(x, weights, outs, scales, sbytes, fp8, rope, xq)
     xr = None
     if any(fp8):
         xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous())
@@ -501,10 +504,10 @@ def mm_many_batch(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=Non
     return tuple(outs)
 
 
-def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope) -> tuple:
+def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope, xq=None) -> tuple:
     """`mm_many_batch` under `FP8_GLUON`: the FP8 weights through `tc_fp8.tc_fp8_many` on x's
-    round trip stored renamed (`qdq.fp8_qdq(x, rename=True)`: the values of any producer's
-    `xq`, in the kernel's column order), the others through `_launch_many` as before."""
+    round trip stored renamed: the producer's `xq` (renamed, `rms_norm_batch`), else
+    `qdq.fp8_qdq(x, rename=True)` made here; the others through `_launch_many` as before."""
     from . import qdq, tc_fp8  # noqa: PLC0415
 
     if interpreting() or x.device.type != "cuda":
@@ -518,7 +521,7 @@ def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope) -> tuple:
     rest = [i for i, f in enumerate(fp8) if not f]
     if rest:  # the second launch's limits checked before anything runs
         _plan_many(x, [weights[i] for i in rest], [sbytes[i] for i in rest], pdl_launch(x)["PDL"])
-    xr = qdq.fp8_qdq(x.contiguous(), rename=True)
+    xr = xq if xq is not None else qdq.fp8_qdq(x.contiguous(), rename=True)
     rope8 = rope_rest = None
     if rope is not None:
         if fp8[rope[0]]:
@@ -531,6 +534,23 @@ def _many_gluon(x, weights, outs, scales, sbytes, fp8, rope) -> tuple:
     if rest:
         _launch_many(x, None, [weights[i] for i in rest], [outs[i] for i in rest], [sbytes[i] for i in rest], rope_rest)
     return tuple(outs)
+
+
+def rms_norm_batch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    qdq_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`ops.rms_norm` of the batched runtime on CUDA: `norm.rms_norm`, with `qdq_out` (the
+    round trip an FP8 linear reads next, `mm_many_batch(..., xq=)`) stored in `tc_fp8`'s
+    renamed column order while `FP8_GLUON` is on: the order `mm_many_batch` reads a
+    producer's `xq` in then, so the switch costs no launch of its own."""
+    from . import norm  # noqa: PLC0415
+
+    rename = FP8_GLUON is not None and qdq_out is not None
+    return norm.rms_norm(x, weight, eps, out=out, qdq_out=qdq_out, qdq_rename=rename)
 
 
 def mm_batch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -134,6 +134,7 @@ TRITON_BATCH_OPS = dataclasses.replace(
     name="triton-batch",
     mm=tc_mm.mm_batch,
     mm_many=tc_mm.mm_many_batch,
+    rms_norm=tc_mm.rms_norm_batch,  # norm.rms_norm; `xq` renamed for `mm_many_batch` under tc_mm.FP8_GLUON
     group_mm=tc_mm.tc_group_mm,
     fp8_mm=tc_mm.fp8_mm_batch,
     sparse_attn_decode=sparse_split.sparse_attn_batch,  # one launch shape for every m, tiled for batches
