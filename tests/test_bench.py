@@ -1,7 +1,8 @@
 """`attnv41 bench`: the floors' byte and FLOP counts by hand (an FP8 stack's bytes too),
 the synthetic context, the V4 cache layout of the peer, the top-k set check, the
-correctness gate, the weight formats (--weights, skips and refusals), and a CPU smoke run
-of every part through the command line (its outputs, its error handling)."""
+correctness gate, the weight formats (--weights, skips and refusals), the options' bounds
+from the geometry's max_position_embeddings, and a CPU smoke run of every part through the
+command line (its outputs, its error handling)."""
 
 from __future__ import annotations
 
@@ -440,3 +441,154 @@ def test_bench_long_budget_and_bad_input(tmp_path):
     with pytest.raises(ValueError, match=r"long_context = -3; allowed: a positive integer"):
         bench_run.run_bench(bench_run.BenchOptions(parts=("long",), long_context=-3, device="cpu"))
     assert not any(tmp_path.iterdir())
+
+
+MPE = small_preset().max_position_embeddings  # the CPU preset's last position + 1 (2^20)
+
+
+@pytest.fixture
+def no_gate(monkeypatch):
+    """The correctness gate raises if it runs: a refused option must be refused before it."""
+    from attnv41 import golden
+
+    def replay(*a, **k):
+        raise AssertionError("the gate ran: the option should have been refused before it")
+
+    monkeypatch.setattr(golden, "replay", replay)
+
+
+# (part, quick, options at their largest allowed values, the option one past it, its message).
+# By hand: --quick decode runs 2 oracle steps, 3 + 1 per mode, 1 host-timed step and 1 more
+# position past its context (12; 50 reps: 2 + 6 + 10 + 5 + 10 + 1 = 34); batch rows run
+# k × (3 steps + 3) positions past theirs; long rows 3 steps + 3.
+_BOUNDS = [
+    (
+        "decode",
+        True,
+        dict(contexts=(64, MPE - 12)),
+        dict(contexts=(64, MPE - 11)),
+        f"contexts = (64, {MPE - 11}); allowed: <= {MPE - 12} (max_position_embeddings {MPE} less the 12 positions "
+        "the decode part runs past its context)",
+    ),
+    (
+        "decode",
+        False,
+        dict(contexts=(MPE - 34,)),
+        dict(contexts=(MPE - 33,)),
+        f"contexts = ({MPE - 33},); allowed: <= {MPE - 34} (max_position_embeddings {MPE} less the 34 positions "
+        "the decode part runs past its context)",
+    ),
+    (
+        "prefill",
+        True,
+        dict(prefill=(16, MPE)),
+        dict(prefill=(16, MPE + 1)),
+        f"prefill = (16, {MPE + 1}); allowed: <= {MPE} (max_position_embeddings; the stack that part prefill runs on "
+        "takes max(prefill) tokens per call)",
+    ),
+    (
+        "batch",
+        True,
+        dict(batch_contexts=(MPE - 12,), verify_lens=(1, 2)),
+        dict(batch_contexts=(MPE - 11,), verify_lens=(1, 2)),
+        f"batch_contexts = ({MPE - 11},); allowed: <= {MPE - 12} (max_position_embeddings {MPE} less the 12 "
+        "positions the batch part runs past its context, 2 per step)",
+    ),
+    (
+        "batch",
+        True,
+        dict(batch_sizes=(1, MPE // 2), verify_lens=(2,)),
+        dict(batch_sizes=(1, MPE // 2 + 1), verify_lens=(2,)),
+        f"batch_sizes = (1, {MPE // 2 + 1}); allowed: <= {MPE // 2} (max_position_embeddings {MPE} over "
+        "max(verify_lens) 2: one step of the batch part takes batch × k tokens)",
+    ),
+    (
+        "batch",
+        True,
+        dict(verify_lens=((MPE - 1) // 6,), batch_contexts=(1,), batch_sizes=(1,)),
+        dict(verify_lens=((MPE - 1) // 6 + 1,), batch_contexts=(1,), batch_sizes=(1,)),
+        f"verify_lens = ({(MPE - 1) // 6 + 1},); allowed: <= {(MPE - 1) // 6} (max_position_embeddings {MPE}: "
+        "the batch part runs 6 steps of k tokens past a context of at least one token)",
+    ),
+    (
+        "long",
+        True,
+        dict(long_context=MPE - 6),
+        dict(long_context=MPE - 5),
+        f"long_context = {MPE - 5}; allowed: <= {MPE - 6} (max_position_embeddings {MPE} less the 6 positions "
+        "the long part decodes past its prompt)",
+    ),
+]
+
+
+@pytest.mark.parametrize("part, quick, largest, past, message", _BOUNDS)
+def test_bench_refuses_values_past_the_geometry(no_gate, part, quick, largest, past, message):
+    """Each part's values beyond the geometry's max_position_embeddings (less the positions
+    the part runs past them) are refused before the gate, naming the option, its value and
+    the largest allowed; the largest itself is accepted."""
+    base = dict(parts=(part,), device="cpu", quick=quick, weights="bf16")
+    with pytest.raises(ValueError) as e:
+        bench_run.run_bench(bench_run.BenchOptions(**base, **past))
+    assert str(e.value) == message
+    dev, o = bench_run._resolve(bench_run.BenchOptions(**base, **largest))
+    assert dev.type == "cpu" and {k: getattr(o, k) for k in largest} == largest
+
+
+def test_bench_bounds_only_for_the_parts_run(no_gate, tmp_path):
+    """Values no selected part runs with are not bounded (contexts and prefill lengths of
+    the kernels and the peer have no position limit), and a checkpoint's geometry is the
+    one that bounds them."""
+    from attnv41.checkpoint import write_checkpoint
+
+    big = dict(contexts=(MPE + 1,), prefill=(MPE + 1,), long_context=MPE + 1, batch_contexts=(MPE + 1,))
+    bench_run._resolve(bench_run.BenchOptions(parts=("kernels", "peer", "index"), device="cpu", **big))
+    cfg = small_preset(max_tokens=64, max_seq=128).replace(max_position_embeddings=300)
+    ckpt = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, 7), shards=1)
+    base = dict(parts=("decode", "prefill"), device="cpu", quick=True, checkpoint=str(ckpt))
+    bench_run._resolve(bench_run.BenchOptions(**base, contexts=(288,), prefill=(300,)))
+    with pytest.raises(ValueError, match=r"contexts = \(289,\); allowed: <= 288 \(max_position_embeddings 300 "):
+        bench_run.run_bench(bench_run.BenchOptions(**base, contexts=(289,), prefill=(16,)))
+    with pytest.raises(ValueError, match=r"prefill = \(301,\); allowed: <= 300 \(.*parts decode, prefill run on"):
+        bench_run.run_bench(bench_run.BenchOptions(**base, contexts=(16,), prefill=(301,)))
+
+
+def test_bench_position_bounds_match_the_parts_own_checks(cfg, weights):
+    """The rooms `_resolve` uses are the parts' own: bench_decode_one and bench_long refuse
+    one position past them, with the reps and steps run_bench passes (PART_REPS)."""
+    from attnv41.bench.long import bench_long, long_room
+    from attnv41.bench.stack import bench_decode_one, decode_room
+
+    assert bench_run.PART_REPS["decode"] == (50, 3) and bench_run.PART_REPS["long"] == (20, 3)
+    assert (decode_room(50), decode_room(3), long_room(3)) == (34, 12, 6)
+    stack = RuntimeStack(cfg, weights)  # max_seq 512
+    with pytest.raises(ValueError, match="contexts up to 501 need max_seq >= 513; the stack has 512"):
+        bench_decode_one(stack, (64, 512 - 12 + 1), CEIL, reps=3)
+    with pytest.raises(ValueError, match=rf"context = {MPE - 5} \(\+ 6 decode positions\); allowed: <= {MPE - 6} "):
+        bench_long(stack, MPE - 5, 8, steps=3)
+
+
+def test_bench_command_refuses_a_context_past_the_geometry(no_gate, tmp_path, capsys):
+    """The command line: one line naming the option, exit 2, nothing run or written."""
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--parts", "decode", "--out", str(out)]
+    assert main([*args, "--contexts", "1048576"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnv41 bench: contexts = (1048576,); allowed: <= {MPE - 12} (max_position_embeddings")
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_batch_step_with_more_tokens_than_positions(cfg, weights):
+    """B·k tokens per step above the positions a row holds (ctx + k·(steps + 3)), e.g.
+    --batch-sizes 512 --batch-contexts 128: `_batch` raises max_seq to max_tokens (the
+    config requires max_tokens <= max_seq; it refused the row before) and the row runs."""
+    from attnv41.bench.batch import _batch, batch_room, bench_batch
+
+    stack = RuntimeStack(cfg, weights)
+    with pytest.raises(ValueError, match=r"AttnV41Cfg.max_seq = 12; allowed: max_tokens \(32\) <= max_seq"):
+        cfg.replace(max_seq=8 + batch_room(1, 1), max_tokens=32)
+    bt = _batch(stack, 32, 8 + batch_room(1, 1), 32)
+    assert (bt.cfg.max_seq, bt.cfg.max_tokens, bt.pool.n_slots) == (32, 32, 32)
+    assert _batch(stack, 1, 100, 8).cfg.max_seq == 100, "a larger max_seq is kept"
+    res = bench_batch(stack, (8,), (32,), CEIL, steps=1, chunk=8, kv_formats=("bf16",))
+    assert [(r["batch"], r["context"], r["k"]) for r in res["decode"]] == [(32, 8, 1)]
+    assert res["decode"][0]["ms"] > 0

@@ -283,6 +283,8 @@ class AttnV41Cfg:
         return max(j for j in self.index_source_layers if j <= layer)
 
     def role(self, layer: int) -> LayerRole:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer = {layer!r}; allowed: an int 0..{self.n_layers - 1}")
         if not 0 <= layer < self.n_layers:
             raise ValueError(f"layer = {layer}; allowed: 0..{self.n_layers - 1}")
         return self.roles[layer]

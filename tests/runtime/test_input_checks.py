@@ -496,3 +496,159 @@ def test_a_rollback_that_raises_part_way_takes_only_a_new_sequence(setup, monkey
         bt.begin([0], [PREFILL + 4], [1])
     bt.pool.release(0)
     bt.step(wts, [x[:PREFILL] for x in xs], [0], [0], [PREFILL])
+
+
+# ------------------------------------------------ two sequences on one runtime, layer by layer (2026-12-04 audit)
+
+
+def _prefilled(attn, cfg, wts, inputs):
+    st = [attn.new_layer_state(i) for i in range(cfg.n_layers)]
+    sh = attn.new_shared()
+    for i in range(cfg.n_layers):
+        attn.forward(wts[i], st[i], sh, inputs[i][:PREFILL], 0)
+    return st, sh
+
+
+def _alone(cfg, wts, inputs) -> list:
+    """A decode step at PREFILL of a sequence alone on its runtime (the bytes to match)."""
+    rt = RuntimeStack(cfg, wts)
+    rt.step([x[:PREFILL] for x in inputs], 0)
+    return rt.step([x[PREFILL : PREFILL + 1] for x in inputs], PREFILL, keep=True)
+
+
+def _snap(st, sh) -> list:
+    return [{k: v.clone() for k, v in s.tensors().items()} | {"n": (s.n_rows, s.next_pos)} for s in st] + [
+        sh.snapshot()
+    ]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["forward", "prep-body"])
+def test_layers_of_two_sequences_interleaved_cannot_mix_their_selections(setup, split):
+    """The decode selections live in the runtime's plan, one for every sequence. A's layers
+    0-1 (1: an index source), then B's layers 0-1: B's index source would overwrite the
+    selection A's layer 2 still reads, so it is refused naming both, and B is unchanged;
+    A finishes its step, then B's layer 1 runs: both give the bytes of each alone (before
+    the check, A's layers 2, 4, 5 read B's selection and every check passed)."""
+    cfg, _, xs, wts = setup
+    xb = random_inputs(cfg, 24, 77)
+    src = cfg.index_source_layers[0]
+    assert src == 1 and cfg.roles[2].ratio > 0 and not cfg.roles[2].is_index_source
+    attn = AttnV41(cfg)
+    (sa, ha), (sb, hb) = _prefilled(attn, cfg, wts, xs), _prefilled(attn, cfg, wts, xb)
+
+    def run(st, sh, inputs, i):
+        x = inputs[i][PREFILL : PREFILL + 1]
+        if split:
+            return attn.decode_body(wts[i], st[i], x, attn.decode_prep(wts[i], sh, PREFILL)).clone()
+        return attn.forward(wts[i], st[i], sh, x, PREFILL).out.clone()
+
+    got_a = [run(sa, ha, xs, 0), run(sa, ha, xs, 1)]
+    got_b = [run(sb, hb, xb, 0)]
+    before = _snap(sb, hb)
+    msg = (
+        rf"layer 1 at start_pos {PREFILL} \(sequence #{hb.seq_id}\) would overwrite the decode selection that "
+        rf"sequence #{ha.seq_id}'s step at start_pos {PREFILL} still reads \(its layer 2; layer 1 ran last\).*"
+        r"allowed: finish that step \(layers 2..5\) first"
+    )
+    with pytest.raises(ValueError, match=msg):
+        run(sb, hb, xb, 1)
+    _same(before, _snap(sb, hb))
+    got_a += [run(sa, ha, xs, i) for i in range(2, cfg.n_layers)]
+    got_b += [run(sb, hb, xb, i) for i in range(1, cfg.n_layers)]
+    for got, want in ((got_a, _alone(cfg, wts, xs)), (got_b, _alone(cfg, wts, xb))):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_graph_step_waits_for_the_other_sequences_step(setup):
+    """A whole DecodeGraphs step of B while A's step is in progress on the same runtime
+    (past its index source) is refused before anything runs; once A's step is complete,
+    B's graph step runs and gives B's bytes. A sequence started anew, or dropped, frees
+    the plan: its unfinished step is no longer waited for."""
+    import copy
+    import gc
+
+    cfg, _, xs, wts = setup
+    xb = random_inputs(cfg, 24, 77)
+    ra = RuntimeStack(cfg, wts)
+    ra.step([x[:PREFILL] for x in xs], 0)
+    rb = copy.copy(ra)  # the same runtime, B's states and shared state
+    rb.states, rb.shared = _prefilled(ra.attn, cfg, wts, xb)
+    drv = DecodeGraphs(rb)
+    for i in range(2):
+        ra.layer(i, xs[i][PREFILL : PREFILL + 1], PREFILL)
+    before = _snap(rb.states, rb.shared)
+    step_b = [x[PREFILL : PREFILL + 1] for x in xb]
+    with pytest.raises(ValueError, match=r"layer 1 at start_pos 13 \(sequence #\d+\) would overwrite"):
+        drv.step(step_b, PREFILL)
+    _same(before, _snap(rb.states, rb.shared))
+    for i in range(2, cfg.n_layers):
+        ra.layer(i, xs[i][PREFILL : PREFILL + 1], PREFILL)
+    y = drv.step(step_b, PREFILL)
+    want = _alone(cfg, wts, xb)
+    assert all(torch.equal(y[i], want[i]) for i in range(cfg.n_layers))
+
+    # A mid-step again (its next step), then A started anew: B's next step is no longer refused
+    for i in range(2):
+        ra.layer(i, xs[i][PREFILL + 1 : PREFILL + 2], PREFILL + 1)
+    with pytest.raises(ValueError, match="would overwrite"):
+        drv.step([x[PREFILL + 1 : PREFILL + 2] for x in xb], PREFILL + 1)
+    ra.step([x[:PREFILL] for x in xs], 0)
+    drv.step([x[PREFILL + 1 : PREFILL + 2] for x in xb], PREFILL + 1)
+    # A mid-step, then dropped
+    for i in range(2):
+        ra.layer(i, xs[i][PREFILL : PREFILL + 1], PREFILL)
+    with pytest.raises(ValueError, match="would overwrite"):
+        drv.step([x[PREFILL + 2 : PREFILL + 3] for x in xb], PREFILL + 2)
+    ra.shared = None
+    gc.collect()
+    drv.step([x[PREFILL + 2 : PREFILL + 3] for x in xb], PREFILL + 2)
+
+
+def test_inputs_and_weights_that_require_grad_run_without_autograd(setup):
+    """An inference runtime: x requiring grad and weights held as `nn.Parameter` run
+    under no_grad in forward, decode_body and DecodeGraphs.step (before, an `out=` op
+    raised part-way at the candidate layer, leaving the sequence failed) and give the
+    plain call's bytes; outputs carry no autograd history."""
+    cfg, w, xs, wts = setup
+    pw = [{k: torch.nn.Parameter(v.clone(), requires_grad=v.is_floating_point()) for k, v in d.items()} for d in w]
+    gx = [x.clone().requires_grad_(True) for x in xs]
+    rt, plain = RuntimeStack(cfg, pw), RuntimeStack(cfg, w)
+    a = rt.step([x[:PREFILL] for x in gx], 0, keep=True)
+    b = plain.step([x[:PREFILL] for x in xs], 0, keep=True)
+    assert all(torch.equal(u, v) and not u.requires_grad for u, v in zip(a, b))
+    for p in (PREFILL, PREFILL + 1):
+        a = rt.step([x[p : p + 1] for x in gx], p, keep=True)
+        b = plain.step([x[p : p + 1] for x in xs], p, keep=True)
+        assert all(torch.equal(u, v) and not u.requires_grad for u, v in zip(a, b)), p
+    p = PREFILL + 2
+    rows = rt.attn.decode_prep(rt.weights[0], rt.shared, p)
+    y0 = rt.attn.decode_body(rt.weights[0], rt.states[0], gx[0][p : p + 1], rows)
+    assert not y0.requires_grad
+    got = [y0.clone()] + [rt.layer(i, gx[i][p : p + 1], p).out.clone() for i in range(1, cfg.n_layers)]
+    want = plain.step([x[p : p + 1] for x in xs], p, keep=True)
+    assert all(torch.equal(u, v) for u, v in zip(got, want))
+    y = DecodeGraphs(rt).step([x[p + 1 : p + 2] for x in gx], p + 1)
+    want = plain.step([x[p + 1 : p + 2] for x in xs], p + 1, keep=True)
+    assert not y.requires_grad and all(torch.equal(y[i], want[i]) for i in range(cfg.n_layers))
+
+
+def test_more_inputs_named(setup):
+    """A sparse x, a non-bool ratio_positive, a layer that is not an int, and
+    decode_capturable after free(): named."""
+    cfg, _, xs, wts = setup
+    rt = _stack(setup)
+    for bad in (True, 2.0, "1"):  # True was layer 1
+        with pytest.raises(TypeError, match=rf"layer = {bad!r}; allowed: an int 0..{cfg.n_layers - 1}"):
+            rt.attn.new_layer_state(bad)
+    x = xs[0][PREFILL : PREFILL + 1]
+    with pytest.raises(TypeError, match="x.layout = torch.sparse_coo; allowed: torch.strided"):
+        rt.attn.forward(wts[0], rt.states[0], rt.shared, x.to_sparse(), PREFILL)
+    with pytest.raises(TypeError, match="x.layout = torch.sparse_coo; allowed: torch.strided"):
+        rt.attn.decode_body(wts[0], rt.states[0], x.to_sparse(), None)
+    for bad in (None, "no", 1):
+        with pytest.raises(TypeError, match=rf"ratio_positive = {bad!r}; allowed: True .* or False"):
+            rt.attn.decode_prep_role(bad, rt.shared, PREFILL)
+    assert rt.attn.plan.pos_at == 0, "the refused calls wrote no position"
+    rt.attn.free()
+    with pytest.raises(RuntimeError, match=r"AttnV41.decode_capturable after free\(\)"):
+        rt.attn.decode_capturable(wts[0])

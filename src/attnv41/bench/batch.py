@@ -33,7 +33,7 @@ from ..runtime.batch_graphs import BatchGraphs
 from .common import Ceilings, floor_ms
 from .stack import decode_step_bytes
 
-__all__ = ["bench_batch", "BATCH_COLUMNS", "CHUNK_COLUMNS"]
+__all__ = ["bench_batch", "batch_room", "BATCH_COLUMNS", "CHUNK_COLUMNS"]
 
 BATCH_COLUMNS = (
     ("context", "context"),
@@ -57,8 +57,18 @@ CHUNK_COLUMNS = (
 )
 
 
+def batch_room(k: int, steps: int) -> int:
+    """Positions a row of `bench_batch` (k tokens per sequence, `steps` timed steps) runs
+    past its context: the capture step, one replay, the timed steps, and one step more."""
+    return k * (steps + 3)
+
+
 def _batch(stack, n_slots: int, max_seq: int, max_tokens: int, kv_format: str = "bf16") -> BatchV41:
-    cfg = stack.cfg.replace(max_seq=max_seq, max_tokens=max_tokens)
+    """A `BatchV41` on the stack's geometry holding `max_seq` positions per sequence and
+    `max_tokens` tokens per step. max_seq is raised to max_tokens where it is smaller (the
+    config requires max_tokens <= max_seq; max_seq only sizes the RoPE tables and the
+    caches): B sequences of k tokens at a short context, e.g. 512 × 1 at context 128."""
+    cfg = stack.cfg.replace(max_seq=max(max_seq, max_tokens), max_tokens=max_tokens)
     return BatchV41(cfg, stack.attn.device, n_slots=n_slots, kv_format=kv_format)
 
 
@@ -98,7 +108,7 @@ def bench_batch(
     rows, chunks = [], []
     for ctx in contexts:
         for B, kvf, k in ((B, f, k) for B in batches for f in kv_formats for k in verify_lens):
-            bt = _batch(stack, B, ctx + k * (steps + 3), max(B * k, 1), kvf)
+            bt = _batch(stack, B, ctx + batch_room(k, steps), max(B * k, 1), kvf)
             for sl in range(B):
                 bt.pool.assume(sl, ctx)
             _random_keys(bt, gen)

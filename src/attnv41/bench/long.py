@@ -22,7 +22,7 @@ import torch
 from ..runtime.batch_graphs import BatchGraphs
 from .batch import _batch
 
-__all__ = ["bench_long", "LONG_COLUMNS", "pool_bytes"]
+__all__ = ["bench_long", "long_room", "LONG_COLUMNS", "pool_bytes"]
 
 LONG_COLUMNS = (
     ("context", "context"),
@@ -40,6 +40,12 @@ LONG_COLUMNS = (
     ("peak_gib", "peak GiB"),
 )
 _SYNC_EVERY = 8  # chunks between the budget checks (each one a device sync)
+
+
+def long_room(steps: int) -> int:
+    """Positions `bench_long` (`steps` timed decode steps) runs past its prompt: the decode
+    step that captures the graph, one more untimed, the timed ones, and one position more."""
+    return steps + 3
 
 
 def pool_bytes(pool) -> int:
@@ -85,11 +91,12 @@ def bench_long(
     dev = stack.attn.device
     cuda = dev.type == "cuda"
     c = min(chunk, context)
-    max_seq = context + steps + 3
+    room = long_room(steps)
+    max_seq = context + room
     if max_seq > stack.cfg.max_position_embeddings:
         raise ValueError(
-            f"context = {context} (+ {steps + 3} decode positions); allowed: <= "
-            f"{stack.cfg.max_position_embeddings - steps - 3} (the geometry's max_position_embeddings)"
+            f"context = {context} (+ {room} decode positions); allowed: <= "
+            f"{stack.cfg.max_position_embeddings - room} (the geometry's max_position_embeddings)"
         )
     gc.collect()
     if cuda:

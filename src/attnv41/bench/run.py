@@ -43,6 +43,13 @@ PARTS = ("kernels", "decode", "prefill", "peer", "index", "batch", "long")
 DEFAULT_PARTS = PARTS[:-1]  # "long" only when asked for: a whole 1M-token prefill takes minutes
 WEIGHT_CHOICES = ("both", *WEIGHT_FORMATS)
 
+# Repetitions (decode, prefill, peer, index) and timed steps (batch, long) of each part,
+# (full run, --quick): one table for the parts' calls in `run_bench` and for the bounds
+# `_resolve` derives from them (the positions a decode, batch or long row runs past its
+# context depend on them).
+PART_REPS = dict(decode=(50, 3), prefill=(3, 2), peer=(50, 5), index=(30, 3), batch=(10, 3), long=(20, 3))
+STACK_PARTS = ("decode", "prefill", "batch", "long")  # the parts that run on a stack built by `_stack`
+
 GPU_DEFAULTS = dict(
     contexts=(4096, 32768, 131072),
     prefill=(2048, 8192),
@@ -115,7 +122,70 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     if opts.checkpoint is None and preset not in PRESETS:
         raise ValueError(f"preset = {opts.preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
     o = BenchOptions(**{**asdict(opts), **vals, "preset": preset, "device": dev.type, "long_context": long_ctx})
+    _check_positions(o)
     return dev, o
+
+
+def _reps(opts: BenchOptions, part: str) -> int:
+    """The repetitions or timed steps `part` runs with (`PART_REPS`)."""
+    full, quick = PART_REPS[part]
+    return quick if opts.quick else full
+
+
+def _check_positions(o: BenchOptions) -> None:
+    """The upper bounds the geometry's max_position_embeddings puts on the selected parts'
+    values (resolved options `o`): ValueError naming the option, its value and the largest
+    allowed, before the gate runs. Every stack holds max(prefill) tokens per call; a
+    decode, batch or long row runs some positions past its context, each part's count
+    derived from the same reps and steps it runs with."""
+    from .batch import batch_room
+    from .long import long_room
+    from .stack import decode_room
+
+    stacks = [p for p in STACK_PARTS if p in o.parts]
+    if not stacks:
+        return
+    mpe = _geometry(o).max_position_embeddings
+    if max(o.prefill) > mpe:
+        raise ValueError(
+            f"prefill = {tuple(o.prefill)}; allowed: <= {mpe} (max_position_embeddings; the stack that part"
+            f"{'s' if len(stacks) > 1 else ''} {', '.join(stacks)} run{'' if len(stacks) > 1 else 's'} on takes "
+            "max(prefill) tokens per call)"
+        )
+    if "decode" in o.parts:
+        room = decode_room(_reps(o, "decode"))
+        if max(o.contexts) > mpe - room:
+            raise ValueError(
+                f"contexts = {tuple(o.contexts)}; allowed: <= {mpe - room} (max_position_embeddings {mpe} "
+                f"less the {room} positions the decode part runs past its context)"
+            )
+    if "batch" in o.parts:
+        steps, k = _reps(o, "batch"), max(o.verify_lens)
+        # A row runs batch_room(k, steps) positions past its context (k per step), after a
+        # context of at least one token; one step holds batch × k tokens.
+        room, per_token = batch_room(k, steps), batch_room(1, steps)
+        if room > mpe - 1:
+            raise ValueError(
+                f"verify_lens = {tuple(o.verify_lens)}; allowed: <= {(mpe - 1) // per_token} (max_position_embeddings "
+                f"{mpe}: the batch part runs {per_token} steps of k tokens past a context of at least one token)"
+            )
+        if max(o.batch_contexts) > mpe - room:
+            raise ValueError(
+                f"batch_contexts = {tuple(o.batch_contexts)}; allowed: <= {mpe - room} (max_position_embeddings "
+                f"{mpe} less the {room} positions the batch part runs past its context, {k} per step)"
+            )
+        if max(o.batch_sizes) * k > mpe:
+            raise ValueError(
+                f"batch_sizes = {tuple(o.batch_sizes)}; allowed: <= {mpe // k} (max_position_embeddings {mpe} "
+                f"over max(verify_lens) {k}: one step of the batch part takes batch × k tokens)"
+            )
+    if "long" in o.parts:
+        room = long_room(_reps(o, "long"))
+        if o.long_context > mpe - room:
+            raise ValueError(
+                f"long_context = {o.long_context}; allowed: <= {mpe - room} (max_position_embeddings {mpe} "
+                f"less the {room} positions the long part decodes past its prompt)"
+            )
 
 
 def _weight_plan(opts: BenchOptions, dev: torch.device) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
@@ -167,13 +237,16 @@ def _gate(dev: torch.device, log) -> dict:
 
 def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
     from ..runtime.stack import RuntimeStack
+    from .stack import decode_room
 
     max_tokens = max(opts.prefill)
-    # room for the steps a decode row runs past its context, up to the geometry's last
-    # position (a 1M context: --contexts 1048000 on V4.1-Flash, max_position_embeddings 2^20)
+    # room for the steps a decode row runs past its context (256 positions, or `decode_room`
+    # where that is more), up to the geometry's last position (a 1M context: --contexts
+    # 1048000 on V4.1-Flash, max_position_embeddings 2^20; `_resolve` refused any more)
     # (and at least max_tokens: the config requires max_tokens <= max_seq, e.g. --contexts 4096
     # beside the default 8,192-token prefill rows)
-    max_seq = min(max(max(opts.contexts) + 256, max_tokens), _geometry(opts).max_position_embeddings)
+    room = max(256, decode_room(_reps(opts, "decode")))
+    max_seq = min(max(max(opts.contexts) + room, max_tokens), _geometry(opts).max_position_embeddings)
     if opts.checkpoint is not None:
         from ..checkpoint import load_model
         from ..config import AttnV41Cfg
@@ -304,7 +377,7 @@ def run_bench(
                 stack(fmt),
                 opts.contexts,
                 ceil,
-                reps=3 if opts.quick else 50,
+                reps=_reps(opts, "decode"),
                 seed=opts.seed,
                 kv_formats=opts.kv_formats,
             )
@@ -316,7 +389,7 @@ def run_bench(
 
         rows = []
         for fmt in sorted(stack_fmts, key=lambda f: f != held.get("fmt")):  # the held stack first: one build less
-            rows += bench_prefill(stack(fmt), opts.prefill, ceil, reps=2 if opts.quick else 3, seed=opts.seed)
+            rows += bench_prefill(stack(fmt), opts.prefill, ceil, reps=_reps(opts, "prefill"), seed=opts.seed)
             count()
         drop()  # the stack's weights and caches go before the peer's data arrive
         return sorted(rows, key=lambda r: stack_fmts.index(r["weights"]))
@@ -325,7 +398,7 @@ def run_bench(
         from .peer import bench_attention_peer
 
         rows, res["peer_status"] = bench_attention_peer(
-            geo, dev, ceil, opts.contexts, opts.batches, reps=5 if opts.quick else 50, seed=opts.seed
+            geo, dev, ceil, opts.contexts, opts.batches, reps=_reps(opts, "peer"), seed=opts.seed
         )
         log(f"peer: {res['peer_status']}")
         return rows
@@ -333,7 +406,7 @@ def run_bench(
     def index():
         from .index import bench_index_topk
 
-        return bench_index_topk(geo, dev, ceil, opts.index_lengths, reps=3 if opts.quick else 30, seed=opts.seed)
+        return bench_index_topk(geo, dev, ceil, opts.index_lengths, reps=_reps(opts, "index"), seed=opts.seed)
 
     def batch():
         from .batch import bench_batch
@@ -344,7 +417,7 @@ def run_bench(
             opts.batch_contexts,
             opts.batch_sizes,
             ceil,
-            steps=3 if opts.quick else 10,
+            steps=_reps(opts, "batch"),
             chunk=2048 if dev.type == "cuda" else 32,
             seed=opts.seed,
             kv_formats=opts.batch_kv_formats,
@@ -365,7 +438,7 @@ def run_bench(
                 opts.long_context,
                 2048 if dev.type == "cuda" else 32,
                 kv_format=kvf,
-                steps=3 if opts.quick else 20,
+                steps=_reps(opts, "long"),
                 seed=opts.seed,
                 budget_s=opts.long_budget_s,
                 log=log,

@@ -49,6 +49,7 @@ __all__ = [
     "stack_weight_format",
     "bench_decode",
     "bench_decode_one",
+    "decode_room",
     "bench_prefill",
     "DECODE_COLS",
     "PREFILL_COLS",
@@ -221,15 +222,39 @@ def bench_decode(
     return rows
 
 
+ORACLE_STEPS = 2  # decode steps per context under the graph oracle, before timing
+DECODE_MODES = ("graphs", "eager")
+DECODE_ROUNDS = 5  # round-robin visits of the contexts (`bench_decode_one`)
+_WARMUP = 3  # untimed steps per mode and round
+
+
+def _steps_per_round(reps: int, modes: Sequence[str], rounds: int) -> tuple[int, dict[str, int]]:
+    """(rounds, {mode: timed steps per round}) of `bench_decode_one`: `reps` steps per
+    context in graph mode, half as many (at least 3) eager, spread over the rounds."""
+    rounds = max(1, min(rounds, reps))
+    return rounds, {m: max(1, (reps if m == "graphs" else max(3, reps // 2)) // rounds) for m in modes}
+
+
+def decode_room(
+    reps: int, oracle_steps: int = ORACLE_STEPS, modes: Sequence[str] = DECODE_MODES, rounds: int = DECODE_ROUNDS
+) -> int:
+    """Positions `bench_decode_one` (same options) runs past its context: the stack's
+    max_seq must be at least max(contexts) plus this. The first round runs the most (each
+    round refills the context): the oracle steps, each mode's warm-up and timed steps, the
+    graph mode's steps timed on the host, and one position more."""
+    _, per = _steps_per_round(reps, modes, rounds)
+    return oracle_steps + _WARMUP * len(modes) + sum(per.values()) + per.get("graphs", 0) + 1
+
+
 def bench_decode_one(
     stack: RuntimeStack,
     contexts: Sequence[int],
     ceil: Ceilings,
     reps: int = 20,
-    oracle_steps: int = 2,
+    oracle_steps: int = ORACLE_STEPS,
     seed: int = 0,
-    modes: Sequence[str] = ("graphs", "eager"),
-    rounds: int = 5,
+    modes: Sequence[str] = DECODE_MODES,
+    rounds: int = DECODE_ROUNDS,
 ) -> list[dict]:
     """Decode step time at each context, per mode ('graphs': `DecodeGraphs`, CUDA graphs
     on a GPU and the split path on the CPU; 'eager': `forward` layer by layer).
@@ -239,9 +264,8 @@ def bench_decode_one(
     times reps/rounds steps per mode, the garbage collector paused): a drift then lands on
     every context alike. Median and minimum are over all timed steps of a context."""
     cfg, dev = stack.cfg, stack.attn.device
-    rounds = max(1, min(rounds, reps))
-    per = {m: max(1, (reps if m == "graphs" else max(3, reps // 2)) // rounds) for m in modes}
-    need = max(contexts) + oracle_steps + 3 * len(modes) + sum(per.values()) + per.get("graphs", 0) + 1
+    rounds, per = _steps_per_round(reps, modes, rounds)
+    need = max(contexts) + decode_room(reps, oracle_steps, modes, rounds)
     if need > cfg.max_seq:
         raise ValueError(f"contexts up to {max(contexts)} need max_seq >= {need}; the stack has {cfg.max_seq}")
     timer = Timer(dev)
@@ -278,7 +302,7 @@ def bench_decode_one(
                 gc.collect()
                 gc.disable()
                 try:
-                    samples[ctx, mode] += timer.times(steps[mode], warmup=3, reps=per[mode])
+                    samples[ctx, mode] += timer.times(steps[mode], warmup=_WARMUP, reps=per[mode])
                     if mode == "graphs":  # host time of steps that replayed (not the capturing one)
                         for _ in range(per[mode]):
                             graph_step()

@@ -275,6 +275,7 @@ class AttnV41(AttnChecks, AttnDecode):
         return SharedV41(self.cfg, self.device)
 
     # ------------------------------------------------------------------ forward
+    @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def forward(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
     ) -> AttnV41Run:

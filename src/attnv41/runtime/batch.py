@@ -321,7 +321,14 @@ class BatchV41(BatchParts):
         for sl, s, m, o in zip(st.slots, st.starts, st.lens, st.offsets):
             self.last_step[sl] = st.id
             if sl in st.logged:
-                u = {"span": (s, s + m), "step": st.id, "done": False, "ring": {}, "a": {}}
+                u = {
+                    "span": (s, s + m),
+                    "step": st.id,
+                    "seq": self.pool.seq_ids[sl],  # its sequence (`SeqPool.seq_ids`): the log dies with it
+                    "done": False,
+                    "ring": {},
+                    "a": {},
+                }
                 if st.cont:  # the step's device undo buffers, valid while st.id is this step's
                     u["cont"] = (st, o)
                 self.undo[sl] = u
@@ -434,15 +441,22 @@ class BatchV41(BatchParts):
             idx.to(dev),
         )
 
+    @torch.no_grad()
     def forward(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> torch.Tensor:
         """Layer `w.role.layer` (the step's next) for the step's T tokens (bf16 `[T, dim]`,
         sequences contiguous in `step` order). Returns `[T, dim]` bf16, a view valid until
-        the next call."""
+        the next call. Runs without autograd (an inference runtime): an x or weights that
+        require grad are read as plain tensors, the output has no history."""
         c, attn = self.cfg, self.attn
         attn._check_role(w)
         i = w.role.layer
         if not isinstance(step, BatchStep) or step is not self._step or step.next_layer != i:
-            want = "none (call begin)" if self._step is None else f"layer {self._step.next_layer} of the last begin"
+            if self._step is None:
+                want = "none (call begin)"
+            elif self._step.next_layer >= c.n_layers:
+                want = f"none (the last begin's step is complete: all {c.n_layers} layers ran; begin a new step)"
+            else:
+                want = f"layer {self._step.next_layer} of the last begin"
             got = f"a {type(step).__name__}" if not isinstance(step, BatchStep) else "a step"
             raise ValueError(f"layer {i} of {got}; allowed: {want}")
         m_x = attn._check_x(x)
@@ -572,6 +586,11 @@ class BatchV41(BatchParts):
                     f"none (start a new sequence, or pool.release / pool.assume the slot)"
                 )
             u = self.undo.get(slot)
+            if u is not None and u["seq"] != pool.seq_ids[slot]:
+                raise ValueError(
+                    f"slot {slot}: rollback to {pos}: the slot was released or assumed after its last step, whose undo "
+                    f"log went with that sequence; allowed: pos = {end} (no change)"
+                )
             if u is None or not u["done"] or u["step"] != self.last_step[slot]:
                 raise ValueError(
                     f"slot {slot}: rollback to {pos}: its last step kept no undo log; allowed: pos = {end} (no "
@@ -715,12 +734,16 @@ class BatchV41(BatchParts):
             t["candidates"] = self._candidates(o0, o0 + m, self._cand_width)[:, :L].clone()
         self.trace = t
 
+    @torch.no_grad()
     def step(self, weights, xs, slots, starts, lens, keep: bool = True, bucket: int | None = None) -> list:
         """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each
-        layer's output (cloned with `keep`). Every layer's weights and input are checked
-        before `begin`: a refused step changes nothing (no slot released, no undo log
-        dropped, no layer run)."""
-        self.check_layers(weights, xs, sum(lens) if isinstance(lens, (list, tuple)) else None)
+        layer's output (cloned with `keep`). The step's metadata (`begin`'s checks), then
+        every layer's weights and input are checked before `begin`: a refused step changes
+        nothing (no slot released, no undo log dropped, no layer run). Runs without
+        autograd (`forward`): inputs and weights that require grad are read as plain
+        tensors, the outputs have no history."""
+        self._check_begin(slots, starts, lens, bucket)
+        self.check_layers(weights, xs, sum(lens))
         st = self.begin(slots, starts, lens, bucket=bucket)
         return [
             (lambda y: y.clone() if keep else y)(self.forward(weights[i], xs[i], st)) for i in range(self.cfg.n_layers)

@@ -154,6 +154,7 @@ class BatchGraphs:
         raise ValueError(f"{n} tokens in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
 
     # ------------------------------------------------------------------ stepping
+    @torch.no_grad()
     def step(
         self, xs, slots: Sequence[int], lens: Sequence[int] | None = None, starts: Sequence[int] | None = None
     ) -> torch.Tensor:
@@ -166,7 +167,8 @@ class BatchGraphs:
         bf16 on the batch's device, N = Σ lens (layer i's inputs, the sequences' tokens
         contiguous in `slots` order), or `x_in[:, :N]` itself (no copy). Decode steps and
         the others run in separate graphs (`KINDS`). All or nothing: a refused call raises
-        and changes no state."""
+        and changes no state. Runs without autograd (`BatchV41.step`): xs or weights that
+        require grad are read as plain tensors; `y` has no history."""
         t0 = time.perf_counter()
         bt, pool, c = self.batch, self.batch.pool, self.cfg
         if not isinstance(slots, (list, tuple)) or not all(
@@ -273,6 +275,7 @@ class BatchGraphs:
                 self._replaying = True
                 cap.graph.replay()
 
+    @torch.no_grad()
     def capture(
         self, buckets: Sequence[int], sizes: Sequence[int] | None = None, kinds: Sequence[str] = ("decode",)
     ) -> int:
@@ -283,7 +286,7 @@ class BatchGraphs:
         changes. A bucket must be one `bucket_of` gives (a power of two ≥ bucket_min, or
         max_seq). Returns the number of graphs captured (keys already captured with the
         current weights are skipped). Without graphs (the CPU) the pad steps run eagerly
-        and nothing is captured (0)."""
+        and nothing is captured (0). Runs without autograd, as `step`."""
         c, bt = self.cfg, self.batch
         sizes = self.sizes if sizes is None else tuple(sizes)
         for t in sizes:
@@ -311,6 +314,8 @@ class BatchGraphs:
         # slot's last continuation of that size may still need (`BatchV41.rollback`)
         for slot, u in sorted(bt.undo.items()):
             if "cont" not in u or not u["done"] or u["step"] != bt.last_step[slot]:
+                continue
+            if u["seq"] != bt.pool.seq_ids[slot]:  # released or assumed since: the log went with the sequence
                 continue
             st0 = u["cont"][0]
             if st0.id == u["step"] and any(k == "cont" and self._steps.get((k, T)) is st0 for k, T, _ in todo):

@@ -63,6 +63,8 @@ class AttnChecks:
         c = self.cfg
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x is a {type(x).__name__}; allowed: a torch.Tensor")
+        if x.layout != torch.strided:
+            raise TypeError(f"x.layout = {x.layout}; allowed: torch.strided (a dense tensor)")
         if x.dtype != torch.bfloat16:
             raise TypeError(f"x.dtype = {x.dtype}; allowed: torch.bfloat16")
         if x.device != self.device:
@@ -248,6 +250,8 @@ class AttnChecks:
         i, r = role.layer, role.ratio
         if r == 0:
             return
+        if m == 1 and start_pos > 0:  # a decode step: its selection goes through the shared plan
+            self._check_plan_free(role, shared, start_pos)
         L = (start_pos + m) // r
         if not role.is_kv_source and (shared.compress_kv is None or shared.compress_ratio != r):
             raise ValueError(

@@ -9,6 +9,7 @@ A mixin: it reads the runtime's tables, workspaces, op table and plan (`runtime/
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,7 @@ class AttnDecode:
         """Whether this layer's single-token step can be captured into a CUDA graph: true
         for every role. Sources too run from device metadata (compressor slot and group
         completion, visible rows, the bucket's masked scores, a fixed-width top-k)."""
+        self._check_freed("decode_capturable")
         self._check_role(w)
         return True
 
@@ -131,12 +133,60 @@ class AttnDecode:
             return None
         if role.is_kv_source and (self.index_keys == "own" or (p + 1) % r == 0):
             shared.index_k, shared.index_k_owner = st.index_k, role.layer
+        for key in self._plan_writes(role):  # the device selection (and mask) this step writes
+            self.plan.owners[key] = (weakref.ref(shared), shared.seq_id, p)
         if L > 0:
             if role.is_candidate_source:
                 shared.candidates, shared.candidates_pos = self.plan.cand[:1, :L], p
             shared.topk_m, shared.topk_k, shared.topk_pos = 1, min(c.index_topk, L), p
             shared.topk_version += 1
         return shared.index_k
+
+    def _plan_writes(self, role) -> tuple:
+        """The plan buffers a decode step of this layer writes for later layers of its step:
+        an index source's selection row, a candidate source's mask."""
+        keys = (("sel", self.plan.sel_slot(role.layer)),) if role.is_index_source else ()
+        return keys + ((("cand", 0),) if role.is_candidate_source else ())
+
+    def _plan_reads(self, layer: int, key: tuple) -> str:
+        """Whether a decode step of `layer` writes ("w"), else reads ("r") plan buffer `key`,
+        or neither ("")."""
+        role = self.cfg.roles[layer]
+        if key in self._plan_writes(role):
+            return "w"
+        if key[0] == "sel":
+            return "r" if role.ratio > 0 and self.plan.sel_slot(layer) == key[1] else ""
+        return "r" if role.uses_candidates else ""
+
+    def _check_plan_free(self, role, shared: SharedV41, start_pos: int) -> None:
+        """A decode step of an index (or candidate) source writes the plan's device selection
+        row (or candidate mask), which the later layers of its step read. The plan is the
+        runtime's, one for every sequence: refuse the write while another sequence's decode
+        step in progress still has a layer to run that reads that buffer (layers of two
+        sequences interleaved one by one), so neither sequence changes. Checked, writes nothing."""
+        n = self.cfg.n_layers
+        for key in self._plan_writes(role):
+            own = self.plan.owners.get(key)
+            other = None if own is None else own[0]()
+            if other is None or other is shared or other.seq_id != own[1] or other.failed is not None:
+                continue  # no owner, this sequence, or a sequence since dropped, restarted or failed
+            q = own[2]
+            if (other.step_pos, other.step_end) != (q, q + 1):
+                continue  # that step is no longer in progress
+            for j in range(other.last_layer + 1, n):
+                use = self._plan_reads(j, key)
+                if use == "w":
+                    break  # that step writes the buffer again before any further read
+                if use == "r":
+                    what = "selection" if key[0] == "sel" else "candidate mask"
+                    raise ValueError(
+                        f"layer {role.layer} at start_pos {start_pos} (sequence #{shared.seq_id}) would overwrite "
+                        f"the decode {what} that sequence #{own[1]}'s step at start_pos {q} still reads (its layer "
+                        f"{j}; layer {other.last_layer} ran last): the decode selections live in the runtime's "
+                        f"plan, one for every sequence; allowed: finish that step (layers {other.last_layer + 1}.."
+                        f"{n - 1}) first, or start that sequence anew (layer 0 at start_pos 0), or decode the "
+                        "sequences on separate runtimes"
+                    )
 
     def _check_pos_decode(self, start_pos: int) -> None:
         hi = self.cfg.max_seq - 1
@@ -152,6 +202,8 @@ class AttnDecode:
         uploaded. Checks that a ratio>0 layer at `start_pos` has a selection published.
         The caller keeps the order of layers and steps."""
         self._check_live("decode_prep_role")
+        if not isinstance(ratio_positive, bool):
+            raise TypeError(f"ratio_positive = {ratio_positive!r}; allowed: True (ratio>0 layers) or False (ratio 0)")
         self._check_pos_decode(start_pos)
         self._check_shared(shared)
         r = shared.compress_ratio
@@ -163,6 +215,7 @@ class AttnDecode:
             )
         self.plan.set_pos(start_pos)
 
+    @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def decode_body(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None
     ) -> torch.Tensor:

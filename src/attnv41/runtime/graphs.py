@@ -121,6 +121,7 @@ class DecodeGraphs:
         self._keys: list = [None] * cfg.n_layers
 
     # ------------------------------------------------------------------ stepping
+    @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def step(self, xs: Sequence[torch.Tensor] | torch.Tensor, start_pos: int) -> torch.Tensor:
         """One decode token at `start_pos` through every layer; returns `y` ([n_layers, 1, dim]).
 
@@ -205,6 +206,8 @@ class DecodeGraphs:
         for i in range(n):
             attn._check_layer(st.weights[i], st.states[i])
             attn._check_bound(st.states[i], st.shared)
+        for i in cfg.index_source_layers:  # the plan's writers (candidate sources are index sources)
+            attn._check_plan_free(st.weights[i].role, st.shared, start_pos)
         for i in cfg.kv_source_layers:
             if st.shared.sources.get(i) is not st.states[i]:
                 raise ValueError(

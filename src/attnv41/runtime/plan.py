@@ -106,6 +106,11 @@ class DecodePlan:
         self.scores = torch.zeros(n_ix, B, self.max_rows, dtype=torch.bfloat16, device=dev)
         self.pos_at: int | None = 0 if pos is None else None  # what `pos` holds (host view); None: unknown
         self.derived_at: int | None = None  # the position the metadata was derived for
+        # Which sequence's decode step wrote each buffer that later layers of that step read
+        # (("sel", row): an index source's selection; ("cand", 0): the candidate mask), as
+        # (weakref to its SharedV41, its seq_id, the position): `AttnV41` refuses another
+        # sequence's write while a step in progress still has to read it.
+        self.owners: dict[tuple[str, int], tuple] = {}
 
     # ------------------------------------------------------------------ wiring (static)
     def sel_slot(self, layer: int) -> int:

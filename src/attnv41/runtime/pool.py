@@ -58,6 +58,11 @@ class SeqPool:
         W, D, B = c.window, c.head_dim, block_rows
         self.ratios = sorted({c.roles[i].ratio for i in c.kv_source_layers})
         self.max_blocks = {r: _cdiv(_cdiv(c.max_seq, r), B) for r in self.ratios}
+        if blocks is not None and not isinstance(blocks, dict):
+            raise TypeError(
+                f"blocks = {blocks!r}; allowed: None (enough for every slot at max_seq) or a dict "
+                f"{{ratio: block count}} over the kv sources' ratios {self.ratios}"
+            )
         blocks = dict(blocks or {})
         for r in blocks:
             if r not in self.ratios:
@@ -78,6 +83,11 @@ class SeqPool:
         self.blocks_of: dict[int, list[list[int]]] = {r: [[] for _ in range(n_slots)] for r in self.ratios}
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
+        # per slot a number unique to the sequence it holds, new whenever one starts there
+        # (`release`, `assume`; a step from position 0 releases first): what a `BatchV41`
+        # undo log records, so that it dies with its sequence
+        self.seq_ids = [0] * n_slots
+        self._seq_count = 0
         self.in_step: frozenset[int] = frozenset()  # the slots of a step begun and not finished (`BatchV41`)
         # slots whose step raised inside a layer (`BatchV41._abandon`) or whose rollback raised part-way:
         # slot -> (step id, layer or "rollback"); their caches hold part of that work, so they take
@@ -123,7 +133,8 @@ class SeqPool:
     def assume(self, slot: int, length: int) -> None:
         """Give a slot a sequence of `length` tokens without running it (benchmarks,
         tests): the blocks its caches need are allocated, the contents are whatever the
-        pools hold. The next step of the slot starts at `length`."""
+        pools hold. The next step of the slot starts at `length`. A new sequence: the old
+        one's undo log is gone (`BatchV41.rollback` refuses)."""
         self._check_slot(slot)
         self._check_idle(slot, "assume")
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.cfg.max_seq:
@@ -138,6 +149,12 @@ class SeqPool:
         self._grow(slot, length)
         self.length[slot] = length
         self.failed.pop(slot, None)
+        self._new_sequence(slot)
+
+    def _new_sequence(self, slot: int) -> None:
+        """A new sequence in the slot (`seq_ids`): undo logs of the old one are dead."""
+        self._seq_count += 1
+        self.seq_ids[slot] = self._seq_count
 
     def _check_idle(self, slot: int, what: str) -> None:
         if slot in self.in_step:
@@ -148,7 +165,8 @@ class SeqPool:
 
     def release(self, slot: int) -> None:
         """Forget the slot's sequence and return its blocks (not while a step of the slot runs);
-        a slot whose step failed (`failed`) takes any step again."""
+        a slot whose step failed (`failed`) takes any step again. The sequence's undo log
+        goes with it (`BatchV41.rollback` refuses)."""
         self._check_slot(slot)
         self._check_idle(slot, "release")
         for r in self.ratios:
@@ -160,6 +178,7 @@ class SeqPool:
             self.comp_g[i][slot].fill_(float("-inf"))
         self.length[slot] = 0
         self.failed.pop(slot, None)
+        self._new_sequence(slot)
 
     def _check_slot(self, slot) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int):
