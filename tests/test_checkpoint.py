@@ -534,6 +534,42 @@ def test_bad_quantization_config(written, tmp_path):
         load_layer(e.root, 0, cfg=cfg)
 
 
+@pytest.mark.parametrize(
+    "qc, match",
+    [
+        (["fp8"], r"quantization_config = \['fp8'\]; allowed: a JSON object"),
+        (
+            {"weight_block_size": 32},
+            r"quantization_config weight_block_size = 32, scale_fmt = 'ue8m0'; allowed: \[32, 32\]",
+        ),
+    ],
+    ids=["list", "int-block"],
+)
+def test_malformed_quantization_config_is_named(written, tmp_path, qc, match):
+    """A quantization_config that is no object, or a block size that is no list: a
+    CheckpointError naming the file and key (before: AttributeError / "'int' object is not
+    iterable", a traceback from the CLI)."""
+    cfg, _, root = written
+    e = _Editable(root, tmp_path / "ck")
+    d = json.loads((e.root / "config.json").read_text())
+    d["quantization_config"] = qc
+    (e.root / "config.json").write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match=r"config\.json: " + match):
+        load_layer(e.root, 0, cfg=cfg)
+
+
+def test_scale_on_a_tensor_that_is_not_fp8_is_named_so(written, tmp_path):
+    """A `.scale` beside a tensor the role has but that is not an FP8 linear (indexer.wk on
+    an index source): named as a stray scale, not as a role mismatch."""
+    cfg, _, root = written
+    i = next(j for j, r in enumerate(cfg.roles) if r.is_index_source)
+    e = _Editable(root, tmp_path / "ck")
+    e.add(f"layers.{i}.attn.indexer.wk.scale", torch.zeros(1, 1, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    msg = rf"layers\.{i}\.attn\.indexer\.wk\.scale: a scale for layers\.{i}\.attn\.indexer\.wk\.weight, which is not"
+    with pytest.raises(CheckpointError, match=msg + r" stored in FP8; allowed: scales only on the FP8 linears"):
+        load_layer(e.root, i, cfg=cfg)
+
+
 def test_writer_rejects_bad_arguments(tmp_path):
     cfg = small_cfg()
     w = random_weights(cfg, 1)
@@ -686,7 +722,7 @@ def test_fp8_load_refuses_dequantized_linear(tmp_path):
     cfg = small_cfg(q_rank=32)
     w = random_weights(cfg, 4)
     root = write_checkpoint(tmp_path, cfg, w, shards=2, fp8_names=[n for n in FP8_NAMES if n != "wkv.weight"])
-    load_model(root, cfg=cfg, progress=False)  # bf16: fine
+    load_model(root, cfg=cfg, progress=False, weights="bf16")  # fine (the default refuses the mix)
     with pytest.raises(CheckpointError, match=r"layers\.0\.attn\.wkv\.weight\.dtype = torch\.bfloat16 without a"):
         load_model(root, cfg=cfg, progress=False, weights="fp8")
 
@@ -715,13 +751,38 @@ def test_default_format_is_the_checkpoints_own(written_fp8):
     assert {lw.format for lw in load_model(root, cfg=cfg, progress=False, weights="bf16")} == {"bf16"}
 
 
-def test_partly_fp8_checkpoint_is_bf16(tmp_path):
-    """One FP8 linear stored dequantized (no scale): the FP8 format cannot be kept, so the
-    checkpoint's own format is bf16, and the default loads it so."""
+def test_partly_fp8_checkpoint_has_no_format_of_its_own(tmp_path):
+    """One FP8 linear stored dequantized (no scale), the others FP8: loading it as either
+    format would run part of the model in the other math without a word (before
+    2026-12-04 the default silently took bf16 for every layer), so the default refuses,
+    naming one tensor of each kind; `weights="bf16"` loads it, dequantizing the rest."""
     cfg = small_cfg(q_rank=32)
     root = write_checkpoint(tmp_path, cfg, random_weights(cfg, 4), shards=2, fp8_names=set(FP8_NAMES) - {"wq_b.weight"})
-    assert ckpt.checkpoint_weight_format(root) == "bf16"
-    assert {lw.format for lw in load_model(root, cfg=cfg, progress=False)} == {"bf16"}
+    msg = (
+        r"layers\.0\.attn\.wq_b\.weight is not stored float8_e4m3fn with its scale, but "
+        r"layers\.0\.attn\.w\S+\.weight is: .* two formats.*allowed: weights='bf16'"
+    )
+    with pytest.raises(CheckpointError, match=msg):
+        ckpt.checkpoint_weight_format(root)
+    with pytest.raises(CheckpointError, match=msg):
+        load_model(root, cfg=cfg, progress=False)
+    with pytest.raises(CheckpointError, match=msg):
+        load_layer(root, 3, cfg=cfg)
+    assert {lw.format for lw in load_model(root, cfg=cfg, progress=False, weights="bf16")} == {"bf16"}
+
+
+def test_tensors_past_n_layers_do_not_set_the_format(tmp_path):
+    """A tensor of a layer past n_layers (a draft stage's) stored otherwise does not move an
+    FP8 checkpoint's own format (before, any such tensor made every layer load bf16)."""
+    cfg = small_cfg(q_rank=32)
+    root = write_checkpoint(tmp_path, cfg, random_weights(cfg, 4), shards=1)
+    idx = json.loads((root / "model.safetensors.index.json").read_text())
+    extra = {f"layers.{cfg.n_layers}.attn.wq_a.weight": torch.zeros(4, 32, dtype=torch.bfloat16)}
+    save_file(extra, str(root / "extra.safetensors"), metadata={"format": "pt"})
+    idx["weight_map"].update(dict.fromkeys(extra, "extra.safetensors"))
+    (root / "model.safetensors.index.json").write_text(json.dumps(idx))
+    assert ckpt.checkpoint_weight_format(root) == "fp8"
+    assert {lw.format for lw in load_model(root, cfg=cfg, progress=False)} == {"fp8"}
 
 
 def test_default_fp8_load_of_an_in_dim_not_in_fp8_blocks(written):

@@ -302,3 +302,65 @@ def test_direct_construction_defaults_fit_a_small_position_limit():
     assert cfg.replace(window=16).max_seq == 10000  # replace keeps the resolved values
     with pytest.raises(ValueError, match="AttnV41Cfg.max_seq = 1024; allowed: max_tokens"):
         AttnV41Cfg(**{**kw, "max_position_embeddings": 512, "max_seq": 1024})
+
+
+# ------------------------------------------------ config.json values taken as they are (2026-12-04 audit)
+
+
+@pytest.mark.parametrize(
+    "key, value, exc, match",
+    [
+        ("num_hidden_layers", 6.7, ValueError, r"AttnV41Cfg\.n_layers = 6\.7; allowed: an integer >= 1"),
+        ("num_hidden_layers", "40", ValueError, r"AttnV41Cfg\.n_layers = '40'; allowed: an integer >= 1"),
+        ("max_position_embeddings", True, ValueError, r"max_position_embeddings = True; allowed: an integer"),
+        ("max_position_embeddings", 1048576.9, ValueError, r"max_position_embeddings = 1048576\.9; allowed"),
+        ("rms_norm_eps", True, ValueError, r"AttnV41Cfg\.norm_eps = True; allowed: a finite number > 0"),
+        ("rope_theta", "1e4", ValueError, r"AttnV41Cfg\.rope_theta = '1e4'; allowed: a finite number > 0"),
+        ("rope_theta", [1e4], ValueError, r"AttnV41Cfg\.rope_theta = \[10000\.0\]; allowed: a finite number"),
+        ("rope_scaling.factor", True, ValueError, r"AttnV41Cfg\.rope_factor = True; allowed: a finite number"),
+        ("compress_ratios", [0, 0] + [2] * 18 + [1] * 20 + [4, 4], ValueError, r"then only the draft stages' zeros"),
+        ("compress_ratios", [0, 0] + [2] * 18 + [1] * 19, ValueError, r"40 entries \(n_layers\)"),
+        ("compress_ratios", "0,2,1", ValueError, r"compress_ratios = '0,2,1'; allowed: a list of integers"),
+        ("candidate_source_layer_id", None, KeyError, r"config key 'candidate_source_layer_id' is missing"),
+        ("text_config", None, TypeError, r"config\.json text_config = None; allowed: a JSON object"),
+        ("rope_scaling", "yarn", TypeError, r"config\.json rope_scaling = 'yarn'; allowed: a JSON object"),
+    ],
+)
+def test_reader_takes_no_value_it_would_have_to_convert(key, value, exc, match):
+    """No int()/float() of config values (6.7 → 6 layers, true → eps 1.0 or max_seq 1, "1e4"
+    parsed), no truncated per-layer list beyond the draft stages' zeros, no missing
+    candidate source read as none (the reindex layers would lose their mask), and no
+    AttributeError for a malformed structure: each is refused naming the key."""
+    d = _hf_config()
+    t = d["text_config"]
+    if key == "text_config":
+        d["text_config"] = value
+    elif key == "candidate_source_layer_id":
+        del t[key]
+    elif key.startswith("rope_scaling."):
+        t["rope_scaling"][key.split(".")[1]] = value
+    else:
+        t[key] = value
+    with pytest.raises(exc, match=match):
+        AttnV41Cfg.from_hf_config(d)
+
+
+def test_reader_keeps_numbers_and_an_explicit_null_candidate_source():
+    """JSON ints for float fields are numbers (stored as floats, as before); an explicit null
+    candidate source is a geometry without one; draft-stage zeros past n_layers are dropped."""
+    d = _hf_config()
+    d["text_config"]["candidate_source_layer_id"] = None
+    cfg = AttnV41Cfg.from_hf_config(d)
+    assert cfg.candidate_source_layer is None and not any(r.uses_candidates for r in cfg.roles)
+    assert isinstance(cfg.rope_theta, float) and cfg.rope_theta == 10000.0 and len(cfg.compress_ratios) == 40
+
+
+def test_presets_take_a_large_max_tokens_alone():
+    """A preset given only max_tokens above its default max_seq sizes max_seq for it (before,
+    the default max_seq the caller never passed was refused)."""
+    from attnv41.synthetic import small_preset
+
+    assert v41_flash().max_seq == 8192 and v41_flash(max_tokens=10000).max_seq == 10000
+    assert small_preset().max_seq == 512 and small_preset(max_tokens=1024).max_seq == 1024
+    with pytest.raises(ValueError, match=r"AttnV41Cfg\.max_seq = 512; allowed: max_tokens \(1024\) <= max_seq"):
+        small_preset(max_tokens=1024, max_seq=512)

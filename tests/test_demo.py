@@ -136,3 +136,11 @@ def test_demo_weights_rejected(tmp_path, capsys, monkeypatch):
     with pytest.raises(ValueError, match=r"--weights = 'fp8' gives 'fp8' \(asked\)"):
         prepare_demo(prompt=4, steps=1, progress=False, device="cpu", weights="fp8")
     assert prepare_demo(prompt=4, steps=1, progress=False, device="cpu", checkpoint=str(f8), weights="bf16")
+
+
+def test_report_names_the_geometrys_layer_count():
+    """The prefill line counts the geometry's layers (a 6-layer checkpoint said "x 40 layers")."""
+    from attnv41.demo import DemoResult
+
+    r = DemoResult("cpu", "checkpoint x", 16, 4, 0.01, 1.0, 2.0, 3.0, 0, 0, 0, "-", 0, "bf16", 6)
+    assert "prefill   16 tokens x 6 layers:" in r.lines()[1]

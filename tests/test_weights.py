@@ -85,3 +85,57 @@ def test_random_weights_format_checked():
         random_weights(cfg, 0, weights="fp4")
     with pytest.raises(ValueError, match=r"layer 0: wq_b\.weight: shape \[128, 16\]; allowed: .*multiple of 32"):
         random_weights(small_cfg(), 0, weights="fp8")  # q_rank 16: not whole FP8 blocks
+
+
+@pytest.mark.parametrize("name", ["wq_a", "wo_a"])
+def test_fp8_weight_that_dequantizes_to_inf_is_named(name):
+    """A finite e4m3 byte times a finite e8m0 scale can overflow: 448 · 2^(0xF7 − 127) rounds
+    to bf16 inf, 448 · 2^(0xF6 − 127) does not. Refused as the checkpoint loader refuses it
+    (before 2026-12-04 `from_state_dict` took it and every output of the layer was NaN),
+    for a kept FP8 linear and for wo_a kept as its bytes; the largest finite case loads."""
+    cfg = small_preset(max_tokens=8, max_seq=16)
+    w = dict(random_weights(cfg, 6, weights="fp8")[0])
+    kw = dict(wo_a="fp8") if name == "wo_a" else {}
+    q = w[f"{name}.weight"].clone()
+    q.view(torch.uint8)[32, 0] = 0x7E  # e4m3 448, in scale block [1, 0]
+    w[f"{name}.weight"] = q
+    for byte, ok in ((0xF6, True), (0xF7, False), (0xFE, False)):
+        s = w[f"{name}.scale"].clone()
+        s.view(torch.uint8)[1, 0] = byte
+        w[f"{name}.scale"] = s
+        if ok:
+            lw = AttnV41LayerWeights.from_state_dict(cfg.roles[0], w, cfg=cfg, **kw)
+            assert torch.isfinite(dequant_weight(q, s).float()).all() and lw.format == "fp8"
+            continue
+        with pytest.raises(NonFiniteWeightError) as e:
+            AttnV41LayerWeights.from_state_dict(cfg.roles[0], w, cfg=cfg, **kw)
+        assert e.value.key == f"attn.{name}.weight"
+        assert str(e.value).startswith(f"layers.0.attn.{name}.weight: ")
+        assert f"(after dequantization; scale bytes up to 0x{byte:02X})" in str(e.value)
+
+
+def test_state_dict_inputs_are_named():
+    """Two names for one tensor, a role the config does not give that layer, a non-tensor
+    value and a meta tensor: each refused naming it (before: the later name silently won,
+    the role passed until the runtime's check, AttributeError, a meta .item() error)."""
+    from attnv41.config import LayerRole
+
+    cfg = small_cfg()
+    w = dict(random_weights(cfg, 3)[1])
+    with pytest.raises(
+        KeyError, match=r"layer 1: 'wq_a\.weight' and 'attn\.wq_a\.weight' both name 'attn\.wq_a\.weight'"
+    ):
+        AttnV41LayerWeights.from_state_dict(cfg.roles[1], {**w, "attn.wq_a.weight": w["wq_a.weight"]}, cfg=cfg)
+    other = LayerRole(1, 1, True, True, False, False)
+    with pytest.raises(ValueError, match=r"role LayerRole\(layer=1, ratio=1.*allowed: the config's role for its layer"):
+        AttnV41LayerWeights.from_state_dict(other, w, cfg=cfg)
+    with pytest.raises(ValueError, match=r"allowed: the config's role for its layer \(layer 0\.\.5\)"):
+        AttnV41LayerWeights.from_state_dict(LayerRole(99, 0, False, False, False, False), w, cfg=cfg)
+    with pytest.raises(TypeError, match=r"role is a str; allowed: a LayerRole"):
+        AttnV41LayerWeights.from_state_dict("full", w, cfg=cfg)
+    with pytest.raises(TypeError, match=r"layer 1: 'q_norm\.weight' is a list; allowed: a torch\.Tensor"):
+        AttnV41LayerWeights.from_state_dict(cfg.roles[1], {**w, "q_norm.weight": [1.0]}, cfg=cfg)
+    meta = torch.empty(w["q_norm.weight"].shape, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"layer 1: 'q_norm\.weight' is on the meta device"):
+        AttnV41LayerWeights.from_state_dict(cfg.roles[1], {**w, "q_norm.weight": meta}, cfg=cfg)
+    assert AttnV41LayerWeights.from_state_dict(cfg.roles[1], w, cfg=cfg).role == cfg.roles[1]

@@ -28,8 +28,9 @@ released FP8 math), after the same checks (a dequantization that would be non-fi
 rejected too), and dequantizes `wo_a` as the released conversion does (or, with
 `wo_a="fp8"`, keeps its bytes too, run as that exact bf16: `weights.py`); "bf16"
 dequantizes every fp8 weight as above. A checkpoint is "fp8" when every FP8 linear of
-every layer is stored float8_e4m3fn with its `.scale`, else "bf16" (an already dequantized
-one, or one only partly in FP8). With "fp8", one of those linears stored bf16 without a
+every attention layer (0..n_layers−1) is stored float8_e4m3fn with its `.scale`, "bf16"
+when none is (already dequantized); one only partly in FP8 has no format of its own and
+raises unless `weights=` is given. With "fp8", one of those linears stored bf16 without a
 scale is an error (its FP8 bytes are gone), and so is one whose in-dim is not a multiple
 of 32 (the released FP8 linear quantizes its input per 32 columns).
 
@@ -260,12 +261,17 @@ class _Checkpoint:
 def _check_quantization_config(path: Path) -> None:
     if not path.is_file():
         return
-    qc = _read_json(path).get("quantization_config")
+    d = _read_json(path)
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: a JSON {type(d).__name__}; allowed: a JSON object")
+    qc = d.get("quantization_config")
     if not qc:
         return
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{path}: quantization_config = {qc!r}; allowed: a JSON object")
     block = qc.get("weight_block_size", [BLOCK, BLOCK])
     fmt = qc.get("scale_fmt", "ue8m0")
-    if list(block) != [BLOCK, BLOCK] or fmt != "ue8m0":
+    if not isinstance(block, list) or block != [BLOCK, BLOCK] or fmt != "ue8m0":
         raise CheckpointError(
             f"{path}: quantization_config weight_block_size = {block}, scale_fmt = {fmt!r}; allowed: [32, 32], 'ue8m0'"
         )
@@ -276,6 +282,12 @@ def _check_role(ck: _Checkpoint, i: int, role: LayerRole, spec: Mapping[str, obj
     present = ck.layers.get(i, set())
     allowed = set(spec) | {_scale_name(k) for k in spec if k in _FP8}
     for rel in sorted(present - allowed):
+        weight = rel.removesuffix(".scale") + ".weight"
+        if rel.endswith(".scale") and weight in spec:  # the role has the tensor: its scale is what is wrong
+            raise CheckpointError(
+                f"{ck.name(i, rel)}: a scale for {ck.name(i, weight)}, which is not stored in FP8; allowed: scales "
+                f"only on the FP8 linears ({', '.join(sorted(n.removeprefix('attn.') for n in _FP8))})"
+            )
         if rel.startswith(_ROLE_FAMILIES):
             raise CheckpointError(
                 f"{ck.name(i, rel)}: present in the checkpoint, but the config makes layer {i} "
@@ -356,25 +368,38 @@ def _load_layer(
         raise CheckpointError(f"{ck.name(i, e.key)}: {e.detail}") from e
 
 
-def _stored_format(ck: _Checkpoint) -> str:
-    """ "fp8" when every FP8 linear of every layer is stored float8_e4m3fn with its scale
-    (headers only, no data read), else "bf16"."""
-    seen = False
-    for i in sorted(ck.layers):
+def _stored_format(ck: _Checkpoint, n_layers: int) -> str:
+    """The format of the FP8 linears of layers 0..n_layers−1 (headers only, no data read):
+    "fp8" when each is stored float8_e4m3fn with its scale, "bf16" when none is (a
+    checkpoint already dequantized). Both in one checkpoint raise `CheckpointError` naming
+    one of each: loading it as either would silently run part of the model in the other
+    math, so the caller chooses (`weights=`). Tensors of later layers (the draft stages)
+    do not count."""
+    first: dict[bool, str] = {}
+    for i in sorted(k for k in ck.layers if k < n_layers):
         present = ck.layers[i]
         for rel in sorted(_KEEP_FP8 & present):
-            seen = True
-            if _scale_name(rel) not in present or ck.header(ck.name(i, rel))[0] != torch.float8_e4m3fn:
-                return "bf16"
-    return "fp8" if seen else "bf16"
+            name = ck.name(i, rel)
+            fp8 = _scale_name(rel) in present and ck.header(name)[0] == torch.float8_e4m3fn
+            first.setdefault(fp8, name)
+    if len(first) == 2:
+        raise CheckpointError(
+            f"{first[False]} is not stored float8_e4m3fn with its scale, but {first[True]} is: the checkpoint's FP8 "
+            "linears are in two formats, so it has no one format of its own; allowed: weights='bf16' (every FP8 "
+            "linear dequantized, the stored bf16 ones used as they are), or a checkpoint in one format"
+        )
+    return "fp8" if first.get(True) else "bf16"
 
 
-def checkpoint_weight_format(path: str | Path) -> str:
+def checkpoint_weight_format(path: str | Path, cfg: AttnV41Cfg | None = None) -> str:
     """The checkpoint's own weight format, what `load_layer`/`load_model` load by default:
-    "fp8" when every FP8 linear (`FP8_LINEARS`) of every layer is stored float8_e4m3fn with
-    its `.scale`, else "bf16". Reads the index and the shard headers only."""
+    "fp8" when every FP8 linear (`FP8_LINEARS`) of attention layers 0..n_layers−1 is stored
+    float8_e4m3fn with its `.scale`, "bf16" when none is; a mix raises `CheckpointError`
+    (`_stored_format`). `cfg` (default `AttnV41Cfg.from_checkpoint(path)`) gives n_layers.
+    Reads the config, the index and the shard headers only."""
+    n_layers = (AttnV41Cfg.from_checkpoint(path) if cfg is None else cfg).n_layers
     with _Checkpoint(path) as ck:
-        return _stored_format(ck)
+        return _stored_format(ck, n_layers)
 
 
 def _check_weights_arg(weights: str | None, wo_a: str = "bf16") -> None:
@@ -419,7 +444,7 @@ def load_layer(
     _check_weights_arg(weights, wo_a)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else _check_cfg(path, cfg)
     with _Checkpoint(path) as ck:
-        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck), wo_a)
+        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck, cfg.n_layers), wo_a)
 
 
 def load_model(
@@ -446,7 +471,7 @@ def load_model(
             pass
     try:
         with _Checkpoint(path) as ck:
-            weights = weights or _stored_format(ck)
+            weights = weights or _stored_format(ck, cfg.n_layers)
             for i in range(cfg.n_layers):
                 out.append(_load_layer(ck, cfg, i, device, weights, wo_a))
                 if bar is not None:

@@ -309,8 +309,16 @@ class AttnV41Cfg:
         `min(max(8192, max_tokens), max_position_embeddings)`; `max_tokens` defaults to
         `min(4096, max_seq)`. A `max_seq` given explicitly is validated as given.
         """
-        n_layers = int(_need(d, "n_layers"))
-        mpe = int(d.get("max_position_embeddings", 1 << 20))
+        if not isinstance(d, dict):
+            raise TypeError(f"config = {type(d).__name__}; allowed: a JSON object (dict)")
+        # No conversions: int(6.7), int("6") or float(True) would silently change the model;
+        # the constructor checks every value's type (numbers: int or float, not bool).
+        n_layers = _need(d, "n_layers")
+        if not _is_int(n_layers) or n_layers < 1:
+            raise _range_error("n_layers", n_layers, "an integer >= 1")
+        mpe = d.get("max_position_embeddings", 1 << 20)
+        if not _is_int(mpe) or mpe < 1:
+            raise _range_error("max_position_embeddings", mpe, "an integer >= 1")
         if "max_seq" in overrides:
             max_seq = overrides.pop("max_seq")
         elif "max_seq_len" in d:
@@ -337,22 +345,31 @@ class AttnV41Cfg:
             index_topk=_need(d, "index_topk"),
             cand_blocks=_need(d, "candidate_topk_blocks"),
             cand_block=_need(d, "candidate_block_size"),
-            rope_theta=float(_need(d, "rope_theta")),
-            compress_rope_theta=float(_need(d, "compress_rope_theta")),
-            rope_factor=float(_need(d, "rope_factor")),
+            rope_theta=_number(d, "rope_theta"),
+            compress_rope_theta=_number(d, "compress_rope_theta"),
+            rope_factor=_number(d, "rope_factor"),
             original_seq_len=_need(d, "original_seq_len"),
-            beta_fast=float(_need(d, "beta_fast")),
-            beta_slow=float(_need(d, "beta_slow")),
-            norm_eps=float(_need(d, "norm_eps")),
+            beta_fast=_number(d, "beta_fast"),
+            beta_slow=_number(d, "beta_slow"),
+            norm_eps=_number(d, "norm_eps"),
             max_position_embeddings=mpe,
-            # The released list also covers the draft stages after the backbone.
-            compress_ratios=tuple(_need(d, "compress_ratios"))[:n_layers],
-            kv_source_layers=tuple(_need(d, "kv_source_layers")),
-            index_source_layers=tuple(_need(d, "index_source_layers")),
-            candidate_source_layer=d.get("candidate_source_layer"),
+            compress_ratios=_need(d, "compress_ratios"),
+            kv_source_layers=_need(d, "kv_source_layers"),
+            index_source_layers=_need(d, "index_source_layers"),
+            # required: a missing key would silently drop the reindex layers' candidate mask (null: none)
+            candidate_source_layer=_need(d, "candidate_source_layer"),
             max_seq=max_seq,
             max_tokens=max_tokens,
         )
+        ratios = kw["compress_ratios"]
+        if not isinstance(ratios, (list, tuple)):
+            raise _range_error("compress_ratios", ratios, "a list of integers")
+        # The released list also covers the draft stages after the backbone (ratio 0).
+        if len(ratios) < n_layers or any(r != 0 or not _is_int(r) for r in ratios[n_layers:]):
+            raise _range_error(
+                "compress_ratios", ratios, f"{n_layers} entries (n_layers), then only the draft stages' zeros"
+            )
+        kw["compress_ratios"] = tuple(ratios[:n_layers])
         kw.update(overrides)
         return cls(**kw)
 
@@ -363,8 +380,14 @@ class AttnV41Cfg:
         Defaults of `max_seq` and `max_tokens` as `from_inference_config`: at most the
         checkpoint's `max_position_embeddings`.
         """
+        if not isinstance(d, dict):
+            raise TypeError(f"config.json = {type(d).__name__}; allowed: a JSON object")
         t = d.get("text_config", d)
+        if not isinstance(t, dict):
+            raise TypeError(f"config.json text_config = {t!r}; allowed: a JSON object")
         rs = t.get("rope_scaling") or {}
+        if not isinstance(rs, dict):
+            raise TypeError(f"config.json rope_scaling = {rs!r}; allowed: a JSON object")
         if rs and rs.get("rope_type", rs.get("type")) not in ("yarn", None):
             raise ValueError(f"config.json rope_scaling.rope_type = {rs.get('rope_type')!r}; allowed: 'yarn'")
         flat = dict(
@@ -380,7 +403,7 @@ class AttnV41Cfg:
             compress_ratios=_need(t, "compress_ratios"),
             kv_source_layers=_need(t, "kv_source_layer_ids"),
             index_source_layers=_need(t, "index_source_layer_ids"),
-            candidate_source_layer=t.get("candidate_source_layer_id"),
+            candidate_source_layer=_need(t, "candidate_source_layer_id"),
             candidate_topk_blocks=_need(t, "candidate_topk_blocks"),
             candidate_block_size=_need(t, "candidate_block_size"),
             index_n_heads=_need(t, "index_n_heads"),
@@ -452,8 +475,17 @@ def _need(d: dict[str, Any], key: str, prefix: str = "") -> Any:
     return d[key]
 
 
-def v41_flash(max_tokens: int = 4096, max_seq: int = 8192) -> AttnV41Cfg:
-    """The released DeepSeek-V4.1-Flash attention geometry (attention-v41.md §1)."""
+def _number(d: dict[str, Any], key: str) -> Any:
+    """A float field's value as a float when it is a number (an int or a float, not a
+    bool); anything else as it is, for the constructor to refuse, naming it."""
+    v = _need(d, key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def v41_flash(max_tokens: int = 4096, max_seq: int | None = None) -> AttnV41Cfg:
+    """The released DeepSeek-V4.1-Flash attention geometry (attention-v41.md §1). `max_seq`
+    left out: min(max(8192, max_tokens), max_position_embeddings), the config's default (so
+    a large `max_tokens` alone is not refused for a capacity the caller never passed)."""
     return AttnV41Cfg(
         dim=5120,
         n_layers=40,

@@ -39,6 +39,7 @@ class DemoResult:
     memory: str
     nonfinite: int = 0  # non-finite values that entered a cache write, both stacks (finite inputs: 0)
     weights: str = "bf16"  # the weight format the stacks ran ("bf16" or "fp8")
+    layers: int = 40  # the geometry's n_layers
 
     @property
     def ok(self) -> bool:
@@ -48,7 +49,7 @@ class DemoResult:
         mode = "CUDA graphs" if self.device.startswith("cuda") else "the device-driven step, eagerly"
         return [
             f"attnv41 demo: {self.geometry}, {self.weights} weights, on {self.device}",
-            f"  prefill   {self.prompt} tokens x 40 layers: {self.prefill_s * 1e3:.1f} ms, "
+            f"  prefill   {self.prompt} tokens x {self.layers} layers: {self.prefill_s * 1e3:.1f} ms, "
             f"{self.prompt / self.prefill_s:,.0f} tokens/s",
             f"  decode    {self.steps} steps, {mode}: {self.graph_step_ms:.3f} ms/step, "
             f"{1e3 / self.graph_step_ms:,.1f} tokens/s (first step apart: {self.graph_first_ms:.1f} ms"
@@ -137,7 +138,7 @@ def prepare_demo(
         cfg = AttnV41Cfg.from_checkpoint(checkpoint, max_tokens=1, max_seq=1)
         _check_lengths(prompt, steps, cfg.max_position_embeddings, f"checkpoint {checkpoint}")
         cfg = cfg.replace(max_tokens=prompt, max_seq=prompt + steps + 1)
-        fmt = checkpoint_weight_format(checkpoint) if weights == "auto" else weights
+        fmt = checkpoint_weight_format(checkpoint, cfg) if weights == "auto" else weights
         _check_format_runs(fmt, dev, weights)
         layers = load_model(checkpoint, cfg, device=dev, progress=progress, weights=fmt)
         geometry = f"checkpoint {checkpoint} (dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers)"
@@ -252,6 +253,7 @@ def run_prepared(setup: DemoSetup) -> DemoResult:
         memory,
         graph.attn.nonfinite_count() + eager.attn.nonfinite_count(),
         setup.weight_format,
+        graph.cfg.n_layers,
     )
 
 

@@ -93,8 +93,11 @@ def random_inputs(cfg: AttnV41Cfg, n: int, seed: int, device: str | torch.device
     return xs
 
 
-def small_preset(max_tokens: int = 256, max_seq: int = 512) -> AttnV41Cfg:
-    """The V4.1-Flash layer schedule (40 layers, every role) at a width a CPU runs quickly."""
+def small_preset(max_tokens: int = 256, max_seq: int | None = None) -> AttnV41Cfg:
+    """The V4.1-Flash layer schedule (40 layers, every role) at a width a CPU runs quickly.
+    `max_seq` left out: max(512, max_tokens) (valid whatever `max_tokens` is)."""
+    if max_seq is None and isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        max_seq = max(512, max_tokens)
     return v41_flash(max_tokens=max_tokens, max_seq=max_seq).replace(
         dim=256,
         n_heads=4,

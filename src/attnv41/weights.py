@@ -115,6 +115,26 @@ def _fp8_bad_bytes(t: torch.Tensor) -> str | None:
     return f"{n} {what}{'s' if n > 1 else ''} (first at {bad.nonzero()[0].tolist()}); allowed: {allowed}"
 
 
+# The smallest e8m0 scale byte whose block can dequantize to ±inf: e4m3 values reach 448 =
+# 1.75·2^8, and 1.75·2^(8 + S − 127) rounds to bf16 ±inf from S − 127 = 120 on.
+_OVERFLOW_SCALE_BYTE = 0xF7
+
+
+def _fp8_overflow(w: torch.Tensor, sc: torch.Tensor) -> str | None:
+    """None when the e4m3 weight `w` times its e8m0 block scale `sc` is finite in bf16 (the
+    released conversion's values, `reference.fp8.dequant_weight`), else what is wrong.
+    Only blocks with a scale byte >= 0xF7 can overflow; the product is formed only then."""
+    s = sc.view(torch.uint8)
+    if not bool((s >= _OVERFLOW_SCALE_BYTE).any()):
+        return None
+    from .reference.fp8 import dequant_weight  # noqa: PLC0415
+
+    detail = describe_nonfinite(dequant_weight(w, sc, FP8_BLOCK, check=False))
+    if detail is None:
+        return None
+    return f"{detail} (after dequantization; scale bytes up to 0x{int(s.max()):02X})"
+
+
 def _weight_format(role: LayerRole, got: Mapping[str, torch.Tensor]) -> str:
     """The layer's format from its tensors: "fp8" when its FP8 linears are float8_e4m3fn
     or carry a scale, "bf16" when none does; a mix, or a scale on another tensor, raises."""
@@ -170,6 +190,9 @@ def _take_wo_a_scale(role: LayerRole, got: dict[str, torch.Tensor]) -> torch.Ten
         detail = _fp8_bad_bytes(t)
         if detail is not None:
             raise NonFiniteWeightError(role.layer, name, detail)
+    detail = _fp8_overflow(w, sc)
+    if detail is not None:
+        raise NonFiniteWeightError(role.layer, k, detail)
     return sc
 
 
@@ -233,7 +256,24 @@ class AttnV41LayerWeights:
         0xFF) raises `NonFiniteWeightError` (a ValueError) naming it,
         `layers.{i}.attn.<name>`.
         """
-        got = {_canonical(k): v for k, v in tensors.items()}
+        if not isinstance(role, LayerRole):
+            raise TypeError(f"role is a {type(role).__name__}; allowed: a LayerRole (cfg.roles[i])")
+        if cfg is not None and (not 0 <= role.layer < cfg.n_layers or cfg.roles[role.layer] != role):
+            want = cfg.roles[role.layer] if 0 <= role.layer < cfg.n_layers else f"layer 0..{cfg.n_layers - 1}"
+            raise ValueError(f"role {role}; allowed: the config's role for its layer ({want})")
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"tensors is a {type(tensors).__name__}; allowed: a mapping of names to torch.Tensor")
+        got: dict[str, torch.Tensor] = {}
+        given: dict[str, str] = {}  # canonical name -> the name given
+        for k, v in tensors.items():
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"layer {role.layer}: {k!r} is a {type(v).__name__}; allowed: a torch.Tensor")
+            if v.is_meta:
+                raise ValueError(f"layer {role.layer}: {k!r} is on the meta device (no data); allowed: real tensors")
+            c = _canonical(k)
+            if c in got:  # 'wq_a.weight' and 'attn.wq_a.weight': which one is meant is not known
+                raise KeyError(f"layer {role.layer}: {given[c]!r} and {k!r} both name {c!r}; allowed: one of them")
+            got[c], given[c] = v, k
         if role.is_kv_source and role.ratio >= 2:
             for k in ("attn.compressor.wkv.weight", "attn.compressor.wgate.weight"):
                 if k in got and got[k].dtype == torch.bfloat16:
@@ -299,6 +339,11 @@ class AttnV41LayerWeights:
             detail = describe_nonfinite(t)
             if detail is not None:
                 raise NonFiniteWeightError(role.layer, k, detail)
+        if fmt == "fp8":  # a finite byte times a finite scale can still overflow (released conversion's rule)
+            for n in _fp8_linears(role):
+                detail = _fp8_overflow(got[f"{PREFIX}{n}.weight"], got[f"{PREFIX}{n}.scale"])
+                if detail is not None:
+                    raise NonFiniteWeightError(role.layer, f"{PREFIX}{n}.weight", detail)
         if wo_a_scale is not None:
             got[f"{PREFIX}wo_a.scale"] = wo_a_scale
         if device is not None:
