@@ -196,6 +196,7 @@ class SharedV41:
             raise ValueError(f"states of layers {got}; allowed: one per layer, in order (n_layers = {n})")
         self.prepared = None
         self.failed = None  # the caller vouches for the caches' contents
+        self.calls += 1  # the caches are the caller's now: undo logs of earlier calls are stale
         for st in states:
             st.seq_id, st.next_pos = self.seq_id, next_pos
             if st.role.is_kv_source:

@@ -222,3 +222,78 @@ def test_blocks_must_be_a_dict(setup, blocks, msg):
     with pytest.raises(TypeError) as e:
         BatchV41(cfg, n_slots=1, blocks=blocks)
     assert msg in str(e.value), str(e.value)
+
+
+# ------------------------------------------------ lifecycle (2026-12-04 audit, third round)
+
+
+def _tight(cfg, wts, xs) -> BatchV41:
+    """Slot 0 at 20 tokens, slot 1 at 8, blocks of 4 rows, 8 of ratio 1 and 4 of ratio 2:
+    one ratio-1 block and no ratio-2 block left."""
+    bt = BatchV41(cfg, n_slots=2, block_rows=4, blocks={1: 8, 2: 4})
+    _run(bt, cfg, wts, xs, [(0, 0, 20)])
+    _run(bt, cfg, wts, xs, [(1, 0, 8)])
+    assert {r: len(f) for r, f in bt.pool.free_blocks.items()} == {1: 1, 2: 0}
+    return bt
+
+
+def test_a_restarting_slot_frees_its_blocks_whatever_the_slot_order(setup):
+    """Slot 1 grows (8 → 9: a block of each ratio) while slot 0 restarts (its blocks are the
+    ones slot 1 needs): the step is valid in either slot order. Before, with slot 1 listed
+    first, it raised IndexError after taking the last ratio-1 block. Each sequence's
+    output rows are the same bytes in both orders (batch invariance)."""
+    cfg, wts, xs = setup
+    got = {}
+    for order in ([(1, 8, 1), (0, 0, 4)], [(0, 0, 4), (1, 8, 1)]):
+        bt = _tight(cfg, wts, xs)
+        ys = [y.clone() for y in _run(bt, cfg, wts, xs, order)]
+        rows = {}
+        o = 0
+        for sl, _, m in order:
+            rows[sl] = [y[o : o + m] for y in ys]
+            o += m
+        got[tuple(c[0] for c in order)] = rows
+        assert bt.pool.length == [4, 9]
+    a, b = got[(1, 0)], got[(0, 1)]
+    for sl in (0, 1):
+        assert all(torch.equal(u, v) for u, v in zip(a[sl], b[sl])), f"slot {sl}"
+
+
+def test_a_begun_step_that_ran_no_layer_is_dropped_by_the_next_begin(setup):
+    """begin, then (no layer run) a step restarting that step's slot and another one: the
+    unrun step is dropped (it wrote nothing), the new step runs, its forward is refused
+    afterwards, and the untouched slot keeps its sequence. Before, the new step released
+    slot 1, then raised releasing slot 0 (in the unrun step), losing slot 1's sequence."""
+    cfg, wts, xs = setup
+    bt, clean = _batch(cfg), _batch(cfg)
+    for b in (bt, clean):
+        _run(b, cfg, wts, xs, [(0, 0, 12), (1, 0, 10)])
+    unrun = bt.begin([0], [12], [1])
+    a = [y.clone() for y in _run(bt, cfg, wts, xs, [(1, 0, 5), (0, 0, 5)])]
+    b = [y.clone() for y in _run(clean, cfg, wts, xs, [(1, 0, 5), (0, 0, 5)])]
+    assert all(torch.equal(u, v) for u, v in zip(a, b)) and bt.pool.length == clean.pool.length == [5, 5]
+    with pytest.raises(ValueError, match=r"layer 0 of a step; allowed: none \(the last begin's step is complete"):
+        bt.forward(wts[0], xs[0][0][12:13], unrun)
+
+
+def test_batch_calls_after_the_runtime_is_freed_are_refused(setup):
+    """attn.free() under a BatchV41: begin, step, BatchGraphs.step and rollback raise
+    naming it before anything changes (before: TypeError inside layer 0, the slot marked
+    failed and its undo log dropped)."""
+    cfg, wts, xs = setup
+    bt = _verified(cfg, wts, xs, logged=False)
+    g = BatchGraphs(bt, wts, sizes=(1,))
+    before = pool_snapshot(bt)
+    bt.attn.free()
+    msg = r"BatchV41\.{} after its runtime was freed \(attn\.free\(\)\)"
+    with pytest.raises(RuntimeError, match=msg.format("begin")):
+        _run(bt, cfg, wts, xs, [(0, P + 4, 1)])
+    with pytest.raises(RuntimeError, match=msg.format("begin")):
+        g.step(torch.stack(_xs(cfg, xs, [(0, P + 4, 1)])), [0])
+    with pytest.raises(RuntimeError, match=msg.format("rollback")):
+        bt.rollback(0, P + 1)
+    same_pool(before, pool_snapshot(bt))
+    assert not bt.pool.failed and bt.undo[0]["done"]
+    for call in (lambda: bt.attn.new_layer_state(0), bt.attn.new_shared):
+        with pytest.raises(RuntimeError, match=r"after free\(\)"):
+            call()

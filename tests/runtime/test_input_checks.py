@@ -652,3 +652,16 @@ def test_more_inputs_named(setup):
     rt.attn.free()
     with pytest.raises(RuntimeError, match=r"AttnV41.decode_capturable after free\(\)"):
         rt.attn.decode_capturable(wts[0])
+
+
+def test_continue_at_makes_the_undo_log_stale(setup):
+    """A verify call keeps an undo log; `continue_at` then hands the caches to the caller
+    (a context written straight in): a rollback into the old call is refused (before it
+    restored ring slots from the old log: outputs off by up to 5.8)."""
+    cfg, _, xs, _ = setup
+    rt = _stack(setup)
+    rt.step([x[PREFILL : PREFILL + 4] for x in xs], PREFILL)
+    rt.rollback(PREFILL + 2)  # the log works before
+    rt.shared.continue_at(rt.states, PREFILL + 6)
+    with pytest.raises(ValueError, match=rf"rollback to {PREFILL + 1}: the last step .* kept no undo log"):
+        rt.rollback(PREFILL + 1)

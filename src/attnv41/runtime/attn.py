@@ -269,9 +269,11 @@ class AttnV41(AttnChecks, AttnDecode):
         self.nonfinite.zero_()
 
     def new_layer_state(self, layer: int) -> AttnV41LayerState:
+        self._check_freed("new_layer_state")
         return AttnV41LayerState(self.cfg, self.cfg.role(layer), self.device, self.kv_format)
 
     def new_shared(self) -> SharedV41:
+        self._check_freed("new_shared")
         return SharedV41(self.cfg, self.device)
 
     # ------------------------------------------------------------------ forward

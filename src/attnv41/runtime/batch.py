@@ -209,6 +209,7 @@ class BatchV41(BatchParts):
     def _check_begin(self, slots, starts, lens, bucket) -> None:
         """Everything `begin` refuses (it raises; nothing changes)."""
         c, pool = self.cfg, self.pool
+        self._check_attn_live("begin")
         if self._step is not None and 0 < self._step.next_layer < c.n_layers:
             raise ValueError(
                 f"begin during a step (layer {self._step.next_layer} runs next); allowed: after layer {c.n_layers - 1}"
@@ -301,12 +302,25 @@ class BatchV41(BatchParts):
         return plan, owner
 
     def _allocate(self, slots, starts, lens) -> None:
-        """A checked step's blocks (a new sequence first returns its slot's old ones)."""
+        """A checked step's blocks: a step begun before and not run (no layer) is dropped
+        (it wrote nothing but its slots' blocks and bookkeeping); every new sequence returns
+        its slot's old blocks, then the slots grow, so the blocks `_check_begin` counted as
+        freed are free whatever the slots' order."""
         pool = self.pool
-        for slot, s, m in zip(slots, starts, lens):
+        if self._step is not None and self._step.next_layer == 0:
+            pool.in_step = frozenset()
+            self._step = None
+        for slot, s in zip(slots, starts):
             if s == 0:
                 pool.release(slot)
+        for slot, s, m in zip(slots, starts, lens):
             pool._grow(slot, s + m)
+
+    def _check_attn_live(self, what: str) -> None:
+        if self.attn._freed:
+            raise RuntimeError(
+                f"BatchV41.{what} after its runtime was freed (attn.free()); allowed: before that (build a new BatchV41)"
+            )
 
     def _register(self, st: BatchStep) -> None:
         """The step becomes the current one: its id, the slots' last step, undo logs for
@@ -557,6 +571,7 @@ class BatchV41(BatchParts):
         device), instead of a few per slot and layer: what an engine runs after verifying
         a batch's drafts."""
         c, pool = self.cfg, self.pool
+        self._check_attn_live("rollback")
         for name, v in (("slots", slots), ("positions", positions)):
             if not isinstance(v, (list, tuple)):
                 raise TypeError(f"{name} is a {type(v).__name__}; allowed: a list of ints")
