@@ -160,7 +160,7 @@ def test_paged_placement_changes_nothing():
 
 @pytest.fixture
 def mid_batch():
-    cfg, w, wts, xs, bt = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 9, 1: 15})
+    cfg, w, wts, xs, bt = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 15, 1: 15})  # >= max_tokens rows
     _run(cfg, w, wts, xs, bt, [([0, 1], [0, 0], [9, 5]), ([1, 0], [5, 9], [1, 2])], compare=False)
     return cfg, wts, xs, bt
 

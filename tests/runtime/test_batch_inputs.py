@@ -229,8 +229,9 @@ def test_blocks_must_be_a_dict(setup, blocks, msg):
 
 def _tight(cfg, wts, xs) -> BatchV41:
     """Slot 0 at 20 tokens, slot 1 at 8, blocks of 4 rows, 8 of ratio 1 and 4 of ratio 2:
-    one ratio-1 block and no ratio-2 block left."""
-    bt = BatchV41(cfg, n_slots=2, block_rows=4, blocks={1: 8, 2: 4})
+    one ratio-1 block and no ratio-2 block left (max_tokens 20: a pool must hold a step's
+    rows, 4 blocks and the spare one)."""
+    bt = BatchV41(cfg.replace(max_tokens=20), n_slots=2, block_rows=4, blocks={1: 8, 2: 4})
     _run(bt, cfg, wts, xs, [(0, 0, 20)])
     _run(bt, cfg, wts, xs, [(1, 0, 8)])
     assert {r: len(f) for r, f in bt.pool.free_blocks.items()} == {1: 1, 2: 0}
@@ -297,3 +298,16 @@ def test_batch_calls_after_the_runtime_is_freed_are_refused(setup):
     for call in (lambda: bt.attn.new_layer_state(0), bt.attn.new_shared):
         with pytest.raises(RuntimeError, match=r"after free\(\)"):
             call()
+
+
+def test_a_pool_holds_a_steps_rows(setup):
+    """A step writes a pool row per token and the cache writes keep a step's last `rows`
+    writes, so a pool smaller than max_tokens rows dropped the first tokens' compressed rows
+    (a differential fuzzer: out off by up to 2.7 against the reference). Explicit blocks
+    below that are refused naming the bound; the default is never below it."""
+    cfg, _, _ = setup
+    small = cfg.replace(max_seq=8, max_tokens=8)
+    with pytest.raises(ValueError, match=r"blocks\[2\] = 4; allowed: an int >= 7 \(with the spare block, at least "):
+        BatchV41(small, n_slots=1, block_rows=1, blocks={2: 4})
+    bt = BatchV41(small, n_slots=1, block_rows=1)
+    assert all((n + 1) * 1 >= small.max_tokens for n in bt.pool.n_blocks.values())

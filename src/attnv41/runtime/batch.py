@@ -83,6 +83,7 @@ from ..reference import INDEX_KEY_MODES
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, check_device
 from .batch_parts import BatchParts
+from .checks import keys_held
 from .ops import TRITON_BATCH_OPS
 from .pool import BatchStep, SeqPool, _failed_call
 
@@ -291,8 +292,7 @@ class BatchV41(BatchParts):
                         f"slot {sl}: layer {i} scores {L} index keys with index_keys='released' and no layer has "
                         f"published any; allowed: steps after a publishing one (attention-v41.md §9)"
                     )
-                rj = c.roles[j].ratio
-                have = (s + m) // rj if j <= i else s // rj
+                have = keys_held(c, j, i, s, m)
                 if have < L:
                     raise ValueError(
                         f"slot {sl}: layer {i} would score {L} index keys of layer {j}, which holds {have} (the "

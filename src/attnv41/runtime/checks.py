@@ -18,7 +18,14 @@ import torch
 from ..state import AttnV41LayerState, SharedV41, cache_widths
 from ..weights import AttnV41LayerWeights, expected_tensors
 
-__all__ = ["AttnChecks"]
+__all__ = ["AttnChecks", "keys_held"]
+
+
+def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
+    """The index-key rows layer j (a kv source) holds when layer i of a call of m tokens at
+    s runs: its complete groups after the call when it ran before i in it, else before."""
+    rj = cfg.roles[j].ratio
+    return (s + m) // rj if j <= i else s // rj
 
 
 class AttnChecks:
@@ -262,6 +269,15 @@ class AttnChecks:
             own_keys = role.is_kv_source and (self.index_keys == "own" or L > st.n_rows or start_pos == 0)
             if not own_keys and (shared.index_k is None or shared.index_k.shape[0] < L):
                 raise ValueError(f"layer {i}: needs {L} published index keys; none of that length were published")
+            j = shared.index_k_owner
+            if not own_keys and j >= 0:  # released mode, another layer's keys: as many rows as it holds
+                have = keys_held(c, j, i, start_pos, m)
+                if have < L:
+                    raise ValueError(
+                        f"layer {i} at start_pos {start_pos} would score {L} index keys of layer {j}, which holds "
+                        f"{have} (the released code reads unwritten rows there, which this runtime's caches do "
+                        "not keep: BatchV41 refuses the same); allowed: at most the rows the last publisher holds"
+                    )
             if role.uses_candidates and (shared.candidates is None or shared.candidates_pos != start_pos):
                 raise ValueError(f"layer {i} uses candidates, but none were published for start_pos {start_pos}")
         if not role.is_index_source and L > 0:

@@ -143,12 +143,13 @@ class DecodePlan:
         p = self.pos.to(torch.int64).view(1, -1)  # [1, B]
         rs = self._rs  # [R, 1]
         meta = self._meta
-        torch.floor_divide(p + 1, rs, out=meta[:, VIS])
-        torch.floor_divide(p, rs, out=meta[:, ROW])
-        torch.mul(meta[:, ROW], rs, out=meta[:, ROW_POS])
-        torch.remainder(p, rs, out=meta[:, SLOT])
-        torch.eq(torch.remainder(p + 1, rs), 0, out=self._done.view(len(self.ratios), -1))
-        meta[:, DONE].copy_(self._done.view(len(self.ratios), -1))
+        if self.ratios:  # a geometry of window-only layers has no compressed rows to describe
+            torch.floor_divide(p + 1, rs, out=meta[:, VIS])
+            torch.floor_divide(p, rs, out=meta[:, ROW])
+            torch.mul(meta[:, ROW], rs, out=meta[:, ROW_POS])
+            torch.remainder(p, rs, out=meta[:, SLOT])
+            torch.eq(torch.remainder(p + 1, rs), 0, out=self._done.view(len(self.ratios), -1))
+            meta[:, DONE].copy_(self._done.view(len(self.ratios), -1))
         # window: slots (p%W)+1 … W−1, 0 … p%W; −1 for slots never written (slot > p)
         p32 = self.pos.view(-1, 1)
         slots = torch.remainder(self._win_iota.view(1, -1) + p32, W)

@@ -67,10 +67,18 @@ class SeqPool:
         for r in blocks:
             if r not in self.ratios:
                 raise ValueError(f"blocks for ratio {r}; allowed: the kv sources' ratios {self.ratios}")
-        self.n_blocks = {r: blocks.get(r, n_slots * self.max_blocks[r]) for r in self.ratios}
+        # A step writes one pool row per token (its group's row, the pad tokens' the spare
+        # block's), and the cache writes keep only a step's last `rows` writes: a pool
+        # (with its spare block) must hold at least max_tokens rows, or a step's first
+        # tokens' rows would be dropped. The default is never below that.
+        least = _cdiv(c.max_tokens, B) - 1  # blocks besides the spare one
+        self.n_blocks = {r: blocks.get(r, max(n_slots * self.max_blocks[r], least, 1)) for r in self.ratios}
         for r, n in self.n_blocks.items():
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"blocks[{r}] = {n!r}; allowed: an int >= 1")
+            if isinstance(n, bool) or not isinstance(n, int) or n < max(least, 1):
+                raise ValueError(
+                    f"blocks[{r}] = {n!r}; allowed: an int >= {max(least, 1)} (with the spare block, at least "
+                    f"max_tokens = {c.max_tokens} rows of {B}: a step writes a pool row per token)"
+                )
         # One more slot than the caller's: the pad slot (`pad_slot` = n_slots), where the
         # padding tokens of a captured step's batch-size bucket compute (`BatchGraphs`);
         # its table points every entry at one spare block per ratio (the last), so the pad

@@ -1,0 +1,93 @@
+"""Cases a randomized differential fuzzer (runtime against the reference, bit for bit on
+the CPU; 2026-12-04) found, shrunk to their smallest configurations. Each failed before
+its fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnv41.reference.layer import RefStack
+from attnv41.runtime import BatchGraphs, BatchV41, RuntimeStack
+from attnv41.synthetic import random_inputs, random_weights
+from attnv41.weights import AttnV41LayerWeights
+from helpers import small_cfg
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "packed"])
+def test_a_small_pool_keeps_every_row_of_a_step(kv_format):
+    """One ratio-2 layer, max_seq = max_tokens = 8, one slot of 1-row blocks: a pool of 5
+    rows took a step of 6 tokens (and a graph step padded to 8), and the cache writes
+    (which keep a step's last `rows` writes) dropped the first rows: out off by up to 2.7.
+    The pool now holds max_tokens rows at least; the batch equals the reference."""
+    cfg = small_cfg(
+        n_layers=1,
+        compress_ratios=(2,),
+        kv_source_layers=(0,),
+        index_source_layers=(0,),
+        candidate_source_layer=None,
+        window=8,
+        max_seq=8,
+        max_tokens=8,
+    )
+    w = random_weights(cfg, 1)
+    x = random_inputs(cfg, 8, 2)[0]
+    wt = [AttnV41LayerWeights.from_state_dict(cfg.roles[0], w[0], cfg=cfg)]
+    ref, bt = RefStack(cfg, w), BatchV41(cfg, n_slots=1, block_rows=1, kv_format=kv_format)
+    for s, m in ((0, 1), (1, 6)):
+        want = ref.layer(0, x[s : s + m], s).out
+        assert torch.equal(bt.step(wt, [x[s : s + m]], [0], [s], [m])[0], want), (s, m)
+    ref, bt = RefStack(cfg, w), BatchV41(cfg, n_slots=1, block_rows=1, kv_format=kv_format)
+    y = BatchGraphs(bt, wt, sizes=[8]).step(x[None, :4], [0], [4], [0])[0]
+    assert torch.equal(y, ref.layer(0, x[:4], 0).out)
+
+
+def test_released_keys_past_the_publishers_rows_are_refused():
+    """index_keys='released': layer 0 (ratio 4) completes no group at 8 and would score L = 2
+    keys of layer 1 (ratio 8), which holds 1. The released code reads an unwritten row
+    there; the single-sequence runtime read its decode's group in progress instead (out
+    off by up to 3.9 at 9). Refused before anything is written, as BatchV41 refuses it."""
+    cfg = small_cfg(
+        n_layers=2,
+        compress_ratios=(4, 8),
+        kv_source_layers=(0, 1),
+        index_source_layers=(0, 1),
+        candidate_source_layer=None,
+        window=2,
+        index_topk=1,
+        max_seq=24,
+        max_tokens=8,
+    )
+    w = random_weights(cfg, 1)
+    xs = random_inputs(cfg, 24, 2)
+    rt = RuntimeStack(cfg, w, index_keys="released")
+    rt.step([x[:8] for x in xs], 0)
+    before = rt.shared.snapshot()
+    msg = r"layer 0 at start_pos 8 would score 2 index keys of layer 1, which holds 1 \(the released code reads"
+    with pytest.raises(ValueError, match=msg):
+        rt.step([x[8:9] for x in xs], 8)
+    after = rt.shared.snapshot()
+    assert all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k] for k, v in before.items())
+    bt = BatchV41(cfg, n_slots=1, block_rows=4, index_keys="released")
+    bt.step(rt.weights, [x[:8] for x in xs], [0], [0], [8])
+    with pytest.raises(ValueError, match=r"layer 0 would score 2 index keys of layer 1, which holds 1"):
+        bt.step(rt.weights, [x[8:9] for x in xs], [0], [8], [1])
+
+
+def test_window_only_layers_decode():
+    """A geometry of ratio-0 layers only (valid): the decode step's plan had no compressed
+    rows to describe and raised; it now equals the reference."""
+    cfg = small_cfg(
+        n_layers=1,
+        compress_ratios=(0,),
+        kv_source_layers=(),
+        index_source_layers=(),
+        candidate_source_layer=None,
+        max_seq=16,
+        max_tokens=16,
+    )
+    w = random_weights(cfg, 1)
+    x = random_inputs(cfg, 4, 2)[0]
+    ref, rt = RefStack(cfg, w), RuntimeStack(cfg, w)
+    for s, m in ((0, 1), (1, 1), (2, 2)):
+        assert torch.equal(rt.layer(0, x[s : s + m], s).out, ref.layer(0, x[s : s + m], s).out), (s, m)
