@@ -91,3 +91,53 @@ def test_window_only_layers_decode():
     ref, rt = RefStack(cfg, w), RuntimeStack(cfg, w)
     for s, m in ((0, 1), (1, 1), (2, 2)):
         assert torch.equal(rt.layer(0, x[s : s + m], s).out, ref.layer(0, x[s : s + m], s).out), (s, m)
+
+
+def test_a_graph_step_checks_released_keys_as_forward_does():
+    """index_keys='released', ratios (0, 4, 4, 8, 8): at 24, layer 1 completes no group and
+    would score 6 keys of layer 4, which holds 3. `forward` refused it at layer 1 (layer 0
+    of the step had run); a `DecodeGraphs` step ran it (reading rows the released code
+    never wrote). `DecodeGraphs.step` and `RuntimeStack.step` now refuse it before their
+    first layer."""
+    from attnv41.runtime.graphs import DecodeGraphs
+
+    cfg = small_cfg(
+        dim=48,
+        n_layers=5,
+        n_heads=1,
+        head_dim=32,
+        rope_dim=16,
+        q_rank=24,
+        o_rank=16,
+        groups=1,
+        window=8,
+        index_heads=2,
+        index_head_dim=32,
+        index_topk=6,
+        cand_blocks=3,
+        cand_block=5,
+        compress_ratios=(0, 4, 4, 8, 8),
+        kv_source_layers=(1, 2, 3, 4),
+        index_source_layers=(1, 2, 3, 4),
+        candidate_source_layer=None,
+        max_seq=40,
+        max_tokens=40,
+        original_seq_len=16,
+    )
+    w = random_weights(cfg, 3)
+    xs = random_inputs(cfg, 40, 4)
+    rt = RuntimeStack(cfg, w, index_keys="released")
+    rt.step([x[:4] for x in xs], 0)
+    for s, m in ((4, 3), (7, 1), (8, 16)):
+        rt.step([x[s : s + m] for x in xs], s)
+    before = rt.shared.snapshot()
+    msg = r"layer 1 at start_pos 24 would score 6 index keys of layer 4, which holds 3"
+    with pytest.raises(ValueError, match=msg):
+        DecodeGraphs(rt).step([x[24:25] for x in xs], 24)
+    with pytest.raises(ValueError, match=msg):  # RuntimeStack.step: refused before its first layer
+        rt.step([x[24:25] for x in xs], 24)
+    after = rt.shared.snapshot()
+    assert all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k] for k, v in before.items())
+    with pytest.raises(ValueError, match=r"layer 1: needs 6 published index keys"):  # forward, layer by layer
+        for i in range(cfg.n_layers):
+            rt.layer(i, xs[i][24:25], 24)

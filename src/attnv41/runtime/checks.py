@@ -18,7 +18,7 @@ import torch
 from ..state import AttnV41LayerState, SharedV41, cache_widths
 from ..weights import AttnV41LayerWeights, expected_tensors
 
-__all__ = ["AttnChecks", "keys_held"]
+__all__ = ["AttnChecks", "check_released_keys", "keys_held"]
 
 
 def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
@@ -26,6 +26,31 @@ def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
     s runs: its complete groups after the call when it ran before i in it, else before."""
     rj = cfg.roles[j].ratio
     return (s + m) // rj if j <= i else s // rj
+
+
+def check_released_keys(cfg, owner: int, s: int, m: int) -> None:
+    """With released index keys, a whole step of m tokens at s (every layer, in order)
+    before it runs: each index source that publishes no keys of its own in the step scores
+    the keys published last (`owner` at the start: the shared state's `index_k_owner`, −1
+    for none), which must hold its L rows (`keys_held`); `_check_sources` checks the same
+    layer by layer. Raises ValueError naming the first layer that would not."""
+    for role in cfg.roles:
+        i, r = role.layer, role.ratio
+        if r == 0 or not role.is_index_source:
+            continue
+        L = (s + m) // r
+        if role.is_kv_source and L > s // r:  # a group completes: its own keys are published
+            owner = i
+            continue
+        if L == 0:
+            continue
+        have = 0 if owner < 0 else keys_held(cfg, owner, i, s, m)
+        if have < L:
+            raise ValueError(
+                f"layer {i} at start_pos {s} would score {L} index keys of layer {owner}, which holds {have} "
+                "(the released code reads unwritten rows there, which this runtime's caches do not keep); "
+                "allowed: at most the rows the last publisher holds"
+            )
 
 
 class AttnChecks:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_released_keys
 from .stack import RuntimeStack
 
 __all__ = ["DecodeGraphs", "OracleMismatch"]
@@ -208,6 +209,8 @@ class DecodeGraphs:
             attn._check_bound(st.states[i], st.shared)
         for i in cfg.index_source_layers:  # the plan's writers (candidate sources are index sources)
             attn._check_plan_free(st.weights[i].role, st.shared, start_pos)
+        if attn.index_keys == "released":
+            check_released_keys(cfg, st.shared.index_k_owner, start_pos, 1)
         for i in cfg.kv_source_layers:
             if st.shared.sources.get(i) is not st.states[i]:
                 raise ValueError(

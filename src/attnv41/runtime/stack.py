@@ -13,6 +13,7 @@ import torch
 from ..config import AttnV41Cfg
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, AttnV41Run
+from .checks import check_released_keys
 
 __all__ = ["RuntimeStack"]
 
@@ -64,7 +65,8 @@ class RuntimeStack:
 
     def check_step(self, xs: Sequence[torch.Tensor], start_pos: int) -> int:
         """What `step` checks before its first layer: n_layers inputs of the same m
-        (`AttnV41.forward`'s rules for x), each layer's weights and state, and with
+        (`AttnV41.forward`'s rules for x), each layer's weights and state, with released
+        index keys the rows each index source would score (`check_released_keys`), and with
         `check_finite` the inputs' values. Returns m."""
         n, attn = self.cfg.n_layers, self.attn
         if isinstance(xs, torch.Tensor) or not isinstance(xs, Sequence) or len(xs) != n:
@@ -82,6 +84,9 @@ class RuntimeStack:
             attn._check_layer(w, st)
             if w.role.layer != i:
                 raise ValueError(f"weights[{i}] are layer {w.role.layer}'s; allowed: layer {i}'s")
+        if attn.index_keys == "released" and isinstance(start_pos, int) and start_pos > 0:
+            # what the index sources would score, for the whole step (forward checks it per layer)
+            check_released_keys(self.cfg, self.shared.index_k_owner, start_pos, ms[0])
         if attn.check_finite:
             for i, x in enumerate(xs):
                 attn._check_values(x, i, start_pos)

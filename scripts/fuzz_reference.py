@@ -1,0 +1,802 @@
+"""Differential fuzzer: attnv41.runtime against attnv41.reference on the CPU, bit for bit.
+
+Each trial is generated from its seed into a JSON-able spec (a small random config, bf16 or
+FP8 weights, input streams with zeroed/duplicated/constant rows, and a call sequence), then
+run through the reference and the runtime side by side; every output (and, where the
+runtime exposes them, the trace tensors and final cache rows) must match bit for bit.
+
+Modes (``--mode``; ``mix``, the default, cycles through them by seed):
+
+* ``single``: one sequence, ``RuntimeStack.layer`` / ``DecodeGraphs`` eager step /
+  ``decode_prep`` + ``decode_body``, prompt chunks, decode, verify + rollback, restarts.
+* ``multi``: 2-3 sequences on one ``AttnV41``, interleaved by step or by layer.
+* ``batch``: ``BatchV41.step`` / ``begin`` + ``forward`` (bucket, trace) / ``BatchGraphs``
+  eager body, with ``rollback`` / ``rollback_many``.
+
+Refusals are not compared: a call both sides refuse ends the trial as REFUSED, and so does
+a runtime refusal where the reference runs only for the released-keys rule ("would score
+... index keys of layer ..., which holds ...") and the paged pool's ``blocks`` rule (and, in
+``multi``, a schedule every sequence of which the runtime refuses to interleave). Any other
+one-sided refusal is a MISMATCH; any other exception is EXC. Specs of MISMATCH and EXC
+trials are written to the output directory with a log line each; a summary of the counts
+per (mode, kv format, weights, index keys, result) is printed and written there too.
+
+Usage (from the repository root, with the package importable, e.g. its virtualenv):
+
+    python scripts/fuzz_reference.py --seed 0 --time 120            # 2 minutes, all modes
+    python scripts/fuzz_reference.py --seed 5000 --trials 300 --mode batch --out /some/dir
+    python scripts/fuzz_reference.py --replay fuzz_out/mismatch_batch_5012.json
+
+The output directory defaults to ./fuzz_out. CPU only; one thread (``--threads``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from attnv41.reference.layer import RefStack
+from attnv41.runtime import AttnV41, BatchGraphs, BatchV41, RuntimeStack
+from attnv41.runtime.graphs import DecodeGraphs
+from attnv41.synthetic import random_inputs, random_weights
+from attnv41.weights import AttnV41LayerWeights
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import small_cfg  # noqa: E402
+
+TRACE = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k", "index_score", "candidates")
+
+# Runtime refusals that may meet a reference that runs: every fragment of one rule must occur.
+RUNTIME_RULES = (
+    ("would score", "index keys of layer", "which holds"),  # released keys past the last publisher's rows
+    ("blocks[", "max_tokens"),  # a paged pool smaller than a step
+)
+# The reference's own refusals (RuntimeError) all say what was not published.
+REF_REFUSAL = "published"
+
+
+class Mismatch(AssertionError):
+    """The runtime and the reference disagree."""
+
+
+class Refused(Exception):
+    """The trial stopped at a refusal that is not compared."""
+
+
+def runtime_rule(e: Exception) -> bool:
+    return isinstance(e, ValueError) and any(all(p in str(e) for p in rule) for rule in RUNTIME_RULES)
+
+
+def ref_refused(e: Exception) -> bool:
+    return isinstance(e, RuntimeError) and REF_REFUSAL in str(e)
+
+
+def both(where: str, ref_fn, rt_fn):
+    """Run ref_fn, then rt_fn; return both results. A refusal by both raises Refused; a
+    one-sided refusal raises Mismatch, except a runtime refusal under RUNTIME_RULES."""
+    try:
+        a = ref_fn()
+    except RuntimeError as e:
+        if not ref_refused(e):
+            raise
+        try:
+            rt_fn()
+        except (ValueError, RuntimeError) as e2:
+            raise Refused(f"{where}: refused by both: reference {e}; runtime {e2}") from None
+        raise Mismatch(f"{where}: the reference refused ({e}), the runtime ran") from None
+    try:
+        b = rt_fn()
+    except (ValueError, RuntimeError) as e:
+        if runtime_rule(e):
+            raise Refused(f"{where}: runtime rule: {e}") from None
+        raise Mismatch(f"{where}: the runtime refused where the reference ran: {type(e).__name__}: {e}") from e
+    return a, b
+
+
+# ----------------------------------------------------------------------------- config
+def rand_schedule(rng: random.Random, n_layers: int, ratio_pool: list[int]):
+    ratios, kv, ix = [], [], []
+    for i in range(n_layers):
+        r = (
+            0
+            if (rng.random() < 0.25 and (i < n_layers - 1 or ratios and max(ratios) > 0 or rng.random() < 0.1))
+            else rng.choice(ratio_pool)
+        )
+        ratios.append(r)
+        if r == 0:
+            continue
+        must_kv = not kv or ratios[kv[-1]] != r
+        if must_kv or rng.random() < 0.3:
+            kv.append(i)
+            ix.append(i)
+            continue
+        must_ix = not ix or ratios[ix[-1]] != r
+        if must_ix or rng.random() < 0.4:
+            ix.append(i)
+    cands = [c for c in kv if all(ratios[i] == ratios[c] for i in ix if i > c and i not in kv)]
+    cand = rng.choice(cands) if cands and rng.random() < 0.8 else None
+    return ratios, kv, ix, cand
+
+
+def rand_cfg_kw(rng: random.Random, fp8: bool) -> dict:
+    n_heads = rng.choice([1, 2, 4])
+    head_dim = rng.choice([32, 32, 64])
+    index_head_dim = rng.choice([32, 32, 64])
+    groups = rng.choice([g for g in (1, 2, 4) if n_heads % g == 0])
+    if fp8:
+        dim = rng.choice([32, 64, 96])
+        q_rank = rng.choice([32, 64])
+        o_rank = rng.choice([o for o in (8, 16, 32) if (groups * o) % 32 == 0] or [32])
+    else:
+        dim = rng.choice([32, 48, 64])
+        q_rank = rng.choice([16, 24, 32])
+        o_rank = rng.choice([8, 16])
+    rope_dim = rng.choice([d for d in (2, 4, 8, 16) if d <= min(head_dim, index_head_dim)])
+    window = rng.choice([2, 3, 4, 4, 5, 8, 8, 16, 16, 32]) if rng.random() < 0.9 else rng.choice([48, 64, 70])
+    n_layers = rng.choice([1, 2, 3, 4, 5, 6, 6, 7])
+    pool = rng.choice([[1, 2], [2, 4], [4], [1, 4], [2], [1], [3, 1], [2, 4, 8], [4, 1]])
+    ratios, kv, ix, cand = rand_schedule(rng, n_layers, pool)
+    max_seq = rng.choice([40, 48, 64, 72, 96, 128])
+    max_tokens = rng.choice([16, 24, 32, 64, max_seq])
+    max_tokens = min(max_tokens, max_seq)
+    return dict(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        head_dim=head_dim,
+        rope_dim=rope_dim,
+        q_rank=q_rank,
+        o_rank=o_rank,
+        groups=groups,
+        window=window,
+        index_heads=rng.choice([1, 2, 4]),
+        index_head_dim=index_head_dim,
+        index_topk=rng.choice([1, 2, 3, 4, 6, 8, 12]) if rng.random() < 0.85 else rng.choice([16, 33, 64]),
+        cand_blocks=rng.choice([1, 2, 3, 4, 6]),
+        cand_block=rng.choice([1, 2, 3, 4, 5]),
+        compress_ratios=ratios,
+        kv_source_layers=kv,
+        index_source_layers=ix,
+        candidate_source_layer=cand,
+        max_seq=max_seq,
+        max_tokens=max_tokens,
+        original_seq_len=rng.choice([16, 32]),
+    )
+
+
+def make_cfg(kw):
+    kw = dict(kw)
+    for k in ("compress_ratios", "kv_source_layers", "index_source_layers"):
+        kw[k] = tuple(kw[k])
+    return small_cfg(**kw)
+
+
+# ----------------------------------------------------------------------------- inputs
+def rand_stream_spec(rng: random.Random, n: int) -> dict:
+    spec = {"seed": rng.randrange(1 << 30), "style": rng.choice(["normal", "normal", "sign", "coarse"])}
+    if rng.random() < 0.5:
+        spec["zero"] = sorted(rng.sample(range(n), rng.randint(1, max(1, n // 4))))
+    if rng.random() < 0.5:
+        spec["dup"] = [[rng.randrange(n), rng.randrange(n)] for _ in range(rng.randint(1, 8))]
+    if rng.random() < 0.15:
+        spec["const_from"] = rng.randrange(n)  # every row from here equals this one
+    return spec
+
+
+def make_stream(cfg, n: int, spec: dict) -> list[torch.Tensor]:
+    xs = random_inputs(cfg, n, spec["seed"])
+    out = []
+    for x in xs:
+        x = x.clone()
+        if spec["style"] == "sign":
+            x = torch.where(x >= 0, 1.0, -1.0).to(torch.bfloat16)
+        elif spec["style"] == "coarse":
+            x = (x.float() * 2).round().div(2).to(torch.bfloat16)
+        for j in spec.get("zero", []):
+            x[j] = 0
+        for a, b in spec.get("dup", []):
+            x[b] = x[a]
+        if "const_from" in spec:
+            x[spec["const_from"] :] = x[spec["const_from"]]
+        out.append(x)
+    return out
+
+
+# ----------------------------------------------------------------------------- compare
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _cmp_tensor(where, name, a, b):
+    """a: the reference's, b: the runtime's; equal bits (after a cast to b's dtype) or Mismatch."""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.shape != b.shape:
+        raise Mismatch(f"{where} {name}: shape runtime {tuple(b.shape)} vs reference {tuple(a.shape)}")
+    a2 = a.to(b.dtype)
+    if a.is_floating_point() and b.is_floating_point():
+        if torch.equal(_bits(a2), _bits(b)):
+            return
+        bad = (_bits(a2) != _bits(b)).nonzero()
+        d = torch.nan_to_num((a.double() - b.double()).abs(), nan=float("inf"))
+        first = tuple(bad[0].tolist())
+        raise Mismatch(
+            f"{where} {name}: differs; {bad.shape[0]} elements, max abs {d.max().item():.6g}, first at "
+            f"{list(first)}: ref {a[first].item()} rt {b[first].item()}"
+        )
+    if torch.equal(a2, b):
+        return
+    bad = (a2 != b).nonzero()
+    first = bad[0].tolist()
+    raise Mismatch(
+        f"{where} {name}: differs at {bad.shape[0]} entries, first {first}: "
+        f"ref row {a[first[0]].tolist()} rt row {b[first[0]].tolist()}"
+    )
+
+
+def cmp_trace(where, ref, run, names=TRACE):
+    """ref: a RefTrace or a dict of cloned tensors; run: an AttnV41Run or a dict. The runtime
+    may omit index_score and candidates."""
+
+    def get(o, n):
+        return o.get(n) if isinstance(o, dict) else getattr(o, n, None)
+
+    for n in names:
+        a, b = get(ref, n), get(run, n)
+        if a is None:
+            if b is not None and n != "index_score":
+                raise Mismatch(f"{where} {n}: runtime produced it, reference not")
+            continue
+        if b is None:
+            if n in ("index_score", "candidates"):
+                continue
+            raise Mismatch(f"{where} {n}: missing from the runtime")
+        _cmp_tensor(where, n, a, b)
+    a, b = get(ref, "index_k_owner"), get(run, "index_k_owner")
+    if a is not None and b is not None and int(a) != int(b):
+        raise Mismatch(f"{where} index_k_owner: ref {a} rt {b}")
+
+
+def clone_trace(t) -> dict:
+    d = {n: getattr(t, n).detach().clone() for n in TRACE if getattr(t, n, None) is not None}
+    d["index_k_owner"] = getattr(t, "index_k_owner", None)
+    return d
+
+
+def _ref_snapshot(ref):
+    return copy.deepcopy((ref.states, ref.shared))
+
+
+def _ref_restore(ref, snap):
+    ref.states, ref.shared = copy.deepcopy(snap)
+
+
+# ----------------------------------------------------------------------------- call sequences
+def gen_ops(rng: random.Random, cfg, index_keys: str, decode_drivers: bool = True) -> list[dict]:
+    """One sequence's calls: prompt chunks, decodes (drv: fwd, graphs or split), verifies
+    of k draft tokens accepting j (j2: a first rollback to j2), restarts."""
+    W, S, M = cfg.window, cfg.max_seq, cfg.max_tokens
+    rs = [r for r in cfg.compress_ratios if r > 0] or [1]
+    interesting = {1, 2, W - 1, W, W + 1, 2 * W, rng.randint(1, M)}
+    for r in rs:
+        interesting |= {r, r - 1, r + 1, 2 * r, 3 * r - 1}
+    interesting = sorted(v for v in interesting if 1 <= v <= M)
+    ops, n = [], 0
+    for _ in range(rng.randint(3, 24)):
+        left = S - n
+        if n == 0:
+            m = min(rng.choice(interesting), left)
+            ops.append({"op": "call", "m": m})
+            n += m
+            continue
+        if left <= 0:
+            break
+        u = rng.random()
+        if u < 0.07:
+            m = min(rng.choice(interesting), S)
+            ops.append({"op": "restart", "m": m})
+            n = m
+        elif u < 0.55:
+            op = {"op": "call", "m": 1}
+            if decode_drivers:
+                op["drv"] = rng.choice(["fwd", "graphs", "split"])
+            ops.append(op)
+            n += 1
+        elif u < 0.75 or index_keys != "own" or W < 2:
+            m = min(rng.choice(interesting + [rng.randint(2, M)]), left, M)
+            ops.append({"op": "call", "m": m})
+            n += m
+        else:
+            k = min(rng.randint(2, W), left, M)
+            if k < 2:
+                continue
+            j = rng.randint(0, k)
+            op = {"op": "verify", "k": k, "j": j}
+            if rng.random() < 0.3:
+                op["j2"] = rng.randint(j, k)
+            ops.append(op)
+            n += j
+    return ops
+
+
+# ----------------------------------------------------------------------------- single-sequence trials
+def gen_single(seed: int) -> dict:
+    rng = random.Random(seed)
+    fp8 = rng.random() < 0.35
+    kw = rand_cfg_kw(rng, fp8)
+    cfg = make_cfg(kw)
+    index_keys = rng.choice(["own", "own", "released"])
+    spec = dict(
+        mode="single",
+        cfg=kw,
+        weights="fp8" if fp8 else "bf16",
+        wseed=rng.randrange(1 << 30),
+        kv_format=rng.choice(["bf16", "packed"]),
+        index_keys=index_keys,
+        bucket_min=rng.choice([1, 2, 4, 8, 16, 1024]),
+        index_tile_entries=rng.choice([None, None, None, 1, 7, 64]),
+        x=rand_stream_spec(rng, cfg.max_seq),
+        drafts=rand_stream_spec(rng, cfg.max_seq),
+    )
+    spec["ops"] = gen_ops(rng, cfg, index_keys)
+    return spec
+
+
+def run_single(spec: dict) -> dict:
+    cfg = make_cfg(spec["cfg"])
+    w = random_weights(cfg, spec["wseed"], weights=spec["weights"])
+    S, nl = cfg.max_seq, cfg.n_layers
+    xs = make_stream(cfg, S, spec["x"])
+    ds = make_stream(cfg, S, spec["drafts"])
+    ref = RefStack(cfg, w, index_keys=spec["index_keys"])
+    rt = RuntimeStack(cfg, w, index_keys=spec["index_keys"], bucket_min=spec["bucket_min"], kv_format=spec["kv_format"])
+    if spec.get("index_tile_entries"):
+        rt.attn.index_tile_entries = spec["index_tile_entries"]
+    g = DecodeGraphs(rt)
+    n = 0
+    stats = {"calls": 0, "verify": 0}
+
+    def layers(where, rows, s):
+        for i in range(nl):
+            a, b = both(
+                f"{where} L{i}", functools.partial(ref.layer, i, rows[i], s), functools.partial(rt.layer, i, rows[i], s)
+            )
+            cmp_trace(f"{where} L{i}", a, b)
+
+    def ref_all(rows, s):
+        return [clone_trace(ref.layer(i, rows[i], s)) for i in range(nl)]
+
+    def split(i, x, s):
+        wi = rt.weights[i]
+        return rt.attn.decode_body(wi, rt.states[i], x, rt.attn.decode_prep(wi, rt.shared, s))
+
+    for oi, op in enumerate(spec["ops"]):
+        kind = op["op"]
+        if kind in ("call", "restart"):
+            s = 0 if kind == "restart" else n
+            m = op["m"]
+            drv = op.get("drv", "fwd") if (m == 1 and s > 0) else "fwd"
+            rows = [x[s : s + m] for x in xs]
+            where = f"op{oi} {kind} [{s},{s + m}) drv={drv}"
+            if drv == "fwd":
+                layers(where, rows, s)
+            elif drv == "graphs":
+                refs, y = both(where, functools.partial(ref_all, rows, s), functools.partial(g.step, rows, s))
+                for i in range(nl):
+                    _cmp_tensor(f"{where} L{i}", "out", refs[i]["out"], y[i])
+            else:  # decode_prep + decode_body
+                for i in range(nl):
+                    a, out = both(
+                        f"{where} L{i}",
+                        functools.partial(ref.layer, i, rows[i], s),
+                        functools.partial(split, i, rows[i], s),
+                    )
+                    _cmp_tensor(f"{where} L{i}", "out", a.out, out)
+            n = s + m
+            stats["calls"] += 1
+        elif kind == "verify":
+            s, k, j = n, op["k"], op["j"]
+            rows = [torch.cat([x[s : s + j], d[s + j : s + k]]) for x, d in zip(xs, ds)]
+            snap = _ref_snapshot(ref)
+            layers(f"op{oi} verify [{s},{s + k}) accept {j}", rows, s)
+            if "j2" in op:
+                rt.rollback(s + op["j2"])
+            rt.rollback(s + j)
+            _ref_restore(ref, snap)
+            for i in range(nl if j > 0 else 0):
+                ref.layer(i, xs[i][s : s + j], s)
+            n = s + j
+            stats["verify"] += 1
+    return stats
+
+
+# ----------------------------------------------------------------------------- many sequences on one AttnV41
+def gen_multi(seed: int) -> dict:
+    rng = random.Random(seed)
+    spec = gen_single(rng.randrange(1 << 30))
+    del spec["ops"], spec["x"], spec["drafts"]
+    cfg = make_cfg(spec["cfg"])
+    S = cfg.max_seq
+    seqs = []
+    for _ in range(rng.randint(2, 3)):
+        seqs.append({"x": rand_stream_spec(rng, S), "drafts": rand_stream_spec(rng, S), "ops": []})
+    for sq in seqs:
+        sq["ops"] = gen_ops(rng, cfg, spec["index_keys"], decode_drivers=False)
+    spec.update(
+        mode="multi", seqs=seqs, sched_seed=rng.randrange(1 << 30), interleave=rng.choice(["step", "layer", "layer"])
+    )
+    return spec
+
+
+def run_multi(spec: dict) -> dict:
+    cfg = make_cfg(spec["cfg"])
+    w = random_weights(cfg, spec["wseed"], weights=spec["weights"])
+    S = cfg.max_seq
+    attn = AttnV41(cfg, index_keys=spec["index_keys"], kv_format=spec["kv_format"], bucket_min=spec["bucket_min"])
+    if spec.get("index_tile_entries"):
+        attn.index_tile_entries = spec["index_tile_entries"]
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(cfg.n_layers)]
+    seqs = []
+    for sq in spec["seqs"]:
+        seqs.append(
+            dict(
+                states=[attn.new_layer_state(i) for i in range(cfg.n_layers)],
+                shared=attn.new_shared(),
+                ref=RefStack(cfg, w, index_keys=spec["index_keys"]),
+                xs=make_stream(cfg, S, sq["x"]),
+                ds=make_stream(cfg, S, sq["drafts"]),
+                ops=sq["ops"],
+                opi=0,
+                n=0,
+                pend=None,
+            )
+        )
+    rng = random.Random(spec["sched_seed"])
+    stats = {"calls": 0, "verify": 0, "refused_interleave": 0}
+    blocked = set()
+    while True:
+        active = [k for k, q in enumerate(seqs) if q["pend"] is not None or q["opi"] < len(q["ops"])]
+        if not active:
+            break
+        if set(active) <= blocked:
+            raise Refused("every sequence's next layer would overwrite another's selection in progress")
+        k = rng.choice([k for k in active if k not in blocked])
+        q = seqs[k]
+        if q["pend"] is None:
+            op = q["ops"][q["opi"]]
+            q["opi"] += 1
+            if op["op"] == "verify":
+                s, kk, j = q["n"], op["k"], op["j"]
+                rows = [torch.cat([x[s : s + j], d[s + j : s + kk]]) for x, d in zip(q["xs"], q["ds"])]
+                snap = _ref_snapshot(q["ref"])
+            else:
+                s = 0 if op["op"] == "restart" else q["n"]
+                rows = [x[s : s + op["m"]] for x in q["xs"]]
+                snap = None
+            q["pend"] = dict(op=op, s=s, rows=rows, layer=0, snap=snap, oi=q["opi"] - 1)
+        p = q["pend"]
+        n_run = cfg.n_layers - p["layer"] if spec["interleave"] == "step" else 1
+        for _ in range(n_run):
+            i, s = p["layer"], p["s"]
+            where = f"seq{k} op{p['oi']} {p['op']} s={s} L{i}"
+            # The runtime first: an interleave it refuses leaves both sides untouched.
+            try:
+                b = attn.forward(wts[i], q["states"][i], q["shared"], p["rows"][i], s)
+            except (ValueError, RuntimeError) as e:
+                if isinstance(e, ValueError) and "would overwrite" in str(e):
+                    blocked.add(k)
+                    stats["refused_interleave"] += 1
+                    break
+                a, b = both(where, functools.partial(q["ref"].layer, i, p["rows"][i], s), functools.partial(_raise, e))
+            else:
+                a, _ = both(where, functools.partial(q["ref"].layer, i, p["rows"][i], s), functools.partial(_same, b))
+            blocked.clear()
+            cmp_trace(where, a, b)
+            p["layer"] += 1
+        if p["layer"] == cfg.n_layers:
+            op = p["op"]
+            if op["op"] == "verify":
+                s, j = p["s"], op["j"]
+                if "j2" in op:
+                    attn.rollback(q["states"], q["shared"], s + op["j2"])
+                attn.rollback(q["states"], q["shared"], s + j)
+                _ref_restore(q["ref"], p["snap"])
+                for i in range(cfg.n_layers if j > 0 else 0):
+                    q["ref"].layer(i, q["xs"][i][s : s + j], s)
+                q["n"] = s + j
+                stats["verify"] += 1
+            else:
+                q["n"] = p["s"] + op["m"]
+            stats["calls"] += 1
+            q["pend"] = None
+    return stats
+
+
+def _raise(e: Exception):
+    raise e
+
+
+def _same(v):
+    return v
+
+
+# ----------------------------------------------------------------------------- batch trials
+def gen_batch(seed: int) -> dict:
+    rng = random.Random(seed)
+    fp8 = rng.random() < 0.3
+    kw = rand_cfg_kw(rng, fp8)
+    cfg = make_cfg(kw)
+    W, S, M = cfg.window, cfg.max_seq, cfg.max_tokens
+    n_slots = rng.randint(1, 4)
+    index_keys = rng.choice(["own", "own", "released"])
+    use_graphs = rng.random() < 0.5
+    spec = dict(
+        mode="batch",
+        cfg=kw,
+        weights="fp8" if fp8 else "bf16",
+        wseed=rng.randrange(1 << 30),
+        kv_format=rng.choice(["bf16", "packed"]),
+        index_keys=index_keys,
+        n_slots=n_slots,
+        block_rows=rng.choice([1, 2, 3, 4, 8, 64]),
+        graphs=use_graphs,
+        sizes=sorted({rng.randint(1, M), M}) if rng.random() < 0.5 else [M],
+        bucket_min=rng.choice([1, 4, 8, 1024]),
+        streams=[[rand_stream_spec(rng, S), rand_stream_spec(rng, S)] for _ in range(n_slots)],
+        steps=[],
+    )
+    rs = [r for r in cfg.compress_ratios if r > 0] or [1]
+    interesting = {1, 2, W - 1, W, W + 1, rng.randint(1, M)}
+    for r in rs:
+        interesting |= {r, r - 1, r + 1, 2 * r}
+    interesting = sorted(v for v in interesting if 1 <= v <= M)
+    length = [0] * n_slots
+    for _ in range(rng.randint(3, 14)):
+        slots = rng.sample(range(n_slots), rng.randint(1, n_slots))
+        items, T = [], 0
+        for sl in slots:
+            left_tok = M - T
+            if left_tok < 1:
+                break
+            s = length[sl]
+            u = rng.random()
+            if s == 0 or s >= S or u < 0.08:
+                m = min(rng.choice(interesting), left_tok, S)
+                items.append({"slot": sl, "kind": "new", "m": m})
+                length[sl] = m
+            elif u < 0.6:
+                items.append({"slot": sl, "kind": "cont", "m": 1})
+                length[sl] = s + 1
+            elif u < 0.8 or index_keys != "own":
+                m = min(rng.choice(interesting + [rng.randint(2, M)]), left_tok, S - s)
+                items.append({"slot": sl, "kind": "cont", "m": m})
+                length[sl] = s + m
+            else:
+                k = min(rng.randint(2, W), left_tok, S - s)
+                if k < 2:
+                    items.append({"slot": sl, "kind": "cont", "m": 1})
+                    length[sl] = s + 1
+                else:
+                    j = rng.randint(0, k)
+                    items.append({"slot": sl, "kind": "verify", "m": k, "j": j})
+                    length[sl] = s + j
+            T += items[-1]["m"]
+        if not items:
+            continue
+        drv = rng.choice(["step", "begin", "graphs"]) if use_graphs else rng.choice(["step", "begin"])
+        st = {"items": items, "drv": drv}
+        if drv == "begin":
+            if rng.random() < 0.5:
+                st["bucket_extra"] = rng.randint(0, 40)
+            if rng.random() < 0.6:
+                st["trace"] = rng.choice(items)["slot"]
+        st["rb_many"] = rng.random() < 0.5
+        spec["steps"].append(st)
+    return spec
+
+
+def _batch_ref_step(refs, slots, starts, item_rows) -> dict:
+    return {
+        sl: [clone_trace(refs[sl].layer(i, rows[i], s)) for i in range(len(rows))]
+        for sl, s, rows in zip(slots, starts, item_rows)
+    }
+
+
+def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens):
+    """One step through the runtime: (outputs per layer, traces per layer or None)."""
+    nl = len(bx)
+    if step["drv"] == "step":
+        return bt.step(wts, bx, slots, starts, lens), None
+    if step["drv"] == "graphs":
+        y = g.step(torch.stack(bx), slots, lens, starts)
+        return [y[i].clone() for i in range(nl)], None
+    bucket = None
+    if "bucket_extra" in step:
+        top = max(s + m for s, m in zip(starts, lens))
+        bucket = min(bt.cfg.max_seq, top + step["bucket_extra"])
+    tr = step.get("trace")
+    bt.trace_slot = tr
+    try:
+        st = bt.begin(slots, starts, lens, bucket=bucket)
+        outs, traces = [], []
+        for i in range(nl):
+            outs.append(bt.forward(wts[i], bx[i], st).clone())
+            if tr is not None:
+                traces.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in bt.trace.items()})
+    finally:
+        bt.trace_slot = None
+    return outs, traces
+
+
+def run_batch(spec: dict) -> dict:
+    cfg = make_cfg(spec["cfg"])
+    w = random_weights(cfg, spec["wseed"], weights=spec["weights"])
+    S, nl = cfg.max_seq, cfg.n_layers
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(nl)]
+    streams = [(make_stream(cfg, S, a), make_stream(cfg, S, b)) for a, b in spec["streams"]]
+    bt = BatchV41(
+        cfg,
+        n_slots=spec["n_slots"],
+        block_rows=spec["block_rows"],
+        kv_format=spec["kv_format"],
+        index_keys=spec["index_keys"],
+    )
+    g = BatchGraphs(bt, wts, sizes=spec["sizes"], bucket_min=spec["bucket_min"]) if spec["graphs"] else None
+    refs: dict[int, RefStack] = {}
+    stats = {"steps": 0, "verify": 0}
+    for si, step in enumerate(spec["steps"]):
+        slots, starts, lens, item_rows, snaps = [], [], [], [], {}
+        for it in step["items"]:
+            sl, m = it["slot"], it["m"]
+            xs, ds = streams[sl]
+            s = 0 if it["kind"] == "new" else bt.pool.length[sl]
+            if it["kind"] == "new":
+                refs[sl] = RefStack(cfg, w, index_keys=spec["index_keys"])
+            if it["kind"] == "verify":
+                j = it["j"]
+                rows = [torch.cat([x[s : s + j], d[s + j : s + m]]) for x, d in zip(xs, ds)]
+                snaps[sl] = _ref_snapshot(refs[sl])
+            else:
+                rows = [x[s : s + m] for x in xs]
+            slots.append(sl)
+            starts.append(s)
+            lens.append(m)
+            item_rows.append(rows)
+        bx = [torch.cat([rows[i] for rows in item_rows]) for i in range(nl)]
+        where = f"step{si} {step['drv']} slots={slots} starts={starts} lens={lens}"
+        tr = step.get("trace")
+        ref_outs, (outs, traces) = both(
+            where,
+            functools.partial(_batch_ref_step, refs, slots, starts, item_rows),
+            functools.partial(_batch_rt_step, bt, g, wts, step, bx, slots, starts, lens),
+        )
+        o = 0
+        for sl, m in zip(slots, lens):
+            for i in range(nl):
+                _cmp_tensor(f"{where} slot{sl} L{i}", "out", ref_outs[sl][i]["out"], outs[i][o : o + m])
+            o += m
+        if traces:
+            b = slots.index(tr)
+            s_t, m_t = starts[b], lens[b]
+            for i in range(nl):
+                ra, rb_ = dict(ref_outs[tr][i]), dict(traces[i])
+                if m_t == 1 and s_t > 0 and "kv_win" in ra and "kv_win" in rb_:
+                    # a decode token's kv_win is the whole ring: slots of positions < 0 were never
+                    # written in this sequence (reference: zeros; the pool: an earlier sequence's
+                    # rows, read by no selection). Compare only the written slots.
+                    W = cfg.window
+                    live = sorted({q % W for q in range(max(0, s_t - W + 1), s_t + 1)})
+                    ra["kv_win"], rb_["kv_win"] = ra["kv_win"][live], rb_["kv_win"][live]
+                cmp_trace(f"{where} trace slot{tr} L{i}", ra, rb_)
+        rb = [(it["slot"], starts[slots.index(it["slot"])] + it["j"]) for it in step["items"] if it["kind"] == "verify"]
+        if rb:
+            if step.get("rb_many"):
+                bt.rollback_many([a for a, _ in rb], [b for _, b in rb])
+            else:
+                for a, b in rb:
+                    bt.rollback(a, b)
+            for sl, pos in rb:
+                s = starts[slots.index(sl)]
+                _ref_restore(refs[sl], snaps[sl])
+                for i in range(nl if pos > s else 0):
+                    refs[sl].layer(i, streams[sl][0][i][s:pos], s)
+                stats["verify"] += 1
+        stats["steps"] += 1
+    # final cache rows per slot (own and released alike)
+    for sl, ref in refs.items():
+        n = bt.pool.length[sl]
+        for i in cfg.kv_source_layers:
+            L = n // cfg.roles[i].ratio
+            where = f"end slot{sl} L{i}"
+            _cmp_tensor(where, "cache compress_kv", ref.states[i].compress_kv[:L], bt.pool.cache_rows(i, sl, L))
+            _cmp_tensor(where, "cache index_k", ref.states[i].index_k[:L], bt.pool.cache_rows(i, sl, L, keys=True))
+    return stats
+
+
+# ----------------------------------------------------------------------------- driver
+GEN = {"single": gen_single, "batch": gen_batch, "multi": gen_multi}
+RUN = {"single": run_single, "batch": run_batch, "multi": run_multi}
+MODES = ("single", "batch", "multi")
+
+
+def gen_spec(seed: int, mode: str = "mix") -> dict:
+    return GEN[MODES[seed % 3] if mode == "mix" else mode](seed)
+
+
+def run_spec(spec: dict) -> dict:
+    return RUN[spec["mode"]](spec)
+
+
+def run_trial(spec: dict) -> tuple[str, str]:
+    """(result, message): ok, REFUSED, MISMATCH or EXC."""
+    try:
+        return "ok", json.dumps(run_spec(spec))
+    except Mismatch as e:
+        return "MISMATCH", str(e)
+    except Refused as e:
+        return "REFUSED", str(e)
+    except Exception as e:
+        return "EXC", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=0, help="first seed (trial i uses seed + i)")
+    ap.add_argument("--trials", type=int, help="number of trials")
+    ap.add_argument("--time", type=float, help="stop starting trials after this many seconds")
+    ap.add_argument("--mode", choices=("mix", *MODES), default="mix")
+    ap.add_argument("--out", type=Path, default=Path.cwd() / "fuzz_out", help="output directory (default ./fuzz_out)")
+    ap.add_argument("--replay", type=Path, help="run one saved spec and print its result")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.replay:
+        res, msg = run_trial(json.loads(args.replay.read_text()))
+        print(res, msg)
+        return 0 if res in ("ok", "REFUSED") else 1
+    if args.trials is None and args.time is None:
+        ap.error("give --trials, --time or --replay")
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    counts: dict[str, int] = {}
+    seed, failed = args.seed, 0
+    with open(args.out / f"log_{args.seed}.txt", "a") as logf:
+        while True:
+            if args.time is not None and time.time() - t0 > args.time:
+                break
+            if args.trials is not None and seed - args.seed >= args.trials:
+                break
+            spec = gen_spec(seed, args.mode)
+            t1 = time.time()
+            res, msg = run_trial(spec)
+            key = "|".join((spec["mode"], spec["kv_format"], spec["weights"], spec["index_keys"], res))
+            counts[key] = counts.get(key, 0) + 1
+            if res in ("MISMATCH", "EXC"):
+                failed += 1
+                path = args.out / f"{res.lower()}_{spec['mode']}_{seed}.json"
+                path.write_text(json.dumps(spec, indent=1))
+                logf.write(f"seed {seed} {spec['mode']} {res} ({time.time() - t1:.1f}s) {path.name}: {msg}\n")
+                logf.flush()
+            seed += 1
+    summary = {
+        "seed0": args.seed,
+        "trials": seed - args.seed,
+        "failed": failed,
+        "elapsed": round(time.time() - t0, 1),
+        "counts": dict(sorted(counts.items())),
+    }
+    (args.out / f"summary_{args.seed}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
