@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
-from attnv41.kernels import indexer  # noqa: E402
+from attnv41.kernels import indexer, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
@@ -43,6 +43,8 @@ DICTS = {
     "index_paged": indexer._PAGED_TUNE,
 }
 BASE = {k: dict(v) for k, v in DICTS.items()}
+# `tc_mm`'s split rule (module constants read at each call): "tc": dict(target=, min_seg=)
+TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -118,6 +120,12 @@ VARIANTS = {
     "batch packed logits 96 combine 8 warps 128": {
         "batch": dict(warps_b_packed=8, maxnreg_b_packed=128, maxnreg_a_packed=96)
     },
+    # (twenty-third entry) finer split-K in the batched projections (`tc_mm.plan`'s target
+    # program count and segment floor; default 128 / 10)
+    "tc 264/4": {"tc": dict(target=264, min_seg=4)},
+    "tc 528/4": {"tc": dict(target=528, min_seg=4)},
+    "tc 528/2": {"tc": dict(target=528, min_seg=2)},
+    "tc 1056/4": {"tc": dict(target=1056, min_seg=4)},
 }
 
 
@@ -126,6 +134,8 @@ def apply(over: dict) -> None:
         d.clear()
         d.update(BASE[k])
         d.update(over.get(k, {}))
+    tc = {**TC_BASE, **over.get("tc", {})}
+    tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
 
 
 def _table(title: str, col: str, res: dict) -> None:
@@ -174,6 +184,7 @@ def main() -> int:
     ap.add_argument("--single", default="", help="contexts: time the single-sequence runtime's DecodeGraphs step")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="flash")
+    ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the batched step's weights")
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.single:
@@ -181,7 +192,8 @@ def main() -> int:
     ctx = a.context
     batches = [int(b) for b in a.batches.split(",")]
     cfg = PRESETS["flash"](max_tokens=max(batches), max_seq=ctx + 256)
-    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights="bf16"), device=dev)
+    wo_a = "fp8" if a.weights == "fp8" else "bf16"  # as bench builds its FP8 stack
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=a.weights), device=dev, wo_a=wo_a)
     names = a.variants.split(";")
     res: dict = {}
     for _ in range(a.rounds):
@@ -214,7 +226,9 @@ def main() -> int:
                     gc.collect()
     apply({})
     _table(
-        f"batched decode step at {ctx}, BatchGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)", "batch", res
+        f"batched decode step at {ctx}, BatchGraphs, {a.weights} weights ({a.steps} steps, {a.rounds} rounds)",
+        "batch",
+        res,
     )
     return 0
 
