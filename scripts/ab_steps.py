@@ -126,6 +126,16 @@ VARIANTS = {
     "tc 528/4": {"tc": dict(target=528, min_seg=4)},
     "tc 528/2": {"tc": dict(target=528, min_seg=2)},
     "tc 1056/4": {"tc": dict(target=1056, min_seg=4)},
+    # the same for one weight kind only (0 bf16, 1 fp32, 2 FP8)
+    "tc fp8 264/4": {"tc_kind": {2: (264, 4)}},
+    "tc fp8 200/4": {"tc_kind": {2: (200, 4)}},
+    "tc fp8 264/6": {"tc_kind": {2: (264, 6)}},
+    "tc fp8 396/5": {"tc_kind": {2: (396, 5)}},
+    "tc fp32 264/4": {"tc_kind": {1: (264, 4)}},
+    "tc bf16 264/4": {"tc_kind": {0: (264, 4)}},
+    "tc bf16 200/8": {"tc_kind": {0: (200, 8)}},
+    "tc fp8 264/4 fp32 264/4": {"tc_kind": {1: (264, 4), 2: (264, 4)}},
+    "tc bf16 128/16": {"tc_kind": {0: (128, 16)}},
 }
 
 
@@ -136,6 +146,8 @@ def apply(over: dict) -> None:
         d.update(over.get(k, {}))
     tc = {**TC_BASE, **over.get("tc", {})}
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
+    tc_mm._KIND_PLAN.clear()
+    tc_mm._KIND_PLAN.update(over.get("tc_kind", {}))  # {weight kind: (target, min_seg)}
 
 
 def _table(title: str, col: str, res: dict) -> None:

@@ -91,6 +91,9 @@ _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per 
 # 8 and 20 segments (the rule without this floor) 12.1 / 18.4; 4 and 4 (with it) 11.2 / 12.6;
 # indexer.wq_b alone 2 segments 8.2 / 8.9, 1 segment 8.2 / 8.5.
 _MIN_SEG_PRODUCTS = 10
+# Per weight kind (0 bf16, 1 fp32, 2 FP8: `_weight_plan`'s WK), (target, min_seg) in place of
+# the two above; empty: the defaults for every kind.
+_KIND_PLAN: dict[int, tuple[int, int]] = {}
 _WARPS, _STAGES = 4, 3
 # PDL (kernels/_triton.py): before waiting for the previous kernel, each program asks L2 for
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
@@ -295,7 +298,9 @@ def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, i
     its shape and dtype (the bits), and the prefetch (lines of each row's segment: a power
     of two, only with PDL)."""
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
-    segs = plan(G * N if G > 1 else N, K, 3 if wk == 1 else 1)  # groups: the split sees all G·N rows
+    segs = plan(
+        G * N if G > 1 else N, K, 3 if wk == 1 else 1, *_KIND_PLAN.get(wk, (None, None))
+    )  # groups: all G·N rows
     ips = -(-K // BK) // segs
     pf = 0
     if pdl and _PF_BYTES > 0:
