@@ -45,6 +45,7 @@ DICTS = {
 BASE = {k: dict(v) for k, v in DICTS.items()}
 # `tc_mm`'s split rule (module constants read at each call): "tc": dict(target=, min_seg=)
 TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
+FINE_BASE = dict(tc_mm._FINE_PLAN)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -126,20 +127,24 @@ VARIANTS = {
     "tc 528/4": {"tc": dict(target=528, min_seg=4)},
     "tc 528/2": {"tc": dict(target=528, min_seg=2)},
     "tc 1056/4": {"tc": dict(target=1056, min_seg=4)},
-    # the same for one weight kind only (0 bf16, 1 fp32, 2 FP8)
-    "tc fp8 264/4": {"tc_kind": {2: (264, 4)}},
-    "tc fp8 200/4": {"tc_kind": {2: (200, 4)}},
-    "tc fp8 264/6": {"tc_kind": {2: (264, 6)}},
-    "tc fp8 396/5": {"tc_kind": {2: (396, 5)}},
-    "tc fp8 640/8": {"tc_kind": {2: (640, 8)}},
-    "tc fp8 1024/5": {"tc_kind": {2: (1024, 5)}},
-    "tc fp8 1024/4": {"tc_kind": {2: (1024, 4)}},
-    "tc fp8 320/5": {"tc_kind": {2: (320, 5)}},
-    "tc fp32 264/4": {"tc_kind": {1: (264, 4)}},
-    "tc bf16 264/4": {"tc_kind": {0: (264, 4)}},
-    "tc bf16 200/8": {"tc_kind": {0: (200, 8)}},
-    "tc fp8 264/4 fp32 264/4": {"tc_kind": {1: (264, 4), 2: (264, 4)}},
-    "tc bf16 128/16": {"tc_kind": {0: (128, 16)}},
+    # the fine split of one weight kind only (`tc_mm._FINE_PLAN`; before the two split levels,
+    # the twenty-third entry's first calls, it was the only split: the same plans at m <= 64)
+    "tc fp8 264/4": {"fine": {"fp8": (264, 4)}},
+    "tc fp8 200/4": {"fine": {"fp8": (200, 4)}},
+    "tc fp8 264/6": {"fine": {"fp8": (264, 6)}},
+    "tc fp8 396/5": {"fine": {"fp8": (396, 5)}},
+    "one level": {"fine": {}},
+    "fine fp8 + group 396/5": {"fine": {"fp8": (396, 5), "group": (396, 5)}},
+    "fine group 396/5": {"fine": {"group": (396, 5)}},
+    "tc fp8 640/8": {"fine": {"fp8": (640, 8)}},
+    "tc fp8 1024/5": {"fine": {"fp8": (1024, 5)}},
+    "tc fp8 1024/4": {"fine": {"fp8": (1024, 4)}},
+    "tc fp8 320/5": {"fine": {"fp8": (320, 5)}},
+    "tc fp32 264/4": {"fine": {"fp32": (264, 4)}},
+    "tc bf16 264/4": {"fine": {"bf16": (264, 4)}},
+    "tc bf16 200/8": {"fine": {"bf16": (200, 8)}},
+    "tc fp8 264/4 fp32 264/4": {"fine": {"fp32": (264, 4), "fp8": (264, 4)}},
+    "tc bf16 128/16": {"fine": {"bf16": (128, 16)}},
 }
 
 
@@ -150,8 +155,7 @@ def apply(over: dict) -> None:
         d.update(over.get(k, {}))
     tc = {**TC_BASE, **over.get("tc", {})}
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
-    tc_mm._KIND_PLAN.clear()
-    tc_mm._KIND_PLAN.update(over.get("tc_kind", {}))  # {weight kind: (target, min_seg)}
+    tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
 
 
 def _table(title: str, col: str, res: dict) -> None:

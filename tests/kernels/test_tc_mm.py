@@ -161,6 +161,21 @@ def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
     assert TC.plan(5120, 8192, 1, 528) == 4  # 80 tiles; the floor of 10 allows 1, 2, 4 of 64 chunks
     assert TC.plan(5120, 8192, 1, 528, 4) == 8  # floor 4: up to 16; 8 segments reach 640 programs
     assert TC.plan(5120, 8192, 1, 64) == 1
+    # the two split levels (fine, outer) of the production rules: FP8 linears split finely
+    # over the coarse rule; bf16, fp32 and group weights (wo_a, either dtype) one level
+    levels = {
+        ("wq_a", "fp8"): ((1280, 5120), (8, 4)),
+        ("wkv", "fp8"): ((512, 5120), (8, 4)),
+        ("indexer.wq_b", "fp8"): ((4096, 1280), (2, 1)),
+        ("wq_b", "fp8"): ((32768, 1280), (1, 1)),
+        ("wo_b", "fp8"): ((5120, 8192), (8, 2)),
+        ("wq_a", "bf16"): ((1280, 5120), (4, 4)),
+        ("wo_b", "bf16"): ((5120, 8192), (2, 2)),
+        ("wo_a", "group"): ((8 * 1024, 4096), (1, 1)),
+        ("compressor", "fp32"): ((1024, 5120), (8, 8)),
+    }
+    for (name, kind), ((N, K), want) in levels.items():
+        assert TC.split_levels(N, K, kind) == want, (name, kind)
 
 
 def test_bad_shapes_are_refused(device):
@@ -599,3 +614,153 @@ def test_fp8_gluon_switch_checks_both_launches_first(monkeypatch):
     with pytest.raises(ValueError, match="split-K workspace"):
         TC.mm_many_batch(x, (w8, wb), (out8, outb), (sc, None))
     assert torch.isnan(out8[:1].float()).all() and torch.isnan(outb[:1].float()).all()
+
+
+# ------------------------------------------------ two split levels (fine and coarse programs)
+
+
+def _levels(monkeypatch, fine_target: int, coarse_target: int = 2) -> None:
+    """Every kind split finely (`_FINE_PLAN`: fine_target programs, segments of any length)
+    over a coarse rule of `coarse_target` programs."""
+    monkeypatch.setattr(TC, "_TARGET_PROGRAMS", coarse_target)
+    monkeypatch.setattr(TC, "_FINE_PLAN", {k: (fine_target, 1) for k in ("bf16", "fp32", "fp8", "group")})
+
+
+def _two_level_call(device, kind, m, gen):
+    """A call of m rows of `kind` (bf16, fp32, fp8 through `mm_many_batch` with a second
+    weight and rope on the first; group through `tc_group_mm`): a function of the mode
+    (`_FINE_MAX_M`) returning the outputs, and the weights' (x, w) for the bound."""
+    from attnv41.kernels import qdq
+    from attnv41.reference.fp8 import dequant_weight
+
+    N, K = 48, 1024  # 8 chunks, one weight tile
+    if kind == "group":
+        G = 3
+        o = _rand(gen, (m, G, K)).to(device)
+        w = _rand(gen, (G, N, K)).to(device)
+
+        def run():
+            return (TC.tc_group_mm(o, w, torch.full((m, G, N), float("nan"), dtype=BF, device=device)),)
+
+        return run, [(o[:, k], w[k]) for k in range(G)]
+    x = _rand(gen, (m, K)).to(device)
+    if kind == "fp8":
+        w, sc = (t.to(device) for t in _fp8_weight(gen, N, K))
+        x = qdq.fp8_qdq(x.clone())
+        wv = dequant_weight(w.cpu(), sc.cpu())
+    elif kind == "fp32":
+        w, sc = (
+            (torch.randn(N, K, generator=gen) * torch.exp2(torch.randint(-6, 7, (N, K), generator=gen).float())),
+            None,
+        )
+        w, wv = w.to(device), w
+    else:
+        w, sc = _rand(gen, (N, K)).to(device), None
+        wv = w
+    w2 = _rand(gen, (72, K)).to(device)  # a second weight in the same launch: 2 tiles
+    dt = torch.float32 if kind == "fp32" else BF
+    rope = None
+    if kind == "bf16":
+        cos = (torch.rand(64, 4, generator=gen) * 2 - 1).to(device)
+        sin = (torch.rand(64, 4, generator=gen) * 2 - 1).to(device)
+        rope = (0, 16, cos, sin, torch.randint(0, 64, (m,), generator=gen).to(device))
+
+    def run():
+        outs = (
+            torch.full((m, N), float("nan"), dtype=dt, device=device),
+            torch.full((m, 72), float("nan"), dtype=BF, device=device),
+        )
+        xq = x if sc is not None else None
+        many = TC.mm_many_batch(x, (w, w2), outs, (sc, None), xq=xq, rope=rope)
+        alone = TC.tc_mm(x, w, torch.full((m, N), float("nan"), dtype=dt, device=device), sc)
+        return (*many, alone)
+
+    return run, [(x, wv), (x, w2), (x, wv)]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
+@pytest.mark.parametrize("m", [1, 64, 130])
+@pytest.mark.parametrize("coarse_target", [1, 2, 4])
+def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind, m, coarse_target):
+    """Two split levels (module doc): the same call run as one program per fine segment
+    (the combine adding the partials in groups) and as one program per coarse segment
+    (each adding its fine segments in registers) gives the same bytes, here and on the
+    GPU; both within the exact product's bound. 8 chunks, 8 fine segments (group weights:
+    3 tiles, 4) in 1, 2 or 4 coarse groups (group weights: 1, 1, 2)."""
+    _levels(monkeypatch, 8, coarse_target)
+    run, pairs = _two_level_call(device, kind, m, _gen("levels", kind, m, coarse_target))
+    w = pairs[0][1]
+    wsc = torch.zeros(1) if kind == "fp8" else None
+    G, N = (3, 48) if kind == "group" else (1, 48)
+    fine_plan = TC._weight_plan(w, N, 1024, G, wsc, False, 1, kind == "group")
+    coarse_plan = TC._weight_plan(w, N, 1024, G, wsc, False, 10**6, kind == "group")
+    assert fine_plan[:3] != coarse_plan[:3], "the two modes are one"
+    fine_n = 4 if kind == "group" else 8
+    outer = {1: 1, 2: 1, 4: 2}[coarse_target] if kind == "group" else coarse_target
+    assert fine_plan[:3] == (fine_n, 1, fine_n // outer), fine_plan  # SEGS, NF, GRP
+    assert coarse_plan[:3] == (outer, fine_n // outer, 1), coarse_plan
+    monkeypatch.setattr(TC, "_FINE_MAX_M", 10**9)
+    fine = run()
+    monkeypatch.setattr(TC, "_FINE_MAX_M", 0)
+    coarse = run()
+    for i, (a, b) in enumerate(zip(fine, coarse)):
+        assert not torch.isnan(a.float()).any(), f"{kind} m={m} output {i}: NaN"
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)), f"{kind} m={m} output {i}"
+    if kind == "group":
+        for k, (o, wk) in enumerate(pairs):
+            _within(fine[0][:, k], o.cpu(), wk.cpu(), f"group {k}")
+    elif kind != "fp32":  # bf16 rows (output 0 rotated: checked against the one-level call below)
+        _within(fine[1], pairs[1][0].cpu(), pairs[1][1].cpu(), f"{kind} m={m} second weight")
+        _within(fine[2], pairs[2][0].cpu(), pairs[2][1].cpu(), f"{kind} m={m} alone")
+    monkeypatch.setattr(TC, "_FINE_PLAN", {})  # one level (the bits of a kind not listed)
+    one = run()
+    for i, (a, b) in enumerate(zip(fine, one)):
+        x, wv = pairs[i if kind != "group" else 0]
+        if kind == "group":
+            for k, (o, wk) in enumerate(pairs):
+                _same_row_bytes_or_bound(a[:, k], b[:, k], o, wk, f"group {k} vs one level")
+        else:
+            _same_row_bytes_or_bound(
+                a, b, x, wv, f"{kind} m={m} output {i} vs one level", rotated=(i == 0 and kind == "bf16")
+            )
+
+
+def _same_row_bytes_or_bound(a, b, x, w, where, rotated=False) -> None:
+    """Two summation orders of the same products: within twice the fp32 summation-order
+    bound of each other (`_same_row_bytes`' CPU rule), whatever the device."""
+    _same_row_bytes(a, b, "cpu", where, x, w, rotated)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
+def test_rows_keep_their_one_token_bits_across_the_two_modes(device, monkeypatch, kind):
+    """Production `_FINE_MAX_M`: calls of 1, 64 rows (fine programs) and 65, 130 rows
+    (coarse programs): a row's bytes are the same in each (GPU; on the interpreter, within
+    the summation-order bound: its matmul's order depends on a row's position)."""
+    _levels(monkeypatch, 8, 2)
+    gen = _gen("levels-rows", kind)
+    run, pairs = _two_level_call(device, kind, 130, gen)
+    ref = run()
+    # the same inputs, fewer rows: rebuild the calls on row subsets through the stored tensors
+    x, wv = pairs[0]
+    for m in (1, 64, 65):
+        for lo in (0, 130 - m):
+            rows = slice(lo, lo + m)
+            if kind == "group":
+                w = pairs[0][1]
+                o = torch.stack([p[0] for p in pairs], dim=1)[rows].contiguous()
+                Wg = torch.stack([p[1] for p in pairs])
+                got = TC.tc_group_mm(o, Wg, torch.empty(m, 3, 48, dtype=BF, device=device))
+                for k in range(3):
+                    _same_row_bytes(got[:, k], ref[0][rows, k], device, f"group {k} rows {lo}..", o[:, k], w)
+                continue
+            out = torch.empty(m, 48, dtype=ref[2].dtype, device=device)
+            sc = None
+            if kind == "fp8":
+                from attnv41.reference.fp8 import quant_weight
+
+                q, sc = quant_weight(wv.float())  # the same exact values: e4m3 · e8m0 again
+                got = TC.tc_mm(x[rows].contiguous(), q.to(device), out, sc.to(device))
+            else:
+                wd = wv.to(device) if kind != "fp32" else wv.to(device)
+                got = TC.tc_mm(x[rows].contiguous(), wd, out)
+            _same_row_bytes(got, ref[2][rows], device, f"{kind} rows {lo}..{lo + m - 1}", x[rows], wv)

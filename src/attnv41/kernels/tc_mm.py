@@ -53,6 +53,8 @@ linear for FP8 weights; equal within fp32 summation-order error, not in bits).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
@@ -91,9 +93,19 @@ _TARGET_PROGRAMS = 128  # weight tiles × segments at least this (about one per 
 # 8 and 20 segments (the rule without this floor) 12.1 / 18.4; 4 and 4 (with it) 11.2 / 12.6;
 # indexer.wq_b alone 2 segments 8.2 / 8.9, 1 segment 8.2 / 8.5.
 _MIN_SEG_PRODUCTS = 10
-# Per weight kind (0 bf16, 1 fp32, 2 FP8: `_weight_plan`'s WK), (target, min_seg) in place of
-# the two above; empty: the defaults for every kind.
-_KIND_PLAN: dict[int, tuple[int, int]] = {}
+# The fine split (module doc, "Two split levels"): per weight kind ("bf16", "fp32", "fp8":
+# FP8 linears, "group": tc_group_mm's weights of either dtype), `plan`'s (target, min_seg)
+# for the fine segments; a kind not listed has fine == coarse (one level, the bits as
+# before). H200 (BENCHMARKS.md 2026-12-05, twenty-third entry), the batched FP8 step at 4K,
+# ms at B = 1 / 8 / 64 (split rule for FP8 weights only): 128/10 (one level) 6.55 / 7.37 /
+# 8.51; 396/5 5.59 / 6.37 / 7.95; 200/4 5.95 / 6.71 / 7.95; 640/8 5.78 / 6.52 / 8.03; 1024/4
+# 6.48 / 7.51 / 9.61. bf16 weights gained nothing (264/4: 4.93 → 5.13 at B = 1).
+_FINE_PLAN: dict[str, tuple[int, int]] = {"fp8": (396, 5)}
+# Calls of at most this many rows run one program per fine segment; larger calls one per
+# coarse segment (the same bits: module doc). The fine split's partials cost m·N·4 bytes
+# per segment, which a chunked prefill (m = 2048) pays: 322 → 356 ms for 4,096 tokens with
+# the fine split at every m.
+_FINE_MAX_M = BM
 _WARPS, _STAGES = 4, 3
 # PDL (kernels/_triton.py): before waiting for the previous kernel, each program asks L2 for
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
@@ -143,15 +155,88 @@ if HAVE_TRITON:
         return hi, mid, lo
 
     @triton.jit
+    def _seg_fp32(
+        x, sxm, sxg, w, swg, g, rows, cols, rok, cok, ks, K, fs, IPS: tl.constexpr, BM: tl.constexpr,
+        BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    ):  # fmt: skip
+        """Fine segment fs of an fp32 weight, transposed `[BN, BM]`: its IPS chunks from zero,
+        each chunk's three exact bf16 parts as the first operand."""
+        xpt = x + g * sxg + rows[None, :] * sxm  # [BK, BM] view of x's rows
+        wpt = w + g * swg + cols[:, None] * K  # [BN, BK] the weight's rows
+        acct = tl.zeros((BN, BM), dtype=tl.float32)
+        for i in range(IPS):
+            k = (fs * IPS + i) * BK + ks
+            if EVEN_K:
+                at = tl.load(xpt + k[:, None], mask=rok[None, :], other=0.0)
+                bt = tl.load(wpt + k[None, :], mask=cok[:, None], other=0.0)
+            else:
+                kok = k < K
+                at = tl.load(xpt + k[:, None], mask=rok[None, :] & kok[:, None], other=0.0)
+                bt = tl.load(wpt + k[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+            hi, mid, lo = _split3(bt)
+            if DOT_FP32:
+                a32 = at.to(tl.float32)
+                acct = tl.dot(hi.to(tl.float32), a32, acct, input_precision="ieee")
+                acct = tl.dot(mid.to(tl.float32), a32, acct, input_precision="ieee")
+                acct = tl.dot(lo.to(tl.float32), a32, acct, input_precision="ieee")
+            else:
+                acct = tl.dot(hi, at, acct)
+                acct = tl.dot(mid, at, acct)
+                acct = tl.dot(lo, at, acct)
+        return acct
+
+    @triton.jit
+    def _seg_mm(
+        x, sxm, sxg, w, swg, wsc, g, rows, cols, rok, cok, ks, K, fs, IPS: tl.constexpr, WK: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    ):  # fmt: skip
+        """Fine segment fs of a bf16 (WK 0) or FP8 (WK 2) weight, `[BM, BN]`: its IPS chunks
+        from zero."""
+        xp = x + g * sxg + rows[:, None] * sxm
+        wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
+        sp = wsc + g * (swg // 1024) + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows (group g's)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for i in range(IPS):
+            k = (fs * IPS + i) * BK + ks
+            if EVEN_K:
+                a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
+                b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
+            else:
+                kok = k < K
+                a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
+                b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
+            if WK == 2:  # e4m3 · 2^(e−127): exact in bf16 (4 significant bits)
+                e = tl.load(sp + (k // 32)[:, None], mask=cok[None, :] & (k < K)[:, None], other=127)
+                b = b.to(tl.float32) * _e8m0(e.to(tl.int32))
+                if not DOT_FP32:
+                    b = b.to(tl.bfloat16)
+            if DOT_FP32:
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        return acc
+
+    @triton.jit
+    def _grp_sum(pp, plane, j0, GRP: tl.constexpr, ok):
+        """Partials j0 … j0 + GRP − 1 of the workspace added in order."""
+        t = tl.load(pp + j0 * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        for j in tl.static_range(1, GRP):
+            t += tl.load(pp + (j0 + j) * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        return t
+
+    @triton.jit
     def _tc_tile(
         x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, g, seg, n_pm, n_pn,
-        SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-        PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr, rope, ROPE: tl.constexpr,
+        SEGS: tl.constexpr, NF: tl.constexpr, GRP: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr,
+        OUT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        DOT_FP32: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr, rope,
+        ROPE: tl.constexpr,
     ):  # fmt: skip
-        """Output tile (pm, pn) of group g, K segment seg (of n_pm × n_pn tiles per group):
-        the weight's first lines prefetched, the wait for the previous kernel (PDL), the
-        segment's product, and the store or the ordered split-K sum (module doc).
+        """Output tile (pm, pn) of group g, program segment seg of SEGS (of n_pm × n_pn
+        tiles per group): the weight's first lines prefetched, the wait for the previous
+        kernel (PDL), the program's NF fine segments of IPS chunks (each from zero, added
+        in order), and the store or the ordered split-K sum of the SEGS partials in groups
+        of GRP (module doc: two split levels).
         WK: 0 bf16 weights, 1 fp32 (three exact bf16 parts), 2 FP8 (e4m3 with e8m0 block
         scales wsc, dequantized in registers). DOT_FP32: the interpreter's form of each
         product (its tl.dot multiplies bf16 bit patterns as integers): fp32 operands.
@@ -164,56 +249,26 @@ if HAVE_TRITON:
         rok, cok = rows < M, cols < N
         ks = tl.arange(0, BK)
         if PF_LINES > 0:  # [BN, PF_LINES] addresses (clamped into the weight): its first lines
-            kl = tl.minimum(seg * IPS * BK + tl.arange(0, PF_LINES) * (128 // PF_ELT), K - 1)
+            kl = tl.minimum(seg * NF * IPS * BK + tl.arange(0, PF_LINES) * (128 // PF_ELT), K - 1)
             prefetch_l2(w + g * swg + tl.where(cok, cols, 0)[:, None].to(tl.int64) * K + kl[None, :])
         pdl_wait(PDL)
         if WK == 1:  # the parts are made in registers and go first: the tile is computed transposed
-            xpt = x + g * sxg + rows[None, :] * sxm  # [BK, BM] view of x's rows
-            wpt = w + g * swg + cols[:, None] * K  # [BN, BK] the weight's rows
-            acct = tl.zeros((BN, BM), dtype=tl.float32)
-            for i in range(IPS):
-                k = (seg * IPS + i) * BK + ks
-                if EVEN_K:
-                    at = tl.load(xpt + k[:, None], mask=rok[None, :], other=0.0)
-                    bt = tl.load(wpt + k[None, :], mask=cok[:, None], other=0.0)
+            for f in tl.static_range(NF):  # the program's fine segments, each from zero, added in order
+                acct = _seg_fp32(x, sxm, sxg, w, swg, g, rows, cols, rok, cok, ks, K, seg * NF + f, IPS, BM, BN,
+                                 BK, EVEN_K, DOT_FP32)  # fmt: skip
+                if f == 0:
+                    tott = acct
                 else:
-                    kok = k < K
-                    at = tl.load(xpt + k[:, None], mask=rok[None, :] & kok[:, None], other=0.0)
-                    bt = tl.load(wpt + k[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
-                hi, mid, lo = _split3(bt)
-                if DOT_FP32:
-                    a32 = at.to(tl.float32)
-                    acct = tl.dot(hi.to(tl.float32), a32, acct, input_precision="ieee")
-                    acct = tl.dot(mid.to(tl.float32), a32, acct, input_precision="ieee")
-                    acct = tl.dot(lo.to(tl.float32), a32, acct, input_precision="ieee")
-                else:
-                    acct = tl.dot(hi, at, acct)
-                    acct = tl.dot(mid, at, acct)
-                    acct = tl.dot(lo, at, acct)
-            acc = tl.trans(acct)
+                    tott += acct
+            acc = tl.trans(tott)
         else:
-            xp = x + g * sxg + rows[:, None] * sxm
-            wp = w + g * swg + cols[None, :] * K  # [BK, BN] view of w's rows (transposed)
-            sp = wsc + g * (swg // 1024) + (cols // 32)[None, :] * (K // 32)  # FP8: the columns' scale rows (group g's)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for i in range(IPS):
-                k = (seg * IPS + i) * BK + ks
-                if EVEN_K:
-                    a = tl.load(xp + k[None, :], mask=rok[:, None], other=0.0)
-                    b = tl.load(wp + k[:, None], mask=cok[None, :], other=0.0)
+            for f in tl.static_range(NF):
+                accf = _seg_mm(x, sxm, sxg, w, swg, wsc, g, rows, cols, rok, cok, ks, K, seg * NF + f, IPS, WK,
+                               BM, BN, BK, EVEN_K, DOT_FP32)  # fmt: skip
+                if f == 0:
+                    acc = accf
                 else:
-                    kok = k < K
-                    a = tl.load(xp + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
-                    b = tl.load(wp + k[:, None], mask=cok[None, :] & kok[:, None], other=0.0)
-                if WK == 2:  # e4m3 · 2^(e−127): exact in bf16 (4 significant bits)
-                    e = tl.load(sp + (k // 32)[:, None], mask=cok[None, :] & (k < K)[:, None], other=127)
-                    b = b.to(tl.float32) * _e8m0(e.to(tl.int32))
-                    if not DOT_FP32:
-                        b = b.to(tl.bfloat16)
-                if DOT_FP32:
-                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
+                    acc += accf
         ok = rok[:, None] & cok[None, :]
         op = out + g * sog + rows[:, None] * som + cols[None, :]
         toks = (rok, rows)
@@ -226,33 +281,34 @@ if HAVE_TRITON:
             tl.debug_barrier()  # every thread's partial stored before the release below
             lock = locks + (g * n_pm + pm) * n_pn + pn
             arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
-            if arrived == SEGS - 1:
-                s = tl.load(pp, mask=ok, other=0.0, cache_modifier=".cg")
-                for j in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
-                    s += tl.load(pp + j * plane, mask=ok, other=0.0, cache_modifier=".cg")
+            if arrived == SEGS - 1:  # unrolled: the loads overlap, the adds stay in order
+                s = _grp_sum(pp, plane, 0, GRP, ok)
+                for gi in tl.static_range(1, SEGS // GRP):
+                    s += _grp_sum(pp, plane, gi * GRP, GRP, ok)
                 _store(op, s, ok, toks, cols, rope, ROPE, BN, BM)
                 tl.atomic_xchg(lock, 0)
 
     @triton.jit(do_not_specialize=["M"])
     def _tc_kernel(
         x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks,
-        M, N, K, SEGS: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr, OUT_F32: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-        PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
+        M, N, K, SEGS: tl.constexpr, NF: tl.constexpr, GRP: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr,
+        OUT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        DOT_FP32: tl.constexpr, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
     ):  # fmt: skip
         """One weight (G groups: tc_group_mm): grid (row tiles, weight tiles, G × SEGS)."""
         pdl_release(PDL)
         pm, pn, pgs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         _tc_tile(
             x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, pgs // SEGS, pgs % SEGS,
-            tl.num_programs(0), tl.num_programs(1), SEGS, IPS, WK, OUT_F32, BM, BN, BK, EVEN_K, DOT_FP32,
+            tl.num_programs(0), tl.num_programs(1), SEGS, NF, GRP, IPS, WK, OUT_F32, BM, BN, BK, EVEN_K, DOT_FP32,
             PDL, PF_LINES, PF_ELT, (x, x, x, 0, 0, 2, 1), False,
         )  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "n_pm"])
     def _tc_many_kernel(
         x, sxm, xq, sxqm, ws, scs, outs, ns, soms, starts, lock_offs, part_offs, part, locks, M, K, n_pm, rope,
-        SEGSS: tl.constexpr, IPSS: tl.constexpr, WKS: tl.constexpr, OUT_F32S: tl.constexpr, PFS: tl.constexpr,
+        SEGSS: tl.constexpr, NFS: tl.constexpr, GRPS: tl.constexpr, IPSS: tl.constexpr, WKS: tl.constexpr,
+        OUT_F32S: tl.constexpr, PFS: tl.constexpr,
         PF_ELTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         DOT_FP32: tl.constexpr, ROPE_I: tl.constexpr = -1, PDL: tl.constexpr = False,
     ):  # fmt: skip
@@ -273,13 +329,15 @@ if HAVE_TRITON:
                 if WKS[i] == 2:
                     _tc_tile(
                         xq, sxqm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
-                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
+                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], NFS[i], GRPS[i], IPSS[i], WKS[i],
+                        OUT_F32S[i],
                         BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
                     )  # fmt: skip
                 else:
                     _tc_tile(
                         x, sxm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
-                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], IPSS[i], WKS[i], OUT_F32S[i],
+                        M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], NFS[i], GRPS[i], IPSS[i], WKS[i],
+                        OUT_F32S[i],
                         BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
                     )  # fmt: skip
 
@@ -293,20 +351,36 @@ def _check(name, t, dims, dtypes=(torch.bfloat16,)) -> None:
         raise ValueError(f"{name}.stride(-1) = {t.stride(-1)}; allowed: 1 (contiguous last dim)")
 
 
-def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool) -> tuple[int, int, int, int]:
-    """(SEGS, IPS, WK, PF_LINES) of a weight `[N, K]` (per group, G groups): constants of
-    its shape and dtype (the bits), and the prefetch (lines of each row's segment: a power
-    of two, only with PDL)."""
+def split_levels(N: int, K: int, kind: str) -> tuple[int, int]:
+    """(fine, outer): the two split levels of a weight `[N, K]` of `kind` (`_FINE_PLAN`'s
+    keys; group weights pass G·N rows). K's chunks are cut into `fine` segments, summed in
+    `outer` consecutive groups of fine // outer (module doc); constants of the shape and
+    kind, so the bits. coarse = `plan`'s default rule; outer = gcd(fine, coarse)."""
+    products = 3 if kind == "fp32" else 1
+    coarse = plan(N, K, products)
+    fine = plan(N, K, products, *_FINE_PLAN[kind]) if kind in _FINE_PLAN else coarse
+    return fine, math.gcd(fine, coarse)
+
+
+def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool, m: int, group: bool = False) -> tuple:
+    """(SEGS, NF, GRP, IPS, WK, PF_LINES) of a weight `[N, K]` (per group, G groups) in a
+    call of m rows: SEGS programs per output tile, each summing NF fine segments of IPS
+    chunks, the last to arrive adding their partials in groups of GRP (`split_levels`: the
+    bits depend on the shape and kind only, not on m); WK; the prefetch (lines of each
+    row's segment: a power of two, only with PDL)."""
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
-    segs = plan(
-        G * N if G > 1 else N, K, 3 if wk == 1 else 1, *_KIND_PLAN.get(wk, (None, None))
-    )  # groups: all G·N rows
-    ips = -(-K // BK) // segs
+    kind = "group" if group else ("bf16", "fp32", "fp8")[wk]
+    fine, outer = split_levels(G * N if group else N, K, kind)  # groups: the split sees all G·N rows
+    ips = -(-K // BK) // fine
+    if m <= _FINE_MAX_M:
+        segs, nf, grp = fine, 1, fine // outer
+    else:
+        segs, nf, grp = outer, fine // outer, 1
     pf = 0
     if pdl and _PF_BYTES > 0:
-        pf = min(_PF_BYTES, ips * BK * w.element_size()) // 128
+        pf = min(_PF_BYTES, nf * ips * BK * w.element_size()) // 128
         pf = 1 << (pf.bit_length() - 1) if pf else 0
-    return segs, ips, wk, pf
+    return segs, nf, grp, ips, wk, pf
 
 
 def _check_part(m: int, values: int) -> None:
@@ -322,9 +396,9 @@ def _counters_needed(m: int, G: int, N: int, segs: int) -> int:
     return G * -(-m // BM) * -(-N // BN) if segs > 1 else 0
 
 
-def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
+def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None, group=False) -> None:
     pdl = pdl_launch(x)
-    segs, ips, wk, pf = _weight_plan(w, N, K, G, wsc, pdl["PDL"])
+    segs, nf, grp, ips, wk, pf = _weight_plan(w, N, K, G, wsc, pdl["PDL"], m, group)
     tiles = (-(-m // BM), -(-N // BN))
     if _counters_needed(m, G, N, segs) > _LOCKS:  # checked before anything is launched
         raise ValueError(
@@ -337,7 +411,7 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None) -> None:
     locks = _counters.buffer(dev) if segs > 1 else part
     _tc_kernel[(*tiles, G * segs)](
         x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
-        SEGS=segs, IPS=ips, WK=wk, OUT_F32=out.dtype == torch.float32,
+        SEGS=segs, NF=nf, GRP=grp, IPS=ips, WK=wk, OUT_F32=out.dtype == torch.float32,
         BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), PF_LINES=pf, PF_ELT=w.element_size(),
         num_warps=_WARPS, num_stages=_STAGES, **pdl,
     )  # fmt: skip
@@ -348,10 +422,10 @@ def _plan_many(x, weights, scales, pdl: bool) -> tuple:
     weight's plan, its first work item, arrival counters and workspace offset, and the
     totals."""
     m, K = x.shape
-    plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl) for w, sc in zip(weights, scales)]
+    plans = [_weight_plan(w, w.shape[0], K, 1, sc, pdl, m) for w, sc in zip(weights, scales)]
     starts, lock_offs, part_offs = [0], [], []
     locks_used = part_used = 0
-    for w, (segs, _, _, _) in zip(weights, plans):
+    for w, (segs, *_) in zip(weights, plans):
         N = w.shape[0]
         starts.append(starts[-1] + -(-N // BN) * segs)
         lock_offs.append(locks_used)
@@ -386,8 +460,9 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
         x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
         tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
         tuple(lock_offs), tuple(part_offs), part, locks, m, K, n_pm, rargs,
-        SEGSS=tuple(p[0] for p in plans), IPSS=tuple(p[1] for p in plans), WKS=tuple(p[2] for p in plans),
-        OUT_F32S=tuple(o.dtype == torch.float32 for o in outs), PFS=tuple(p[3] for p in plans),
+        SEGSS=tuple(p[0] for p in plans), NFS=tuple(p[1] for p in plans), GRPS=tuple(p[2] for p in plans),
+        IPSS=tuple(p[3] for p in plans), WKS=tuple(p[4] for p in plans),
+        OUT_F32S=tuple(o.dtype == torch.float32 for o in outs), PFS=tuple(p[5] for p in plans),
         PF_ELTS=tuple(w.element_size() for w in weights), BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0,
         DOT_FP32=interpreting(), ROPE_I=rope_i, num_warps=_WARPS, num_stages=_STAGES,
         enable_fp_fusion=rope is None,  # the rotation as the rope op computes it: no FMA contraction
@@ -468,7 +543,7 @@ def tc_group_mm(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torc
             )
         sb = _scale_bytes(scale, w.view(G * r, gw))
     require_triton("tc_group_mm", o, w, out)
-    _launch(o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), m, G, r, gw, sb)
+    _launch(o, o.stride(0), o.stride(1), w, out, out.stride(0), out.stride(1), m, G, r, gw, sb, group=True)
     return out
 
 
