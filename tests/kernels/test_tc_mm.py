@@ -161,8 +161,8 @@ def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
     assert TC.plan(5120, 8192, 1, 528) == 4  # 80 tiles; the floor of 10 allows 1, 2, 4 of 64 chunks
     assert TC.plan(5120, 8192, 1, 528, 4) == 8  # floor 4: up to 16; 8 segments reach 640 programs
     assert TC.plan(5120, 8192, 1, 64) == 1
-    # the two split levels (fine, outer) of the production rules: FP8 linears split finely
-    # over the coarse rule; bf16, fp32 and group weights (wo_a, either dtype) one level
+    # the two split levels (fine, outer) of the production rules: FP8 linears and group
+    # weights (wo_a, either dtype) split finely over the coarse rule; bf16, fp32 one level
     levels = {
         ("wq_a", "fp8"): ((1280, 5120), (8, 4)),
         ("wkv", "fp8"): ((512, 5120), (8, 4)),
@@ -171,7 +171,7 @@ def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
         ("wo_b", "fp8"): ((5120, 8192), (8, 2)),
         ("wq_a", "bf16"): ((1280, 5120), (4, 4)),
         ("wo_b", "bf16"): ((5120, 8192), (2, 2)),
-        ("wo_a", "group"): ((8 * 1024, 4096), (1, 1)),
+        ("wo_a", "group"): ((8 * 1024, 4096), (4, 1)),
         ("compressor", "fp32"): ((1024, 5120), (8, 8)),
     }
     for (name, kind), ((N, K), want) in levels.items():
@@ -692,6 +692,7 @@ def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind,
     w = pairs[0][1]
     wsc = torch.zeros(1) if kind == "fp8" else None
     G, N = (3, 48) if kind == "group" else (1, 48)
+    monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), 64))
     fine_plan = TC._weight_plan(w, N, 1024, G, wsc, False, 1, kind == "group")
     coarse_plan = TC._weight_plan(w, N, 1024, G, wsc, False, 10**6, kind == "group")
     assert fine_plan[:3] != coarse_plan[:3], "the two modes are one"
@@ -699,9 +700,9 @@ def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind,
     outer = {1: 1, 2: 1, 4: 2}[coarse_target] if kind == "group" else coarse_target
     assert fine_plan[:3] == (fine_n, 1, fine_n // outer), fine_plan  # SEGS, NF, GRP
     assert coarse_plan[:3] == (outer, fine_n // outer, 1), coarse_plan
-    monkeypatch.setattr(TC, "_FINE_MAX_M", 10**9)
+    monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), 10**9))
     fine = run()
-    monkeypatch.setattr(TC, "_FINE_MAX_M", 0)
+    monkeypatch.setattr(TC, "_FINE_MAX_M", {})
     coarse = run()
     for i, (a, b) in enumerate(zip(fine, coarse)):
         assert not torch.isnan(a.float()).any(), f"{kind} m={m} output {i}: NaN"
@@ -733,10 +734,11 @@ def _same_row_bytes_or_bound(a, b, x, w, where, rotated=False) -> None:
 
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
 def test_rows_keep_their_one_token_bits_across_the_two_modes(device, monkeypatch, kind):
-    """Production `_FINE_MAX_M`: calls of 1, 64 rows (fine programs) and 65, 130 rows
+    """`_FINE_MAX_M` 64 for every dtype: calls of 1, 64 rows (fine programs) and 65, 130 rows
     (coarse programs): a row's bytes are the same in each (GPU; on the interpreter, within
     the summation-order bound: its matmul's order depends on a row's position)."""
     _levels(monkeypatch, 8, 2)
+    monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), 64))
     gen = _gen("levels-rows", kind)
     run, pairs = _two_level_call(device, kind, 130, gen)
     ref = run()
@@ -764,3 +766,25 @@ def test_rows_keep_their_one_token_bits_across_the_two_modes(device, monkeypatch
                 wd = wv.to(device) if kind != "fp32" else wv.to(device)
                 got = TC.tc_mm(x[rows].contiguous(), wd, out)
             _same_row_bytes(got, ref[2][rows], device, f"{kind} rows {lo}..{lo + m - 1}", x[rows], wv)
+
+
+def test_fp8_stored_group_weight_in_fine_programs_gives_the_bf16_coarse_bits(device, monkeypatch):
+    """wo_a as FP8 bytes runs fine programs at m <= 64 (production `_FINE_MAX_M`), its bf16
+    dequantization coarse ones at every m: the same two-level sums, so the same bytes (here
+    3 tiles × 8 chunks: 4 fine segments in 2 groups)."""
+    from attnv41.reference.fp8 import dequant_weight, quant_weight
+
+    _levels(monkeypatch, 8, 4)
+    assert TC._FINE_MAX_M == {"fp8": TC.BM}
+    g = _gen("group-levels")
+    m, G, gw, r = 5, 3, 1024, 64
+    o = _rand(g, (m, G, gw)).to(device)
+    q, sc = quant_weight(_rand(g, (G * r, gw)))
+    deq = dequant_weight(q, sc).view(G, r, gw).to(device)
+    q = q.view(G, r, gw).to(device)
+    assert TC._weight_plan(q, r, gw, G, sc, False, m, True)[:3] == (4, 1, 2)
+    assert TC._weight_plan(deq, r, gw, G, None, False, m, True)[:3] == (2, 2, 1)
+    got = TC.tc_group_mm(o, q, torch.full((m, G, r), float("nan"), dtype=BF, device=device), sc.to(device))
+    want = TC.tc_group_mm(o, deq, torch.full((m, G, r), float("nan"), dtype=BF, device=device))
+    assert not torch.isnan(got.float()).any(), "NaN in the output"
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "FP8-stored wo_a vs its bf16: bits differ"

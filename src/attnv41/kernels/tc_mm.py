@@ -45,7 +45,7 @@ Two split levels (FP8 linears; `split_levels`, `_FINE_PLAN`): K's chunks are cut
 `fine` segments, and those into `outer` consecutive groups; a tile's sum is the groups'
 sums added in order, each group's sum its fine segments' sums added in order, each fine
 segment's sum its chunks from zero, all fp32 (fine and outer constants of the shape and
-kind). A call of at most `_FINE_MAX_M` rows runs one program per fine segment and the
+kind). A call of at most `_FINE_MAX_M` rows (per weight dtype) runs one program per fine segment and the
 last to arrive adds the partials group by group; a larger call runs one program per
 group, which adds its fine segments in registers (the same fp32 additions in the same
 order), and the last adds the groups' sums. The same bits either way, so the choice
@@ -112,12 +112,16 @@ _MIN_SEG_PRODUCTS = 10
 # ms at B = 1 / 8 / 64 (split rule for FP8 weights only): 128/10 (one level) 6.55 / 7.37 /
 # 8.51; 396/5 5.59 / 6.37 / 7.95; 200/4 5.95 / 6.71 / 7.95; 640/8 5.78 / 6.52 / 8.03; 1024/4
 # 6.48 / 7.51 / 9.61. bf16 weights gained nothing (264/4: 4.93 → 5.13 at B = 1).
-_FINE_PLAN: dict[str, tuple[int, int]] = {"fp8": (396, 5)}
-# Calls of at most this many rows run one program per fine segment; larger calls one per
-# coarse segment (the same bits: module doc). The fine split's partials cost m·N·4 bytes
-# per segment, which a chunked prefill (m = 2048) pays: 322 → 356 ms for 4,096 tokens with
-# the fine split at every m.
-_FINE_MAX_M = BM
+# Group weights (wo_a) too: with FP8 bytes (the FP8 stacks') 6.07 / 6.89 / 8.32 ms without
+# their fine split, 5.59 / 6.40 / 7.97 with it.
+_FINE_PLAN: dict[str, tuple[int, int]] = {"fp8": (396, 5), "group": (396, 5)}
+# Per weight dtype ("bf16", "fp32", "fp8"; absent: never), calls of at most this many rows
+# run one program per fine segment; other calls one per coarse segment (the same bits:
+# module doc). The fine split's partials cost m·N·4 bytes per segment, which a chunked
+# prefill (m = 2048) pays: 322 → 356 ms for 4,096 tokens with the fine split at every m. A
+# bf16 wo_a runs coarse programs at every m (its fine ones: B = 64 steps 2 % slower, 6.85 →
+# 6.98 ms), with the bits of its FP8 bytes' fine programs.
+_FINE_MAX_M: dict[str, int] = {"fp8": BM}
 _WARPS, _STAGES = 4, 3
 # PDL (kernels/_triton.py): before waiting for the previous kernel, each program asks L2 for
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
@@ -229,6 +233,18 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
+    def _add_seg(tot, acc, DOT_FP32: tl.constexpr):
+        """tot + acc, a fine segment's sum added to the program's: one fp32 addition (round to
+        nearest, as the combine's). On the GPU an opaque `add.rn.f32`: Triton's combine pass
+        turns `dot(a, b, 0) + tot` into `dot(a, b, tot)` (the tensor cores' sum, other
+        bits), which it would do to a one-chunk segment (IPS 1: its loop folded away)."""
+        if DOT_FP32:
+            return tot + acc
+        return tl.inline_asm_elementwise(
+            "add.rn.f32 $0, $1, $2;", "=r,r,r", [tot, acc], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+    @triton.jit
     def _grp_sum(pp, plane, j0, GRP: tl.constexpr, ok):
         """Partials j0 … j0 + GRP − 1 of the workspace added in order."""
         t = tl.load(pp + j0 * plane, mask=ok, other=0.0, cache_modifier=".cg")
@@ -271,7 +287,7 @@ if HAVE_TRITON:
                 if f == 0:
                     tott = acct
                 else:
-                    tott += acct
+                    tott = _add_seg(tott, acct, DOT_FP32)
             acc = tl.trans(tott)
         else:
             for f in tl.static_range(NF):
@@ -280,7 +296,7 @@ if HAVE_TRITON:
                 if f == 0:
                     acc = accf
                 else:
-                    acc += accf
+                    acc = _add_seg(acc, accf, DOT_FP32)
         ok = rok[:, None] & cok[None, :]
         op = out + g * sog + rows[:, None] * som + cols[None, :]
         toks = (rok, rows)
@@ -381,10 +397,10 @@ def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool, m: int, group: bool 
     bits depend on the shape and kind only, not on m); WK; the prefetch (lines of each
     row's segment: a power of two, only with PDL)."""
     wk = 2 if wsc is not None else (1 if w.dtype == torch.float32 else 0)
-    kind = "group" if group else ("bf16", "fp32", "fp8")[wk]
-    fine, outer = split_levels(G * N if group else N, K, kind)  # groups: the split sees all G·N rows
+    dtype = ("bf16", "fp32", "fp8")[wk]
+    fine, outer = split_levels(G * N if group else N, K, "group" if group else dtype)  # groups: all G·N rows
     ips = -(-K // BK) // fine
-    if m <= _FINE_MAX_M:
+    if m <= _FINE_MAX_M.get(dtype, 0):
         segs, nf, grp = fine, 1, fine // outer
     else:
         segs, nf, grp = outer, fine // outer, 1
