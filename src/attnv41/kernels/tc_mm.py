@@ -32,21 +32,21 @@ Why invariant: every call runs the same compiled kernel whatever m is (BM = 64 t
 per program, BN weight rows, BK columns per chunk, warps and stages fixed; m is not
 specialized), rows past m are masked loads; a matrix product's row depends on its own row
 of x and on the weights only; K is cut into SEGS segments of IPS chunks, SEGS a constant
-of the weight's shape and kind (`plan`; FP8 linears: two levels, below); each segment
-accumulates its chunks in order; with SEGS > 1 the fp32 segment partials go to a workspace, each program then counts its arrival on its
-tile's counter, and the last of the tile's SEGS programs to arrive (whichever it is) adds
+of the weight's shape and kind (`plan`; FP8 linears and wo_a: two levels, below); each
+segment accumulates its chunks in order; with SEGS > 1 the fp32 segment partials go to a
+workspace, each program then counts its arrival on its tile's counter, and the last of the tile's SEGS programs to arrive (whichever it is) adds
 the partials in segment order 0, 1, … and rounds once (bf16 nearest even, or none for
 fp32 out), then resets the counter. So a row's bits depend on nothing but its own input
 and the weights: the same at m = 1 and m = 256, alone or with other sequences, on any SM
 count, whatever the arrival order. The bits differ from `gemv.gemv`'s (another summation
 order), within the tolerance of the exact product.
 
-Two split levels (FP8 linears; `split_levels`, `_FINE_PLAN`): K's chunks are cut into
-`fine` segments, and those into `outer` consecutive groups; a tile's sum is the groups'
-sums added in order, each group's sum its fine segments' sums added in order, each fine
-segment's sum its chunks from zero, all fp32 (fine and outer constants of the shape and
-kind). A call of at most `_FINE_MAX_M` rows (per weight dtype) runs one program per fine segment and the
-last to arrive adds the partials group by group; a larger call runs one program per
+Two split levels (FP8 linears and wo_a; `split_levels`, `_FINE_PLAN`): K's chunks are cut
+into `fine` segments, and those into `outer` consecutive groups; a tile's sum is the
+groups' sums added in order, each group's sum its fine segments' sums added in order, each
+fine segment's sum its chunks from zero, all fp32 (fine and outer constants of the shape
+and kind). A call of at most `_FINE_MAX_M` rows (per weight dtype) runs one program per
+fine segment and the last to arrive adds the partials group by group; a larger call runs one program per
 group, which adds its fine segments in registers (the same fp32 additions in the same
 order), and the last adds the groups' sums. The same bits either way, so the choice
 follows m: the fine programs give small calls the parallelism they lack (one row tile,
