@@ -14,7 +14,7 @@ echo "bench default rc $? in $(($(date +%s) - T0)) s"
 # (call 3 ran this with the one-level rule of its commit, `_KIND_PLAN={2: (396, 5)}`; the same
 # plans at every m are now the fine split with fine programs at every m)
 timeout 150 python3 scripts/with_knobs.py "attnv41.kernels.tc_mm._FINE_PLAN=${KP:-{'fp8': (396, 5)\}}" \
-  "attnv41.kernels.tc_mm._FINE_MAX_M={'fp8': 1 << 30}" -- \
+  "attnv41.kernels.tc_mm._FINE_MAX_M={'fp8': 1073741824}" -- \
   attnv41 bench "${args[@]}" --out "$OUT/b_kp" > "$OUT/bench_kp.log" 2>&1
 echo "bench KP rc $? in $(($(date +%s) - T0)) s"
 grep "^|" "$OUT/split_fp8b.log" || tail -5 "$OUT/split_fp8b.log"
