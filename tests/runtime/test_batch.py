@@ -135,6 +135,31 @@ def test_released_keys_past_the_publisher_are_refused():
     assert after == before
 
 
+def test_released_keys_of_an_assumed_sequence_are_one_calls():
+    """`SeqPool.assume` gives a slot a sequence without history: its released-key owner is
+    the one one call of its tokens leaves (real prefills in other slots: 3 tokens leave the
+    ratio-2 publisher, 4 the ratio-4 one, 1 none), not the slot's previous sequence's; a
+    step then runs from it."""
+    cfg, w, wts, xs, bt = _setup((0, 2, 2, 4, 4, 4), 4, 1, 3, 4, index_keys="released")
+    pub = [r.layer for r in cfg.roles if r.ratio and r.is_kv_source and r.is_index_source]
+    assert [cfg.roles[k].ratio for k in pub] == [2, 4], pub
+    _run(cfg, w, wts, xs, bt, [([0, 1], [0, 0], [3, 4])], compare=False)
+    assert bt.keys_owner[:2] == pub
+    for n, want in ((1, None), (3, pub[0]), (4, pub[1])):
+        bt.pool.assume(2, n)
+        assert bt._owner_at(2, n) == want, n
+    bt.pool.assume(1, 3)  # slot 1's sequence owned pub[1]; the assumed one's is one call's
+    assert bt._owner_at(1, 3) == pub[0]
+    bt.pool.assume(2, 3)
+    step = bt.begin([2], [3], [1])  # token 3 completes a group of both publishers
+    assert step.keys_plan[1] == [pub[1]]
+    for k in range(cfg.n_layers):
+        bt.forward(wts[k], xs[2][k][3:4], step)
+    assert bt.keys_owner[2] == pub[1] and bt._owner_at(2, 4) == pub[1]
+    bt.pool.release(2)
+    assert bt._owner_at(2, 0) is None
+
+
 def test_released_keys_refusals():
     cfg, w, wts, xs, bt = _setup((0, 2, 0, 1, 0, 1), 8, 5, 2, 4, index_keys="released")
     _run(cfg, w, wts, xs, bt, [([0], [0], [6]), ([0], [6], [3])], compare=False)

@@ -141,6 +141,9 @@ class BatchV41(BatchParts):
         # its sequence published last (None before any); `_keys_plan` follows it through a step
         self.index_keys = index_keys
         self.keys_owner: list[int | None] = [None] * n_slots
+        # ... of which sequence (`SeqPool.seq_ids`): a slot's sequence given by `SeqPool.assume`
+        # has no owner kept here (`_owner_at`)
+        self.keys_seq: list[int | None] = [None] * n_slots
         # the index sources (rows of `BatchStep.owners_dev`) and the layers that publish keys
         self.index_sources = [i for i, r in enumerate(cfg.roles) if r.ratio > 0 and r.is_index_source]
         self.publishers = [i for i in self.index_sources if cfg.roles[i].is_kv_source]
@@ -262,6 +265,19 @@ class BatchV41(BatchParts):
                     f"(release finished slots, or build the pool with more blocks)"
                 )
 
+    def _owner_at(self, slot: int, start: int) -> int | None:
+        """With index_keys="released": the layer whose index keys the slot's sequence
+        published last before position `start`. None at 0; for a sequence this runtime ran,
+        the owner its last step left (`keys_owner`); for one given by `SeqPool.assume`
+        (no history), the owner one call of its `start` tokens would leave: the last index
+        source that is also a kv source and has a complete group by then."""
+        if start == 0:
+            return None
+        if self.keys_seq[slot] == self.pool.seq_ids[slot]:
+            return self.keys_owner[slot]
+        done = [i for i in self.publishers if start // self.cfg.roles[i].ratio > 0]
+        return done[-1] if done else None
+
     def _keys_plan(self, slots, starts, lens) -> tuple[dict[int, list], list] | None:
         """With index_keys="released": for each index source, per sequence of the step, the
         layer whose index keys it scores, as the released code decides for one sequence
@@ -275,7 +291,7 @@ class BatchV41(BatchParts):
         if self.index_keys == "own":
             return None
         c = self.cfg
-        owner = [None if s == 0 else self.keys_owner[sl] for sl, s in zip(slots, starts)]
+        owner = [self._owner_at(sl, s) for sl, s in zip(slots, starts)]
         plan: dict[int, list] = {}
         for role in c.roles:
             i, r = role.layer, role.ratio
@@ -357,6 +373,7 @@ class BatchV41(BatchParts):
         if st.keys_plan is not None:
             for slot, j in zip(st.slots, st.keys_plan[1]):
                 self.keys_owner[slot] = j
+                self.keys_seq[slot] = self.pool.seq_ids[slot]
         for sl in st.logged:
             self.undo[sl]["done"] = True
 
