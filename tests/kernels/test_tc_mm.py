@@ -176,6 +176,19 @@ def test_plan_is_a_constant_of_the_shape_and_kind(monkeypatch):
     }
     for (name, kind), ((N, K), want) in levels.items():
         assert TC.split_levels(N, K, kind) == want, (name, kind)
+    # the fine count is a multiple of the coarse one (large calls keep its parallelism):
+    # [5120, 5120] FP8, coarse 2; the fine rule alone would give 5 (gcd 1)
+    assert TC.plan(5120, 5120) == 2 and TC.plan(5120, 5120, 1, 396, 5) == 5
+    assert TC.split_levels(5120, 5120, "fp8") == (8, 2)  # 80 tiles: 4 gives 320 programs, 8 gives 640
+    for N in (40, 512, 1280, 4096, 5120, 32768):
+        for K in (1024, 1280, 4096, 5120, 7168, 8192):
+            for kind in ("fp8", "group", "bf16", "fp32"):
+                fine, outer = TC.split_levels(N, K, kind)
+                assert (
+                    fine % outer == 0
+                    and -(-K // TC.BK) % fine == 0
+                    and outer == TC.plan(N, K, 3 if kind == "fp32" else 1)
+                )
 
 
 def test_bad_shapes_are_refused(device):
@@ -748,12 +761,11 @@ def test_rows_keep_their_one_token_bits_across_the_two_modes(device, monkeypatch
         for lo in (0, 130 - m):
             rows = slice(lo, lo + m)
             if kind == "group":
-                w = pairs[0][1]
                 o = torch.stack([p[0] for p in pairs], dim=1)[rows].contiguous()
                 Wg = torch.stack([p[1] for p in pairs])
                 got = TC.tc_group_mm(o, Wg, torch.empty(m, 3, 48, dtype=BF, device=device))
                 for k in range(3):
-                    _same_row_bytes(got[:, k], ref[0][rows, k], device, f"group {k} rows {lo}..", o[:, k], w)
+                    _same_row_bytes(got[:, k], ref[0][rows, k], device, f"group {k} rows {lo}..", o[:, k], pairs[k][1])
                 continue
             out = torch.empty(m, 48, dtype=ref[2].dtype, device=device)
             sc = None

@@ -65,8 +65,6 @@ linear for FP8 weights; equal within fp32 summation-order error, not in bits).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, require_triton, tl, triton
@@ -137,18 +135,22 @@ FP8_GLUON: dict | None = None
 _counters = ArrivalCounters("tc_mm", "attnv41.kernels.tc_mm.prepare", _LOCKS)
 
 
-def plan(N: int, K: int, products: int = 1, target: int | None = None, min_seg: int | None = None) -> int:
+def plan(
+    N: int, K: int, products: int = 1, target: int | None = None, min_seg: int | None = None, step: int = 1
+) -> int:
     """SEGS for a weight `[N, K]` whose chunks cost `products` tensor-core products each (3
     for fp32 weights, else 1): among the divisors s of ceil(K/BK) that leave each segment at
     least `min_seg` products (default `_MIN_SEG_PRODUCTS`; s ≤ chunks·products / that; s = 1
     always allowed), the smallest with ceil(N/BN)·s ≥ `target` programs (default
     `_TARGET_PROGRAMS`), else the largest. A constant of the shape and weight kind
-    (`tc_fp8` probes other targets and minimums: tune keys)."""
+    (`tc_fp8` probes other targets and minimums: tune keys). `step`: only multiples of it
+    (`split_levels`' fine counts: multiples of the coarse one; `step` itself when no
+    other qualifies)."""
     target = _TARGET_PROGRAMS if target is None else target
     min_seg = _MIN_SEG_PRODUCTS if min_seg is None else min_seg
     chunks, tiles = -(-K // BK), -(-N // BN)
     cap = max(1, chunks * products // min_seg)
-    allowed = [s for s in range(1, min(cap, chunks) + 1) if chunks % s == 0]
+    allowed = [s for s in range(1, min(cap, chunks) + 1) if chunks % s == 0 and s % step == 0] or [step]
     for s in allowed:
         if tiles * s >= target:
             return s
@@ -383,11 +385,13 @@ def split_levels(N: int, K: int, kind: str) -> tuple[int, int]:
     """(fine, outer): the two split levels of a weight `[N, K]` of `kind` (`_FINE_PLAN`'s
     keys; group weights pass G·N rows). K's chunks are cut into `fine` segments, summed in
     `outer` consecutive groups of fine // outer (module doc); constants of the shape and
-    kind, so the bits. coarse = `plan`'s default rule; outer = gcd(fine, coarse)."""
+    kind, so the bits. coarse = `plan`'s default rule, and the fine count a multiple of it
+    (`_FINE_PLAN`'s rule among those), so outer = coarse: large calls keep the one-level
+    parallelism."""
     products = 3 if kind == "fp32" else 1
     coarse = plan(N, K, products)
-    fine = plan(N, K, products, *_FINE_PLAN[kind]) if kind in _FINE_PLAN else coarse
-    return fine, math.gcd(fine, coarse)
+    fine = plan(N, K, products, *_FINE_PLAN[kind], step=coarse) if kind in _FINE_PLAN else coarse
+    return fine, coarse
 
 
 def _weight_plan(w, N: int, K: int, G: int, wsc, pdl: bool, m: int, group: bool = False) -> tuple:
