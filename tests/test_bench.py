@@ -251,6 +251,10 @@ def test_bench_command_on_cpu(tmp_path, capsys):
     assert "| wq_a fp8 | decode | fp8 |" in md
     assert res["nonfinite_values"] == 0 and "non-finite values that entered a cache write: 0" in text
     assert {r["kv_format"] for r in res["batch"]} == {"bf16", "packed"}, "decode rows for both cache formats"
+    assert [r["weights"] for r in res["batch"]] == sorted(
+        (r["weights"] for r in res["batch"]), key=["bf16", "fp8"].index
+    )
+    assert {r["weights"] for r in res["batch"]} == {r["weights"] for r in res["batch_prefill"]} == {"bf16", "fp8"}
     assert [r["mode"] for r in res["batch_prefill"]] == ["eager", "graphs"] * (len(res["batch_prefill"]) // 2)
     assert all(r["ms"] > 0 for r in res["batch_prefill"]) and res["batch_prefill"]
     kb = res["kv_bytes_per_token"]  # the small preset's kv sources

@@ -486,9 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         choices=("both", "bf16", "fp8"),
         default="both",
-        help="weight formats of the projection kernels (b) and the decode (a) and prefill (e) stacks, each against "
-        "the floor of the bytes it reads (default both; with --checkpoint, both loads it once in each format; under "
-        "both, FP8 is skipped with its reason where it cannot run)",
+        help="weight formats of the projection kernels (b) and the decode (a), prefill (e) and batched (f, g) "
+        "stacks, each against the floor of the bytes it reads (default both; part long takes bf16 of both; with "
+        "--checkpoint, both loads it once in each format; under both, FP8 is skipped with its reason where it "
+        "cannot run)",
     )
     b.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
     b.add_argument("--seed", type=int, default=0)

@@ -129,7 +129,9 @@ def test_released_keys_past_the_publisher_are_refused():
     cfg, w, wts, xs, bt = _setup((0, 2, 2, 4, 4, 4), 4, 1, 1, 4, index_keys="released")
     _run(cfg, w, wts, xs, bt, [([0], [0], [4])], compare=False)
     before = (list(bt.pool.length), list(bt.keys_owner), {r: list(b) for r, b in bt.pool.free_blocks.items()})
-    with pytest.raises(ValueError, match=r"slot 0: layer 1 would score 2 index keys of layer 3, which holds 1"):
+    with pytest.raises(
+        ValueError, match=r"slot 0: layer 1 at start_pos 4 would score 2 index keys of layer 3, which holds 1"
+    ):
         bt.begin([0], [4], [1])
     after = (list(bt.pool.length), list(bt.keys_owner), {r: list(b) for r, b in bt.pool.free_blocks.items()})
     assert after == before

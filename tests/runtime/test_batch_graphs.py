@@ -401,7 +401,9 @@ def test_released_keys_refused_steps_change_nothing():
     g = BatchGraphs(a, wts, sizes=(1,), bucket_min=8)
     a.step(wts, list(_x(cfg, torch.Generator().manual_seed(1), 4, "cpu")), [0], [0], [4])
     before = (pool_snapshot(a), list(a.keys_owner))
-    with pytest.raises(ValueError, match=r"slot 0: layer 1 would score 2 index keys of layer 3, which holds 1"):
+    with pytest.raises(
+        ValueError, match=r"slot 0: layer 1 at start_pos 4 would score 2 index keys of layer 3, which holds 1"
+    ):
         g.step(_xs(cfg, 1), [0])
     same_pool(pool_snapshot(a), before[0])
     assert a.keys_owner == before[1]

@@ -9,6 +9,7 @@ import torch
 
 from attnv41.reference.layer import RefStack
 from attnv41.runtime import BatchGraphs, BatchV41, RuntimeStack
+from attnv41.runtime.checks import check_released_keys, released_owners
 from attnv41.synthetic import random_inputs, random_weights
 from attnv41.weights import AttnV41LayerWeights
 from helpers import small_cfg
@@ -42,12 +43,9 @@ def test_a_small_pool_keeps_every_row_of_a_step(kv_format):
     assert torch.equal(y, ref.layer(0, x[:4], 0).out)
 
 
-def test_released_keys_past_the_publishers_rows_are_refused():
-    """index_keys='released': layer 0 (ratio 4) completes no group at 8 and would score L = 2
-    keys of layer 1 (ratio 8), which holds 1. The released code reads an unwritten row
-    there; the single-sequence runtime read its decode's group in progress instead (out
-    off by up to 3.9 at 9). Refused before anything is written, as BatchV41 refuses it."""
-    cfg = small_cfg(
+def _two_publishers_cfg():
+    """Two index-and-kv sources, ratios 4 then 8: layer 0 may score layer 1's keys."""
+    return small_cfg(
         n_layers=2,
         compress_ratios=(4, 8),
         kv_source_layers=(0, 1),
@@ -58,6 +56,14 @@ def test_released_keys_past_the_publishers_rows_are_refused():
         max_seq=24,
         max_tokens=8,
     )
+
+
+def test_released_keys_past_the_publishers_rows_are_refused():
+    """index_keys='released': layer 0 (ratio 4) completes no group at 8 and would score L = 2
+    keys of layer 1 (ratio 8), which holds 1. The released code reads an unwritten row
+    there; the single-sequence runtime read its decode's group in progress instead (out
+    off by up to 3.9 at 9). Refused before anything is written, as BatchV41 refuses it."""
+    cfg = _two_publishers_cfg()
     w = random_weights(cfg, 1)
     xs = random_inputs(cfg, 24, 2)
     rt = RuntimeStack(cfg, w, index_keys="released")
@@ -70,8 +76,29 @@ def test_released_keys_past_the_publishers_rows_are_refused():
     assert all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k] for k, v in before.items())
     bt = BatchV41(cfg, n_slots=1, block_rows=4, index_keys="released")
     bt.step(rt.weights, [x[:8] for x in xs], [0], [0], [8])
-    with pytest.raises(ValueError, match=r"layer 0 would score 2 index keys of layer 1, which holds 1"):
+    with pytest.raises(
+        ValueError, match=r"slot 0: layer 0 at start_pos 8 would score 2 index keys of layer 1, which holds 1"
+    ):
         bt.step(rt.weights, [x[8:9] for x in xs], [0], [8], [1])
+
+
+def test_one_walk_of_the_released_keys_rule():
+    """`released_owners` is the one walk of the released-keys rule (the single-sequence
+    runtime's whole-step checks and `BatchV41.begin` per sequence both call it; the two
+    copies it replaced named the missing publisher differently): owners per index source
+    and after the call, the refusal past the publisher's rows, and no publisher at all
+    (−1 in the single-sequence runtime's shared state) named as such."""
+    cfg = _two_publishers_cfg()
+    assert released_owners(cfg, None, 0, 8) == ({0: 0, 1: 1}, 1)  # both complete groups: own keys
+    assert released_owners(cfg, 1, 8, 4) == ({0: 0, 1: 0}, 0)  # layer 0 publishes 3 rows, layer 1 reads 1
+    assert released_owners(cfg, 0, 12, 1) == ({0: 0, 1: 0}, 0)  # nobody publishes: layer 0's 3 rows
+    with pytest.raises(ValueError, match=r"layer 0 at start_pos 8 would score 2 index keys of layer 1, which holds 1"):
+        released_owners(cfg, 1, 8, 1)
+    for owner in (None, -1):
+        with pytest.raises(
+            ValueError, match=r"layer 0 at start_pos 4 would score 1 index keys .* no layer has published"
+        ):
+            (released_owners if owner is None else check_released_keys)(cfg, owner, 4, 1)
 
 
 def test_window_only_layers_decode():

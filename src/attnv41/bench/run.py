@@ -411,21 +411,24 @@ def run_bench(
     def batch():
         from .batch import bench_batch
 
-        fmt = "bf16" if "bf16" in stack_fmts else stack_fmts[0]
-        b = bench_batch(
-            stack(fmt),
-            opts.batch_contexts,
-            opts.batch_sizes,
-            ceil,
-            steps=_reps(opts, "batch"),
-            chunk=2048 if dev.type == "cuda" else 32,
-            seed=opts.seed,
-            kv_formats=opts.batch_kv_formats,
-            verify_lens=opts.verify_lens,
-        )
-        count()
-        res["batch_prefill"] = b["prefill"]
-        return b["decode"]
+        rows, chunks = [], []
+        for fmt in sorted(stack_fmts, key=lambda f: f != held.get("fmt")):  # the held stack first: one build less
+            b = bench_batch(
+                stack(fmt),
+                opts.batch_contexts,
+                opts.batch_sizes,
+                ceil,
+                steps=_reps(opts, "batch"),
+                chunk=2048 if dev.type == "cuda" else 32,
+                seed=opts.seed,
+                kv_formats=opts.batch_kv_formats,
+                verify_lens=opts.verify_lens,
+            )
+            rows, chunks = rows + b["decode"], chunks + b["prefill"]
+            count()
+        order = lambda r: stack_fmts.index(r["weights"])  # noqa: E731
+        res["batch_prefill"] = sorted(chunks, key=order)
+        return sorted(rows, key=order)
 
     def long_prompt():
         from .long import bench_long

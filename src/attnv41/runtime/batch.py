@@ -83,7 +83,7 @@ from ..reference import INDEX_KEY_MODES
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, check_device
 from .batch_parts import BatchParts
-from .checks import keys_held
+from .checks import released_owners
 from .ops import TRITON_BATCH_OPS
 from .pool import BatchStep, SeqPool, _failed_call
 
@@ -174,7 +174,11 @@ class BatchV41(BatchParts):
         needs."""
         self._check_begin(slots, starts, lens, bucket)
         plan = self._keys_plan(slots, starts, lens)  # released index keys (raises, nothing changed)
-        # nothing below can fail: allocate and build the metadata
+        return self._begin_checked(slots, starts, lens, bucket, plan)
+
+    def _begin_checked(self, slots, starts, lens, bucket, plan) -> BatchStep:
+        """`begin` after its checks (`_check_begin`, `_keys_plan`'s plan): nothing here can fail."""
+        # allocate and build the metadata
         self._allocate(slots, starts, lens)
         st = self._metadata(list(slots), list(starts), list(lens))
         st.bucket = bucket
@@ -281,41 +285,21 @@ class BatchV41(BatchParts):
     def _keys_plan(self, slots, starts, lens) -> tuple[dict[int, list], list] | None:
         """With index_keys="released": for each index source, per sequence of the step, the
         layer whose index keys it scores, as the released code decides for one sequence
-        (attention-v41.md §9; `AttnV41.forward`): an index source that is also a kv source
-        publishes its own keys when the call completes at least one of its groups, and
-        every index source scores the keys published last, its own or another layer's, of
-        this step or an earlier one (a sequence starting at 0 has none before its step). Returns (plan, the owners after
-        the step), None in "own" mode. Refuses (nothing changes) a layer that would score
-        more keys than the last publisher holds: the released code reads unwritten rows
-        there, which a paged pool does not have."""
+        (`released_owners`, the single-sequence runtime's walk, from each slot's owner
+        before the step, `_owner_at`). Returns (plan, the owners after the step), None in
+        "own" mode. Refuses (nothing changes; the message names the slot) a layer that
+        would score more keys than the last publisher holds: the released code reads
+        unwritten rows there, which a paged pool does not have."""
         if self.index_keys == "own":
             return None
-        c = self.cfg
-        owner = [self._owner_at(sl, s) for sl, s in zip(slots, starts)]
-        plan: dict[int, list] = {}
-        for role in c.roles:
-            i, r = role.layer, role.ratio
-            if r == 0 or not role.is_index_source:
-                continue
-            if role.is_kv_source:
-                owner = [i if (s + m) // r > s // r else o for o, s, m in zip(owner, starts, lens)]
-            for sl, s, m, j in zip(slots, starts, lens, owner):
-                L = (s + m) // r
-                if L == 0:
-                    continue
-                if j is None:
-                    raise ValueError(
-                        f"slot {sl}: layer {i} scores {L} index keys with index_keys='released' and no layer has "
-                        f"published any; allowed: steps after a publishing one (attention-v41.md §9)"
-                    )
-                have = keys_held(c, j, i, s, m)
-                if have < L:
-                    raise ValueError(
-                        f"slot {sl}: layer {i} would score {L} index keys of layer {j}, which holds {have} (the "
-                        f"released code reads unwritten rows there); allowed: at most the rows the last publisher holds"
-                    )
-            plan[i] = list(owner)
-        return plan, owner
+        walks = []
+        for sl, s, m in zip(slots, starts, lens):
+            try:
+                walks.append(released_owners(self.cfg, self._owner_at(sl, s), s, m))
+            except ValueError as e:
+                raise ValueError(f"slot {sl}: {e}") from None
+        plan = {i: [w[0][i] for w in walks] for i in walks[0][0]}
+        return plan, [w[1] for w in walks]
 
     def _allocate(self, slots, starts, lens) -> None:
         """A checked step's blocks: a step begun before and not run (no layer) is dropped
@@ -775,8 +759,9 @@ class BatchV41(BatchParts):
         autograd (`forward`): inputs and weights that require grad are read as plain
         tensors, the outputs have no history."""
         self._check_begin(slots, starts, lens, bucket)
+        plan = self._keys_plan(slots, starts, lens)
         self.check_layers(weights, xs, sum(lens))
-        st = self.begin(slots, starts, lens, bucket=bucket)
+        st = self._begin_checked(slots, starts, lens, bucket, plan)
         return [
             (lambda y: y.clone() if keep else y)(self.forward(weights[i], xs[i], st)) for i in range(self.cfg.n_layers)
         ]

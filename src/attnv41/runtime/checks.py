@@ -18,7 +18,7 @@ import torch
 from ..state import AttnV41LayerState, SharedV41, cache_widths
 from ..weights import AttnV41LayerWeights, expected_tensors
 
-__all__ = ["AttnChecks", "check_released_keys", "keys_held"]
+__all__ = ["AttnChecks", "check_released_keys", "keys_held", "released_owners"]
 
 
 def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
@@ -28,12 +28,20 @@ def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
     return (s + m) // rj if j <= i else s // rj
 
 
-def check_released_keys(cfg, owner: int, s: int, m: int) -> None:
-    """With released index keys, a whole step of m tokens at s (every layer, in order)
-    before it runs: each index source that publishes no keys of its own in the step scores
-    the keys published last (`owner` at the start: the shared state's `index_k_owner`, −1
-    for none), which must hold its L rows (`keys_held`); `_check_sources` checks the same
-    layer by layer. Raises ValueError naming the first layer that would not."""
+def released_owners(cfg, owner: int | None, s: int, m: int) -> tuple[dict[int, int | None], int | None]:
+    """With released index keys, the walk of one call of m tokens at s over every layer in
+    order, as the released code decides for one sequence (attention-v41.md §9;
+    `AttnV41.forward`): an index source that is also a kv source publishes its own keys
+    when the call completes at least one of its groups, and every index source scores the
+    keys published last (`owner` at the start: None for none), its own or another
+    layer's. Returns ({index source of ratio > 0: the layer whose keys it scores (None: no
+    keys to score)}, the owner after the call). Raises ValueError naming the first layer
+    that would score more rows than that publisher holds (`keys_held`: the released code
+    reads unwritten rows there, which this runtime's caches do not keep) or that has keys
+    to score and no publisher. The single-sequence runtime's whole-step checks and
+    `BatchV41.begin` (per sequence) both walk here; `_check_sources` checks the same layer
+    by layer."""
+    plan: dict[int, int | None] = {}
     for role in cfg.roles:
         i, r = role.layer, role.ratio
         if r == 0 or not role.is_index_source:
@@ -41,16 +49,29 @@ def check_released_keys(cfg, owner: int, s: int, m: int) -> None:
         L = (s + m) // r
         if role.is_kv_source and L > s // r:  # a group completes: its own keys are published
             owner = i
+        plan[i] = owner
+        if L == 0 or owner == i:
             continue
-        if L == 0:
-            continue
-        have = 0 if owner < 0 else keys_held(cfg, owner, i, s, m)
+        if owner is None:
+            raise ValueError(
+                f"layer {i} at start_pos {s} would score {L} index keys with index_keys='released' and no layer "
+                "has published any; allowed: steps after a publishing one (attention-v41.md §9)"
+            )
+        have = keys_held(cfg, owner, i, s, m)
         if have < L:
             raise ValueError(
                 f"layer {i} at start_pos {s} would score {L} index keys of layer {owner}, which holds {have} "
                 "(the released code reads unwritten rows there, which this runtime's caches do not keep); "
                 "allowed: at most the rows the last publisher holds"
             )
+    return plan, owner
+
+
+def check_released_keys(cfg, owner: int, s: int, m: int) -> None:
+    """`released_owners` for the single-sequence runtime, whose shared state names no
+    owner as −1 (`SharedV41.index_k_owner`): raises, before a whole step runs, naming the
+    first layer that would score rows its publisher does not hold."""
+    released_owners(cfg, None if owner < 0 else owner, s, m)
 
 
 class AttnChecks:
