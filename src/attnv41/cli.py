@@ -385,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run the golden sequence in one slot of batched steps (BatchV41, paged caches) beside N-1 "
         "random sequences at other positions and lengths, then alone: the golden rules, and its bytes "
-        "identical to the batch-1 run (intended variant; --impl is not used)",
+        "identical to the batch-1 run (the variants --variant asks, the intended one only with --prefill-chunk; "
+        "--impl is not used)",
     )
     c.add_argument("--seed", type=int, default=0, help="with --batch: draws the other sequences and the order")
     c.add_argument(

@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AttnV41Cfg", "LayerRole", "v41_flash"]
+__all__ = ["AttnV41Cfg", "KeyMismatchError", "LayerRole", "v41_flash"]
+
+
+class KeyMismatchError(KeyError, ValueError):
+    """A key of a state dict or config file that is missing, unexpected or given twice:
+    a KeyError (a mapping's key) and a ValueError (bad input, what the runtime's checks
+    raise), whose message reads as written (KeyError's own str() would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
 
 # Widest decode selection (window + index_topk) the runtime launches.
 MAX_DECODE_WIDTH = 2048
@@ -471,7 +481,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _need(d: dict[str, Any], key: str, prefix: str = "") -> Any:
     if key not in d:
-        raise KeyError(f"config key '{prefix}{key}' is missing")
+        raise KeyMismatchError(f"config key '{prefix}{key}' is missing")
     return d[key]
 
 

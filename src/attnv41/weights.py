@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import AttnV41Cfg, LayerRole, v41_flash
+from .config import AttnV41Cfg, KeyMismatchError, LayerRole, v41_flash
 
 __all__ = [
     "FP8_LINEARS",
@@ -141,7 +141,7 @@ def _weight_format(role: LayerRole, got: Mapping[str, torch.Tensor]) -> str:
     lin = _fp8_linears(role)
     stray = sorted(k for k in got if k.endswith(".scale") and k.removeprefix(PREFIX).removesuffix(".scale") not in lin)
     if stray:
-        raise KeyError(
+        raise KeyMismatchError(
             f"layer {role.layer}: {stray[0]!r} is a scale on a tensor that does not run in FP8; "
             f"allowed scales: {[f'{PREFIX}{n}.scale' for n in lin]} and attn.wo_a.scale"
         )
@@ -170,7 +170,7 @@ def _take_wo_a_scale(role: LayerRole, got: dict[str, torch.Tensor]) -> torch.Ten
     w = got.get(k)
     if sc is None:
         if w is not None and w.dtype == torch.float8_e4m3fn:
-            raise KeyError(
+            raise KeyMismatchError(
                 f"layer {role.layer}: {k} is float8_e4m3fn without its scale {ks!r}; allowed: "
                 "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without one"
             )
@@ -272,7 +272,9 @@ class AttnV41LayerWeights:
                 raise ValueError(f"layer {role.layer}: {k!r} is on the meta device (no data); allowed: real tensors")
             c = _canonical(k)
             if c in got:  # 'wq_a.weight' and 'attn.wq_a.weight': which one is meant is not known
-                raise KeyError(f"layer {role.layer}: {given[c]!r} and {k!r} both name {c!r}; allowed: one of them")
+                raise KeyMismatchError(
+                    f"layer {role.layer}: {given[c]!r} and {k!r} both name {c!r}; allowed: one of them"
+                )
             got[c], given[c] = v, k
         if role.is_kv_source and role.ratio >= 2:
             for k in ("attn.compressor.wkv.weight", "attn.compressor.wgate.weight"):
@@ -295,7 +297,7 @@ class AttnV41LayerWeights:
             for n in _fp8_linears(role):
                 wk, sk = f"{PREFIX}{n}.weight", f"{PREFIX}{n}.scale"
                 if wk in got and sk not in got:
-                    raise KeyError(
+                    raise KeyMismatchError(
                         f"layer {role.layer}: {wk} is {got[wk].dtype} without its scale {sk!r}; allowed: "
                         "float8_e4m3fn with a float8_e8m0fnu scale, or bf16 without one (every FP8 linear alike)"
                     )
@@ -303,9 +305,11 @@ class AttnV41LayerWeights:
         missing = sorted(set(spec) - set(got))
         extra = sorted(set(got) - set(spec))
         if missing:
-            raise KeyError(f"layer {role.layer} ({role.name}): tensor {missing[0]!r} is missing (missing: {missing})")
+            raise KeyMismatchError(
+                f"layer {role.layer} ({role.name}): tensor {missing[0]!r} is missing (missing: {missing})"
+            )
         if extra:
-            raise KeyError(
+            raise KeyMismatchError(
                 f"layer {role.layer} ({role.name}): unexpected tensor {extra[0]!r} for this role "
                 f"(allowed: {sorted(spec)})"
             )

@@ -158,8 +158,10 @@ def test_wrong_weights_are_named():
     with pytest.raises(KeyError, match="unexpected tensor .attn.compressor"):
         AttnV41LayerWeights.from_state_dict(cfg.roles[0], w[1], cfg=cfg)  # role mismatch: extra tensors
     missing = {k: v for k, v in w[1].items() if k != "indexer.wk.weight"}
-    with pytest.raises(KeyError, match="attn.indexer.wk.weight"):
+    with pytest.raises(KeyError, match="attn.indexer.wk.weight") as e:
         AttnV41LayerWeights.from_state_dict(cfg.roles[1], missing, cfg=cfg)
+    assert isinstance(e.value, ValueError), "a missing tensor is bad input: a ValueError too"
+    assert str(e.value).startswith("layer 1 (") and "tensor 'attn.indexer.wk.weight' is missing" in str(e.value)
     f32 = dict(w[0])
     f32["wkv.weight"] = f32["wkv.weight"].float()
     with pytest.raises(TypeError, match="attn.wkv.weight.dtype = torch.float32"):

@@ -203,6 +203,10 @@ REFUSED = {
         lambda bt, cfg, wts: bt.begin([0], [12], [1]),
         "start = 12; allowed: 0 (a new sequence) or 11",
     ),
+    "empty_slot_continued": (
+        lambda bt, cfg, wts: bt.begin([2], [5], [1]),
+        "slot 2: start = 5, but the slot holds no sequence; allowed: 0 (a new sequence)",
+    ),
     "zero_tokens": (lambda bt, cfg, wts: bt.begin([0], [11], [0]), "lens = 0; allowed: >= 1"),
     "past_max_seq": (lambda bt, cfg, wts: bt.begin([0], [11], [60]), "positions 11..70; allowed: 0..63"),
     "too_many_tokens": (
@@ -253,6 +257,10 @@ def test_release_returns_the_blocks(mid_batch):
     assert bt.pool.length[0] == 0
     assert {r: len(v) for r, v in bt.pool.free_blocks.items()} == {r: free[r] + owned[r] for r in free}
     assert all((bt.pool.tables[r][0] == -1).all() for r in bt.pool.ratios)
+    bt.pool.release(0)  # an empty slot: allowed, nothing to return
+    assert bt.pool.length[0] == 0 and {r: len(v) for r, v in bt.pool.free_blocks.items()} == {
+        r: free[r] + owned[r] for r in free
+    }
 
 
 @pytest.mark.gpu
@@ -323,7 +331,7 @@ def test_batched_rollback_refusals(mid_batch):
         (lambda: bt.rollback(1, 5), "slot 1: rollback to 5: its last step kept no undo log; allowed: pos = 6"),
         (lambda: bt.rollback(2, 1), "slot 2: rollback to 1: its last step kept no undo log; allowed: pos = 0"),
         (lambda: bt.rollback(3, 0), "slot = 3; allowed: 0..2"),
-        (lambda: bt.rollback(0, 9.0), "pos is a float; allowed: int"),
+        (lambda: bt.rollback(0, 9.0), "pos = 9.0 is a float; allowed: int"),
     ):
         with pytest.raises((ValueError, TypeError)) as e:
             call()

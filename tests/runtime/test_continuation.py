@@ -151,7 +151,7 @@ REFUSED = {
         lambda rt: rt.attn.rollback(rt.states[::-1], rt.shared, 15),
         "state of layer 5 given with weights of layer 0",
     ),
-    "pos_not_int": (_after_verify, lambda rt: rt.rollback(15.0), "pos is a float; allowed: int"),
+    "pos_not_int": (_after_verify, lambda rt: rt.rollback(15.0), "pos = 15.0 is a float; allowed: int"),
 }
 
 

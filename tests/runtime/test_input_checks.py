@@ -173,10 +173,15 @@ def test_integer_types_are_named(setup):
         lambda: attn.bucket(torch.tensor(PREFILL)),
         lambda: DecodeGraphs(rt).step([x[PREFILL : PREFILL + 1] for x in setup[2]], np.int64(PREFILL)),
     ):
-        with pytest.raises(TypeError, match=r"start_pos is a (int64|Tensor); allowed: int \(1\.\."):
+        with pytest.raises(
+            TypeError, match=r"start_pos = .* is a (int64|Tensor); allowed: int \(1\.\..*\) \(int\(start_pos\) converts"
+        ):
             call()
+    x = setup[2][0][PREFILL : PREFILL + 1]
+    with pytest.raises(TypeError, match=r"start_pos = (np\.int64\()?13\)? is a int64; allowed: int \(0\.\.63\)"):
+        attn.forward(rt.weights[0], rt.states[0], rt.shared, x, np.int64(PREFILL))
     bt = BatchV41(setup[0], n_slots=2)
-    with pytest.raises(TypeError, match=r"slot is a int64; allowed: int \(0\.\.1\)"):
+    with pytest.raises(TypeError, match=r"slot = (np\.int64\()?0\)? is a int64; allowed: int \(0\.\.1\)"):
         bt.pool.release(np.int64(0))
 
 

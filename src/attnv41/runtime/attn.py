@@ -28,7 +28,7 @@ from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
 from ..weights import AttnV41LayerWeights
-from .checks import AttnChecks
+from .checks import AttnChecks, not_an_int
 from .decode import AttnDecode, _dense_rows, _Ticket
 from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
 from .plan import DEFAULT_BUCKET_MIN, DecodePlan
@@ -474,7 +474,7 @@ class AttnV41(AttnChecks, AttnDecode):
             self._check_state(st, c.roles[i])
             self._check_bound(st, shared)
         if isinstance(pos, bool) or not isinstance(pos, int):
-            raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+            raise not_an_int("pos", pos)
         if self.index_keys != "own":
             raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
         self._check_failed(shared, f"rollback to {pos}")
@@ -779,8 +779,8 @@ def check_device(device) -> torch.device:
     device this process can use ("cuda" is the current one); ValueError naming it else."""
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' ({e})") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N'") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' (type {dev.type!r})")
     if dev.type == "cuda":

@@ -83,7 +83,7 @@ from ..reference import INDEX_KEY_MODES
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, check_device
 from .batch_parts import BatchParts
-from .checks import released_owners
+from .checks import not_an_int, released_owners
 from .ops import TRITON_BATCH_OPS
 from .pool import BatchStep, SeqPool, _failed_call
 
@@ -241,6 +241,10 @@ class BatchV41(BatchParts):
                 raise ValueError(
                     f"slot {slot}: start = {s}, but {_failed_call(pool.failed[slot])} raised part-way and its caches "
                     f"hold part of it; allowed: start 0 (a new sequence), or pool.release / pool.assume first"
+                )
+            if s != 0 and pool.length[slot] == 0:
+                raise ValueError(
+                    f"slot {slot}: start = {s}, but the slot holds no sequence; allowed: 0 (a new sequence)"
                 )
             if s != 0 and s != pool.length[slot]:
                 raise ValueError(
@@ -581,7 +585,7 @@ class BatchV41(BatchParts):
         for slot, pos in zip(slots, positions):
             pool._check_slot(slot)
             if isinstance(pos, bool) or not isinstance(pos, int):
-                raise TypeError(f"pos is a {type(pos).__name__}; allowed: int")
+                raise not_an_int("pos", pos)
         if len(set(slots)) != len(slots):
             dup = sorted({s for s in slots if list(slots).count(s) > 1})
             raise ValueError(f"slots {dup} appear twice; allowed: each slot at most once")

@@ -12,13 +12,23 @@ A mixin: it reads the runtime's `cfg`, `device`, `kv_format`, `index_keys`,
 from __future__ import annotations
 
 import operator
+import reprlib
 
 import torch
 
+from ..config import KeyMismatchError
 from ..state import AttnV41LayerState, SharedV41, cache_widths
 from ..weights import AttnV41LayerWeights, expected_tensors
 
-__all__ = ["AttnChecks", "check_released_keys", "keys_held", "released_owners"]
+__all__ = ["AttnChecks", "check_released_keys", "keys_held", "not_an_int", "released_owners"]
+
+
+def not_an_int(name: str, v, allowed: str | None = None) -> TypeError:
+    """The TypeError for a position or slot that is not a Python int (numpy and tensor
+    scalars included: they would be read on the host), naming the value and its type."""
+    rng = f" ({allowed})" if allowed else ""
+    hint = f" (int({name}) converts a numpy or 0-d tensor scalar)" if getattr(v, "ndim", None) == 0 else ""
+    return TypeError(f"{name} = {reprlib.repr(v)} is a {type(v).__name__}; allowed: int{rng}{hint}")
 
 
 def keys_held(cfg, j: int, i: int, s: int, m: int) -> int:
@@ -133,7 +143,7 @@ class AttnChecks:
     def _check_pos(self, start_pos: int, m: int) -> None:
         c = self.cfg
         if isinstance(start_pos, bool) or not isinstance(start_pos, int):
-            raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int")
+            raise not_an_int("start_pos", start_pos, f"0..{c.max_seq - m}")
         if start_pos < 0:
             raise ValueError(f"start_pos = {start_pos}; allowed: >= 0")
         if start_pos + m > c.max_seq:
@@ -166,7 +176,10 @@ class AttnChecks:
         if seen is not None and seen[0] is self and seen[1] is st.ring and seen[2] is st.cfg and seen[3] is role:
             return
         if st.role != role:
-            raise ValueError(f"state of layer {st.role.layer} given with weights of layer {role.layer}")
+            raise ValueError(
+                f"state of layer {st.role.layer} given with weights of layer {role.layer}; allowed: layer "
+                f"{role.layer}'s state (attn.new_layer_state({role.layer}))"
+            )
         self._check_cfg(f"layer {role.layer}'s state", st.cfg)
         ring = st.ring
         if st.kv_format != self.kv_format:
@@ -214,7 +227,7 @@ class AttnChecks:
         for name, (shape, dtypes) in spec.items():
             t = w.get(name)
             if t is None:
-                raise KeyError(f"layer {role.layer}: weight {name!r} is missing")
+                raise KeyMismatchError(f"layer {role.layer}: weight {name!r} is missing")
             if t.dtype not in dtypes:
                 raise TypeError(f"layer {role.layer}: {name}.dtype = {t.dtype}; allowed: {list(dtypes)}")
             if tuple(t.shape) != shape:

@@ -16,6 +16,7 @@ import torch
 
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights
+from .checks import not_an_int
 from .plan import ROW, ROW_POS, SLOT, VIS
 
 __all__ = ["AttnDecode"]
@@ -191,7 +192,7 @@ class AttnDecode:
     def _check_pos_decode(self, start_pos: int) -> None:
         hi = self.cfg.max_seq - 1
         if isinstance(start_pos, bool) or not isinstance(start_pos, int):
-            raise TypeError(f"start_pos is a {type(start_pos).__name__}; allowed: int (1..{hi})")
+            raise not_an_int("start_pos", start_pos, f"1..{hi}")
         if not 1 <= start_pos <= hi:
             raise ValueError(f"start_pos = {start_pos!r}; allowed: 1..{hi} (a decode position below max_seq)")
 

@@ -20,6 +20,7 @@ from ..config import AttnV41Cfg
 from ..packed import row_bytes, unpack
 from ..state import check_kv_format
 from .attn import check_device
+from .checks import not_an_int
 
 __all__ = ["SeqPool", "BatchStep"]
 
@@ -174,7 +175,8 @@ class SeqPool:
     def release(self, slot: int) -> None:
         """Forget the slot's sequence and return its blocks (not while a step of the slot runs);
         a slot whose step failed (`failed`) takes any step again. The sequence's undo log
-        goes with it (`BatchV41.rollback` refuses)."""
+        goes with it (`BatchV41.rollback` refuses). Releasing a slot that holds no sequence is
+        allowed (an engine may release on every finish path): it has no blocks to return."""
         self._check_slot(slot)
         self._check_idle(slot, "release")
         for r in self.ratios:
@@ -190,7 +192,7 @@ class SeqPool:
 
     def _check_slot(self, slot) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int):
-            raise TypeError(f"slot is a {type(slot).__name__}; allowed: int (0..{self.n_slots - 1})")
+            raise not_an_int("slot", slot, f"0..{self.n_slots - 1}")
         if not 0 <= slot < self.n_slots:
             raise ValueError(f"slot = {slot!r}; allowed: 0..{self.n_slots - 1}")
 
