@@ -185,10 +185,13 @@ def test_paged_placement_changes_nothing():
         assert all(torch.equal(u, v) for u, v in zip(sa, sb))
 
 
+_MID = [([0, 1], [0, 0], [9, 5]), ([1, 0], [5, 9], [1, 2])]  # mid_batch's steps
+
+
 @pytest.fixture
 def mid_batch():
     cfg, w, wts, xs, bt = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 15, 1: 15})  # >= max_tokens rows
-    _run(cfg, w, wts, xs, bt, [([0, 1], [0, 0], [9, 5]), ([1, 0], [5, 9], [1, 2])], compare=False)
+    _run(cfg, w, wts, xs, bt, _MID, compare=False)
     return cfg, wts, xs, bt
 
 
@@ -261,6 +264,31 @@ def test_release_returns_the_blocks(mid_batch):
     assert bt.pool.length[0] == 0 and {r: len(v) for r, v in bt.pool.free_blocks.items()} == {
         r: free[r] + owned[r] for r in free
     }
+
+
+def test_cancel_drops_a_step_before_its_first_layer(mid_batch):
+    """`cancel` drops a begun step that ran no layer: its slots may be released, and the
+    next steps give the bytes of a twin that never began it; once a layer ran it is
+    refused, and without a step it does nothing."""
+    cfg, wts, xs, bt = mid_batch
+    tw = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 15, 1: 15})
+    _run(*tw, _MID, compare=False)
+    st = bt.begin([0, 1], [11, 6], [1, 1])
+    with pytest.raises(ValueError, match=r"release\(slot 1\) while a step of slots \[0, 1\] runs; .*cancel\(\) first"):
+        bt.pool.release(1)
+    bt.cancel()
+    with pytest.raises(ValueError, match=r"layer 0 of a step; allowed: none \(call begin\)"):
+        bt.forward(wts[0], _x(cfg, 2)[0], st)
+    bt.pool.release(1)
+    tw[-1].pool.release(1)
+    bt.cancel()  # no step: nothing to do
+    nxt = [([0, 1], [11, 0], [1, 3])]
+    got, want = _run(cfg, None, wts, xs, bt, nxt, compare=False), _run(*tw, nxt, compare=False)
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+    st = bt.begin([0], [12], [1])
+    bt.forward(wts[0], _x(cfg, 1)[0], st)
+    with pytest.raises(ValueError, match=r"cancel after layer 0 of the step ran; allowed: before its first layer"):
+        bt.cancel()
 
 
 @pytest.mark.gpu

@@ -176,6 +176,27 @@ class BatchV41(BatchParts):
         plan = self._keys_plan(slots, starts, lens)  # released index keys (raises, nothing changed)
         return self._begin_checked(slots, starts, lens, bucket, plan)
 
+    def cancel(self) -> None:
+        """Drop the step `begin` returned last while none of its layers has run (an engine
+        that gives up on a step before its first layer, e.g. when building its inputs
+        failed): its slots may then be released, assumed or begun again. What `begin`
+        already did stays done: a slot that began a new sequence (start 0) holds an empty
+        one, every slot keeps the blocks it grew, and the slots' undo logs from before the
+        step are gone (rollback refuses them). No step, or a finished one: nothing to do.
+        Refused once a layer ran (its rows are written; finish the step: the remaining
+        layers)."""
+        self._check_attn_live("cancel")
+        st, n = self._step, self.cfg.n_layers
+        if st is None or st.next_layer >= n:
+            return
+        if st.next_layer > 0:
+            raise ValueError(
+                f"cancel after layer {st.next_layer - 1} of the step ran; allowed: before its first layer "
+                f"(run layers {st.next_layer}..{n - 1} to finish it)"
+            )
+        self.pool.in_step = frozenset()
+        self._step = None
+
     def _begin_checked(self, slots, starts, lens, bucket, plan) -> BatchStep:
         """`begin` after its checks (`_check_begin`, `_keys_plan`'s plan): nothing here can fail."""
         # allocate and build the metadata

@@ -169,7 +169,7 @@ class SeqPool:
         if slot in self.in_step:
             raise ValueError(
                 f"{what}(slot {slot}) while a step of slots {sorted(self.in_step)} runs; allowed: between steps "
-                f"(after the step's last layer)"
+                f"(after the step's last layer; a step begun and not run: BatchV41.cancel() first)"
             )
 
     def release(self, slot: int) -> None:
