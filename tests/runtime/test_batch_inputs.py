@@ -75,6 +75,10 @@ def test_rollback_after_release_or_assume_is_refused(setup, logged):
             same_pool(before, pool_snapshot(bt))
         bt.rollback(0, end)  # no change: allowed
         same_pool(before, pool_snapshot(bt))
+    _run(bt, cfg, wts, xs, [(1, 0, 2)])  # another slot's step: the dead log's copies go, the refusal stays
+    assert bt.undo[0] == {"seq": bt.undo[0]["seq"]} and bt.undo[0]["seq"] != bt.pool.seq_ids[0]
+    with pytest.raises(ValueError, match=GONE):
+        bt.rollback(0, 15)
 
 
 def test_a_new_sequence_after_release_rolls_back_as_in_a_fresh_batch(setup):

@@ -349,8 +349,12 @@ class BatchV41(BatchParts):
 
     def _register(self, st: BatchStep) -> None:
         """The step becomes the current one: its id, the slots' last step, undo logs for
-        its continuations of 2..window tokens (the others' logs dropped)."""
+        its continuations of 2..window tokens (the others' logs dropped; a released or
+        assumed sequence's log kept as its sequence id only, which `rollback` names)."""
         W = self.cfg.window
+        for sl, u in list(self.undo.items()):  # logs of sequences released or assumed since: their
+            if len(u) > 1 and u["seq"] != self.pool.seq_ids[sl]:  # copies go, rollback's refusal stays
+                self.undo[sl] = {"seq": u["seq"]}
         self._step = st
         self.pool.in_step = frozenset(st.slots)
         st.next_layer = 0
