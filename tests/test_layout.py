@@ -24,3 +24,13 @@ def test_reference_imports_nothing_downstream():
                     assert not n.startswith(
                         ("attnv41.runtime", "attnv41.kernels", "attnv41.state", "attnv41.weights")
                     ), f"{f.name} imports {n}"
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: `py.typed` in the package and in its package data, so an engine's type
+    checker reads attnv41's annotations from an installed wheel."""
+    import tomllib
+
+    assert (SRC / "py.typed").is_file()
+    meta = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["attnv41"]
