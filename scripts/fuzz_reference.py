@@ -58,6 +58,7 @@ TRACE = ("q", "kv_win", "sel", "o", "out", "compress_kv", "index_k", "index_scor
 # Runtime refusals that may meet a reference that runs: every fragment of one rule must occur.
 RUNTIME_RULES = (
     ("would score", "index keys of layer", "which holds"),  # released keys past the last publisher's rows
+    ("would score", "no layer has published any"),  # released keys and no publisher (`released_owners`)
     ("blocks[", "max_tokens"),  # a paged pool smaller than a step
 )
 # The reference's own refusals (RuntimeError) all say what was not published.
