@@ -35,6 +35,71 @@ def test_check_fails_on_wrong_output(tmp_path, capsys):
     assert "FAIL decode15 L4: out" in out and out.rstrip().splitlines()[-1].startswith("FAIL")
 
 
+def test_check_json_holds_every_comparison_and_the_verdict(tmp_path, capsys):
+    """`check --json`: strict JSON (no NaN or Infinity), the same verdict and counts as the
+    printed run, one report per variant with every layer's comparisons; a failing run
+    names its failure in the file too, and a non-finite ratio is written as null."""
+    import json
+
+    path = tmp_path / "sub" / "check.json"
+    assert main(["check", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert doc["verdict"] == "PASS" and doc["failed"] == 0 and doc["golden"] == "tiny"
+    assert doc["variants"] == ["released", "intended"] and [r["variant"] for r in doc["reports"]] == doc["variants"]
+    assert f"{doc['compared']} tensors compared" in out and doc["compared"] == 492
+    layers = doc["reports"][0]["layers"]
+    assert sum(len(lr["tensors"]) for lr in layers) == doc["reports"][0]["compared"]
+    assert {"regime", "layer", "role", "ok", "tensors", "skipped"} <= set(layers[0])
+    assert all(t["ok"] and t["ratio"] == 0.0 for lr in layers for t in lr["tensors"].values())
+
+    p = _corrupt(tmp_path, "released/decode15/L4/out", lambda t: t * 1.1)
+    assert main(["check", "--golden", str(p), "--variant", "released", "--json", str(path)]) == 1
+    doc = json.loads(path.read_text())
+    assert doc["verdict"] == "FAIL" and doc["failed"] == 1 and doc["reports"][0]["ok"] is False
+    bad = [lr for lr in doc["reports"][0]["layers"] if not lr["ok"]]
+    assert [(lr["regime"], lr["layer"]) for lr in bad] == [("decode15", 4)]
+    assert bad[0]["tensors"]["out"]["ratio"] > 1 and any("decode15 L4: out" in f for f in doc["reports"][0]["failures"])
+
+    p = _corrupt(tmp_path, "released/decode15/L4/out", lambda t: t * float("nan"))
+    assert main(["check", "--golden", str(p), "--variant", "released", "--json", str(path)]) == 1
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    (bad,) = [lr for lr in doc["reports"][0]["layers"] if not lr["ok"]]
+    assert bad["tensors"]["out"]["ratio"] is None and doc["reports"][0]["worst"]["out"] is None
+
+
+def test_check_batched_json(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "b.json"
+    assert main(["check", "--batch", "2", "--variant", "intended", "--json", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out and path.read_text())
+    assert doc["verdict"] == "PASS" and doc["batch"] == 2 and doc["seed"] == 0
+    assert doc["batch_invariance"]["traced"] > 0 and doc["batch_invariance"]["differ"] == []
+    assert doc["reports"][0]["variant"] == "intended" and doc["reports"][0]["ok"] is True
+
+
+def test_env_reports_versions_variables_and_devices(capsys, monkeypatch):
+    import json
+
+    import attnv41
+
+    monkeypatch.setenv("ATTNV41_PDL", "0")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert f"attnv41      {attnv41.__version__}" in out and f"torch        {torch.__version__}" in out
+    assert "ATTNV41_PDL          '0'" in out and "ATTNV41_ROUND_BF16   unset (cvt)" in out
+    if not torch.cuda.is_available():
+        assert "CUDA         not available" in out
+    assert main(["env", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["attnv41"] == attnv41.__version__ and doc["env"]["ATTNV41_PDL"] == "0"
+    assert doc["cuda_available"] == torch.cuda.is_available()
+    assert len(doc["devices"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    for d in doc["devices"]:  # a GPU run of the suite: the rule the runtimes refuse by
+        assert d["kernels_bf16"] == "run" or "allowed: 8.9 or newer" in d["kernels_bf16"]
+
+
 def test_check_fails_on_wrong_selection(tmp_path, capsys):
     def swap(t):
         t = t.clone()
@@ -124,6 +189,8 @@ USER_MISTAKES = {
     "golden-junk": (lambda t: ["check", "--golden", str(_junk(t))], "not a readable safetensors file"),
     "golden-truncated": (lambda t: ["check", "--golden", str(_truncated(t))], "not a readable safetensors file"),
     "check-bad-variant": (lambda t: ["check", "--variant", "both2"], "argument --variant: invalid choice"),
+    "check-json-folder": (lambda t: ["check", "--json", str(t)], "a folder; allowed: a file path"),
+    "check-batch-json-folder": (lambda t: ["check", "--batch", "2", "--json", str(t)], "a folder; allowed"),
     "demo-prompt-huge": (lambda t: ["demo", "--prompt", "100000000"], "--prompt = 100000000; allowed: 1.."),
     "demo-steps-zero": (lambda t: ["demo", "--steps", "0"], "--steps = 0; allowed: 1.."),
     "demo-prompt-not-int": (lambda t: ["demo", "--prompt", "many"], "argument --prompt: invalid int value"),

@@ -5,6 +5,7 @@ Subcommands:
   bench   time the runtime against measured floors and the FlashMLA peer.
   check   replay a golden file (default: the tiny one bundled in the package)
           through an implementation and compare every tensor it holds.
+  env     what this machine offers the runtime: versions, variables, GPUs.
 """
 
 from __future__ import annotations
@@ -77,6 +78,63 @@ def _print_report(rep: ReplayReport, out) -> None:
         print(f"  note {e}", file=out)
 
 
+def _finite(r: float) -> float | None:
+    """A ratio for JSON: None where it is not finite (a NaN, a shape mismatch, an
+    infinite error), which strict JSON cannot hold."""
+    return r if math.isfinite(r) else None
+
+
+def _report_json(rep: ReplayReport) -> dict:
+    """One variant's replay as `check --json` writes it: every layer's comparisons
+    (ratio = worst |error| / tolerance, None where not finite), what was skipped, and the
+    run's verdict and problems."""
+    return {
+        "variant": rep.variant,
+        "impl": rep.impl,
+        "ok": rep.ok,
+        "compared": rep.n_compared,
+        "failed": rep.n_failed,
+        "skipped": rep.n_skipped,
+        "nonfinite": rep.nonfinite,
+        "worst": {k: _finite(v) for k, v in rep.worst().items()},
+        "problems": rep.problems(),
+        "failures": rep.failures(),
+        "layers": [
+            {
+                "regime": lr.regime,
+                "layer": lr.layer,
+                "role": lr.role,
+                "ok": lr.ok,
+                "tensors": {
+                    c.name: {"ok": c.ok, "ratio": _finite(c.ratio), "excused": c.excused, "detail": c.detail}
+                    for c in lr.cmps
+                },
+                "skipped": list(lr.skipped),
+            }
+            for lr in rep.layers
+        ],
+    }
+
+
+def _write_json(path: str | None, doc: dict) -> None:
+    """`check --json PATH`: the run as strict JSON (written whatever the verdict)."""
+    if path is None:
+        return
+    from . import __version__  # noqa: PLC0415
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"attnv41": __version__, **doc}, indent=1, allow_nan=False) + "\n")
+    print(f"wrote {out}")
+
+
+def _check_json_path(args: argparse.Namespace) -> str | None:
+    """--json's path, refused (a user mistake, before any compute) when it names a folder."""
+    if args.json is not None and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json}: a folder; allowed: a file path (created or overwritten)")
+    return args.json
+
+
 def _variants(args: argparse.Namespace, chunk: int | None) -> tuple[str, ...]:
     """The golden variants a check compares. In released mode a chunk that completes no
     group of a Full layer scores against the keys another layer published last
@@ -119,13 +177,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.kv_format != "bf16":  # the runtime with packed caches: the same rules, the same golden values
         make_impl = functools.partial(IMPLS[impl], kv_format=args.kv_format)
         make_impl.weights_dtypes = IMPLS[impl].weights_dtypes
+    json_path = _check_json_path(args)
     failed = 0
     total_cmp = total_skip = 0
+    reports = []
     t0 = time.perf_counter()
     for v in variants:
         with _internal(user_errors=(GoldenFormatError, SafetensorError, OSError)):  # a bug in replay: traceback
             rep = replay(golden, v, make_impl, device=args.device, impl_name=impl, prefill_chunk=chunk)
         _print_report(rep, sys.stdout)
+        reports.append(_report_json(rep))
         problems = rep.problems()  # a run that compared nothing of a kind proves nothing about it
         failed += rep.n_failed + len(problems)
         total_cmp += rep.n_compared
@@ -148,7 +209,32 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"\n{verdict}: {golden.path.name} ({golden.name}), variants {', '.join(variants)}, impl {impl}{chunked}, "
         f"device {args.device}: {total_cmp} tensors compared, {failed} failed, {total_skip} skipped, {dt:.1f} s"
     )
+    _write_json(
+        json_path,
+        {
+            "verdict": verdict,
+            **_run_fields(args, golden, variants, chunk),
+            "impl": impl,
+            "compared": total_cmp,
+            "failed": failed,
+            "skipped": total_skip,
+            "seconds": round(dt, 3),
+            "reports": reports,
+        },
+    )
     return 0 if failed == 0 else 1
+
+
+def _run_fields(args: argparse.Namespace, golden: GoldenFile, variants, chunk: int | None) -> dict:
+    """The fields every `check --json` file starts with: what was checked, and how."""
+    return {
+        "golden_file": str(golden.path),
+        "golden": golden.name,
+        "variants": list(variants),
+        "device": args.device,
+        "kv_format": args.kv_format,
+        "prefill_chunk": chunk,
+    }
 
 
 def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | None) -> int:
@@ -174,6 +260,8 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
         if not torch.cuda.is_available():
             print("attnv41 check: --device cuda requested but torch.cuda.is_available() is False", file=sys.stderr)
             return 2
+    json_path = _check_json_path(args)
+    reports, differ = [], []
     t0 = time.perf_counter()
     failed = total_cmp = total_fail = total_skip = n_cmp = n_bad = 0
     for v in variants:
@@ -182,6 +270,8 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
                 golden, device=args.device, batch=n, chunk=chunk, seed=args.seed, kv_format=args.kv_format, variant=v
             )
         _print_report(rep, sys.stdout)
+        reports.append(_report_json(rep))
+        differ += [{"variant": v, "tensor": str(b)} for b in bad]
         problems = rep.problems()
         for p in problems:
             print(f"-- {golden.name}/{v}: FAIL: {p}")
@@ -202,6 +292,22 @@ def _check_batched(args: argparse.Namespace, golden: GoldenFile, chunk: int | No
         f"{chunked}, device {args.device}: {total_cmp} tensors compared, {total_fail} failed, {total_skip} skipped; "
         f"batch invariance: {n_cmp} traced tensors against the batch-1 run (bf16 caches), {n_bad} differ; "
         f"{time.perf_counter() - t0:.1f} s"
+    )
+    _write_json(
+        json_path,
+        {
+            "verdict": verdict,
+            **_run_fields(args, golden, variants, chunk),
+            "impl": "batched runtime",
+            "batch": n,
+            "seed": args.seed,
+            "compared": total_cmp,
+            "failed": failed,
+            "skipped": total_skip,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "reports": reports,
+            "batch_invariance": {"traced": n_cmp, "differ": differ},
+        },
     )
     return 0 if failed == 0 else 1
 
@@ -231,6 +337,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         why += [f"{res.nonfinite} non-finite values entered a cache write"] if res.nonfinite else []
         print("FAIL: " + "; ".join(why))
     return 0 if res.ok else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from .env import collect, lines
+
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print("\n".join(lines(info)))
+    return 0
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -396,7 +513,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the runtime's caches in bf16 or in V4.1's packed formats (the same golden rules; with --batch "
         "the batch-1 run compared against keeps bf16 caches, so packed must give its bytes)",
     )
+    c.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the run as JSON to PATH: the verdict, every layer's comparisons (worst |error| / "
+        "tolerance, null where not finite), what was skipped, and with --batch the tensors that differ",
+    )
     c.set_defaults(func=cmd_check)
+    e = sub.add_parser(
+        "env",
+        help="versions, the variables read, each GPU and whether the kernels run on it (for bug reports)",
+    )
+    e.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    e.set_defaults(func=cmd_env)
     d = sub.add_parser("demo", help="a 40-layer stack: prefill, graph decode beside eager decode, a short report")
     d.add_argument(
         "--preset",

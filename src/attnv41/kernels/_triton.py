@@ -34,6 +34,12 @@ __all__ = [
     "ArrivalCounters",
     "pdl_launch",
     "PDL_ENV",
+    "MIN_CAPABILITY",
+    "PACKED_MIN_CAPABILITY",
+    "TESTED_CAPABILITIES",
+    "device_capability",
+    "kernel_support",
+    "check_kernel_device",
 ]
 
 # How `round_bf16` rounds on CUDA, read at import: "cvt" (the default), the hardware
@@ -176,7 +182,6 @@ PDL_ENV = "ATTNV41_PDL"
 # step 4.26 -> 4.20 ms at batch 1, BatchGraphs 8.14 -> 8.02 ms at B = 64; the quick GPU tier
 # (1,107 passed, 0 failed) and the PDL on == off byte test passed with it on.
 PDL_DEFAULT = "1"
-_pdl_capable: dict[int, bool] = {}
 
 
 def pdl_launch(t: torch.Tensor) -> dict:
@@ -189,11 +194,7 @@ def pdl_launch(t: torch.Tensor) -> dict:
     PDL moves when programs start, not what they compute; graphs capture it."""
     if t.device.type != "cuda" or interpreting() or os.environ.get(PDL_ENV, PDL_DEFAULT) == "0":
         return {"PDL": False}
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    cap = _pdl_capable.get(idx)
-    if cap is None:
-        cap = _pdl_capable[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if cap else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if device_capability(t.device)[0] >= 9 else {"PDL": False}
 
 
 def interpreting() -> bool:
@@ -201,13 +202,72 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# The CUDA compute capabilities the kernels compile for. Every layer's fp8 round trips
+# convert e4m3 values, and Triton compiles that type (fp8e4nv) only from sm_89; packed
+# caches are dequantized by PTX that multiplies bf16 pairs (mul.rn.bf16x2), an sm_90
+# instruction. Measured and tested on sm_90 only (H100, H200).
+MIN_CAPABILITY = (8, 9)
+PACKED_MIN_CAPABILITY = (9, 0)
+TESTED_CAPABILITIES = ((9, 0),)
+_capability: dict[int, tuple[int, int]] = {}
+
+
+def device_capability(device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (an index, "cuda:N" or a
+    torch.device; "cuda" is the current one), asked once per device."""
+    if isinstance(device, torch.device) and device.index is not None:  # the launches' case: a tensor's device
+        cap = _capability.get(device.index)
+        if cap is not None:
+            return cap
+    dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    cap = _capability.get(idx)
+    if cap is None:
+        cap = _capability[idx] = tuple(torch.cuda.get_device_capability(idx))
+    return cap
+
+
+def kernel_support(device, packed: bool = False) -> str | None:
+    """None when the Triton kernels run on this CUDA device (with packed caches: their
+    dequantization too), else why not, as one line naming the device, its capability and
+    the allowed range."""
+    if not HAVE_TRITON:
+        return f"{device}: Triton is not installed; allowed: with triton installed (its wheels cover Linux x86-64)"
+    cap = device_capability(device)
+    need = PACKED_MIN_CAPABILITY if packed else MIN_CAPABILITY
+    if cap >= need:
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    why = (
+        "packed caches are dequantized by bf16-pair multiplies (mul.rn.bf16x2, sm_90)"
+        if packed and cap >= MIN_CAPABILITY
+        else "the kernels convert e4m3 values, which Triton compiles only from sm_89"
+    )
+    return f"{device} ({name}) has compute capability {cap[0]}.{cap[1]}; allowed: {need[0]}.{need[1]} or newer ({why})"
+
+
+def check_kernel_device(device, what: str, packed: bool = False) -> None:
+    """ValueError (`what`: the caller, named first) unless `kernel_support` answers None
+    for this CUDA device: a refusal before anything is allocated or launched, instead of a
+    compile error inside the first kernel. The CPU path (torch twins) has no such limit."""
+    why = kernel_support(device, packed)
+    if why is not None:
+        raise ValueError(f"{what}: device {why}; or device='cpu' (the torch path)")
+
+
 def require_triton(op: str, *tensors) -> None:
-    """Raise a clear error unless a Triton launch of `op` on these tensors can run."""
+    """Raise a clear error unless a Triton launch of `op` on these tensors can run: Triton
+    installed (RuntimeError), each tensor on a CUDA device (or the interpreter; RuntimeError)
+    of compute capability `MIN_CAPABILITY` or newer (ValueError, `check_kernel_device`)."""
     if not HAVE_TRITON:
         raise RuntimeError(f"{op}: Triton is not installed")
+    if interpreting():
+        return
     for t in tensors:
-        if t.device.type != "cuda" and not interpreting():
+        if t.device.type != "cuda":
             raise RuntimeError(f"{op}: tensor on {t.device}; allowed: a CUDA tensor, or set TRITON_INTERPRET=1")
+    if tensors and _capability.get(tensors[0].device.index, (0, 0)) < MIN_CAPABILITY:  # asked once per device
+        check_kernel_device(tensors[0].device, op)
 
 
 def bf16_out_like(x, out):

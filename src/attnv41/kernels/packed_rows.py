@@ -28,7 +28,15 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, interpreting, tl, triton
+from ._triton import (
+    HAVE_TRITON,
+    PACKED_MIN_CAPABILITY,
+    check_kernel_device,
+    device_capability,
+    interpreting,
+    tl,
+    triton,
+)
 
 __all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
 
@@ -48,6 +56,8 @@ def fp4_words_mode(rows: torch.Tensor, asm: bool = True, scale_word: bool = Fals
         return 0
     if not asm or interpreting():
         return 1
+    if rows.device.type == "cuda" and device_capability(rows.device) < PACKED_MIN_CAPABILITY:
+        check_kernel_device(rows.device, "packed rows", packed=True)  # the PTX below multiplies bf16 pairs
     return 3 if scale_word else 2
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm
+from ..kernels._triton import check_kernel_device
 from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
@@ -173,6 +174,8 @@ class AttnV41(AttnChecks, AttnDecode):
             if ops not in table:
                 raise ValueError(f"ops = {ops!r}; allowed: {tuple(table)}")
             self.ops = table[ops]
+        if self.device.type == "cuda" and self.ops.name.startswith("triton"):  # before anything is allocated
+            check_kernel_device(self.device, "AttnV41", packed=self.kv_format == "packed")
         dev, c = self.device, cfg
         if self.ops.fp8_mm is fp8_linear.fp8_mm and dev.type == "cuda":
             fp8_linear.prepare(dev)  # its counters exist before any capture

@@ -79,12 +79,13 @@ from collections.abc import Sequence
 import torch
 
 from ..config import AttnV41Cfg
+from ..kernels._triton import check_kernel_device
 from ..reference import INDEX_KEY_MODES
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, check_device
 from .batch_parts import BatchParts
 from .checks import not_an_int, released_owners
-from .ops import TRITON_BATCH_OPS
+from .ops import TRITON_BATCH_OPS, Ops
 from .pool import BatchStep, SeqPool, _failed_call
 
 __all__ = ["SeqPool", "BatchV41", "BatchStep"]
@@ -106,8 +107,12 @@ class BatchV41(BatchParts):
     ):
         if index_keys not in INDEX_KEY_MODES:
             raise ValueError(f"index_keys = {index_keys!r}; allowed: {INDEX_KEY_MODES}")
-        if ops is None and check_device(device).type == "cuda":
+        dev = check_device(device)
+        if ops is None and dev.type == "cuda":
             ops = TRITON_BATCH_OPS  # batch-invariant projections
+        triton_ops = ops == "triton" if isinstance(ops, str) else isinstance(ops, Ops) and ops.name.startswith("triton")
+        if dev.type == "cuda" and triton_ops:  # before anything is allocated
+            check_kernel_device(dev, "BatchV41", packed=kv_format == "packed")
         self.attn = AttnV41(cfg, device, index_keys="own", ops=ops)
         self.cfg, self.device, self.ops = cfg, self.attn.device, self.attn.ops
         self.pool = SeqPool(cfg, n_slots, self.attn.device, block_rows, blocks, kv_format)
