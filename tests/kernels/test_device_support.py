@@ -95,9 +95,13 @@ def test_kernel_launches_refuse_an_older_gpu(fake_gpu, monkeypatch):
     with pytest.raises(ValueError, match=r"packed rows: device cuda:0 \(NVIDIA L40S\) .* 9\.0 or newer"):
         packed_rows.fp4_words_mode(rows)
     assert packed_rows.fp4_words_mode(rows, asm=False) == 1  # no PTX asked: nothing to refuse
+    assert _triton.pdl_launch(t) == {"PDL": False}  # PDL needs 9.0 (the same cache of capabilities)
     fake_gpu(H200)
     assert packed_rows.fp4_words_mode(rows) == 2
     _triton.require_triton("sparse_attn", t)
+    assert _triton.pdl_launch(t) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setenv(_triton.PDL_ENV, "0")
+    assert _triton.pdl_launch(t) == {"PDL": False}
 
 
 @pytest.mark.skipif(not _triton.HAVE_TRITON, reason="needs triton")
