@@ -5,7 +5,9 @@ each with a fake (meta) implementation, so they run under `torch.compile` and in
 graphs; on CUDA the Triton kernels, elsewhere their torch twins (the CPU runtime's,
 bit for bit the reference). Layouts follow what vLLM and SGLang hand an attention layer:
 flat cache pools addressed by physical row, block tables, per-token slot mappings,
-fixed-width −1 padded index buffers.
+fixed-width −1 padded index buffers. Each op runs on its inputs' device whatever the
+current CUDA device is (`kernels._triton.on_device`: Triton itself launches on the current
+one).
 
 - `sparse_attn(q, win, comp, sel, offset, sink, scale)`: sparse attention with the sink
   (attention-v41.md §7) over rows named by `sel` (int32 `[m, K]`, −1 absent): entries
@@ -33,6 +35,7 @@ from torch import Tensor
 from torch.library import custom_op
 
 from .kernels import compressor, fused, indexer, ring, select, sparse_attn_split, topk
+from .kernels._triton import on_device
 
 __all__ = ["sparse_attn", "index_scores", "index_topk", "cache_write", "compress_pool", "compress_rows"]
 
@@ -46,7 +49,8 @@ def sparse_attn(q: Tensor, win: Tensor, comp: Tensor, sel: Tensor, offset: int, 
     """o = bf16 `[m, H, D]` (module doc). q bf16 `[m, H, D]`; win, comp bf16 `[*, D]`
     (comp may have 0 rows); sel int32 `[m, K]`; sink fp32 `[H]`; scale = head_dim^-½."""
     fn = sparse_attn_split.sparse_attn_split if _cuda(q) else sparse_attn_split.sparse_attn_split_torch
-    return fn(q, win, comp, sel, offset, sink, scale)
+    with on_device(q.device):
+        return fn(q, win, comp, sel, offset, sink, scale)
 
 
 @sparse_attn.register_fake
@@ -67,7 +71,8 @@ def index_scores(
 ) -> Tensor:
     """bf16 `[m, width]` (module doc; `kernels.indexer.index_scores_paged`)."""
     fn = indexer.index_scores_paged if _cuda(iq) else indexer.index_scores_paged_torch
-    return fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
+    with on_device(iq.device):
+        return fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
 
 
 @index_scores.register_fake
@@ -94,9 +99,10 @@ def index_topk(
         raise ValueError(f"k = {k!r}; allowed: 1..{width} (width)")
     cuda = _cuda(iq)
     fn = indexer.index_scores_paged if cuda else indexer.index_scores_paged_torch
-    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
-    out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
-    (topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out)
+    with on_device(iq.device):
+        scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
+        out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
+        (topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out)
     return out
 
 
@@ -108,7 +114,8 @@ def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, o
 @custom_op("attnv41::cache_write", mutates_args=("cache",))
 def cache_write(cache: Tensor, rows: Tensor, slot_mapping: Tensor) -> None:
     """`cache[slot_mapping[i]] = rows[i]` where `slot_mapping[i] >= 0` (distinct slots)."""
-    (ring.slot_write if _cuda(cache) else ring.slot_write_torch)(cache, rows, slot_mapping)
+    with on_device(cache.device):
+        (ring.slot_write if _cuda(cache) else ring.slot_write_torch)(cache, rows, slot_mapping)
 
 
 @cache_write.register_fake
@@ -119,7 +126,8 @@ def _(cache, rows, slot_mapping):
 @custom_op("attnv41::compress_pool", mutates_args=())
 def compress_pool(a: Tensor, g: Tensor) -> Tensor:
     """fp32 `[n, D]` from fp32 `[n, r, D]` values and gate scores (attention-v41.md §5)."""
-    return (compressor.compress_pool if _cuda(a) else compressor.compress_pool_torch)(a, g)
+    with on_device(a.device):
+        return (compressor.compress_pool if _cuda(a) else compressor.compress_pool_torch)(a, g)
 
 
 @compress_pool.register_fake
@@ -142,7 +150,8 @@ def compress_rows(
     written at `compress_kv[row]`; returns the normed latent (bf16 `[n, D]`)."""
     latent = torch.empty_like(pooled)
     fn = fused.compress_kv_chain if _cuda(pooled) else fused.compress_kv_chain_torch
-    fn(pooled, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv)
+    with on_device(pooled.device):
+        fn(pooled, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv)
     return latent
 
 

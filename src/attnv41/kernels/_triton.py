@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "device_capability",
     "kernel_support",
     "check_kernel_device",
+    "on_device",
 ]
 
 # How `round_bf16` rounds on CUDA, read at import: "cvt" (the default), the hardware
@@ -253,6 +255,20 @@ def check_kernel_device(device, what: str, packed: bool = False) -> None:
     why = kernel_support(device, packed)
     if why is not None:
         raise ValueError(f"{what}: device {why}; or device='cpu' (the torch path)")
+
+
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def on_device(device):
+    """`torch.cuda.device(device)` when `device` is a CUDA device other than the current
+    one, else a no-op context. Triton launches on the current device, whatever device its
+    tensors live on (and CUDA graphs capture and replay on the current device's streams),
+    so the runtimes run each call under it: a runtime on cuda:1 works while the current
+    device is cuda:0, as torch's own ops do."""
+    if device.type == "cuda" and device.index is not None and torch.cuda.current_device() != device.index:
+        return torch.cuda.device(device)
+    return _SAME_DEVICE
 
 
 def require_triton(op: str, *tensors) -> None:

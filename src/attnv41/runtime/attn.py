@@ -31,6 +31,7 @@ from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, c
 from ..weights import AttnV41LayerWeights
 from .checks import AttnChecks, not_an_int
 from .decode import AttnDecode, _dense_rows, _Ticket
+from .device import check_device, on_own_device
 from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
 from .plan import DEFAULT_BUCKET_MIN, DecodePlan
 
@@ -280,6 +281,7 @@ class AttnV41(AttnChecks, AttnDecode):
         return SharedV41(self.cfg, self.device)
 
     # ------------------------------------------------------------------ forward
+    @on_own_device(lambda self: self.device)
     @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def forward(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
@@ -451,6 +453,7 @@ class AttnV41(AttnChecks, AttnDecode):
         if st.comp_a is not None:
             u["a0"] = (s // st.role.ratio) * st.role.ratio  # the position of u["a"][0]
 
+    @on_own_device(lambda self: self.device)
     def rollback(self, states, shared: SharedV41, pos: int) -> None:
         """Return a sequence to position `pos`, as if it had run only up to `pos − 1`:
         the next step starts at `pos`. For speculative decoding: verify k draft tokens
@@ -775,23 +778,3 @@ class AttnV41(AttnChecks, AttnDecode):
             del scores
         if ids is not None:
             shared.candidates, shared.candidates_pos = ids, s
-
-
-def check_device(device) -> torch.device:
-    """The runtime's device from `device` (a torch.device or its string): "cpu", or a CUDA
-    device this process can use ("cuda" is the current one); ValueError naming it else."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N'") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device = {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' (type {dev.type!r})")
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise ValueError(f"device = {device!r}: this torch sees no CUDA device; allowed: 'cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        elif not 0 <= dev.index < n:
-            raise ValueError(f"device = {device!r}; allowed: cuda:0..cuda:{n - 1}")
-    return dev

@@ -49,6 +49,7 @@ import torch
 
 from ..weights import AttnV41LayerWeights
 from .batch import BatchStep, BatchV41, seq_rows
+from .device import on_own_device
 from .graphs import _capture_graph, _Captured, _run_on_side_stream
 from .plan import DEFAULT_BUCKET_MIN, bucket_of
 
@@ -154,6 +155,7 @@ class BatchGraphs:
         raise ValueError(f"{n} tokens in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
 
     # ------------------------------------------------------------------ stepping
+    @on_own_device(lambda self: self.batch.device)
     @torch.no_grad()
     def step(
         self, xs, slots: Sequence[int], lens: Sequence[int] | None = None, starts: Sequence[int] | None = None
@@ -275,6 +277,7 @@ class BatchGraphs:
                 self._replaying = True
                 cap.graph.replay()
 
+    @on_own_device(lambda self: self.batch.device)
     @torch.no_grad()
     def capture(
         self, buckets: Sequence[int], sizes: Sequence[int] | None = None, kinds: Sequence[str] = ("decode",)

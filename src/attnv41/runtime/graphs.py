@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_released_keys
+from .device import on_own_device
 from .stack import RuntimeStack
 
 __all__ = ["DecodeGraphs", "OracleMismatch"]
@@ -122,6 +123,7 @@ class DecodeGraphs:
         self._keys: list = [None] * cfg.n_layers
 
     # ------------------------------------------------------------------ stepping
+    @on_own_device(lambda self: self.stack.attn.device)
     @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def step(self, xs: Sequence[torch.Tensor] | torch.Tensor, start_pos: int) -> torch.Tensor:
         """One decode token at `start_pos` through every layer; returns `y` ([n_layers, 1, dim]).

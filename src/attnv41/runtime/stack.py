@@ -14,6 +14,7 @@ from ..config import AttnV41Cfg
 from ..weights import AttnV41LayerWeights
 from .attn import AttnV41, AttnV41Run
 from .checks import check_released_keys
+from .device import on_own_device
 
 __all__ = ["RuntimeStack"]
 
@@ -48,9 +49,11 @@ class RuntimeStack:
         self.states = [self.attn.new_layer_state(i) for i in range(cfg.n_layers)]
         self.shared = self.attn.new_shared()
 
+    @on_own_device(lambda self: self.attn.device)
     def layer(self, i: int, x: torch.Tensor, start_pos: int) -> AttnV41Run:
         return self.attn.forward(self.weights[i], self.states[i], self.shared, x, start_pos)
 
+    @on_own_device(lambda self: self.attn.device)
     def step(self, xs: Sequence[torch.Tensor], start_pos: int, keep: bool = False) -> list:
         """All layers in order; `xs[i]` is layer i's input. With `keep`, returns each
         layer's output cloned (runs are views, overwritten by the next layer). Every
@@ -92,6 +95,7 @@ class RuntimeStack:
                 attn._check_values(x, i, start_pos)
         return ms[0]
 
+    @on_own_device(lambda self: self.attn.device)
     def rollback(self, pos: int) -> None:
         """`AttnV41.rollback` of this stack's sequence to `pos`."""
         self.attn.rollback(self.states, self.shared, pos)

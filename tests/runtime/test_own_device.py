@@ -1,0 +1,139 @@
+"""The runtimes run on their own device whatever the current CUDA device is: Triton launches
+on the current device (and CUDA graphs capture and replay on its streams), so every method
+that launches work runs under `kernels._triton.on_device(runtime device)`
+(`runtime.device.on_own_device`). On the CPU: the rule (which methods carry it, what the
+context does, with torch.cuda's answers replaced); on a host with two GPUs: a runtime on
+cuda:1 driven while cuda:0 is current gives the bytes of the same runtime on cuda:0."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from attnv41 import ops as public_ops
+from attnv41.kernels import _triton
+from attnv41.runtime import AttnV41, BatchGraphs, BatchV41, RuntimeStack
+from attnv41.runtime import device as device_mod
+from attnv41.runtime.graphs import DecodeGraphs
+from attnv41.weights import AttnV41LayerWeights
+from helpers import random_weights, small_cfg
+
+# every public method of the runtimes that launches kernels or replays graphs
+LAUNCHING = {
+    AttnV41: ("forward", "rollback", "decode_prep", "decode_prep_role", "decode_body"),
+    BatchV41: ("begin", "forward", "rollback", "rollback_many", "step"),
+    RuntimeStack: ("layer", "step", "rollback"),
+    DecodeGraphs: ("step",),
+    BatchGraphs: ("step", "capture"),
+}
+
+
+@pytest.mark.parametrize("cls", list(LAUNCHING), ids=lambda c: c.__name__)
+def test_every_launching_method_runs_on_its_runtimes_device(cls):
+    for name in LAUNCHING[cls]:
+        assert getattr(getattr(cls, name), "on_own_device", False), f"{cls.__name__}.{name}"
+
+
+def test_on_device_switches_only_to_another_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    ctx = _triton.on_device(torch.device("cuda", 1))
+    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1
+    for dev in (torch.device("cuda", 0), torch.device("cpu")):
+        assert _triton.on_device(dev) is _triton._SAME_DEVICE
+
+
+def test_the_decorator_enters_the_runtimes_device_and_leaves_it(monkeypatch):
+    seen = []
+
+    class Recorder:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def __enter__(self):
+            seen.append(("enter", self.dev))
+
+        def __exit__(self, *exc):
+            seen.append(("exit", self.dev, exc[0]))
+            return False
+
+    monkeypatch.setattr(device_mod, "on_device", Recorder)
+
+    class Rt:
+        device = torch.device("cuda", 1)
+
+        @device_mod.on_own_device(lambda self: self.device)
+        def run(self, x, *, y=0):
+            """doc kept"""
+            seen.append(("run", x, y))
+            if x < 0:
+                raise ValueError("bad")
+            return x + y
+
+    rt = Rt()
+    assert rt.run(2, y=3) == 5 and Rt.run.__doc__ == "doc kept"
+    assert seen == [("enter", rt.device), ("run", 2, 3), ("exit", rt.device, None)]
+    seen.clear()
+    with pytest.raises(ValueError, match="bad"):
+        rt.run(-1)
+    assert seen[-1] == ("exit", rt.device, ValueError)
+
+
+def test_public_ops_run_on_their_inputs_device():
+    """Each `attnv41.ops` op enters `on_device` of its first tensor's device (the source
+    says so; its behaviour on two GPUs is the GPU test below)."""
+    import inspect
+
+    src = inspect.getsource(public_ops)
+    for name in ("sparse_attn", "index_scores", "index_topk", "cache_write", "compress_pool", "compress_rows"):
+        body = inspect.getsource(getattr(public_ops, name)._init_fn)
+        assert "with on_device(" in body, name
+    assert "from .kernels._triton import on_device" in src
+
+
+def _stack_run(cfg, w, dev, xs_prompt, xs_dec, start):
+    """A RuntimeStack on dev: the prompt (eager), then decode steps through DecodeGraphs;
+    the outputs on the CPU."""
+    st = RuntimeStack(cfg, w, device=dev)
+    outs = [o.cpu() for o in st.step([x.to(dev) for x in xs_prompt], 0, keep=True)]
+    dg = DecodeGraphs(st)
+    for j, x in enumerate(xs_dec):
+        outs.append(dg.step(x.to(dev), start + j).cpu().clone())
+    return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_runtime_on_the_second_gpu_while_the_first_is_current():
+    cfg = small_cfg(window=8, index_topk=6, compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=96, max_tokens=32)
+    w = random_weights(cfg, 7)
+    gen = torch.Generator().manual_seed(3)
+    prompt = [torch.randn(20, cfg.dim, generator=gen).to(torch.bfloat16) for _ in range(cfg.n_layers)]
+    dec = [torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen).to(torch.bfloat16) for _ in range(12)]
+    torch.cuda.set_device(0)
+    ref = _stack_run(cfg, w, torch.device("cuda", 0), prompt, dec, 20)
+    got = _stack_run(cfg, w, torch.device("cuda", 1), prompt, dec, 20)
+    assert torch.cuda.current_device() == 0
+    assert len(ref) == len(got) and all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(ref, got))
+
+    # the batched runtime and its graphs, the same steps on both devices
+    def batch_run(dev):
+        wts = [
+            AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=dev) for i in range(cfg.n_layers)
+        ]
+        bt = BatchV41(cfg, dev, n_slots=4, block_rows=8, kv_format="packed")
+        bg = BatchGraphs(bt, wts)
+        rng, g2 = random.Random(5), torch.Generator().manual_seed(9)
+        lens = [rng.randint(1, 10) for _ in range(4)]
+        x = torch.randn(cfg.n_layers, sum(lens), cfg.dim, generator=g2).to(torch.bfloat16).to(dev)
+        outs = [o.cpu() for o in bt.step(wts, list(x), [0, 1, 2, 3], [0] * 4, lens)]
+        for _ in range(10):
+            slots = sorted(rng.sample(range(4), rng.randint(1, 4)))
+            xd = torch.randn(cfg.n_layers, len(slots), cfg.dim, generator=g2).to(torch.bfloat16).to(dev)
+            outs.append(bg.step(xd, slots).cpu().clone())
+        return outs
+
+    ref, got = batch_run(torch.device("cuda", 0)), batch_run(torch.device("cuda", 1))
+    assert torch.cuda.current_device() == 0
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(ref, got))
