@@ -18,7 +18,7 @@ from attnv41.runtime import AttnV41, BatchGraphs, BatchV41, RuntimeStack
 from attnv41.runtime import device as device_mod
 from attnv41.runtime.graphs import DecodeGraphs
 from attnv41.weights import AttnV41LayerWeights
-from helpers import random_weights, small_cfg
+from helpers import random_inputs, random_weights, small_cfg
 
 # every public method of the runtimes that launches kernels or replays graphs
 LAUNCHING = {
@@ -62,11 +62,13 @@ def test_the_decorator_enters_the_runtimes_device_and_leaves_it(monkeypatch):
 
     class Rt:
         device = torch.device("cuda", 1)
+        counters: dict = {}
 
-        @device_mod.on_own_device(lambda self: self.device)
+        @device_mod.on_own_device(lambda self: self)
         def run(self, x, *, y=0):
             """doc kept"""
             seen.append(("run", x, y))
+            assert _triton._COUNTER_OWNER.get() is self.counters  # its own arrival counters
             if x < 0:
                 raise ValueError("bad")
             return x + y
@@ -78,6 +80,52 @@ def test_the_decorator_enters_the_runtimes_device_and_leaves_it(monkeypatch):
     with pytest.raises(ValueError, match="bad"):
         rt.run(-1)
     assert seen[-1] == ("exit", rt.device, ValueError)
+    assert _triton._COUNTER_OWNER.get() is None  # restored after a raise too
+
+
+def test_arrival_counters_belong_to_their_owner():
+    """`counters_of(owner)`: a module's counters live in the owner's dict under (op,
+    device), apart from the module-wide ones and from every other owner's; outside any
+    owner the module-wide buffer as before; nested owners restore the outer one."""
+    c = _triton.ArrivalCounters("probe", "probe.prepare", 8)
+    cpu = torch.device("cpu")
+    shared = c.buffer(cpu)
+    assert c.buffer("cpu") is shared and list(c._bufs) == [cpu]
+    a, b = {}, {}
+    with _triton.counters_of(a):
+        ba = c.buffer(cpu)
+        with _triton.counters_of(b):
+            c.prepare(cpu)
+            bb = c.buffer(cpu)
+        assert c.buffer(cpu) is ba
+    assert ba is not shared and bb is not shared and ba is not bb
+    assert a == {("probe", cpu): ba} and b == {("probe", cpu): bb} and list(c._bufs) == [cpu]
+    assert c.buffer(cpu) is shared and int(ba.abs().sum()) == int(bb.abs().sum()) == 0
+
+
+@pytest.mark.skipif(not _triton.HAVE_TRITON, reason="needs triton (the interpreter)")
+def test_each_runtime_launches_with_its_own_counters():
+    """Two runtimes on the Triton kernels (the interpreter on the CPU) each take their split
+    kernels' counters from their own dict, never from the module-wide buffers: a decode
+    call's block-parallel attention combine (`sparse_attn_split`) is one of them. So
+    runtimes may run at once on different streams of one GPU (the module-wide counters
+    were shared by every launch on a device)."""
+    from attnv41.kernels import sparse_attn_split
+
+    cfg = small_cfg(window=8, index_topk=6, max_seq=32, max_tokens=32)
+    w = random_weights(cfg, 21)
+    xs = random_inputs(cfg, 14, 22)
+    module_wide = dict(sparse_attn_split._counters._bufs)
+    stacks = [RuntimeStack(cfg, w, ops="triton") for _ in range(2)]
+    for rt in stacks:
+        rt.step([x[:13] for x in xs], 0)
+        for i in range(cfg.n_layers):
+            rt.layer(i, xs[i][13:14], 13)
+    key = ("sparse_attn_split", torch.device("cpu"))
+    a, b = (rt.attn.counters.get(key) for rt in stacks)
+    assert a is not None and b is not None and a is not b, [sorted(rt.attn.counters, key=str) for rt in stacks]
+    assert sparse_attn_split._counters._bufs == module_wide  # no launch took the module-wide ones
+    assert int(a.abs().sum()) == int(b.abs().sum()) == 0  # every last arrival reset its counter
 
 
 def test_public_ops_run_on_their_inputs_device():
@@ -137,3 +185,44 @@ def test_a_runtime_on_the_second_gpu_while_the_first_is_current():
     ref, got = batch_run(torch.device("cuda", 0)), batch_run(torch.device("cuda", 1))
     assert torch.cuda.current_device() == 0
     assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(ref, got))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_two_runtimes_replay_at_once_on_two_streams():
+    """Two batched runtimes on one GPU replay their decode graphs at once on two streams
+    (B = 1 steps: the block-parallel attention combine, whose arrival counters were shared
+    by every launch on a device before they became each runtime's own): each gives the
+    bytes of a third runtime stepped alone on the default stream."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    cfg = small_cfg(window=8, index_topk=6, compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=128, max_tokens=32)
+    w = random_weights(cfg, 11)
+    wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg, device=dev) for i in range(cfg.n_layers)]
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randn(cfg.n_layers, 9, cfg.dim, generator=gen).to(torch.bfloat16).to(dev)
+    steps = [torch.randn(cfg.n_layers, 1, cfg.dim, generator=gen).to(torch.bfloat16).to(dev) for _ in range(40)]
+    runs = []
+    for _ in range(3):
+        bt = BatchV41(cfg, dev, n_slots=2, block_rows=8)
+        bt.step(wts, list(prompt), [0], [0], [9])
+        bg = BatchGraphs(bt, wts, sizes=(1,))
+        bg.step(steps[0], [0])  # captured here, before the streams below
+        runs.append(bg)
+    outs = [[], [], []]
+    for x in steps[1:]:  # the reference: alone on the default stream
+        outs[2].append(runs[2].step(x, [0]).clone())
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    for x in steps[1:]:
+        for k, s in ((0, s1), (1, s2)):
+            with torch.cuda.stream(s):
+                outs[k].append(runs[k].step(x, [0]).clone())
+    torch.cuda.synchronize()
+    for k in (0, 1):
+        bad = [
+            j
+            for j, (a, b) in enumerate(zip(outs[k], outs[2]))
+            if not torch.equal(a.view(torch.int16), b.view(torch.int16))
+        ]
+        assert not bad, f"runtime {k}: steps {bad} differ from the runtime stepped alone"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 
 import torch
@@ -42,6 +43,7 @@ __all__ = [
     "kernel_support",
     "check_kernel_device",
     "on_device",
+    "counters_of",
 ]
 
 # How `round_bf16` rounds on CUDA, read at import: "cvt" (the default), the hardware
@@ -304,17 +306,45 @@ def bf16_out_like(x, out):
     return out
 
 
+# The counters' owner in effect (`counters_of`): a runtime's own dict, or None for the
+# module-wide buffers of direct kernel calls.
+_COUNTER_OWNER: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attnv41_counters", default=None)
+
+
+class counters_of:  # noqa: N801 (a context manager used like a function)
+    """Inside `with counters_of(owner)` (owner: a dict the caller keeps), every split kernel
+    takes its arrival counters from `owner`, allocated there on first use, instead of the
+    module-wide buffers. Each runtime passes its own (`runtime.device.on_own_device`), so
+    two runtimes on one GPU may run at once on different streams, or replay their graphs at
+    once: each launch, and each captured graph, holds its runtime's counters. `None`:
+    the module-wide buffers."""
+
+    __slots__ = ("owner", "_token")
+
+    def __init__(self, owner: dict | None):
+        self.owner = owner
+
+    def __enter__(self):
+        self._token = _COUNTER_OWNER.set(self.owner)
+        return self.owner
+
+    def __exit__(self, *exc):
+        _COUNTER_OWNER.reset(self._token)
+        return False
+
+
 class ArrivalCounters:
     """Per-device int32 arrival counters (zeros) for split-K kernels whose last program to
-    arrive combines the partials and resets its counter: allocated once per device and
-    shared by every launch of one module, so two launches of it must not run at once on
-    different streams. `prepare` allocates them (before a CUDA graph capture whose first
-    launch of the module is inside it); `buffer` returns them, allocating on first use
-    and refusing to inside a capture."""
+    arrive combines the partials and resets its counter. Outside `counters_of` they are
+    allocated once per device and shared by every launch of one module (direct kernel
+    calls: two such launches must not run at once on different streams); inside it, per
+    owner (a runtime's calls, which run in order) and device. `prepare` allocates them
+    (before a CUDA graph capture whose first launch of the module is inside it); `buffer`
+    returns them, allocating on first use and refusing to inside a capture."""
 
     def __init__(self, op: str, prepare_name: str, size: int):
         self.op, self.prepare_name, self.size = op, prepare_name, size
-        self._bufs: dict[torch.device, torch.Tensor] = {}
+        self._bufs: dict = {}
 
     @staticmethod
     def _device(device) -> torch.device:
@@ -323,18 +353,25 @@ class ArrivalCounters:
             dev = torch.device("cuda", torch.cuda.current_device())
         return dev
 
+    def _where(self, dev: torch.device) -> tuple[dict, object]:
+        """(the dict holding this module's counters on dev, their key in it)."""
+        owner = _COUNTER_OWNER.get()
+        return (self._bufs, dev) if owner is None else (owner, (self.op, dev))
+
     def prepare(self, device) -> None:
         dev = self._device(device)
-        if dev not in self._bufs:
-            self._bufs[dev] = torch.zeros(self.size, dtype=torch.int32, device=dev)
+        bufs, key = self._where(dev)
+        if key not in bufs:
+            bufs[key] = torch.zeros(self.size, dtype=torch.int32, device=dev)
 
     def buffer(self, device) -> torch.Tensor:
         dev = self._device(device)
-        if dev not in self._bufs:
+        bufs, key = self._where(dev)
+        if key not in bufs:
             if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     f"{self.op}: first call on {dev} inside a CUDA graph capture; call "
                     f"{self.prepare_name}(device) (or run one step eagerly) before capturing"
                 )
             self.prepare(dev)
-        return self._bufs[dev]
+        return bufs[key]

@@ -41,9 +41,10 @@ block fastest so that programs reading the same weight tile run together (one DR
 the others from L2). A split weight (SEGS > 1) stores fp32 partials `[SEGS, m, N]` in a
 workspace; the last program of a (tile, token block) to arrive (an arrival counter, acq_rel)
 adds them in segment order, writes the output and resets the counter. Counters are one
-buffer per device, allocated once (`prepare`) and shared by every launch of this module:
-two launches running at once on different streams must not overlap. No host sync: the
-call can be captured in a CUDA graph once `prepare(device)` ran.
+buffer per device and owner (`_triton.ArrivalCounters`): a runtime's own (its calls run in
+order, so runtimes may run at once on different streams), else one per device allocated
+once (`prepare`) and shared by direct launches, which must then not overlap on different
+streams. No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
 
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9

@@ -40,8 +40,9 @@ efficient at large m). A token's programs read only its own row of q and sel, an
 shapes are constants, so its bits do not depend on m or on the other tokens of the call;
 appending −1 entries changes no bit (an all-absent block has α = 1 and adds exact zeros).
 
-The block-parallel combine's arrival counters are one buffer per device (`prepare`), as
-the decode GEMV's: two calls must not run at once on different streams.
+The block-parallel combine's arrival counters are one buffer per device and owner, as the
+decode GEMV's (`_triton.ArrivalCounters`): each runtime's own; direct calls share one per
+device (`prepare`) and must not run at once on different streams.
 
 Workspace per token: the logits (H·64·4 bytes per block: 16 KiB at 64 heads) and the block
 maxima, allocated per call (from the graph's pool under capture).

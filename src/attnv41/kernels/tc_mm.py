@@ -56,7 +56,8 @@ few weight tiles), and the coarse ones spare large calls the fine partials' traf
 Programs: grid (row tiles, weight tiles, groups × segments), the row tile fastest so
 that the programs reading one weight tile run together (one DRAM read, the others from
 L2). Capturable (no host sync; the workspace comes from the caching allocator; the
-counters are one buffer per device, `prepare`, so two split calls must not run at once on
+counters are one buffer per device and owner, `_triton.ArrivalCounters`: each runtime's
+own, one per device shared by direct split calls, which then must not run at once on
 different streams).
 
 Twin: `tc_mm_torch`/`tc_group_mm_torch` (fp32 matmul, one rounding; the reference FP8

@@ -24,7 +24,7 @@ import torch
 
 from ..config import AttnV41Cfg
 from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm
-from ..kernels._triton import check_kernel_device
+from ..kernels._triton import check_kernel_device, counters_of
 from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
@@ -178,15 +178,20 @@ class AttnV41(AttnChecks, AttnDecode):
         if self.device.type == "cuda" and self.ops.name.startswith("triton"):  # before anything is allocated
             check_kernel_device(self.device, "AttnV41", packed=self.kv_format == "packed")
         dev, c = self.device, cfg
-        if self.ops.fp8_mm is fp8_linear.fp8_mm and dev.type == "cuda":
-            fp8_linear.prepare(dev)  # its counters exist before any capture
-        if self.ops.mm_many is gemv.mm_many and dev.type == "cuda":
-            gemv.prepare(dev)
-        if self.ops.mm_many is tc_mm.mm_many_batch and dev.type == "cuda":
-            tc_mm.prepare(dev)  # the split-K counters
-        split = (sparse_attn_split.sparse_attn_split, sparse_attn_split.sparse_attn_batch)
-        if self.ops.sparse_attn_decode in split and dev.type == "cuda":
-            sparse_attn_split.prepare(dev)  # the block-parallel combine's counters
+        # the split kernels' arrival counters of this runtime (`counters_of`: its calls take
+        # these, not the module-wide ones, so runtimes may run at once on other streams),
+        # allocated before any capture
+        self.counters: dict = {}
+        with counters_of(self.counters):
+            if self.ops.fp8_mm is fp8_linear.fp8_mm and dev.type == "cuda":
+                fp8_linear.prepare(dev)
+            if self.ops.mm_many is gemv.mm_many and dev.type == "cuda":
+                gemv.prepare(dev)
+            if self.ops.mm_many is tc_mm.mm_many_batch and dev.type == "cuda":
+                tc_mm.prepare(dev)  # the split-K counters
+            split = (sparse_attn_split.sparse_attn_split, sparse_attn_split.sparse_attn_batch)
+            if self.ops.sparse_attn_decode in split and dev.type == "cuda":
+                sparse_attn_split.prepare(dev)  # the block-parallel combine's counters
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (
             t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
@@ -281,7 +286,7 @@ class AttnV41(AttnChecks, AttnDecode):
         return SharedV41(self.cfg, self.device)
 
     # ------------------------------------------------------------------ forward
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self)
     @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def forward(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, start_pos: int
@@ -453,7 +458,7 @@ class AttnV41(AttnChecks, AttnDecode):
         if st.comp_a is not None:
             u["a0"] = (s // st.role.ratio) * st.role.ratio  # the position of u["a"][0]
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self)
     def rollback(self, states, shared: SharedV41, pos: int) -> None:
         """Return a sequence to position `pos`, as if it had run only up to `pos − 1`:
         the next step starts at `pos`. For speculative decoding: verify k draft tokens

@@ -170,7 +170,7 @@ class BatchV41(BatchParts):
         self._rows = torch.arange(M, device=self.device)
 
     # ------------------------------------------------------------------ the step
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self.attn)
     def begin(self, slots, starts, lens, bucket: int | None = None) -> BatchStep:
         """Validate a step and allocate its blocks (all or nothing). slots: distinct pool
         slots; starts[i]: 0 (a new sequence in that slot) or the slot's length; lens[i] ≥ 1
@@ -492,7 +492,7 @@ class BatchV41(BatchParts):
             idx.to(dev),
         )
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self.attn)
     @torch.no_grad()
     def forward(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> torch.Tensor:
         """Layer `w.role.layer` (the step's next) for the step's T tokens (bf16 `[T, dim]`,
@@ -592,7 +592,7 @@ class BatchV41(BatchParts):
         step.next_layer += 1
         return out
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self.attn)
     def rollback(self, slot: int, pos: int) -> None:
         """Return a slot's sequence to position `pos` (its next step starts there), as
         `AttnV41.rollback` does for one sequence: allowed when the slot's last step was a
@@ -603,7 +603,7 @@ class BatchV41(BatchParts):
         `rollback_many` does it for many slots at once."""
         self.rollback_many([slot], [pos])
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self.attn)
     def rollback_many(self, slots, positions) -> None:
         """`rollback(slot, pos)` for every pair, all or nothing (each pair is checked
         before anything changes), with a few launches per layer for all the slots whose
@@ -789,7 +789,7 @@ class BatchV41(BatchParts):
             t["candidates"] = self._candidates(o0, o0 + m, self._cand_width)[:, :L].clone()
         self.trace = t
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self.attn)
     @torch.no_grad()
     def step(self, weights, xs, slots, starts, lens, keep: bool = True, bucket: int | None = None) -> list:
         """`begin` and every layer in order; `xs[i]` is layer i's input. Returns each

@@ -155,7 +155,7 @@ class BatchGraphs:
         raise ValueError(f"{n} tokens in a step; allowed: 1..{self.sizes[-1]} (the largest of sizes)")
 
     # ------------------------------------------------------------------ stepping
-    @on_own_device(lambda self: self.batch.device)
+    @on_own_device(lambda self: self.batch.attn)
     @torch.no_grad()
     def step(
         self, xs, slots: Sequence[int], lens: Sequence[int] | None = None, starts: Sequence[int] | None = None
@@ -277,7 +277,7 @@ class BatchGraphs:
                 self._replaying = True
                 cap.graph.replay()
 
-    @on_own_device(lambda self: self.batch.device)
+    @on_own_device(lambda self: self.batch.attn)
     @torch.no_grad()
     def capture(
         self, buckets: Sequence[int], sizes: Sequence[int] | None = None, kinds: Sequence[str] = ("decode",)

@@ -68,7 +68,7 @@ class AttnDecode:
         self._check_freed("invalidate_decode_uploads")
         self.plan.invalidate()
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self)
     def decode_prep(self, w: AttnV41LayerWeights, shared: SharedV41, start_pos: int) -> torch.Tensor | None:
         """Host half of a layer's decode step at `start_pos`: the position into the device
         plan (with the metadata derived from it, only when it changed) and the host
@@ -198,7 +198,7 @@ class AttnDecode:
         if not 1 <= start_pos <= hi:
             raise ValueError(f"start_pos = {start_pos!r}; allowed: 1..{hi} (a decode position below max_seq)")
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self)
     def decode_prep_role(self, ratio_positive: bool, shared: SharedV41, start_pos: int) -> None:
         """The position half of `decode_prep` for a class of layers (ratio>0 or ratio 0):
         writes the device position and its metadata (only when it changed). The selections
@@ -219,7 +219,7 @@ class AttnDecode:
             )
         self.plan.set_pos(start_pos)
 
-    @on_own_device(lambda self: self.device)
+    @on_own_device(lambda self: self)
     @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def decode_body(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, rows_b: torch.Tensor | None

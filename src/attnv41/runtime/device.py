@@ -1,5 +1,6 @@
 """The runtimes' device: `check_device` (the device argument, checked) and
-`on_own_device` (a method runs with its runtime's CUDA device current)."""
+`on_own_device` (a method runs with its runtime's CUDA device current and its own split
+kernels' arrival counters)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,25 @@ import functools
 
 import torch
 
-from ..kernels._triton import on_device
+from ..kernels._triton import counters_of, on_device
 
 __all__ = ["check_device", "on_own_device"]
 
 
-def on_own_device(device_of):
-    """Decorator of a runtime method that launches work: the method runs under
-    `kernels._triton.on_device(device_of(self))`, so its kernels and graphs run on the
-    runtime's device whatever the current CUDA device (a no-op on the CPU and when it is
-    already current). `tests/runtime/test_own_device.py` lists the methods that carry it."""
+def on_own_device(runtime_of):
+    """Decorator of a runtime method that launches work. `runtime_of(self)` is the
+    `AttnV41` behind the object (itself, or the one a batch, stack or graph driver runs);
+    the method runs under `kernels._triton.on_device(its device)`, so its kernels and
+    graphs run on the runtime's device whatever the current CUDA device (a no-op on the CPU
+    and when it is already current), and under `counters_of(its counters)`, so its split
+    kernels' arrival counters are its own: two runtimes may run at once on different
+    streams of one GPU. `tests/runtime/test_own_device.py` lists the methods that carry it."""
 
     def wrap(method):
         @functools.wraps(method)
         def run(self, *args, **kwargs):
-            with on_device(device_of(self)):
+            rt = runtime_of(self)
+            with on_device(rt.device), counters_of(rt.counters):
                 return method(self, *args, **kwargs)
 
         run.on_own_device = True

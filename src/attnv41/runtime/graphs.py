@@ -123,7 +123,7 @@ class DecodeGraphs:
         self._keys: list = [None] * cfg.n_layers
 
     # ------------------------------------------------------------------ stepping
-    @on_own_device(lambda self: self.stack.attn.device)
+    @on_own_device(lambda self: self.stack.attn)
     @torch.no_grad()  # an inference runtime: x and weights may require grad, nothing is recorded
     def step(self, xs: Sequence[torch.Tensor] | torch.Tensor, start_pos: int) -> torch.Tensor:
         """One decode token at `start_pos` through every layer; returns `y` ([n_layers, 1, dim]).

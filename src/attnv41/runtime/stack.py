@@ -49,11 +49,11 @@ class RuntimeStack:
         self.states = [self.attn.new_layer_state(i) for i in range(cfg.n_layers)]
         self.shared = self.attn.new_shared()
 
-    @on_own_device(lambda self: self.attn.device)
+    @on_own_device(lambda self: self.attn)
     def layer(self, i: int, x: torch.Tensor, start_pos: int) -> AttnV41Run:
         return self.attn.forward(self.weights[i], self.states[i], self.shared, x, start_pos)
 
-    @on_own_device(lambda self: self.attn.device)
+    @on_own_device(lambda self: self.attn)
     def step(self, xs: Sequence[torch.Tensor], start_pos: int, keep: bool = False) -> list:
         """All layers in order; `xs[i]` is layer i's input. With `keep`, returns each
         layer's output cloned (runs are views, overwritten by the next layer). Every
@@ -95,7 +95,7 @@ class RuntimeStack:
                 attn._check_values(x, i, start_pos)
         return ms[0]
 
-    @on_own_device(lambda self: self.attn.device)
+    @on_own_device(lambda self: self.attn)
     def rollback(self, pos: int) -> None:
         """`AttnV41.rollback` of this stack's sequence to `pos`."""
         self.attn.rollback(self.states, self.shared, pos)
