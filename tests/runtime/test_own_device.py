@@ -38,6 +38,7 @@ def test_every_launching_method_runs_on_its_runtimes_device(cls):
 
 def test_on_device_switches_only_to_another_cuda_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     ctx = _triton.on_device(torch.device("cuda", 1))
     assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1
     for dev in (torch.device("cuda", 0), torch.device("cpu")):
@@ -73,6 +74,10 @@ def test_the_decorator_enters_the_runtimes_device_and_leaves_it(monkeypatch):
                 raise ValueError("bad")
             return x + y
 
+        @device_mod.on_own_device(lambda self: self)
+        def outer(self):
+            return self.run(1) + self.run(2)
+
     rt = Rt()
     assert rt.run(2, y=3) == 5 and Rt.run.__doc__ == "doc kept"
     assert seen == [("enter", rt.device), ("run", 2, 3), ("exit", rt.device, None)]
@@ -81,6 +86,9 @@ def test_the_decorator_enters_the_runtimes_device_and_leaves_it(monkeypatch):
         rt.run(-1)
     assert seen[-1] == ("exit", rt.device, ValueError)
     assert _triton._COUNTER_OWNER.get() is None  # restored after a raise too
+    seen.clear()
+    assert rt.outer() == 3  # a call inside another of its own calls enters nothing again
+    assert seen == [("enter", rt.device), ("run", 1, 0), ("run", 2, 0), ("exit", rt.device, None)]
 
 
 def test_arrival_counters_belong_to_their_owner():
@@ -103,7 +111,7 @@ def test_arrival_counters_belong_to_their_owner():
     assert c.buffer(cpu) is shared and int(ba.abs().sum()) == int(bb.abs().sum()) == 0
 
 
-@pytest.mark.skipif(not _triton.HAVE_TRITON, reason="needs triton (the interpreter)")
+@pytest.mark.skipif(not _triton.HAVE_TRITON or not _triton.interpreting(), reason="the interpreter (no GPU)")
 def test_each_runtime_launches_with_its_own_counters():
     """Two runtimes on the Triton kernels (the interpreter on the CPU) each take their split
     kernels' counters from their own dict, never from the module-wide buffers: a decode

@@ -104,7 +104,7 @@ class Timer:
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.sync()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, stream=torch.cuda.Stream(self.device)):  # a capture stream of this device
             for f in fns:
                 f()
         t = self.time(g.replay, warmup=1, reps=reps)

@@ -40,10 +40,13 @@ __all__ = [
     "PACKED_MIN_CAPABILITY",
     "TESTED_CAPABILITIES",
     "device_capability",
+    "device_shared_bytes",
+    "MIN_SHARED_BYTES",
     "kernel_support",
     "check_kernel_device",
     "on_device",
     "counters_of",
+    "current_counters",
 ]
 
 # How `round_bf16` rounds on CUDA, read at import: "cvt" (the default), the hardware
@@ -210,10 +213,17 @@ def interpreting() -> bool:
 # convert e4m3 values, and Triton compiles that type (fp8e4nv) only from sm_89; packed
 # caches are dequantized by PTX that multiplies bf16 pairs (mul.rn.bf16x2), an sm_90
 # instruction. Measured and tested on sm_90 only (H100, H200).
+# The kernels' tiles also need shared memory: up to 160 KiB per block on sm_90 (tc_mm over
+# the compressor's fp32 weights; the prefill attention 128 KiB), and Triton refuses a launch
+# that asks for more than the device offers (sm_89 and sm_12x offer 99 KiB, where the
+# prefill attention compiles to 192 KiB).
 MIN_CAPABILITY = (8, 9)
 PACKED_MIN_CAPABILITY = (9, 0)
+MIN_SHARED_BYTES = 160 * 1024
 TESTED_CAPABILITIES = ((9, 0),)
 _capability: dict[int, tuple[int, int]] = {}
+_shared_bytes: dict[int, int] = {}
+_supported: set[int] = set()  # CUDA devices `require_triton` found the kernels run on
 
 
 def device_capability(device) -> tuple[int, int]:
@@ -231,23 +241,46 @@ def device_capability(device) -> tuple[int, int]:
     return cap
 
 
+def device_shared_bytes(device) -> int:
+    """The shared memory one block of a CUDA device may use (opt-in), asked once per device."""
+    dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    n = _shared_bytes.get(idx)
+    if n is None:
+        n = _shared_bytes[idx] = int(torch.cuda.get_device_properties(idx).shared_memory_per_block_optin)
+    return n
+
+
 def kernel_support(device, packed: bool = False) -> str | None:
     """None when the Triton kernels run on this CUDA device (with packed caches: their
-    dequantization too), else why not, as one line naming the device, its capability and
-    the allowed range."""
+    dequantization too), or under the interpreter; else why not, as one line naming the
+    device, the property that fails and the allowed range."""
     if not HAVE_TRITON:
         return f"{device}: Triton is not installed; allowed: with triton installed (its wheels cover Linux x86-64)"
-    cap = device_capability(device)
-    need = PACKED_MIN_CAPABILITY if packed else MIN_CAPABILITY
-    if cap >= need:
+    if interpreting():
         return None
-    name = torch.cuda.get_device_name(torch.device(device))
-    why = (
-        "packed caches are dequantized by bf16-pair multiplies (mul.rn.bf16x2, sm_90)"
-        if packed and cap >= MIN_CAPABILITY
-        else "the kernels convert e4m3 values, which Triton compiles only from sm_89"
-    )
-    return f"{device} ({name}) has compute capability {cap[0]}.{cap[1]}; allowed: {need[0]}.{need[1]} or newer ({why})"
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    cap = device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    if cap < MIN_CAPABILITY:
+        return (
+            f"{device} ({name}) has compute capability {cap[0]}.{cap[1]}; allowed: {MIN_CAPABILITY[0]}."
+            f"{MIN_CAPABILITY[1]} or newer (the kernels convert e4m3 values, which Triton compiles only from sm_89)"
+        )
+    shared = device_shared_bytes(device)
+    if shared < MIN_SHARED_BYTES:
+        return (
+            f"{device} ({name}) offers {shared} bytes of shared memory per block; allowed: {MIN_SHARED_BYTES} or "
+            "more (the kernels' tiles: up to 160 KiB per block on sm_90; Triton refuses a launch asking more than "
+            "the device offers)"
+        )
+    if packed and cap < PACKED_MIN_CAPABILITY:
+        return (
+            f"{device} ({name}) has compute capability {cap[0]}.{cap[1]}; allowed with packed caches: "
+            f"{PACKED_MIN_CAPABILITY[0]}.{PACKED_MIN_CAPABILITY[1]} or newer (their dequantization multiplies bf16 "
+            "pairs, mul.rn.bf16x2, an sm_90 instruction)"
+        )
+    return None
 
 
 def check_kernel_device(device, what: str, packed: bool = False) -> None:
@@ -269,6 +302,11 @@ def on_device(device):
     so the runtimes run each call under it: a runtime on cuda:1 works while the current
     device is cuda:0, as torch's own ops do."""
     if device.type == "cuda" and device.index is not None and torch.cuda.current_device() != device.index:
+        if torch.cuda.is_current_stream_capturing():  # the work would run, uncaptured, on the other device
+            raise RuntimeError(
+                f"a call on {device} inside a CUDA graph capture on cuda:{torch.cuda.current_device()}; allowed: "
+                f"capture on {device} (under torch.cuda.device({device.index}))"
+            )
         return torch.cuda.device(device)
     return _SAME_DEVICE
 
@@ -279,13 +317,15 @@ def require_triton(op: str, *tensors) -> None:
     of compute capability `MIN_CAPABILITY` or newer (ValueError, `check_kernel_device`)."""
     if not HAVE_TRITON:
         raise RuntimeError(f"{op}: Triton is not installed")
-    if interpreting():
-        return
     for t in tensors:
         if t.device.type != "cuda":
+            if interpreting():
+                return
             raise RuntimeError(f"{op}: tensor on {t.device}; allowed: a CUDA tensor, or set TRITON_INTERPRET=1")
-    if tensors and _capability.get(tensors[0].device.index, (0, 0)) < MIN_CAPABILITY:  # asked once per device
+    # the device's verdict, asked once per device (a refused one stays unmarked: asked again)
+    if tensors and tensors[0].device.index not in _supported:
         check_kernel_device(tensors[0].device, op)
+        _supported.add(tensors[0].device.index)
 
 
 def bf16_out_like(x, out):
@@ -309,6 +349,11 @@ def bf16_out_like(x, out):
 # The counters' owner in effect (`counters_of`): a runtime's own dict, or None for the
 # module-wide buffers of direct kernel calls.
 _COUNTER_OWNER: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attnv41_counters", default=None)
+
+
+def current_counters() -> dict | None:
+    """The counters' owner in effect (`counters_of`), None outside any."""
+    return _COUNTER_OWNER.get()
 
 
 class counters_of:  # noqa: N801 (a context manager used like a function)

@@ -264,6 +264,7 @@ class AttnV41(AttnChecks, AttnDecode):
         self.plan = None
         self._prepared = {}
         self._ticket = None
+        self.counters.clear()  # the split kernels' arrival counters (a few MiB with tc_mm's)
         self._freed = True
 
     def nonfinite_count(self) -> int:

@@ -141,6 +141,7 @@ class BatchGraphs:
         self._steps: dict[tuple[str, int], BatchStep] = {}
         self._graphs: dict[tuple[str, int, int], _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._capture_stream = torch.cuda.Stream(device=dev) if self.use_graphs else None
         self.captures = 0
         self.recaptures = 0
         self.capture_s: dict[tuple[int, int], float] = {}
@@ -425,6 +426,8 @@ class BatchGraphs:
         _run_on_side_stream(lambda: self._body(st))
 
     def _capture(self, st: BatchStep, baked: tuple) -> _Captured:
-        g = _capture_graph(lambda: self._body(st), self._pool, f"the batched decode step ({st.T}, {st.bucket})")
+        g = _capture_graph(
+            lambda: self._body(st), self._pool, f"the batched decode step ({st.T}, {st.bucket})", self._capture_stream
+        )
         self.captures += 1
         return _Captured(g, baked)

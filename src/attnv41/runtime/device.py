@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..kernels._triton import counters_of, on_device
+from ..kernels._triton import counters_of, current_counters, on_device
 
 __all__ = ["check_device", "on_own_device"]
 
@@ -26,6 +26,8 @@ def on_own_device(runtime_of):
         @functools.wraps(method)
         def run(self, *args, **kwargs):
             rt = runtime_of(self)
+            if current_counters() is rt.counters:  # inside another of its calls: all set already
+                return method(self, *args, **kwargs)
             with on_device(rt.device), counters_of(rt.counters):
                 return method(self, *args, **kwargs)
 

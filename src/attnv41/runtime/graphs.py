@@ -66,12 +66,15 @@ def _run_on_side_stream(body) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
-def _capture_graph(body, pool, what: str) -> torch.cuda.CUDAGraph:
-    """`body()` captured into a new CUDA graph in memory pool `pool`; a failure raises a
-    RuntimeError naming `what` (never a silent eager fallback)."""
+def _capture_graph(body, pool, what: str, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """`body()` captured into a new CUDA graph in memory pool `pool` on `stream`, a stream
+    of the runtime's device (torch's default capture stream is one per process, made on
+    whichever device was current at the first capture, and entering it makes that device
+    current); a failure raises a RuntimeError naming `what` (never a silent eager
+    fallback)."""
     g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g, pool=pool):
+        with torch.cuda.graph(g, pool=pool, stream=stream):
             body()
     except Exception as e:
         raise RuntimeError(f"CUDA graph capture of {what} failed: {e}") from e
@@ -119,6 +122,7 @@ class DecodeGraphs:
         self.last_host_s = 0.0
         self.key_owner = [-1] * cfg.n_layers
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._capture_stream = torch.cuda.Stream(device=dev) if self.use_graphs else None
         self._rows: list = [None] * cfg.n_layers
         self._keys: list = [None] * cfg.n_layers
 
@@ -267,7 +271,9 @@ class DecodeGraphs:
         _run_on_side_stream(lambda: self._body(bucket))
 
     def _capture(self, bucket: int, baked: tuple) -> _Captured:
-        g = _capture_graph(lambda: self._body(bucket), self._pool, f"the decode step (bucket {bucket})")
+        g = _capture_graph(
+            lambda: self._body(bucket), self._pool, f"the decode step (bucket {bucket})", self._capture_stream
+        )
         self.captures += 1  # capture ran nothing: the warm-up left pos at p + 1, the metadata of p
         return _Captured(g, baked)
 
