@@ -209,14 +209,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# The CUDA compute capabilities the kernels compile for. Every layer's fp8 round trips
-# convert e4m3 values, and Triton compiles that type (fp8e4nv) only from sm_89; packed
-# caches are dequantized by PTX that multiplies bf16 pairs (mul.rn.bf16x2), an sm_90
-# instruction. Measured and tested on sm_90 only (H100, H200).
-# The kernels' tiles also need shared memory: up to 160 KiB per block on sm_90 (tc_mm over
-# the compressor's fp32 weights; the prefill attention 128 KiB), and Triton refuses a launch
-# that asks for more than the device offers (sm_89 and sm_12x offer 99 KiB, where the
-# prefill attention compiles to 192 KiB).
+# The CUDA devices the kernels run on (`kernel_support`). Every layer's fp8 round trips
+# convert e4m3 values, and Triton compiles that type (fp8e4nv) only from sm_89. The tiles
+# need up to 160 KiB of shared memory per block on sm_90 (tc_mm over the compressor's fp32
+# weights; the prefill attention 128 KiB), and Triton refuses a launch asking more than the
+# device offers (sm_89 and sm_12x offer 99 KiB; there the prefill attention compiles to 192
+# KiB: offline compiles, 2026-12-05). Packed caches are dequantized by PTX that multiplies
+# bf16 pairs (mul.rn.bf16x2), an sm_90 instruction. Measured and tested on sm_90 only.
 MIN_CAPABILITY = (8, 9)
 PACKED_MIN_CAPABILITY = (9, 0)
 MIN_SHARED_BYTES = 160 * 1024
@@ -314,7 +313,8 @@ def on_device(device):
 def require_triton(op: str, *tensors) -> None:
     """Raise a clear error unless a Triton launch of `op` on these tensors can run: Triton
     installed (RuntimeError), each tensor on a CUDA device (or the interpreter; RuntimeError)
-    of compute capability `MIN_CAPABILITY` or newer (ValueError, `check_kernel_device`)."""
+    the kernels run on (ValueError from `check_kernel_device`: the capability and shared
+    memory rule of `kernel_support`, asked once per device)."""
     if not HAVE_TRITON:
         raise RuntimeError(f"{op}: Triton is not installed")
     for t in tensors:
