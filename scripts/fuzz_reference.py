@@ -11,7 +11,14 @@ Modes (``--mode``; ``mix``, the default, cycles through them by seed):
   ``decode_prep`` + ``decode_body``, prompt chunks, decode, verify + rollback, restarts.
 * ``multi``: 2-3 sequences on one ``AttnV41``, interleaved by step or by layer.
 * ``batch``: ``BatchV41.step`` / ``begin`` + ``forward`` (bucket, trace) / ``BatchGraphs``
-  eager body, with ``rollback`` / ``rollback_many``.
+  eager body, with ``rollback`` / ``rollback_many``; and, drawn from a random stream of their
+  own (``P_*``), the slots' lifecycle: ``begin`` + ``cancel`` (of the step itself, then run, or
+  of other calls; or left for the next ``begin`` to drop), ``cancel`` after a layer ran
+  (refused; the step then finishes) or after the step (nothing to do), ``pool.release`` with
+  the slot idle for steps and then reused, and rollbacks of released or cancelled-over
+  sequences (refused). The run keeps the documented lifecycle beside the runtime (each
+  slot's length, sequence and undo log) and checks every length, the blocks' accounting and
+  each expected refusal's message (``RB_REFUSAL``, ``_expect_refusal``) as it goes.
 
 Refusals are not compared: a call both sides refuse ends the trial as REFUSED, and so does
 a runtime refusal where the reference runs only for the released-keys rule ("would score
@@ -19,7 +26,8 @@ a runtime refusal where the reference runs only for the released-keys rule ("wou
 ``multi``, a schedule every sequence of which the runtime refuses to interleave). Any other
 one-sided refusal is a MISMATCH; any other exception is EXC. Specs of MISMATCH and EXC
 trials are written to the output directory with a log line each; a summary of the counts
-per (mode, kv format, weights, index keys, result) is printed and written there too.
+per (mode, kv format, weights, index keys, result), the ok trials' stats summed per mode
+(``actions``) and the refusals' reasons (``refused_why``) is printed and written there too.
 
 Usage (from the repository root, with the package importable, e.g. its virtualenv):
 
@@ -37,6 +45,7 @@ import copy
 import functools
 import json
 import random
+import re
 import sys
 import time
 import traceback
@@ -530,12 +539,32 @@ def _same(v):
 
 
 # ----------------------------------------------------------------------------- batch trials
+# Lifecycle actions between and inside the batch mode's steps, drawn from a random stream of
+# their own (a seed's steps stay those the generator drew before wherever none fires), with
+# these probabilities per step:
+P_RELEASE = 0.06  # pool.release a slot (left idle 1..3 steps when another slot can run), then reuse it
+P_STALE_RB = 0.3  # per released, not yet reused slot: a rollback into its old sequence (refused)
+P_CANCEL_OTHER = 0.05  # begin a random step, then cancel it (its new sequences stay empty)
+P_CANCEL_SAME = 0.06  # begin the step itself first, then cancel (or leave it for the step's begin to drop)
+P_MID_CANCEL = 0.12  # a begin/forward step: cancel after layer k (refused unless the step is complete)
+P_POST_CANCEL = 0.05  # a step/graphs step: cancel after it (nothing to do; its undo logs stay)
+P_RB_PRE = 0.2  # a step with verifies: release a verified slot, or begin + cancel, before the rollbacks
+# What BatchV41.rollback says when it refuses (`run_batch`'s `expect_rb` predicts which).
+RB_REFUSAL = {
+    "keys": "rollback with index_keys",
+    "released": "the slot was released or assumed after its last step",
+    "no_log": "its last step kept no undo log",
+    "span": "inside its last continuation",
+}
+
+
 def gen_batch(seed: int) -> dict:
     rng = random.Random(seed)
+    ra = random.Random(f"batch-actions-{seed}")  # the lifecycle actions' own stream
     fp8 = rng.random() < 0.3
     kw = rand_cfg_kw(rng, fp8)
     cfg = make_cfg(kw)
-    W, S, M = cfg.window, cfg.max_seq, cfg.max_tokens
+    W, S, M, nl = cfg.window, cfg.max_seq, cfg.max_tokens, cfg.n_layers
     n_slots = rng.randint(1, 4)
     index_keys = rng.choice(["own", "own", "released"])
     use_graphs = rng.random() < 0.5
@@ -560,9 +589,56 @@ def gen_batch(seed: int) -> dict:
         interesting |= {r, r - 1, r + 1, 2 * r}
     interesting = sorted(v for v in interesting if 1 <= v <= M)
     length = [0] * n_slots
+    idle = [0] * n_slots  # steps a released slot sits out before it is reused
+    last: list[tuple[int, int] | None] = [None] * n_slots  # the slot's last begun call (start, tokens)
+    stale: dict[int, int] = {}  # released slots not reused yet: a rollback position of the old sequence
+
+    def release(sl, acts, may_idle):
+        s_m = last[sl]
+        stale[sl] = ra.randint(s_m[0], sum(s_m)) if s_m and s_m[0] > 0 else ra.randint(1, max(1, length[sl]))
+        acts.append({"act": "release", "slot": sl})
+        length[sl] = 0
+        idle[sl] = ra.randint(1, 3) if may_idle else 0
+
+    def rand_cancel(cur, must=()):
+        """A begin of random calls from the lengths `cur`, cancelled: its new sequences stay empty."""
+        usable = [sl for sl in range(n_slots) if idle[sl] == 0]
+        slots = list(dict.fromkeys([*must, *ra.sample(usable, ra.randint(1, len(usable)))]))
+        act = {"act": "cancel", "slots": [], "starts": [], "lens": [], "how": ra.choice(["cancel", "cancel", "twice"])}
+        for sl in slots:
+            if sum(act["lens"]) >= M:
+                break
+            s = 0 if cur[sl] == 0 or cur[sl] >= S or ra.random() < 0.3 else cur[sl]
+            m = min(ra.choice([1, 1, ra.randint(2, max(2, W)), ra.randint(1, M)]), M - sum(act["lens"]), S - s)
+            act["slots"].append(sl), act["starts"].append(s), act["lens"].append(m)
+        if ra.random() < 0.3:
+            act["probe"] = ra.choice(act["slots"])
+        return act
+
+    def cancelled(act):
+        for sl, s, m in zip(act["slots"], act["starts"], act["lens"]):
+            last[sl] = (s, m)
+            stale.pop(sl, None)
+            if s == 0:
+                length[sl] = 0
+
+    pre: list[dict] = []  # actions before the next step (carried over a step that drew no slot)
     for _ in range(rng.randint(3, 14)):
-        slots = rng.sample(range(n_slots), rng.randint(1, n_slots))
-        items, T = [], 0
+        if ra.random() < P_RELEASE:
+            usable = [sl for sl in range(n_slots) if idle[sl] == 0]
+            if usable:
+                release(ra.choice(usable), pre, len(usable) > 1)
+        for sl in sorted(stale):
+            if ra.random() < P_STALE_RB:
+                pre.append({"act": "stale_rb", "slot": sl, "pos": stale[sl]})
+        if ra.random() < P_CANCEL_OTHER:
+            pre.append(rand_cancel(length))
+            cancelled(pre[-1])
+            if ra.random() < 0.4:  # then release one of its slots (allowed once cancelled)
+                usable = [sl for sl in range(n_slots) if idle[sl] == 0]
+                release(ra.choice(pre[-1]["slots"]), pre, len(usable) > 1)
+        slots = [sl for sl in rng.sample(range(n_slots), rng.randint(1, n_slots)) if idle[sl] == 0]
+        items, T, starts = [], 0, []
         for sl in slots:
             left_tok = M - T
             if left_tok < 1:
@@ -573,6 +649,7 @@ def gen_batch(seed: int) -> dict:
                 m = min(rng.choice(interesting), left_tok, S)
                 items.append({"slot": sl, "kind": "new", "m": m})
                 length[sl] = m
+                s = 0
             elif u < 0.6:
                 items.append({"slot": sl, "kind": "cont", "m": 1})
                 length[sl] = s + 1
@@ -589,6 +666,7 @@ def gen_batch(seed: int) -> dict:
                     j = rng.randint(0, k)
                     items.append({"slot": sl, "kind": "verify", "m": k, "j": j})
                     length[sl] = s + j
+            starts.append(s)
             T += items[-1]["m"]
         if not items:
             continue
@@ -600,6 +678,48 @@ def gen_batch(seed: int) -> dict:
             if rng.random() < 0.6:
                 st["trace"] = rng.choice(items)["slot"]
         st["rb_many"] = rng.random() < 0.5
+        step_slots = [it["slot"] for it in items]
+        if ra.random() < P_CANCEL_SAME:  # the step itself, begun and dropped first
+            how = ra.choice(["cancel", "cancel", "drop"])
+            act = {
+                "act": "cancel",
+                "slots": step_slots,
+                "starts": starts,
+                "lens": [it["m"] for it in items],
+                "how": how,
+            }
+            if ra.random() < 0.3:
+                act["probe"] = ra.choice(step_slots)
+            pre.append(act)
+        if drv == "begin" and ra.random() < P_MID_CANCEL:
+            st["mid"] = {"after": ra.randrange(nl)}
+            if ra.random() < 0.5:
+                st["mid"]["probe"] = ra.choice(step_slots)
+        elif drv != "begin" and ra.random() < P_POST_CANCEL:
+            st["mid"] = {"after": nl - 1}
+        for sl, s, it in zip(step_slots, starts, items):
+            last[sl] = (s, it["m"])
+            stale.pop(sl, None)
+        verified = {it["slot"]: s + it["m"] for s, it in zip(starts, items) if it["kind"] == "verify"}
+        if verified and ra.random() < P_RB_PRE:  # before the rollbacks: the runtime holds all k tokens
+            cur = [verified.get(sl, length[sl]) for sl in range(n_slots)]
+            if ra.random() < 0.4:
+                sl = ra.choice(sorted(verified))
+                length[sl] = cur[sl]
+                usable = [q for q in range(n_slots) if idle[q] == 0]
+                release(sl, st.setdefault("rb_pre", []), len(usable) > 1)
+            else:
+                act = rand_cancel(cur, must=[ra.choice(sorted(verified))] if ra.random() < 0.7 else [])
+                st["rb_pre"] = [act]
+                for sl in act["slots"]:
+                    if sl in verified:  # its rollback is refused (its undo log went with the begin)
+                        length[sl] = cur[sl]
+                cancelled(act)
+        if pre:
+            st["pre"], pre = pre, []
+        for sl in range(n_slots):
+            if idle[sl] > 0 and sl not in step_slots:
+                idle[sl] -= 1
         spec["steps"].append(st)
     return spec
 
@@ -611,13 +731,57 @@ def _batch_ref_step(refs, slots, starts, item_rows) -> dict:
     }
 
 
-def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens):
+def _expect_refusal(where: str, what: str, fn, *fragments: str) -> str:
+    """fn() must raise a ValueError whose message holds every fragment (else Mismatch)."""
+    try:
+        fn()
+    except ValueError as e:
+        if all(f in str(e) for f in fragments):
+            return str(e)
+        raise Mismatch(f"{where}: {what} refused, but not as expected ({fragments}): {e}") from None
+    raise Mismatch(f"{where}: {what} ran; expected a refusal ({fragments})")
+
+
+def _allowed(where: str, fn, *args) -> None:
+    """A call the documented rules allow: a refusal is a Mismatch."""
+    try:
+        fn(*args)
+    except ValueError as e:
+        raise Mismatch(f"{where}: {fn.__name__}{args} refused where it is allowed: {e}") from None
+
+
+def _mid_cancel(bt, mid: dict, i: int, stats: dict, where: str) -> None:
+    """After layer i of a step: cancel() is a no-op once the step is complete, refused before
+    that (and so are release and rollback of a slot of the step; the step then goes on)."""
+    nl = bt.cfg.n_layers
+    if i == nl - 1:
+        bt.cancel()  # a complete step: nothing to do (a refusal here is a one-sided refusal)
+        stats["cancel_noop"] += 1
+        return
+    _expect_refusal(where, f"cancel after layer {i}", bt.cancel, f"cancel after layer {i} of the step ran", "allowed")
+    stats["cancel_refused"] += 1
+    sl = mid.get("probe")
+    if sl is not None:
+        _expect_refusal(where, f"release({sl}) mid-step", functools.partial(bt.pool.release, sl), "while a step")
+        pos = bt.pool.length[sl]
+        _expect_refusal(where, f"rollback({sl}) mid-step", functools.partial(bt.rollback, sl, pos), "during a step")
+        _expect_refusal(where, "begin mid-step", functools.partial(bt.begin, [sl], [0], [1]), "begin during a step")
+        stats["probe_refused"] += 3
+
+
+def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens, stats, where):
     """One step through the runtime: (outputs per layer, traces per layer or None)."""
     nl = len(bx)
+    mid = step.get("mid")
     if step["drv"] == "step":
-        return bt.step(wts, bx, slots, starts, lens), None
+        outs = bt.step(wts, bx, slots, starts, lens)
+        if mid:
+            _mid_cancel(bt, mid, nl - 1, stats, where)
+        return outs, None
     if step["drv"] == "graphs":
         y = g.step(torch.stack(bx), slots, lens, starts)
+        if mid:
+            _mid_cancel(bt, mid, nl - 1, stats, where)
         return [y[i].clone() for i in range(nl)], None
     bucket = None
     if "bucket_extra" in step:
@@ -632,6 +796,8 @@ def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens):
             outs.append(bt.forward(wts[i], bx[i], st).clone())
             if tr is not None:
                 traces.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in bt.trace.items()})
+            if mid and mid["after"] == i:
+                _mid_cancel(bt, mid, i, stats, f"{where} L{i}")
     finally:
         bt.trace_slot = None
     return outs, traces
@@ -640,27 +806,150 @@ def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens):
 def run_batch(spec: dict) -> dict:
     cfg = make_cfg(spec["cfg"])
     w = random_weights(cfg, spec["wseed"], weights=spec["weights"])
-    S, nl = cfg.max_seq, cfg.n_layers
+    S, nl, W = cfg.max_seq, cfg.n_layers, cfg.window
     wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(nl)]
     streams = [(make_stream(cfg, S, a), make_stream(cfg, S, b)) for a, b in spec["streams"]]
+    n_slots = spec["n_slots"]
     bt = BatchV41(
         cfg,
-        n_slots=spec["n_slots"],
+        n_slots=n_slots,
         block_rows=spec["block_rows"],
         kv_format=spec["kv_format"],
         index_keys=spec["index_keys"],
     )
+    pool = bt.pool
     g = BatchGraphs(bt, wts, sizes=spec["sizes"], bucket_min=spec["bucket_min"]) if spec["graphs"] else None
     refs: dict[int, RefStack] = {}
-    stats = {"steps": 0, "verify": 0}
+    stats = dict.fromkeys(
+        (
+            "steps",
+            "verify",
+            "cancel",
+            "cancel_drop",
+            "cancel_begin_refused",
+            "cancel_refused",
+            "cancel_noop",
+            "probe_refused",
+            "release",
+            "reuse",
+            "stale_rb_refused",
+            "rb_refused",
+        ),
+        0,
+    )
+    # The documented lifecycle, kept beside the runtime: each slot's length, its sequence (new
+    # at every release and every begin from 0) and its undo log (a begun continuation of
+    # 2..window tokens: the sequence, span and whether the step completed; None: no log).
+    exp_len = [0] * n_slots
+    seq = [0] * n_slots
+    undo: list[dict | None] = [None] * n_slots
+    released: set[int] = set()  # released since their last call (a new sequence there counts as a reuse)
+    n_seq = [0]
+
+    def new_seq(sl):
+        n_seq[0] += 1
+        seq[sl] = n_seq[0]
+
+    def begun(slots, starts, lens):
+        for sl, s, m in zip(slots, starts, lens):
+            if s == 0:  # a begin from 0 releases the slot first
+                new_seq(sl)
+                exp_len[sl] = 0
+            undo[sl] = {"seq": seq[sl], "span": (s, s + m), "done": False} if s > 0 and 2 <= m <= W else None
+
+    def expect_rb(sl, pos):
+        """None (rollback(sl, pos) runs) or the RB_REFUSAL key of its refusal."""
+        if spec["index_keys"] != "own":
+            return "keys"
+        if pos == exp_len[sl]:
+            return None
+        u = undo[sl]
+        if u is not None and u["seq"] != seq[sl]:
+            return "released"
+        if u is None or not u["done"]:
+            return "no_log"
+        return None if u["span"][0] <= pos <= exp_len[sl] else "span"
+
+    def check_state(where):
+        if list(pool.length) != exp_len:
+            raise Mismatch(f"{where}: slot lengths {pool.length}, expected {exp_len}")
+        for r in pool.ratios:
+            held = [b for sl in range(n_slots) for b in pool.blocks_of[r][sl]]
+            if sorted(held + pool.free_blocks[r]) != list(range(pool.n_blocks[r])):
+                raise Mismatch(
+                    f"{where}: blocks of ratio {r} lost or given twice: held {held}, free {pool.free_blocks[r]}"
+                )
+
+    def action(act, where):
+        kind = act["act"]
+        where = f"{where} {kind}"
+        if kind == "release":
+            sl = act["slot"]
+            _allowed(where, pool.release, sl)  # between steps
+            if any(pool.blocks_of[r][sl] for r in pool.ratios) or any(
+                (pool.tables[r][sl] != -1).any() for r in pool.ratios
+            ):
+                raise Mismatch(f"{where} slot{sl}: blocks kept after release")
+            new_seq(sl)
+            exp_len[sl] = 0
+            refs.pop(sl, None)
+            released.add(sl)
+            stats["release"] += 1
+        elif kind == "stale_rb":
+            sl, pos = act["slot"], act["pos"]
+            want = expect_rb(sl, pos)
+            if want is None:
+                raise RuntimeError(f"fuzzer: {where} slot{sl} pos {pos}: the generator meant a refused rollback")
+            fn = functools.partial(bt.rollback, sl, pos)
+            _expect_refusal(where, f"rollback({sl}, {pos})", fn, RB_REFUSAL[want], "allowed")
+            stats["stale_rb_refused"] += 1
+        elif kind == "cancel":
+            slots, starts, lens = act["slots"], act["starts"], act["lens"]
+            try:
+                st = bt.begin(slots, starts, lens)
+            except ValueError as e:
+                if runtime_rule(e):  # the released-keys rule (nothing changed): nothing to cancel
+                    stats["cancel_begin_refused"] += 1
+                    return
+                raise Mismatch(f"{where}: begin({slots}, {starts}, {lens}) refused: {e}") from None
+            begun(slots, starts, lens)
+            for sl, s in zip(slots, starts):
+                if s == 0:  # the slot holds an empty sequence now
+                    refs.pop(sl, None)
+            if "probe" in act:
+                sl = act["probe"]
+                fn = functools.partial(pool.release, sl)
+                _expect_refusal(where, f"release({sl}) of a begun step", fn, "while a step", "cancel() first")
+                stats["probe_refused"] += 1
+            if act["how"] == "drop":  # the step's own begin drops it
+                stats["cancel_drop"] += 1
+                return
+            _allowed(where, bt.cancel)
+            if act["how"] == "twice":
+                _allowed(where, bt.cancel)  # no step: nothing to do
+            x0 = torch.zeros(sum(lens), cfg.dim, dtype=torch.bfloat16)
+            _expect_refusal(
+                where, "forward of a cancelled step", functools.partial(bt.forward, wts[0], x0, st), "call begin"
+            )
+            stats["cancel"] += 1
+        else:
+            raise ValueError(f"fuzzer: unknown action {kind!r}")
+        check_state(where)
+
     for si, step in enumerate(spec["steps"]):
+        for ai, act in enumerate(step.get("pre", ())):
+            action(act, f"step{si} pre{ai}")
+        check_state(f"step{si} before")
         slots, starts, lens, item_rows, snaps = [], [], [], [], {}
         for it in step["items"]:
             sl, m = it["slot"], it["m"]
             xs, ds = streams[sl]
-            s = 0 if it["kind"] == "new" else bt.pool.length[sl]
+            s = 0 if it["kind"] == "new" else pool.length[sl]
             if it["kind"] == "new":
                 refs[sl] = RefStack(cfg, w, index_keys=spec["index_keys"])
+                if sl in released:
+                    stats["reuse"] += 1
+            released.discard(sl)
             if it["kind"] == "verify":
                 j = it["j"]
                 rows = [torch.cat([x[s : s + j], d[s + j : s + m]]) for x, d in zip(xs, ds)]
@@ -677,8 +966,14 @@ def run_batch(spec: dict) -> dict:
         ref_outs, (outs, traces) = both(
             where,
             functools.partial(_batch_ref_step, refs, slots, starts, item_rows),
-            functools.partial(_batch_rt_step, bt, g, wts, step, bx, slots, starts, lens),
+            functools.partial(_batch_rt_step, bt, g, wts, step, bx, slots, starts, lens, stats, where),
         )
+        begun(slots, starts, lens)
+        for sl, s, m in zip(slots, starts, lens):
+            exp_len[sl] = s + m
+            if undo[sl] is not None:
+                undo[sl]["done"] = True
+        check_state(where)
         o = 0
         for sl, m in zip(slots, lens):
             for i in range(nl):
@@ -693,32 +988,48 @@ def run_batch(spec: dict) -> dict:
                     # a decode token's kv_win is the whole ring: slots of positions < 0 were never
                     # written in this sequence (reference: zeros; the pool: an earlier sequence's
                     # rows, read by no selection). Compare only the written slots.
-                    W = cfg.window
                     live = sorted({q % W for q in range(max(0, s_t - W + 1), s_t + 1)})
                     ra["kv_win"], rb_["kv_win"] = ra["kv_win"][live], rb_["kv_win"][live]
                 cmp_trace(f"{where} trace slot{tr} L{i}", ra, rb_)
+        for ai, act in enumerate(step.get("rb_pre", ())):  # a release or a cancelled begin first
+            action(act, f"step{si} rb_pre{ai}")
         rb = [(it["slot"], starts[slots.index(it["slot"])] + it["j"]) for it in step["items"] if it["kind"] == "verify"]
+        want = {sl: expect_rb(sl, pos) for sl, pos in rb}
+        runs = [(sl, pos) for sl, pos in rb if want[sl] is None]
+        where_rb = f"step{si} rollback {rb}"
         if rb:
             if step.get("rb_many"):
-                bt.rollback_many([a for a, _ in rb], [b for _, b in rb])
+                if len(runs) < len(rb):  # all or nothing: refused as its first refused slot is
+                    sl, pos = next((sl, pos) for sl, pos in rb if want[sl] is not None)
+                    fn = functools.partial(bt.rollback_many, [a for a, _ in rb], [b for _, b in rb])
+                    _expect_refusal(where_rb, "rollback_many", fn, f"slot {sl}: ", RB_REFUSAL[want[sl]])
+                    check_state(f"{where_rb} (refused)")
+                _allowed(where_rb, bt.rollback_many, [a for a, _ in runs], [b for _, b in runs])
             else:
-                for a, b in rb:
-                    bt.rollback(a, b)
-            for sl, pos in rb:
+                for sl, pos in rb:
+                    if want[sl] is None:
+                        _allowed(where_rb, bt.rollback, sl, pos)
+                    else:
+                        fn = functools.partial(bt.rollback, sl, pos)
+                        _expect_refusal(where_rb, f"rollback({sl}, {pos})", fn, RB_REFUSAL[want[sl]], "allowed")
+            stats["rb_refused"] += len(rb) - len(runs)
+            for sl, pos in runs:
+                exp_len[sl] = pos
                 s = starts[slots.index(sl)]
                 _ref_restore(refs[sl], snaps[sl])
                 for i in range(nl if pos > s else 0):
                     refs[sl].layer(i, streams[sl][0][i][s:pos], s)
                 stats["verify"] += 1
+            check_state(where_rb)
         stats["steps"] += 1
     # final cache rows per slot (own and released alike)
     for sl, ref in refs.items():
-        n = bt.pool.length[sl]
+        n = pool.length[sl]
         for i in cfg.kv_source_layers:
             L = n // cfg.roles[i].ratio
             where = f"end slot{sl} L{i}"
-            _cmp_tensor(where, "cache compress_kv", ref.states[i].compress_kv[:L], bt.pool.cache_rows(i, sl, L))
-            _cmp_tensor(where, "cache index_k", ref.states[i].index_k[:L], bt.pool.cache_rows(i, sl, L, keys=True))
+            _cmp_tensor(where, "cache compress_kv", ref.states[i].compress_kv[:L], pool.cache_rows(i, sl, L))
+            _cmp_tensor(where, "cache index_k", ref.states[i].index_k[:L], pool.cache_rows(i, sl, L, keys=True))
     return stats
 
 
@@ -748,6 +1059,17 @@ def run_trial(spec: dict) -> tuple[str, str]:
         return "EXC", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
 
 
+def refusal_kind(msg: str) -> str:
+    """A REFUSED trial's reason, numbers left out (the summary's `refused_why`)."""
+    if "runtime rule: " in msg:
+        rule = next((r for r in RUNTIME_RULES if all(p in msg for p in r)), None)
+        return "runtime rule: " + (" ... ".join(rule) if rule else msg.split("runtime rule: ", 1)[1])
+    if "refused by both: reference " in msg:
+        ref = msg.split("refused by both: reference ", 1)[1].split("; runtime ", 1)[0]
+        return "refused by both: " + re.sub(r"\d+", "N", ref)
+    return re.sub(r"\d+", "N", msg)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0, help="first seed (trial i uses seed + i)")
@@ -768,6 +1090,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     counts: dict[str, int] = {}
+    actions: dict[str, dict[str, int]] = {}  # per mode, the ok trials' stats summed
+    refused_why: dict[str, int] = {}
     seed, failed = args.seed, 0
     with open(args.out / f"log_{args.seed}.txt", "a") as logf:
         while True:
@@ -780,6 +1104,13 @@ def main(argv=None) -> int:
             res, msg = run_trial(spec)
             key = "|".join((spec["mode"], spec["kv_format"], spec["weights"], spec["index_keys"], res))
             counts[key] = counts.get(key, 0) + 1
+            if res == "ok":
+                tot = actions.setdefault(spec["mode"], {})
+                for k, v in json.loads(msg).items():
+                    tot[k] = tot.get(k, 0) + v
+            elif res == "REFUSED":
+                why = refusal_kind(msg)
+                refused_why[why] = refused_why.get(why, 0) + 1
             if res in ("MISMATCH", "EXC"):
                 failed += 1
                 path = args.out / f"{res.lower()}_{spec['mode']}_{seed}.json"
@@ -793,6 +1124,8 @@ def main(argv=None) -> int:
         "failed": failed,
         "elapsed": round(time.time() - t0, 1),
         "counts": dict(sorted(counts.items())),
+        "actions": dict(sorted(actions.items())),
+        "refused_why": dict(sorted(refused_why.items(), key=lambda kv: -kv[1])),
     }
     (args.out / f"summary_{args.seed}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
