@@ -73,6 +73,13 @@ def test_kernel_support_names_the_device_the_failing_property_and_the_range(fake
     assert _triton.device_capability(torch.device("cuda", 0)) == (9, 0)
     assert _triton.device_shared_bytes("cuda:0") == 232448
 
+    fake_gpu(H200)  # a torch without the field: Triton's driver answers
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: SimpleNamespace(name=H200[1]))
+    utils = SimpleNamespace(get_device_properties=lambda i: {"max_shared_mem": 101376})
+    monkeypatch.setattr(_triton.triton.runtime.driver, "_active", SimpleNamespace(utils=utils), raising=False)
+    monkeypatch.setattr(type(_triton.triton.runtime.driver), "active", property(lambda self: self._active))
+    assert _triton.device_shared_bytes(0) == 101376
+
     fake_gpu(A100)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter runs anywhere
     assert _triton.kernel_support("cuda:0") is None

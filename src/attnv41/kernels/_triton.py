@@ -246,7 +246,10 @@ def device_shared_bytes(device) -> int:
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     n = _shared_bytes.get(idx)
     if n is None:
-        n = _shared_bytes[idx] = int(torch.cuda.get_device_properties(idx).shared_memory_per_block_optin)
+        n = getattr(torch.cuda.get_device_properties(idx), "shared_memory_per_block_optin", None)
+        if n is None:  # a torch without the field: Triton's driver asks the same attribute
+            n = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
+        n = _shared_bytes[idx] = int(n)
     return n
 
 
