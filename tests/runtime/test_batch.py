@@ -291,6 +291,38 @@ def test_cancel_drops_a_step_before_its_first_layer(mid_batch):
         bt.cancel()
 
 
+def test_forward_into_the_callers_out(mid_batch):
+    """`forward(..., out=)` writes the layer's output into the caller's tensor and returns
+    it, with the bytes of the runtime's own buffer (a twin without out); a bad out is
+    refused before the layer runs, and the step goes on."""
+    cfg, wts, xs, bt = mid_batch
+    tw = _setup((0, 2, 2, 1, 1, 1), 8, 5, 3, 4, blocks={2: 15, 1: 15})
+    _run(*tw, _MID, compare=False)
+    twin = tw[-1]
+    slots, starts, lens = [0, 1, 2], [11, 6, 0], [1, 2, 4]
+    x = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+    sa, sb = bt.begin(slots, starts, lens), twin.begin(slots, starts, lens)
+    T = sum(lens)
+    bad = {
+        "a list": ([0.0] * T, "out is a list; allowed: None or a contiguous bf16 [7, 64] tensor on cpu"),
+        "fp32": (torch.zeros(T, cfg.dim), "out is torch.float32 [7, 64] on cpu; allowed"),
+        "shape": (torch.zeros(T + 1, cfg.dim, dtype=torch.bfloat16), "[8, 64] on cpu; allowed: a contiguous bf16 [7"),
+        "strided": (torch.zeros(cfg.dim, T, dtype=torch.bfloat16).t(), "[7, 64] on cpu, not contiguous; allowed"),
+        "device": (torch.zeros(T, cfg.dim, dtype=torch.bfloat16, device="meta"), "on meta; allowed"),
+        "x itself": (x[0], "out shares x's memory; allowed: a buffer of its own"),
+    }
+    for name, (o, msg) in bad.items():
+        with pytest.raises(ValueError) as e:
+            bt.forward(wts[0], x[0], sa, out=o)
+        assert msg in str(e.value), (name, str(e.value))
+    for i in range(cfg.n_layers):
+        buf = torch.full((T, cfg.dim), float("nan"), dtype=torch.bfloat16)
+        got = bt.forward(wts[i], x[i], sa, out=buf)
+        want = twin.forward(wts[i], x[i], sb)
+        assert got is buf and torch.equal(buf.view(torch.int16), want.view(torch.int16)), f"layer {i}"
+    same_pool(pool_snapshot(bt), pool_snapshot(twin))
+
+
 @pytest.mark.gpu
 def test_batched_on_cuda_matches_the_cpu():
     """A schedule of mixed steps on CUDA against the same on the CPU, within the bf16

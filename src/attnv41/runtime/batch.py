@@ -494,11 +494,15 @@ class BatchV41(BatchParts):
 
     @on_own_device(lambda self: self.attn)
     @torch.no_grad()
-    def forward(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep) -> torch.Tensor:
+    def forward(
+        self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Layer `w.role.layer` (the step's next) for the step's T tokens (bf16 `[T, dim]`,
-        sequences contiguous in `step` order). Returns `[T, dim]` bf16, a view valid until
-        the next call. Runs without autograd (an inference runtime): an x or weights that
-        require grad are read as plain tensors, the output has no history."""
+        sequences contiguous in `step` order). Returns `[T, dim]` bf16: `out` when given (a
+        contiguous bf16 `[T, dim]` tensor of the caller's on the runtime's device, not
+        sharing x's memory; the same bytes as without it), else a view valid until the next
+        call. Runs without autograd (an inference runtime): an x or weights that require
+        grad are read as plain tensors, the output has no history."""
         c, attn = self.cfg, self.attn
         attn._check_role(w)
         i = w.role.layer
@@ -515,14 +519,35 @@ class BatchV41(BatchParts):
         if m_x != step.T:
             raise ValueError(f"x has {m_x} rows; allowed: the step's {step.T} tokens")
         attn._check_weights(w)
+        if out is not None:
+            self._check_out(out, x, step.T)
         try:
-            out = self._layer(w, x, step)
+            out = self._layer(w, x, step, out=out)
         except BaseException:
             self._abandon(step, i)
             raise
         if step.next_layer == c.n_layers:
             self._finish(step)
         return out
+
+    def _check_out(self, out, x: torch.Tensor, T: int) -> None:
+        """`forward`'s out: a contiguous bf16 `[T, dim]` tensor on the runtime's device,
+        apart from x (ValueError naming the field)."""
+        want = f"a contiguous bf16 [{T}, {self.cfg.dim}] tensor on {self.device}"
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"out is a {type(out).__name__}; allowed: None or {want}")
+        got = f"{out.dtype} {list(out.shape)} on {out.device}" + ("" if out.is_contiguous() else ", not contiguous")
+        if (
+            out.dtype != torch.bfloat16
+            or tuple(out.shape) != (T, self.cfg.dim)
+            or out.device != self.device
+            or not out.is_contiguous()
+        ):
+            raise ValueError(f"out is {got}; allowed: {want}")
+        if out.numel() and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            raise ValueError(
+                "out shares x's memory; allowed: a buffer of its own (x is read until the output is written)"
+            )
 
     def _layer(self, w: AttnV41LayerWeights, x: torch.Tensor, step: BatchStep, out: torch.Tensor | None = None):
         """`forward`'s device work for checked arguments (capturable for a decode-only step
