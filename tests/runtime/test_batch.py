@@ -165,8 +165,15 @@ def test_released_keys_of_an_assumed_sequence_are_one_calls():
 def test_released_keys_refusals():
     cfg, w, wts, xs, bt = _setup((0, 2, 0, 1, 0, 1), 8, 5, 2, 4, index_keys="released")
     _run(cfg, w, wts, xs, bt, [([0], [0], [6]), ([0], [6], [3])], compare=False)
-    with pytest.raises(ValueError, match=r"rollback with index_keys = 'released'; allowed: 'own'"):
+    with pytest.raises(
+        ValueError, match=r"slot 0: rollback to 7 with index_keys = 'released'; allowed: 'own', or pos = 9"
+    ):
         bt.rollback(0, 7)
+    with pytest.raises(ValueError, match=r"slot 0: rollback to 8 with index_keys = 'released'"):
+        bt.rollback_many([0], [8])
+    bt.rollback(0, 9)  # the no-op is allowed in every mode
+    bt.rollback_many([0], [9])
+    assert bt.pool.length[0] == 9
     with pytest.raises(ValueError, match=r"index_keys = 'shared'; allowed: \('own', 'released'\)"):
         BatchV41(cfg, n_slots=1, index_keys="shared")
 

@@ -172,8 +172,12 @@ def test_rollback_needs_own_index_keys():
     rt = RuntimeStack(cfg, w, index_keys="released")
     _outs(rt, xs, 0, 9)
     _outs(rt, xs, 9, 3)
-    with pytest.raises(ValueError, match="rollback with index_keys = 'released'; allowed: 'own'"):
+    before = _snapshot(rt)
+    with pytest.raises(ValueError, match=r"rollback to 10 with index_keys = 'released'; allowed: 'own', or pos = 12"):
         rt.rollback(10)
+    _same_snapshot(before, _snapshot(rt))
+    rt.rollback(12)  # the no-op is allowed in every mode (an engine that accepted every draft)
+    _same_snapshot(before, _snapshot(rt))
 
 
 def test_rollback_to_the_current_end_is_a_no_op():

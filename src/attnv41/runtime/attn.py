@@ -470,8 +470,8 @@ class AttnV41(AttnChecks, AttnDecode):
         state. Allowed: `pos` inside the sequence's last step when that step was a
         continuation of at most `window` tokens (m > 1 after position 0; it kept an
         undo log), `s ≤ pos ≤` the current end; again after a rollback, down to s.
-        `index_keys="own"` only (in released mode which keys a layer scores depends on
-        the history). What is restored: the window ring's slots of positions ≥ pos,
+        `index_keys="own"` only, but for the no-op pos = end (in released mode which
+        keys a layer scores depends on the call history). What is restored: the window ring's slots of positions ≥ pos,
         the compressor's row count and its group in progress; rows past the new count
         stay in the caches, unread (never visible), and are rewritten as positions
         advance. Everything is checked before anything changes; a refused call changes
@@ -487,8 +487,6 @@ class AttnV41(AttnChecks, AttnDecode):
             self._check_bound(st, shared)
         if isinstance(pos, bool) or not isinstance(pos, int):
             raise not_an_int("pos", pos)
-        if self.index_keys != "own":
-            raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
         self._check_failed(shared, f"rollback to {pos}")
         if shared.last_layer != n - 1:
             raise ValueError(
@@ -497,6 +495,10 @@ class AttnV41(AttnChecks, AttnDecode):
         end = shared.step_end
         if pos == end:
             return
+        if self.index_keys != "own":
+            raise ValueError(
+                f"rollback to {pos} with index_keys = {self.index_keys!r}; allowed: 'own', or pos = {end} (no change)"
+            )
         logs = [st.undo or {} for st in states]
         span = logs[-1].get("span")
         calls = logs[-1].get("calls", -1)

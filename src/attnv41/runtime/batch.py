@@ -65,7 +65,8 @@ Decode steps (one token per sequence) run as CUDA graphs through `BatchGraphs`
 keys published last when a call completes none of their groups): which layer's keys a
 sequence scores follows its own history, kept per slot (`keys_owner`, `_keys_plan`).
 `BatchGraphs` uploads each token's owners with its metadata and scores every publishing
-layer's keys with the others' rows masked (`_released_scores_dev`); `rollback` refuses it.
+layer's keys with the others' rows masked (`_released_scores_dev`); `rollback` refuses it
+(but for the no-op: each position at its slot's length).
 
 Limits of this version: on CUDA a
 prefill token runs the decode attention kernel and the batched projections (bits within
@@ -653,8 +654,13 @@ class BatchV41(BatchParts):
             raise ValueError(
                 f"rollback during a step (layer {self._step.next_layer} runs next); allowed: between steps"
             )
-        if self.index_keys != "own":  # which keys were published last would have to be undone too
-            raise ValueError(f"rollback with index_keys = {self.index_keys!r}; allowed: 'own'")
+        moved = [(slot, pos) for slot, pos in zip(slots, positions) if pos != pool.length[slot]]
+        if self.index_keys != "own" and moved:  # which keys were published last would have to be undone too
+            slot, pos = moved[0]
+            raise ValueError(
+                f"slot {slot}: rollback to {pos} with index_keys = {self.index_keys!r}; allowed: 'own', or "
+                f"pos = {pool.length[slot]} (no change)"
+            )
         todo = []
         for slot, pos in zip(slots, positions):
             end = pool.length[slot]
