@@ -284,3 +284,28 @@ def test_golden_file_content_errors_stay_user_mistakes(tmp_path, capsys):
     assert err.startswith("attnv41 check: ") and "released/decode14/L2/x is missing" in err, err
     assert main(["check", "--golden", str(tmp_path)]) == 2
     assert "is a directory, not a file" in capsys.readouterr().err
+
+
+def test_check_tensor_parallel(tmp_path, capsys):
+    """`check --tp 2`: two ranks of the runtime (and of the reference), reduced, pass the
+    tiny file; the JSON names tp; a size the geometry does not shard into, or --tp with
+    --batch or --decode split, is a user mistake (exit 2, one line naming the value)."""
+    import json
+
+    path = tmp_path / "tp.json"
+    assert main(["check", "--tp", "2", "--impl", "runtime", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    (verdict,) = [line for line in out.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert verdict.startswith("PASS") and "impl runtime (tp 2)" in verdict
+    doc = json.loads(path.read_text())
+    assert doc["tp"] == 2 and doc["compared"] == 492 and doc["impl"] == "runtime (tp 2)"
+    assert main(["check", "--tp", "2", "--variant", "intended"]) == 0
+    for args, msg in (
+        (["--tp", "3"], "tp_size = 3; allowed: [1, 2] (divisors of groups (2)"),
+        (["--tp", "0"], "--tp 0; allowed: >= 1"),
+        (["--tp", "2", "--batch", "2"], "--tp 2 with --batch; allowed"),
+        (["--tp", "2", "--impl", "runtime", "--decode", "split"], "--tp 2 with --decode split; allowed"),
+    ):
+        assert main(["check", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err

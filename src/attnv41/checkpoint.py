@@ -58,6 +58,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import AttnV41Cfg, LayerRole, _read_json
+from .tp import check_tp, shard_weights
 from .weights import (
     FP8_LINEARS,
     WEIGHT_FORMATS,
@@ -433,6 +434,8 @@ def load_layer(
     device: torch.device | str = "cpu",
     weights: str | None = None,
     wo_a: str = "bf16",
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> AttnV41LayerWeights:
     """Layer `layer`'s attention weights from a checkpoint directory on `device`, in the
     format `weights` ("bf16": dequantized to the runtime dtypes; "fp8": the FP8 linears'
@@ -440,11 +443,26 @@ def load_layer(
     `checkpoint_weight_format`); with "fp8", `wo_a="fp8"` keeps wo_a's bytes too
     (`AttnV41LayerWeights.from_state_dict`). `cfg` defaults to
     `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
-    max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint."""
+    max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint.
+    `tp_rank`, `tp_size`: only that rank's share (`attnv41.tp.shard_weights`; its geometry
+    `attnv41.tp.tp_config(cfg, tp_size)`), the layer read on the CPU and sliced there."""
     _check_weights_arg(weights, wo_a)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else _check_cfg(path, cfg)
     with _Checkpoint(path) as ck:
-        return _load_layer(ck, cfg, layer, device, weights or _stored_format(ck, cfg.n_layers), wo_a)
+        fmt = weights or _stored_format(ck, cfg.n_layers)
+        _check_tp_args(cfg, fmt, tp_rank, tp_size)
+        return _load_sharded(ck, cfg, layer, device, fmt, wo_a, tp_rank, tp_size)
+
+
+def _check_tp_args(cfg: AttnV41Cfg, fmt: str, tp_rank, tp_size) -> None:
+    """`load_layer`'s and `load_model`'s tp arguments, before anything is read."""
+    check_tp(cfg, tp_size, tp_rank, fp8=fmt == "fp8")
+
+
+def _load_sharded(ck, cfg: AttnV41Cfg, i: int, device, fmt: str, wo_a: str, tp_rank: int, tp_size: int):
+    if tp_size == 1:
+        return _load_layer(ck, cfg, i, device, fmt, wo_a)
+    return shard_weights(_load_layer(ck, cfg, i, "cpu", fmt, wo_a), cfg, tp_rank, tp_size, device=device)
 
 
 def load_model(
@@ -454,10 +472,12 @@ def load_model(
     progress: bool = True,
     weights: str | None = None,
     wo_a: str = "bf16",
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> list[AttnV41LayerWeights]:
     """Every attention layer (0..n_layers−1) of a checkpoint, as `load_layer` does (same
-    default `cfg`, same `weights` formats and default), with a progress bar (tqdm when importable, else
-    one stderr line per layer)."""
+    default `cfg`, same `weights` formats and default, same `tp_rank`/`tp_size` shares),
+    with a progress bar (tqdm when importable, else one stderr line per layer)."""
     _check_weights_arg(weights, wo_a)
     cfg = AttnV41Cfg.from_checkpoint(path) if cfg is None else _check_cfg(path, cfg)
     out = []
@@ -472,8 +492,9 @@ def load_model(
     try:
         with _Checkpoint(path) as ck:
             weights = weights or _stored_format(ck, cfg.n_layers)
+            _check_tp_args(cfg, weights, tp_rank, tp_size)
             for i in range(cfg.n_layers):
-                out.append(_load_layer(ck, cfg, i, device, weights, wo_a))
+                out.append(_load_sharded(ck, cfg, i, device, weights, wo_a, tp_rank, tp_size))
                 if bar is not None:
                     bar.update(1)
                 elif progress:

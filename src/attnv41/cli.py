@@ -155,6 +155,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     if chunk is not None and chunk < 1:
         print(f"attnv41 check: --prefill-chunk {chunk}; allowed: >= 1", file=sys.stderr)
         return 2
+    if args.tp < 1:
+        print(f"attnv41 check: --tp {args.tp}; allowed: >= 1", file=sys.stderr)
+        return 2
+    if args.tp > 1 and (args.batch is not None or args.decode == "split"):
+        what = "--batch" if args.batch is not None else "--decode split"
+        print(f"attnv41 check: --tp {args.tp} with {what}; allowed: --tp with forward decode steps", file=sys.stderr)
+        return 2
     if args.batch is not None:
         return _check_batched(args, golden, chunk)
     if args.kv_format != "bf16" and args.impl == "reference":
@@ -177,6 +184,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.kv_format != "bf16":  # the runtime with packed caches: the same rules, the same golden values
         make_impl = functools.partial(IMPLS[impl], kv_format=args.kv_format)
         make_impl.weights_dtypes = IMPLS[impl].weights_dtypes
+    if args.tp > 1:  # tensor-parallel ranks, one after the other, their partial outputs reduced
+        from .tp import check_tp, tp_impl
+
+        try:
+            check_tp(golden.cfg, args.tp, fp8=golden.weights_dtype == "fp8")
+        except ValueError as e:
+            print(f"attnv41 check: --tp: {golden.path.name}: {e}", file=sys.stderr)
+            return 2
+        kw = {"kv_format": args.kv_format} if args.kv_format != "bf16" else {}
+        make_impl = tp_impl(args.tp, impl, **kw)
+        impl = f"{impl} (tp {args.tp})"
     json_path = _check_json_path(args)
     failed = 0
     total_cmp = total_skip = 0
@@ -234,6 +252,7 @@ def _run_fields(args: argparse.Namespace, golden: GoldenFile, variants, chunk: i
         "device": args.device,
         "kv_format": args.kv_format,
         "prefill_chunk": chunk,
+        "tp": getattr(args, "tp", 1),
     }
 
 
@@ -512,6 +531,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="bf16",
         help="the runtime's caches in bf16 or in V4.1's packed formats (the same golden rules; with --batch "
         "the batch-1 run compared against keeps bf16 caches, so packed must give its bytes)",
+    )
+    c.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N tensor-parallel ranks (attnv41.tp: each its share of the heads and output groups), one "
+        "after the other on the device, and compare their reduced output; q and o gathered over the ranks",
     )
     c.add_argument(
         "--json",
