@@ -56,21 +56,3 @@ def test_golden_inputs_stage_checked(name, variant):
     save_gpu_report(f"stages_golden_{name}_{variant}", tally.summary())
     assert tally.ok, "\n".join(tally.failures[:20])
     assert sum(tally.excused.values()) == 0 and all(v > 0 for v in tally.values.values()), tally.summary()
-
-
-@pytest.mark.parametrize("kv_format", ["bf16", "packed"])
-@pytest.mark.parametrize("name", ["headdim", "fp8"])
-def test_golden_two_ranks_on_cuda(name, kv_format):
-    """Tensor parallelism (`attnv41.tp`): the golden files through 2 ranks of the runtime
-    on CUDA (each its heads and output groups; the Triton kernels at 4 heads), their
-    partial outputs reduced: every rule of `attnv41 check`, both variants."""
-    from attnv41.tp import tp_impl
-
-    g = GoldenFile(golden_path(name))
-    for v in g.variants:
-        rep = replay(g, v, tp_impl(2, kv_format=kv_format), device="cuda", impl_name=f"tp2-{kv_format}")
-        save_gpu_report(
-            f"golden_tp2_{name}_{v}_{kv_format}", {"ok": rep.ok, "compared": rep.n_compared, "worst": rep.worst()}
-        )
-        assert rep.n_compared > 0 and rep.n_skipped == 0
-        assert rep.ok and not rep.problems(), "\n".join(rep.failures())
