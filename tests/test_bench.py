@@ -596,3 +596,50 @@ def test_batch_step_with_more_tokens_than_positions(cfg, weights):
     res = bench_batch(stack, (8,), (32,), CEIL, steps=1, chunk=8, kv_formats=("bf16",))
     assert [(r["batch"], r["context"], r["k"]) for r in res["decode"]] == [(32, 8, 1)]
     assert res["decode"][0]["ms"] > 0
+
+
+def test_bench_tensor_parallel_share(tmp_path, capsys):
+    """`--tp 2`: the stack parts run rank 0's share (half the heads, one output group), from
+    a checkpoint too (its share loaded); the tables say so; a size the geometry does not
+    shard into is refused before anything runs (exit 2, naming the value)."""
+    from attnv41.checkpoint import write_checkpoint
+
+    cfg = small_preset(max_tokens=64, max_seq=128)
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, cfg, random_weights(cfg, 7), shards=2)
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--checkpoint", str(ckpt), "--no-progress", "--out", str(out)]
+    args += ["--parts", "decode", "--contexts", "64", "--prefill", "16", "--kv-formats", "bf16", "--tp", "2"]
+    assert main(args + ["--weights", "fp8"]) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert res["options"]["tp"] == 2 and res["stack"] == f"checkpoint {ckpt}, rank 0 of tp 2"
+    assert [(r["weights"], r["context"]) for r in res["decode"]] == [("fp8", 64)] * 2
+    text = capsys.readouterr().out
+    assert f"{cfg.n_heads // 2}x{cfg.head_dim} heads" in text and "rank 0 of 2" in text
+    assert "rank 0 of tensor parallelism 2" in (out / "bench.md").read_text()
+    assert main(["bench", "--device", "cpu", "--quick", "--tp", "3", "--out", str(tmp_path / "c")]) == 2
+    assert "tp_size = 3; allowed: [1, 2]" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_peer_problem_padded_to_the_peers_head_count():
+    """A tensor-parallel share's 8 heads handed to the peer padded to 64 by zero queries and
+    zero sinks: the first 8 heads' outputs are the share's (checked with our torch twin,
+    heads being independent)."""
+    from attnv41.bench import peer
+    from attnv41.tp import tp_config
+
+    cfg = tp_config(small_preset(), 2)
+    gen = torch.Generator().manual_seed(3)
+    pb = peer._problem(cfg, 2, 96, 1, gen, torch.device("cpu"))
+    wide = peer._padded(pb, 64)
+    assert wide.q[0].shape == (2, 64, cfg.head_dim) and wide.sink.shape == (64,)
+    B, H, D = pb.q[0].shape
+    sel = torch.cat([pb.win_idx, pb.comp_idx[0] + B * cfg.window], 1)
+    o = peer._torch_twin(
+        pb.q[0], pb.win, pb.comp, sel, B * cfg.window, pb.sink, D**-0.5, torch.empty(B, H, D, dtype=torch.bfloat16)
+    )
+    ow = peer._torch_twin(
+        wide.q[0], pb.win, pb.comp, sel, B * cfg.window, wide.sink, D**-0.5, torch.empty(B, 64, D, dtype=torch.bfloat16)
+    )
+    assert torch.equal(ow[:, :H], o) and torch.isfinite(ow.float()).all()

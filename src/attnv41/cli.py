@@ -418,6 +418,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         quick=args.quick,
         progress=not args.no_progress,
         weights=args.weights,
+        tp=args.tp,
     )
     partial = Path(args.out) / "bench.partial.json"
 
@@ -647,6 +648,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stacks, each against the floor of the bytes it reads (default both; part long takes bf16 of both; with "
         "--checkpoint, both loads it once in each format; under both, FP8 is skipped with its reason where it "
         "cannot run)",
+    )
+    b.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallelism: every part runs rank 0's share of N (attnv41.tp: n_heads/N heads, groups/N "
+        "output groups; caches, compressor and indexer replicated), what one GPU of N does per step",
     )
     b.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
     b.add_argument("--seed", type=int, default=0)

@@ -157,9 +157,14 @@ def bench_attention_peer(
     scale = D**-0.5
     copies = COPIES if dev.type == "cuda" else 1
     rows: list[dict] = []
-    use_peer = fm is not None and H in (64, 128) and D == 512
+    # FlashMLA's sparse decode takes 64 or 128 heads: a tensor-parallel share's fewer heads
+    # run padded with zero queries, as engines hand them to it (vLLM's get_padded_num_q_heads)
+    hp = next((n for n in (64, 128) if H <= n), None)
+    use_peer = fm is not None and hp is not None and D == 512
     if fm is not None and not use_peer:
-        status += f"; not run: it needs 64 or 128 heads of width 512 (this geometry: {H} x {D})"
+        status += f"; not run: it needs at most 128 heads of width 512 (this geometry: {H} x {D})"
+    elif use_peer and hp != H:
+        status += f"; {H} heads padded to {hp} for it (zero queries), as engines pad a tensor-parallel share"
     kernels = (
         [
             ("attnv41 decode (split, bf16 rows)", sparse_attn_split),
@@ -213,16 +218,18 @@ def bench_attention_peer(
             o_ours = ours_rows[0][1]
             if not use_peer:
                 continue
-            peer = _run_peer(fm, pb, scale, timer, reps)
+            peer = _run_peer(fm, pb if hp == H else _padded(pb, hp), scale, timer, reps)
             if "error" in peer:
                 status += f"; context {ctx} batch {B}: {peer['error']}"
                 continue
+            peer["out"] = peer["out"][:, :H]  # the padded heads' outputs are dropped
             rel = float((peer["out"].float() - o_ours.float()).norm() / o_ours.float().norm())
+            pad = f", {H} heads padded to {hp}" if hp != H else ""
             row = kernel_row(
-                f"FlashMLA legacy ({peer['layout']})",
+                f"FlashMLA legacy ({peer['layout']}{pad})",
                 shape,
                 peer["timing"],
-                B * (K * V4_BYTES + 2 * H * D * 2),
+                B * (K * V4_BYTES + 2 * hp * D * 2),
                 flops,
                 ceil,
                 context=ctx,
@@ -237,6 +244,16 @@ def bench_attention_peer(
             rows.append(row)
             del peer, pb, calls
     return rows, status
+
+
+def _padded(pb: _Problem, hp: int) -> _Problem:
+    """The problem with every query padded to `hp` heads by zero queries (and zero sinks):
+    what the peer computes for a tensor-parallel share; the first heads' outputs are the
+    share's."""
+    B, H, D = pb.q[0].shape
+    q = [torch.cat([x, x.new_zeros(B, hp - H, D)], 1) for x in pb.q]
+    sink = torch.cat([pb.sink, pb.sink.new_zeros(hp - H)])
+    return _Problem(q, pb.win, pb.comp, pb.win_idx, pb.comp_idx, sink)
 
 
 def _torch_twin(q, win, comp, sel, offset, sink, scale, out):

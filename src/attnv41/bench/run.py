@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..synthetic import PRESETS, random_weights
+from ..tp import check_tp, tp_config
 from ..weights import WEIGHT_FORMATS
 from .common import environment, format_table, markdown_table, measure_ceilings
 
@@ -90,6 +91,7 @@ class BenchOptions:
     quick: bool = False
     progress: bool = True
     weights: str = "both"  # WEIGHT_CHOICES: the projections' and stacks' formats
+    tp: int = 1  # tensor-parallel ranks: every part runs rank 0's share (`attnv41.tp.tp_config`)
 
 
 def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
@@ -122,6 +124,8 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     if opts.checkpoint is None and preset not in PRESETS:
         raise ValueError(f"preset = {opts.preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
     o = BenchOptions(**{**asdict(opts), **vals, "preset": preset, "device": dev.type, "long_context": long_ctx})
+    if o.tp != 1:  # the sizes the geometry shards into (with FP8 weights in any part: whole 32-blocks)
+        check_tp(_geometry(o, full=True), o.tp, fp8=o.weights != "bf16")
     _check_positions(o)
     return dev, o
 
@@ -251,13 +255,18 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
         from ..checkpoint import load_model
         from ..config import AttnV41Cfg
 
-        cfg = AttnV41Cfg.from_checkpoint(opts.checkpoint, max_tokens=max_tokens, max_seq=max_seq)
-        weights = load_model(opts.checkpoint, cfg, device=dev, progress=opts.progress, weights=fmt)
+        full = AttnV41Cfg.from_checkpoint(opts.checkpoint, max_tokens=max_tokens, max_seq=max_seq)
+        weights = load_model(
+            opts.checkpoint, full, device=dev, progress=opts.progress, weights=fmt, tp_rank=0, tp_size=opts.tp
+        )
+        cfg = tp_config(full, opts.tp)
         what = f"checkpoint {opts.checkpoint}"
     else:
-        cfg = PRESETS[opts.preset](max_tokens=max_tokens, max_seq=max_seq)
-        weights = random_weights(cfg, opts.seed, dev, weights=fmt)
+        cfg = tp_config(PRESETS[opts.preset](max_tokens=max_tokens, max_seq=max_seq), opts.tp)
+        weights = random_weights(cfg, opts.seed, dev, weights=fmt)  # a share's shapes: what rank 0 holds
         what = f"preset {opts.preset}, random weights (seed {opts.seed})"
+    if opts.tp > 1:
+        what += f", rank 0 of tp {opts.tp}"
     log(
         f"stack: {what}, {fmt} weights; dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers, "
         f"max_tokens {max_tokens}, max_seq {max_seq}"
@@ -267,12 +276,16 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
     return RuntimeStack(cfg, weights, device=dev, wo_a="fp8" if fmt == "fp8" else "bf16"), what
 
 
-def _geometry(opts: BenchOptions):
+def _geometry(opts: BenchOptions, full: bool = False):
+    """The geometry every part runs: the preset's or the checkpoint's, rank 0's share of it
+    with `opts.tp` > 1 (`full`: the whole model's)."""
     if opts.checkpoint is not None:
         from ..config import AttnV41Cfg
 
-        return AttnV41Cfg.from_checkpoint(opts.checkpoint)
-    return PRESETS[opts.preset]()
+        cfg = AttnV41Cfg.from_checkpoint(opts.checkpoint)
+    else:
+        cfg = PRESETS[opts.preset]()
+    return cfg if full else tp_config(cfg, opts.tp)
 
 
 def _kv_bytes(cfg) -> dict:
@@ -326,6 +339,11 @@ def run_bench(
         f"({'bf16' if dev.type == 'cuda' else 'fp32'} {ceil.mm_shape[0]}^3), {fp8_rate}"
     )
     geo = _geometry(opts)
+    if opts.tp > 1:
+        log(
+            f"tensor parallelism: every part runs rank 0 of {opts.tp} ({geo.n_heads} heads, {geo.groups} output "
+            f"groups; the caches, compressor and indexer replicated, as on every rank)"
+        )
     res["kv_bytes_per_token"] = _kv_bytes(geo)
     kb = res["kv_bytes_per_token"]
     log(
@@ -499,6 +517,8 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
 
     fmt = markdown_table if md else format_table
     out = []
+    tp = res.get("options", {}).get("tp", 1)
+    share = f"; rank 0 of tensor parallelism {tp}" if tp > 1 else ""
     for key, title, cols in (
         ("decode", "(a) decode step, 40 layers, batch 1", DECODE_COLS),
         ("kernels", "(b) each kernel alone", KERNEL_COLS),
@@ -517,7 +537,7 @@ def _tables(res: dict, md: bool) -> list[tuple[str, str]]:
             fmts = list(dict.fromkeys(r["weights"] for r in res[key] if r.get("weights")))
             if fmts:
                 title += f", {' and '.join(fmts)} weights" + (" (projections)" if key == "kernels" else "")
-            out.append((title, fmt(res[key], cols)))
+            out.append((title + share, fmt(res[key], cols)))
     return out
 
 
