@@ -643,3 +643,17 @@ def test_peer_problem_padded_to_the_peers_head_count():
         wide.q[0], pb.win, pb.comp, sel, B * cfg.window, wide.sink, D**-0.5, torch.empty(B, 64, D, dtype=torch.bfloat16)
     )
     assert torch.equal(ow[:, :H], o) and torch.isfinite(ow.float()).all()
+
+
+def test_bench_without_matplotlib(tmp_path, monkeypatch, capsys):
+    """matplotlib is an optional dependency (`attnv41[bench]`): without it bench writes its
+    JSON and tables and says why there is no plot."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    out = tmp_path / "b"
+    args = ["bench", "--device", "cpu", "--quick", "--parts", "decode", "--contexts", "64", "--prefill", "16"]
+    assert main(args + ["--kv-formats", "bf16", "--weights", "bf16", "--out", str(out)]) == 0
+    assert (out / "bench.json").is_file() and (out / "bench.md").is_file()
+    assert not (out / "decode_step.png").exists()
+    assert "plot: not drawn, matplotlib is not installed" in capsys.readouterr().out

@@ -572,7 +572,12 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
         md.append(f"Peer: {res['peer_status']}")
     paths[1].write_text("\n".join(md) + "\n")
     if res.get("decode"):
-        paths.append(plot_decode(res, out / "decode_step.png"))
+        try:
+            import matplotlib  # noqa: F401 (an optional dependency: pip install attnv41[bench])
+        except ImportError:
+            log("plot: not drawn, matplotlib is not installed (pip install 'attnv41[bench]')")
+        else:
+            paths.append(plot_decode(res, out / "decode_step.png"))
     log(head)
     for title, table in _tables(res, md=False):
         log(f"\n{title}\n{table}")
