@@ -8,7 +8,9 @@ runtime exposes them, the trace tensors and final cache rows) must match bit for
 Modes (``--mode``; ``mix``, the default, cycles through them by seed):
 
 * ``single``: one sequence, ``RuntimeStack.layer`` / ``DecodeGraphs`` eager step /
-  ``decode_prep`` + ``decode_body``, prompt chunks, decode, verify + rollback, restarts.
+  ``decode_prep`` + ``decode_body``, prompt chunks, decode, verify + rollback, restarts;
+  with released index keys, now and then a rollback to the end (a no-op, allowed) or into
+  the last call (refused), neither changing the runtime's state (``P_KEYS_RB``).
 * ``multi``: 2-3 sequences on one ``AttnV41``, interleaved by step or by layer.
 * ``batch``: ``BatchV41.step`` / ``begin`` + ``forward`` (bucket, trace) / ``BatchGraphs``
   eager body, with ``rollback`` / ``rollback_many``; and, drawn from a random stream of their
@@ -16,9 +18,11 @@ Modes (``--mode``; ``mix``, the default, cycles through them by seed):
   of other calls; or left for the next ``begin`` to drop), ``cancel`` after a layer ran
   (refused; the step then finishes) or after the step (nothing to do), ``pool.release`` with
   the slot idle for steps and then reused, and rollbacks of released or cancelled-over
-  sequences (refused). The run keeps the documented lifecycle beside the runtime (each
-  slot's length, sequence and undo log) and checks every length, the blocks' accounting and
-  each expected refusal's message (``RB_REFUSAL``, ``_expect_refusal``) as it goes.
+  sequences (refused); with released index keys, ``rollback`` / ``rollback_many`` of slots
+  to their ends (no-ops) or into their last calls (refused; ``P_KEYS_RB``), changing nothing.
+  The run keeps the documented lifecycle beside the runtime (each slot's length, sequence
+  and undo log) and checks every length, the blocks' accounting and each expected refusal's
+  message (``RB_REFUSAL``, ``_expect_refusal``) as it goes.
 
 Refusals are not compared: a call both sides refuse ends the trial as REFUSED, and so does
 a runtime refusal where the reference runs only for the released-keys rule ("would score
@@ -72,6 +76,9 @@ RUNTIME_RULES = (
 )
 # The reference's own refusals (RuntimeError) all say what was not published.
 REF_REFUSAL = "published"
+# With released index keys: per single-mode op / batch step, a rollback to the end (a no-op,
+# allowed in every mode) or into the last call (refused), from a random stream of its own.
+P_KEYS_RB = 0.1
 
 
 class Mismatch(AssertionError):
@@ -289,10 +296,45 @@ def _ref_restore(ref, snap):
     ref.states, ref.shared = copy.deepcopy(snap)
 
 
+def _rt_snapshot(*objs) -> dict:
+    """Every attribute of the runtime's objs: tensors by their bytes, lists, tuples and dicts
+    entry by entry, anything else by its repr (for calls that must change nothing)."""
+    out = {}
+
+    def walk(path, v):
+        if isinstance(v, torch.Tensor):
+            out[path] = (
+                v.dtype,
+                tuple(v.shape),
+                v.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes(),
+            )
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{path}[{k!r}]", x)
+        elif isinstance(v, (list, tuple)):
+            for k, x in enumerate(v):
+                walk(f"{path}[{k}]", x)
+        else:
+            out[path] = repr(v)
+
+    for j, o in enumerate(objs):
+        for k, v in vars(o).items():
+            walk(f"{type(o).__name__}#{j}.{k}", v)
+    return out
+
+
+def _unchanged(where: str, snap: dict, *objs) -> None:
+    now = _rt_snapshot(*objs)
+    diff = sorted(k for k in snap.keys() | now.keys() if snap.get(k) != now.get(k))
+    if diff:
+        raise Mismatch(f"{where}: changed the runtime's {diff[:5]}{' ...' if len(diff) > 5 else ''}")
+
+
 # ----------------------------------------------------------------------------- call sequences
-def gen_ops(rng: random.Random, cfg, index_keys: str, decode_drivers: bool = True) -> list[dict]:
+def gen_ops(rng: random.Random, cfg, index_keys: str, decode_drivers: bool = True, rb_rng=None) -> list[dict]:
     """One sequence's calls: prompt chunks, decodes (drv: fwd, graphs or split), verifies
-    of k draft tokens accepting j (j2: a first rollback to j2), restarts."""
+    of k draft tokens accepting j (j2: a first rollback to j2), restarts; with rb_rng, before
+    a call now and then a rollback to pos: the end (a no-op) or inside the last call."""
     W, S, M = cfg.window, cfg.max_seq, cfg.max_tokens
     rs = [r for r in cfg.compress_ratios if r > 0] or [1]
     interesting = {1, 2, W - 1, W, W + 1, 2 * W, rng.randint(1, M)}
@@ -301,6 +343,9 @@ def gen_ops(rng: random.Random, cfg, index_keys: str, decode_drivers: bool = Tru
     interesting = sorted(v for v in interesting if 1 <= v <= M)
     ops, n = [], 0
     for _ in range(rng.randint(3, 24)):
+        if rb_rng is not None and n > 0 and rb_rng.random() < P_KEYS_RB:
+            last = next(o for o in reversed(ops) if o["op"] != "rollback")  # a call or a restart
+            ops.append({"op": "rollback", "pos": n - (0 if rb_rng.random() < 0.5 else rb_rng.randint(1, last["m"]))})
         left = S - n
         if n == 0:
             m = min(rng.choice(interesting), left)
@@ -356,7 +401,8 @@ def gen_single(seed: int) -> dict:
         x=rand_stream_spec(rng, cfg.max_seq),
         drafts=rand_stream_spec(rng, cfg.max_seq),
     )
-    spec["ops"] = gen_ops(rng, cfg, index_keys)
+    rb_rng = random.Random(f"single-rollbacks-{seed}") if index_keys == "released" else None
+    spec["ops"] = gen_ops(rng, cfg, index_keys, rb_rng=rb_rng)
     return spec
 
 
@@ -372,7 +418,7 @@ def run_single(spec: dict) -> dict:
         rt.attn.index_tile_entries = spec["index_tile_entries"]
     g = DecodeGraphs(rt)
     n = 0
-    stats = {"calls": 0, "verify": 0}
+    stats = {"calls": 0, "verify": 0, "keys_rb_noop": 0, "keys_rb_refused": 0}
 
     def layers(where, rows, s):
         for i in range(nl):
@@ -425,6 +471,17 @@ def run_single(spec: dict) -> dict:
                 ref.layer(i, xs[i][s : s + j], s)
             n = s + j
             stats["verify"] += 1
+        elif kind == "rollback":  # released keys: to the end a no-op, anywhere else refused
+            pos, where = op["pos"], f"op{oi} rollback to {op['pos']} (end {n})"
+            snap = _rt_snapshot(*rt.states, rt.shared)
+            if pos == n:
+                _allowed(where, rt.rollback, pos)
+                stats["keys_rb_noop"] += 1
+            else:
+                fn = functools.partial(rt.rollback, pos)
+                _expect_refusal(where, f"rollback({pos})", fn, RB_REFUSAL["keys"], f"pos = {n} (no change)")
+                stats["keys_rb_refused"] += 1
+            _unchanged(where, snap, *rt.states, rt.shared)
     return stats
 
 
@@ -551,7 +608,7 @@ P_POST_CANCEL = 0.05  # a step/graphs step: cancel after it (nothing to do; its 
 P_RB_PRE = 0.2  # a step with verifies: release a verified slot, or begin + cancel, before the rollbacks
 # What BatchV41.rollback says when it refuses (`run_batch`'s `expect_rb` predicts which).
 RB_REFUSAL = {
-    "keys": "rollback with index_keys",
+    "keys": "with index_keys = 'released'; allowed: 'own', or pos = ",
     "released": "the slot was released or assumed after its last step",
     "no_log": "its last step kept no undo log",
     "span": "inside its last continuation",
@@ -561,6 +618,7 @@ RB_REFUSAL = {
 def gen_batch(seed: int) -> dict:
     rng = random.Random(seed)
     ra = random.Random(f"batch-actions-{seed}")  # the lifecycle actions' own stream
+    rk = random.Random(f"batch-keys-rb-{seed}")  # and the released keys' rollbacks' (P_KEYS_RB)
     fp8 = rng.random() < 0.3
     kw = rand_cfg_kw(rng, fp8)
     cfg = make_cfg(kw)
@@ -631,6 +689,11 @@ def gen_batch(seed: int) -> dict:
         for sl in sorted(stale):
             if ra.random() < P_STALE_RB:
                 pre.append({"act": "stale_rb", "slot": sl, "pos": stale[sl]})
+        live = [sl for sl in range(n_slots) if length[sl] > 0]
+        if index_keys == "released" and live and rk.random() < P_KEYS_RB:  # back 0: to the end
+            slots = rk.sample(live, rk.randint(1, len(live)))
+            back = [0 if rk.random() < 0.5 else rk.randint(1, last[sl][1] if last[sl] else 1) for sl in slots]
+            pre.append({"act": "keys_rb", "slots": slots, "back": back, "many": rk.random() < 0.5})
         if ra.random() < P_CANCEL_OTHER:
             pre.append(rand_cancel(length))
             cancelled(pre[-1])
@@ -834,6 +897,8 @@ def run_batch(spec: dict) -> dict:
             "reuse",
             "stale_rb_refused",
             "rb_refused",
+            "keys_rb_noop",
+            "keys_rb_refused",
         ),
         0,
     )
@@ -859,10 +924,10 @@ def run_batch(spec: dict) -> dict:
 
     def expect_rb(sl, pos):
         """None (rollback(sl, pos) runs) or the RB_REFUSAL key of its refusal."""
+        if pos == exp_len[sl]:  # the no-op, in every mode
+            return None
         if spec["index_keys"] != "own":
             return "keys"
-        if pos == exp_len[sl]:
-            return None
         u = undo[sl]
         if u is not None and u["seq"] != seq[sl]:
             return "released"
@@ -903,6 +968,23 @@ def run_batch(spec: dict) -> dict:
             fn = functools.partial(bt.rollback, sl, pos)
             _expect_refusal(where, f"rollback({sl}, {pos})", fn, RB_REFUSAL[want], "allowed")
             stats["stale_rb_refused"] += 1
+        elif kind == "keys_rb":  # each slot to its end (a no-op) or back into its last call (refused)
+            slots, many = act["slots"], act["many"]
+            pos = [max(0, exp_len[sl] - b) for sl, b in zip(slots, act["back"])]
+            snap = _rt_snapshot(bt, pool)
+            for ss, ps in [(slots, pos)] if many else [([sl], [p]) for sl, p in zip(slots, pos)]:
+                args = (ss, ps) if many else (ss[0], ps[0])
+                fn = functools.partial(bt.rollback_many if many else bt.rollback, *args)
+                bad = next(((sl, p) for sl, p in zip(ss, ps) if expect_rb(sl, p) is not None), None)
+                if bad is None:
+                    _allowed(where, fn.func, *args)
+                    stats["keys_rb_noop"] += 1
+                else:
+                    sl, p = bad
+                    frags = (f"slot {sl}: rollback to {p} ", RB_REFUSAL[expect_rb(sl, p)], f"{exp_len[sl]} (no change)")
+                    _expect_refusal(where, f"{fn.func.__name__}{args}", fn, *frags)
+                    stats["keys_rb_refused"] += 1
+            _unchanged(where, snap, bt, pool)
         elif kind == "cancel":
             slots, starts, lens = act["slots"], act["starts"], act["lens"]
             try:

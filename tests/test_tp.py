@@ -256,3 +256,50 @@ def test_batched_runtime_on_a_share():
                 for i in range(cfg.n_layers):
                     assert torch.equal(want[i], outs[i][o : o + m]), (r, sl, s, i)
                 o += m
+
+
+def test_wo_a_bytes_shared_by_whole_blocks_else_as_their_bf16():
+    """An FP8 `wo_a` held as bytes: a share on whole 32-row blocks keeps the bytes and its
+    scale rows; where a block would straddle two ranks (o_rank 48, a weight built without
+    a cfg, which keeps the bytes) the share holds the exact bf16 of its rows. Either way the
+    share's values are the full weight's rows."""
+    from attnv41.checkpoint import quantize_fp8
+    from attnv41.reference.fp8 import dequant_weight
+
+    for kw, bytes_kept in ((_KW, True), (dict(o_rank=48), False)):
+        cfg = small_cfg(**kw)
+        w = random_weights(cfg, 9)[2]  # bf16 linears, wo_a as the checkpoint's bytes
+        w["wo_a.weight"], w["wo_a.scale"] = quantize_fp8(w["wo_a.weight"])
+        full = AttnV41LayerWeights.from_state_dict(cfg.roles[2], w, wo_a="fp8")
+        assert full["wo_a.weight"].dtype == torch.float8_e4m3fn
+        values = dequant_weight(full["wo_a.weight"], full["wo_a.scale"], 32)
+        rows = cfg.groups // 2 * cfg.o_rank
+        for r in range(2):
+            part = shard_weights(full, cfg, r, 2)
+            got = part["wo_a.weight"]
+            assert (got.dtype == torch.float8_e4m3fn) == bytes_kept and (
+                "attn.wo_a.scale" in part.tensors
+            ) == bytes_kept
+            if bytes_kept:
+                got = dequant_weight(got, part["wo_a.scale"], 32)
+            assert torch.equal(got, values[r * rows : (r + 1) * rows]), (kw, r)
+
+
+def test_stack_details():
+    """TPStack: an FP8 wo_a held as asked (`wo_a=`), the non-finite counter summed over the
+    ranks (what `check --tp` reports), partials that are copies, `stored` of the gathered
+    fields; `tp_reduce` refuses what is not a list of tensors."""
+    cfg = small_cfg(**_KW)
+    w, xs = random_weights(cfg, 13, weights="fp8"), random_inputs(cfg, 6, 14)
+    st = TPStack(cfg, w, 2, wo_a="fp8")
+    assert st.ranks[1].weights[3]["wo_a.weight"].dtype == torch.float8_e4m3fn
+    assert TPStack(cfg, w, 2).ranks[1].weights[3]["wo_a.weight"].dtype == torch.bfloat16
+    runs = [st.layer(i, xs[i], 0) for i in range(cfg.n_layers)]
+    for r in runs:  # each layer's partials survive the later layers' calls
+        assert torch.equal(tp_reduce(r.partials), r.out)
+    assert runs[0].stored("q").shape == runs[0].q.shape == (6, cfg.n_heads, cfg.head_dim)
+    assert st.nonfinite_count() == 0 and TPStack(cfg, w, 2, impl="reference").nonfinite_count() is None
+    g = GoldenFile(golden_path("tiny"))
+    assert replay(g, "released", tp_impl(2)).nonfinite == 0
+    with pytest.raises(ValueError, match=r"partials is \[1.0, 2.0\]; allowed: a non-empty list"):
+        tp_reduce([1.0, 2.0])

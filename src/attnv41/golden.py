@@ -320,7 +320,7 @@ class ChunkedPrefill:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"prefill chunk = {chunk!r}; allowed: an int >= 1")
         self.inner, self.cfg, self.chunk = inner, cfg, chunk
-        self.attn = getattr(inner, "attn", None) or getattr(getattr(inner, "stack", None), "attn", None)
+        self.attn = _counter(inner)
         if hasattr(inner, "decode_step"):
             self.decode_step = inner.decode_step
 
@@ -613,10 +613,19 @@ def replay(
             report.layers.append(lr)
             if on_layer:
                 on_layer(lr)
-    attn = getattr(impl, "attn", None) or getattr(getattr(impl, "stack", None), "attn", None)
-    if attn is not None:
-        report.nonfinite = attn.nonfinite_count()
+    counter = _counter(impl)
+    if counter is not None:
+        report.nonfinite = counter.nonfinite_count()
     return report
+
+
+def _counter(impl):
+    """What counts the non-finite values an implementation wrote into its caches: itself
+    when it has `nonfinite_count` (`tp.TPStack`), else its runtime (`attn`, `stack.attn`);
+    None for the reference."""
+    if callable(getattr(impl, "nonfinite_count", None)):
+        return impl
+    return getattr(impl, "attn", None) or getattr(getattr(impl, "stack", None), "attn", None)
 
 
 def replay_batched(

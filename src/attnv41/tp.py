@@ -84,7 +84,8 @@ def shard_weights(
     `cfg`), checked against `tp_config(cfg, tp_size)`, on `device` (default: w's). The
     slices are copies (contiguous, what the kernels read); replicated tensors are shared
     with `w` when the device is the same. bf16 and FP8 weights (`wq_b` and `wo_b` with
-    their scale rows / columns; an FP8 `wo_a` held as bytes with its scale rows)."""
+    their scale rows / columns; an FP8 `wo_a` held as bytes with its scale rows, or as the
+    exact bf16 values of its rows where a scale block would straddle two ranks)."""
     if not isinstance(w, AttnV41LayerWeights):
         raise TypeError(f"w is a {type(w).__name__}; allowed: AttnV41LayerWeights (the full model's)")
     fp8 = w.format == "fp8"
@@ -123,9 +124,18 @@ def shard_weights(
         out[PREFIX + "wq_b.scale"] = rows(got[PREFIX + "wq_b.scale"], a, b)
         a, b = blocks(o0, o1)
         out[PREFIX + "wo_b.scale"] = got[PREFIX + "wo_b.scale"][:, a:b].contiguous()
-    if PREFIX + "wo_a.scale" in got:  # held as bytes: o_rank is a multiple of 32 (weights.py)
+    wo_a_scale = got.get(PREFIX + "wo_a.scale")
+    if wo_a_scale is not None and (o0 % FP8_BLOCK or o1 % FP8_BLOCK):
+        # held as bytes, but a scale block straddles two ranks: the share holds the exact bf16
+        # values those bytes stand for (as `from_state_dict` does where blocks straddle groups)
+        from .reference.fp8 import dequant_weight  # noqa: PLC0415 (only this case needs it)
+
+        whole = dequant_weight(got[PREFIX + "wo_a.weight"], wo_a_scale, FP8_BLOCK, name=f"layer {role.layer}: wo_a")
+        out[PREFIX + "wo_a.weight"] = rows(whole, o0, o1)
+        del out[PREFIX + "wo_a.scale"]
+    elif wo_a_scale is not None:  # whole blocks: the share keeps the bytes and its scale rows
         a, b = blocks(o0, o1)
-        out[PREFIX + "wo_a.scale"] = rows(got[PREFIX + "wo_a.scale"], a, b)
+        out[PREFIX + "wo_a.scale"] = rows(wo_a_scale, a, b)
     local = tp_config(cfg, tp_size)
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}
@@ -136,9 +146,11 @@ def shard_weights(
 def tp_reduce(partials) -> torch.Tensor:
     """The layer's output from its ranks' partials (bf16, one per rank in rank order, the
     same shape): summed in fp32 in rank order, rounded once to bf16. For one process (tests,
-    `attnv41 check --tp`); an engine all-reduces the partials instead (in its own order and
-    dtype: within the same bound of the full layer's output, module doc)."""
-    if not isinstance(partials, (list, tuple)) or not partials:
+    `attnv41 check --tp`). An engine all-reduces the partials instead: summed in fp32 (in
+    any order) and rounded once, the result lies within the module doc's bound of the full
+    layer's output; a bf16 all-reduce rounds after each of its tp − 1 additions, adding up
+    to half an ulp of each intermediate sum."""
+    if not isinstance(partials, (list, tuple)) or not partials or not isinstance(partials[0], torch.Tensor):
         raise ValueError(f"partials is {partials!r:.60}; allowed: a non-empty list of bf16 tensors, one per rank")
     p0 = partials[0]
     for r, p in enumerate(partials):
@@ -164,6 +176,12 @@ class _TPRun:
     def __getattr__(self, name):
         return getattr(self._run0, name)
 
+    def stored(self, name: str) -> torch.Tensor:
+        """As `AttnV41Run.stored`: q, o and out as gathered (never packed), the rest rank 0's."""
+        if name in ("q", "o", "out"):
+            return getattr(self, name)
+        return self._run0.stored(name)
+
 
 def _reference_rank(cfg: AttnV41Cfg, weights: list, device, index_keys: str):
     from .reference.layer import RefStack  # noqa: PLC0415 (the reference stays an optional import)
@@ -184,7 +202,9 @@ class TPStack:
     the other on one device, to check the sharding (`attnv41 check --tp N`, tests/test_tp.py).
     `impl`: "runtime" (`RuntimeStack`, `kw` passed on: kv_format, ops, ...) or "reference".
     `layer(i, x, start_pos)` runs layer i on every rank and returns rank 0's run with `q`
-    and `o` over all heads, `out` = `tp_reduce` of the ranks' partials and `partials`.
+    and `o` over all heads, `out` = `tp_reduce` of the ranks' partials and `partials`
+    (copies; the other fields are views valid until rank 0's next call). `wo_a`: how an
+    FP8 `wo_a` given in a mapping is held ("bf16" or "fp8", `from_state_dict`).
     `ranks`: the per-rank stacks."""
 
     def __init__(
@@ -200,12 +220,16 @@ class TPStack:
         makers = {"runtime": _runtime_rank, "reference": _reference_rank}
         if impl not in makers:
             raise ValueError(f"impl = {impl!r}; allowed: {tuple(makers)}")
-        if impl == "reference" and kw:
-            raise ValueError(f"{sorted(kw)} with impl='reference'; allowed: runtime options with impl='runtime' only")
+        if impl == "reference" and set(kw) - {"wo_a"}:
+            bad = sorted(set(kw) - {"wo_a"})
+            raise ValueError(f"{bad} with impl='reference'; allowed: runtime options with impl='runtime' only")
         if not isinstance(weights, Sequence) or len(weights) != cfg.n_layers:
             raise ValueError(f"weights: {len(weights)} layers; allowed: cfg.n_layers = {cfg.n_layers}")
+        wo_a = kw.pop("wo_a", "bf16")  # how an FP8 wo_a given as a mapping is held (from_state_dict)
         full = [
-            w if isinstance(w, AttnV41LayerWeights) else AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg)
+            w
+            if isinstance(w, AttnV41LayerWeights)
+            else AttnV41LayerWeights.from_state_dict(cfg.roles[i], w, cfg=cfg, wo_a=wo_a)
             for i, w in enumerate(weights)
         ]
         fp8 = any(w.format == "fp8" for w in full)
@@ -218,9 +242,15 @@ class TPStack:
             for r in range(tp_size)
         ]
 
+    def nonfinite_count(self) -> int | None:
+        """Non-finite values the ranks wrote into their caches (summed; None for reference ranks)."""
+        if not hasattr(self.ranks[0], "attn"):
+            return None
+        return sum(rk.attn.nonfinite_count() for rk in self.ranks)
+
     def layer(self, i: int, x: torch.Tensor, start_pos: int) -> _TPRun:
         runs = [rk.layer(i, x, start_pos) for rk in self.ranks]
-        partials = [r.out for r in runs]
+        partials = [r.out.clone() for r in runs]  # the runs' out are views of each rank's workspace
         return _TPRun(
             runs[0],
             q=torch.cat([r.q for r in runs], dim=1),

@@ -256,8 +256,16 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
         from ..config import AttnV41Cfg
 
         full = AttnV41Cfg.from_checkpoint(opts.checkpoint, max_tokens=max_tokens, max_seq=max_seq)
+        wo_a = "fp8" if fmt == "fp8" else "bf16"  # as for random weights below (RuntimeStack's wo_a)
         weights = load_model(
-            opts.checkpoint, full, device=dev, progress=opts.progress, weights=fmt, tp_rank=0, tp_size=opts.tp
+            opts.checkpoint,
+            full,
+            device=dev,
+            progress=opts.progress,
+            weights=fmt,
+            wo_a=wo_a,
+            tp_rank=0,
+            tp_size=opts.tp,
         )
         cfg = tp_config(full, opts.tp)
         what = f"checkpoint {opts.checkpoint}"
