@@ -303,3 +303,22 @@ def test_stack_details():
     assert replay(g, "released", tp_impl(2)).nonfinite == 0
     with pytest.raises(ValueError, match=r"partials is \[1.0, 2.0\]; allowed: a non-empty list"):
         tp_reduce([1.0, 2.0])
+
+
+def test_decode_graphs_driver_on_a_share():
+    """`DecodeGraphs` over a share (on the CPU the same device-driven step, eagerly) with
+    its oracle: each step byte for byte the eager `forward` step of the share."""
+    from attnv41.runtime import RuntimeStack
+    from attnv41.runtime.graphs import DecodeGraphs
+
+    cfg = small_cfg(**_KW)
+    full = _full(cfg, random_weights(cfg, 31))
+    share = [shard_weights(w, cfg, 3, 4) for w in full]
+    xs = random_inputs(cfg, 24, 32)
+    stack = RuntimeStack(tp_config(cfg, 4), share)
+    stack.step([x[:16] for x in xs], 0)
+    drv = DecodeGraphs(stack, oracle=True)
+    for p in range(16, 24):
+        drv.step(torch.stack([x[p : p + 1] for x in xs]), p)
+    drv.oracle_flush()
+    assert drv.oracle_checks == 8 and stack.attn.nonfinite_count() == 0
