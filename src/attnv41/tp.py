@@ -224,7 +224,8 @@ class TPStack:
             bad = sorted(set(kw) - {"wo_a"})
             raise ValueError(f"{bad} with impl='reference'; allowed: runtime options with impl='runtime' only")
         if not isinstance(weights, Sequence) or len(weights) != cfg.n_layers:
-            raise ValueError(f"weights: {len(weights)} layers; allowed: cfg.n_layers = {cfg.n_layers}")
+            got = f"{len(weights)} layers" if isinstance(weights, Sequence) else f"a {type(weights).__name__}"
+            raise ValueError(f"weights: {got}; allowed: a list of cfg.n_layers = {cfg.n_layers} layers")
         wo_a = kw.pop("wo_a", "bf16")  # how an FP8 wo_a given as a mapping is held (from_state_dict)
         full = [
             w
