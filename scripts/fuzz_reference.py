@@ -473,7 +473,7 @@ def run_single(spec: dict) -> dict:
             stats["verify"] += 1
         elif kind == "rollback":  # released keys: to the end a no-op, anywhere else refused
             pos, where = op["pos"], f"op{oi} rollback to {op['pos']} (end {n})"
-            snap = _rt_snapshot(*rt.states, rt.shared)
+            snap = _rt_snapshot(*rt.states, rt.shared, rt.attn)
             if pos == n:
                 _allowed(where, rt.rollback, pos)
                 stats["keys_rb_noop"] += 1
@@ -481,7 +481,7 @@ def run_single(spec: dict) -> dict:
                 fn = functools.partial(rt.rollback, pos)
                 _expect_refusal(where, f"rollback({pos})", fn, RB_REFUSAL["keys"], f"pos = {n} (no change)")
                 stats["keys_rb_refused"] += 1
-            _unchanged(where, snap, *rt.states, rt.shared)
+            _unchanged(where, snap, *rt.states, rt.shared, rt.attn)
     return stats
 
 

@@ -657,3 +657,25 @@ def test_bench_without_matplotlib(tmp_path, monkeypatch, capsys):
     assert (out / "bench.json").is_file() and (out / "bench.md").is_file()
     assert not (out / "decode_step.png").exists()
     assert "plot: not drawn, matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_bench_tp_where_fp8_does_not_shard(tmp_path, capsys):
+    """A geometry whose rank would split a 32-block of wo_b's input (o_rank 16, 2 groups, tp
+    2): under `--weights both` FP8 is skipped with that reason and bf16 runs; `--weights fp8`
+    is refused before anything runs."""
+    from attnv41.checkpoint import write_checkpoint
+    from helpers import small_cfg
+
+    cfg = small_cfg(max_tokens=64, max_seq=128)
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt, cfg, random_weights(cfg, 7), shards=1)
+    args = ["bench", "--device", "cpu", "--quick", "--checkpoint", str(ckpt), "--no-progress", "--tp", "2"]
+    args += ["--parts", "decode", "--contexts", "32", "--prefill", "16", "--kv-formats", "bf16"]
+    assert main(args + ["--out", str(tmp_path / "b")]) == 0
+    res = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert [r["weights"] for r in res["decode"]] == ["bf16", "bf16"]
+    assert "FP8 weights do not shard into it: tp_size = 2; allowed: [1]" in res["skipped"]["decode/prefill fp8"]
+    capsys.readouterr()
+    assert main(args + ["--weights", "fp8", "--out", str(tmp_path / "c")]) == 2
+    assert "weights = 'fp8', but FP8 weights do not shard into it" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

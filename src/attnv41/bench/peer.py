@@ -164,7 +164,10 @@ def bench_attention_peer(
     if fm is not None and not use_peer:
         status += f"; not run: it needs at most 128 heads of width 512 (this geometry: {H} x {D})"
     elif use_peer and hp != H:
-        status += f"; {H} heads padded to {hp} for it (zero queries), as engines pad a tensor-parallel share"
+        status += (
+            f"; {H} heads padded to {hp} for it (zero queries), as engines pad a tensor-parallel share (its row's "
+            f"bytes count the {hp} heads' q and o, its FLOPs the {H} real heads')"
+        )
     kernels = (
         [
             ("attnv41 decode (split, bf16 rows)", sparse_attn_split),

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..synthetic import PRESETS, random_weights
-from ..tp import check_tp, tp_config
+from ..tp import check_tp, tp_config, tp_sizes
 from ..weights import WEIGHT_FORMATS
 from .common import environment, format_table, markdown_table, measure_ceilings
 
@@ -124,8 +124,8 @@ def _resolve(opts: BenchOptions) -> tuple[torch.device, BenchOptions]:
     if opts.checkpoint is None and preset not in PRESETS:
         raise ValueError(f"preset = {opts.preset!r}; allowed: 'auto', {', '.join(repr(k) for k in PRESETS)}")
     o = BenchOptions(**{**asdict(opts), **vals, "preset": preset, "device": dev.type, "long_context": long_ctx})
-    if o.tp != 1:  # the sizes the geometry shards into (with FP8 weights in any part: whole 32-blocks)
-        check_tp(_geometry(o, full=True), o.tp, fp8=o.weights != "bf16")
+    if o.tp != 1:  # the sizes the geometry shards into (FP8's whole 32-blocks: `_weight_plan`)
+        check_tp(_geometry(o, full=True), o.tp)
     _check_positions(o)
     return dev, o
 
@@ -207,6 +207,11 @@ def _weight_plan(opts: BenchOptions, dev: torch.device) -> tuple[tuple[str, ...]
 
         if checkpoint_weight_format(opts.checkpoint) != "fp8":
             no_ckpt = f"checkpoint {opts.checkpoint} does not hold its FP8 linears as e4m3 with scales"
+    if "fp8" in asked and opts.tp != 1 and opts.tp not in tp_sizes(_geometry(opts, full=True), fp8=True):
+        try:  # the message names the sizes FP8 weights shard into
+            check_tp(_geometry(opts, full=True), opts.tp, fp8=True)
+        except ValueError as e:
+            no_op = no_op or f"FP8 weights do not shard into it: {e}"
     if opts.weights == "fp8" and (no_op or no_ckpt):
         raise ValueError(f"weights = 'fp8', but {no_op or no_ckpt}; allowed: 'bf16' (or 'both', which skips FP8)")
     skipped = {}
@@ -583,6 +588,7 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
         try:
             import matplotlib  # noqa: F401 (an optional dependency: pip install attnv41[bench])
         except ImportError:
+            (out / "decode_step.png").unlink(missing_ok=True)  # an earlier run's plot would not be this run's
             log("plot: not drawn, matplotlib is not installed (pip install 'attnv41[bench]')")
         else:
             paths.append(plot_decode(res, out / "decode_step.png"))
