@@ -11,7 +11,7 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 for tp in 8 1; do
   timeout -k 5 "${BENCH_S:-240}" python3 -m attnv41 bench --parts decode,peer --weights bf16 --tp $tp \
-    --contexts 4096,32768 --kv-formats bf16 --batches 1,64 --no-progress --out "$OUT/bench_tp$tp" \
+    --contexts "${CONTEXTS:-4096,32768}" --kv-formats bf16 --batches 1,64 --no-progress --out "$OUT/bench_tp$tp" \
     > "$OUT/bench_tp$tp.log" 2>&1
   echo "bench tp $tp rc $? at $(($(date +%s) - T0)) s"
   rm -f "$OUT/bench_tp$tp/decode_step.png"
