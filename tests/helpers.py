@@ -153,12 +153,13 @@ def pool_snapshot(bt, real: bool = False) -> dict:
         "length": list(p.length),
         "free": {r: list(v) for r, v in p.free_blocks.items()},
         "owned": {r: [list(b) for b in v] for r, v in p.blocks_of.items()},
+        "refs": {r: list(v) for r, v in p.refs.items()},
         "tensors": tensors,
     }
 
 
 def same_pool(a: dict, b: dict) -> None:
-    for k in ("length", "free", "owned"):
+    for k in ("length", "free", "owned", "refs"):
         assert a[k] == b[k], k
     assert len(a["tensors"]) == len(b["tensors"])
     for j, (x, y) in enumerate(zip(a["tensors"], b["tensors"])):

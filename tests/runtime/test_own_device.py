@@ -23,7 +23,7 @@ from helpers import random_inputs, random_weights, small_cfg
 # every public method of the runtimes that launches kernels or replays graphs
 LAUNCHING = {
     AttnV41: ("forward", "rollback", "decode_prep", "decode_prep_role", "decode_body"),
-    BatchV41: ("begin", "forward", "rollback", "rollback_many", "step"),
+    BatchV41: ("begin", "forward", "fork", "rollback", "rollback_many", "step"),
     RuntimeStack: ("layer", "step", "rollback"),
     DecodeGraphs: ("step",),
     BatchGraphs: ("step", "capture"),

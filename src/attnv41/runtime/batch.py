@@ -290,16 +290,12 @@ class BatchV41(BatchParts):
                 raise ValueError(
                     f"bucket = {bucket!r}; allowed: {top}..{c.max_seq} (the step's last position + 1 .. max_seq)"
                 )
-        for r in pool.ratios:
-            need = 0
-            for slot, s, m in zip(slots, starts, lens):
-                have = 0 if s == 0 else len(pool.blocks_of[r][slot])
-                need += max(0, pool.blocks_for(r, s + m) - have)
-            free = len(pool.free_blocks[r]) + sum(len(pool.blocks_of[r][sl]) for sl, s in zip(slots, starts) if s == 0)
+        for r, (need, free) in pool.blocks_needed(slots, starts, lens).items():
             if need > free:
                 raise ValueError(
-                    f"the step needs {need} more blocks of ratio {r}; allowed: at most the {free} free "
-                    f"(release finished slots, or build the pool with more blocks)"
+                    f"the step needs {need} more blocks of ratio {r}; allowed: at most the {free} free (it counts "
+                    f"the blocks the step grows into and copies of blocks shared with forked slots that it writes "
+                    f"into; release finished slots, or build the pool with more blocks)"
                 )
 
     def _owner_at(self, slot: int, start: int) -> int | None:
@@ -347,6 +343,8 @@ class BatchV41(BatchParts):
             if s == 0:
                 pool.release(slot)
         for slot, s, m in zip(slots, starts, lens):
+            if s > 0:  # blocks shared with forked slots that the step writes into: copies of its own
+                pool.own_rows(slot, s, s + m)
             pool._grow(slot, s + m)
 
     def _check_attn_live(self, what: str) -> None:
@@ -360,7 +358,7 @@ class BatchV41(BatchParts):
         its continuations of 2..window tokens (the others' logs dropped; a released or
         assumed sequence's log kept as its sequence id only, which `rollback` names)."""
         W = self.cfg.window
-        for sl, u in list(self.undo.items()):  # logs of sequences released or assumed since: their
+        for sl, u in list(self.undo.items()):  # logs of sequences released, assumed or forked into since: their
             if len(u) > 1 and u["seq"] != self.pool.seq_ids[sl]:  # copies go, rollback's refusal stays
                 self.undo[sl] = {"seq": u["seq"]}
         self._step = st
@@ -619,6 +617,57 @@ class BatchV41(BatchParts):
         return out
 
     @on_own_device(lambda self: self.attn)
+    def fork(self, src: int, dsts) -> None:
+        """Continue slot `src`'s sequence in each slot of `dsts` too (parallel sampling,
+        beam search, a prompt prefilled once for many requests): each dst drops what it
+        held (as `pool.release`) and takes a copy of src's state: its window rings and
+        compressor groups in progress are copied, its compressed-KV and index-key blocks
+        shared (copy on write: a later step copies a shared block before it writes into
+        it, `SeqPool.own_rows`; a fork takes no free block). From then on each slot is a
+        sequence of its own: a step on any of them gives the bytes that slot would get had
+        its sequence been run there from the start (and changes none of the others'); with
+        released index keys each keeps src's owner. A dst cannot roll back into src's
+        last step (its undo log stays with src). Between steps only; all or nothing: a
+        refused call raises and changes nothing. dsts: an int or a list of distinct slots,
+        none of them src."""
+        pool = self.pool
+        self._check_attn_live("fork")
+        pool._check_slot(src)
+        if isinstance(dsts, int) and not isinstance(dsts, bool):
+            dsts = [dsts]
+        if not isinstance(dsts, (list, tuple)):
+            raise TypeError(f"dsts is a {type(dsts).__name__}; allowed: a slot (int) or a list of slots")
+        for d in dsts:
+            pool._check_slot(d)
+        if len(set(dsts)) != len(dsts):
+            dup = sorted({d for d in dsts if list(dsts).count(d) > 1})
+            raise ValueError(f"dsts {dup} appear twice; allowed: each slot at most once")
+        if src in dsts:
+            raise ValueError(f"dsts {list(dsts)} hold src = {src}; allowed: slots other than src")
+        for sl in (src, *dsts):
+            pool._check_idle(sl, "fork")
+        if src in pool.failed:
+            raise ValueError(
+                f"fork of slot {src}: {_failed_call(pool.failed[src])} raised part-way and its caches hold part of "
+                f"it; allowed: a slot whose last call finished"
+            )
+        if pool.length[src] == 0:
+            raise ValueError(f"fork of slot {src}, which holds no sequence; allowed: a slot holding one (length >= 1)")
+        # nothing below can fail but the device copies themselves
+        owner = self.keys_owner[src] if self.keys_seq[src] == pool.seq_ids[src] else None
+        known = self.keys_seq[src] == pool.seq_ids[src]
+        for d in dsts:
+            pool.release(d)
+            try:
+                pool._share(src, d)
+            except BaseException:  # a copy raised (out of memory, an interrupt): d holds part of src's state
+                pool.failed[d] = (self.last_step[src], "fork")
+                raise
+            self.keys_owner[d] = owner
+            self.keys_seq[d] = pool.seq_ids[d] if known else None
+            self.undo[d] = {"seq": 0}  # no undo log: rollback names why (sequence ids start at 1)
+
+    @on_own_device(lambda self: self.attn)
     def rollback(self, slot: int, pos: int) -> None:
         """Return a slot's sequence to position `pos` (its next step starts there), as
         `AttnV41.rollback` does for one sequence: allowed when the slot's last step was a
@@ -674,8 +723,8 @@ class BatchV41(BatchParts):
             u = self.undo.get(slot)
             if u is not None and u["seq"] != pool.seq_ids[slot]:
                 raise ValueError(
-                    f"slot {slot}: rollback to {pos}: the slot was released or assumed after its last step, whose undo "
-                    f"log went with that sequence; allowed: pos = {end} (no change)"
+                    f"slot {slot}: rollback to {pos}: the slot was released, assumed or forked into after its last step, "
+                    f"whose undo log went with that sequence; allowed: pos = {end} (no change)"
                 )
             if u is None or not u["done"] or u["step"] != self.last_step[slot]:
                 raise ValueError(

@@ -6,8 +6,13 @@ window rows), per ratio ≥ 2 kv source the compressor's group in progress per s
 per kv source a compressed-KV and an index-key pool of fixed-size blocks (`block_rows`
 rows each) addressed through one block table per ratio (`tables[r]`, int32
 `[slots, max_blocks]`, −1 where unallocated). Blocks are handed out from a free list as
-sequences grow and returned when a slot is released or restarted. `BatchStep`: one
-validated step's sequences and device metadata.
+sequences grow and returned when a slot is released or restarted. A block may be
+shared by several slots' tables (`BatchV41.fork`: a sequence continued in several
+slots, the prefix's blocks shared, not copied): `refs[r][block]` counts the slots holding
+it, a block returns to the free list when the last one lets it go, and a step copies a
+shared block into a block of its own before it writes a row there (copy on write,
+`own_rows`; a step writes only rows of its own positions, so the rows every sharer reads
+are the same bytes). `BatchStep`: one validated step's sequences and device metadata.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ def _failed_call(rec: tuple[int, int | str]) -> str:
     sid, where = rec
     if where == "rollback":
         return f"the rollback after its step {sid}"
+    if where == "fork":
+        return "the fork into it"
     if where == "replay":
         return f"its step {sid} (a CUDA graph replay: the layer is not known)"
     return f"its step {sid} (in layer {where})"
@@ -91,6 +98,8 @@ class SeqPool:
             self.tables[r][n_slots].fill_(self.n_blocks[r])  # the spare block
         self.blocks_of: dict[int, list[list[int]]] = {r: [[] for _ in range(n_slots)] for r in self.ratios}
         self.free_blocks: dict[int, list[int]] = {r: list(range(self.n_blocks[r]))[::-1] for r in self.ratios}
+        # per ratio and block: how many slots' tables hold it (0: free; > 1: shared by forks)
+        self.refs: dict[int, list[int]] = {r: [0] * self.n_blocks[r] for r in self.ratios}
         self.length = [0] * n_slots  # tokens each slot holds (its next position)
         # per slot a number unique to the sequence it holds, new whenever one starts there
         # (`release`, `assume`; a step from position 0 releases first): what a `BatchV41`
@@ -136,8 +145,88 @@ class SeqPool:
             mine = self.blocks_of[r][slot]
             while len(mine) < self.blocks_for(r, length):
                 blk = self.free_blocks[r].pop()
+                self.refs[r][blk] = 1
                 self.tables[r][slot, len(mine)] = blk
                 mine.append(blk)
+
+    def _write_blocks(self, r: int, start: int, end: int) -> range:
+        """The block numbers (in a slot's table) a call of positions start..end−1 may write
+        rows into: its compressed rows ⌊start/r⌋ … ⌊(end−1)/r⌋ (a decode token writes its
+        group's row)."""
+        return range((start // r) // self.block_rows, self.blocks_for(r, end))
+
+    def blocks_needed(self, slots, starts, lens) -> dict[int, tuple[int, int]]:
+        """Per ratio (blocks a step takes, blocks it may take): what `BatchV41`'s allocation
+        would do, simulated in its order: every slot starting a new sequence (start 0)
+        lets its blocks go (freeing those no other slot holds), then every continued slot
+        takes a copy of each shared block it writes into (`own_rows`) and grows."""
+        out = {}
+        for r in self.ratios:
+            refs = {}  # simulated counts of the blocks touched
+
+            def ref(b, refs=refs, r=r):
+                return refs.get(b, self.refs[r][b])
+
+            freed = 0
+            for slot, s in zip(slots, starts):
+                if s == 0:
+                    for b in self.blocks_of[r][slot]:
+                        refs[b] = ref(b) - 1
+                        freed += refs[b] == 0
+            need = 0
+            for slot, s, m in zip(slots, starts, lens):
+                have = 0 if s == 0 else len(self.blocks_of[r][slot])
+                need += max(0, self.blocks_for(r, s + m) - have)
+                if s == 0:
+                    continue
+                mine = self.blocks_of[r][slot]
+                for j in self._write_blocks(r, s, s + m):
+                    if j < len(mine) and ref(mine[j]) > 1:
+                        refs[mine[j]] = ref(mine[j]) - 1
+                        need += 1
+            out[r] = (need, len(self.free_blocks[r]) + freed)
+        return out
+
+    def own_rows(self, slot: int, start: int, end: int) -> None:
+        """Before a call of positions start..end−1 writes its rows: every block it may write
+        into (`_write_blocks`) that another slot also holds is copied into a free block
+        (the rows of every kv source of that ratio: compressed KV and index keys), which
+        replaces it in this slot's table (free blocks counted by the caller,
+        `blocks_needed`)."""
+        B = self.block_rows
+        for r in self.ratios:
+            mine = self.blocks_of[r][slot]
+            for j in self._write_blocks(r, start, end):
+                if j >= len(mine) or self.refs[r][mine[j]] == 1:
+                    continue
+                old, new = mine[j], self.free_blocks[r].pop()
+                for i in self.compress_kv:
+                    if self.cfg.roles[i].ratio == r:
+                        for pool in (self.compress_kv[i], self.index_k[i]):
+                            pool[new * B : (new + 1) * B].copy_(pool[old * B : (old + 1) * B])
+                self.refs[r][old] -= 1
+                self.refs[r][new] = 1
+                self.tables[r][slot, j] = new
+                mine[j] = new
+
+    def _share(self, src: int, dst: int) -> None:
+        """dst (released: it holds nothing) continues src's sequence: its table holds src's
+        blocks (shared: `refs`), its rings, compressor groups in progress and length are
+        copies of src's. A new sequence in dst (`seq_ids`)."""
+        W = self.cfg.window
+        for r in self.ratios:
+            self.blocks_of[r][dst] = list(self.blocks_of[r][src])
+            for b in self.blocks_of[r][dst]:
+                self.refs[r][b] += 1
+            self.tables[r][dst].copy_(self.tables[r][src])
+        for ring in self.ring:
+            ring[dst * W : (dst + 1) * W].copy_(ring[src * W : (src + 1) * W])
+        for i in self.comp_a:
+            self.comp_a[i][dst].copy_(self.comp_a[i][src])
+            self.comp_g[i][dst].copy_(self.comp_g[i][src])
+        self.length[dst] = self.length[src]
+        self.failed.pop(dst, None)
+        self._new_sequence(dst)
 
     def assume(self, slot: int, length: int) -> None:
         """Give a slot a sequence of `length` tokens without running it (benchmarks,
@@ -180,7 +269,9 @@ class SeqPool:
         self._check_slot(slot)
         self._check_idle(slot, "release")
         for r in self.ratios:
-            self.free_blocks[r].extend(reversed(self.blocks_of[r][slot]))
+            for b in self.blocks_of[r][slot]:
+                self.refs[r][b] -= 1
+            self.free_blocks[r].extend(b for b in reversed(self.blocks_of[r][slot]) if self.refs[r][b] == 0)
             self.blocks_of[r][slot] = []
             self.tables[r][slot].fill_(-1)
         for i in self.comp_g:  # no group in progress
