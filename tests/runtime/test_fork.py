@@ -341,3 +341,19 @@ def test_forked_graph_steps_equal_unforked_ones_on_cuda(kv_format):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (run on the device machine)")
     _forked_against_twin("cuda", kv_format)
+
+
+def test_blocks_needed_checks_its_arguments():
+    cfg, w, wts, bt = _setup((0, 2, 2, 1, 1, 1), 9, 2, 4)
+    p = bt.pool
+    assert p.blocks_needed([0, 1], [0, 0], [9, 1]) == {1: (4, p.n_blocks[1]), 2: (3, p.n_blocks[2])}
+    for args, exc, msg in (
+        (([0], [0], [0]), ValueError, "slot 0: start 0, 0 tokens; allowed: start >= 0, tokens >= 1"),
+        (([0], [60], [5]), ValueError, "start + tokens <= 64 (max_seq)"),
+        (([2], [0], [1]), ValueError, "slot = 2; allowed: 0..1"),
+        (([0], [0, 1], [1]), ValueError, "1 slots, 2 starts, 1 lens"),
+        (([0], [0.0], [1]), TypeError, "starts = [0.0]; allowed: a list of ints"),
+    ):
+        with pytest.raises(exc) as e:
+            p.blocks_needed(*args)
+        assert msg in str(e.value), str(e.value)

@@ -159,7 +159,20 @@ class SeqPool:
         """Per ratio (blocks a step takes, blocks it may take): what `BatchV41`'s allocation
         would do, simulated in its order: every slot starting a new sequence (start 0)
         lets its blocks go (freeing those no other slot holds), then every continued slot
-        takes a copy of each shared block it writes into (`own_rows`) and grows."""
+        takes a copy of each shared block it writes into (`own_rows`) and grows. A scheduler
+        may ask before it begins a step; `BatchV41.begin` checks the step's other rules."""
+        for name, v in (("slots", slots), ("starts", starts), ("lens", lens)):
+            if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+                raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
+        if not len(slots) == len(starts) == len(lens):
+            raise ValueError(f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count")
+        for slot, s, m in zip(slots, starts, lens):
+            self._check_slot(slot)
+            if s < 0 or m < 1 or s + m > self.cfg.max_seq:
+                raise ValueError(
+                    f"slot {slot}: start {s}, {m} tokens; allowed: start >= 0, tokens >= 1, start + tokens <= "
+                    f"{self.cfg.max_seq} (max_seq)"
+                )
         out = {}
         for r in self.ratios:
             refs = {}  # simulated counts of the blocks touched
@@ -262,7 +275,8 @@ class SeqPool:
             )
 
     def release(self, slot: int) -> None:
-        """Forget the slot's sequence and return its blocks (not while a step of the slot runs);
+        """Forget the slot's sequence and return its blocks to the free list (those no other
+        slot holds: blocks shared by a fork stay with the others) (not while a step of the slot runs);
         a slot whose step failed (`failed`) takes any step again. The sequence's undo log
         goes with it (`BatchV41.rollback` refuses). Releasing a slot that holds no sequence is
         allowed (an engine may release on every finish path): it has no blocks to return."""
