@@ -19,10 +19,17 @@ Modes (``--mode``; ``mix``, the default, cycles through them by seed):
   (refused; the step then finishes) or after the step (nothing to do), ``pool.release`` with
   the slot idle for steps and then reused, and rollbacks of released or cancelled-over
   sequences (refused); with released index keys, ``rollback`` / ``rollback_many`` of slots
-  to their ends (no-ops) or into their last calls (refused; ``P_KEYS_RB``), changing nothing.
-  The run keeps the documented lifecycle beside the runtime (each slot's length, sequence
-  and undo log) and checks every length, the blocks' accounting and each expected refusal's
-  message (``RB_REFUSAL``, ``_expect_refusal``) as it goes.
+  to their ends (no-ops) or into their last calls (refused; ``P_KEYS_RB``), changing nothing;
+  ``fork`` (``P_FORK*``, a stream of their own) of a slot into 1-2 others, busy or free (the
+  reference of each dst a copy of src's), between steps, between a verify step and its
+  rollbacks, while a step of other slots is begun or runs, each dst's rollback into src's
+  last call (refused) or to its end (a no-op), and refused forks (src among the dsts, a slot
+  twice, an empty src, a slot out of range, a slot of a begun or running step), changing
+  nothing. The run keeps the documented lifecycle beside the runtime (each slot's length,
+  sequence and undo log) and checks every length, the blocks' accounting (each block's count
+  of the slots holding it, ``pool.refs``; the free list; the tables), every slot's cache rows
+  after each step and fork, and each expected refusal's message (``RB_REFUSAL``,
+  ``FORK_REFUSAL``, ``_expect_refusal``) as it goes.
 
 Refusals are not compared: a call both sides refuse ends the trial as REFUSED, and so does
 a runtime refusal where the reference runs only for the released-keys rule ("would score
@@ -606,12 +613,26 @@ P_CANCEL_SAME = 0.06  # begin the step itself first, then cancel (or leave it fo
 P_MID_CANCEL = 0.12  # a begin/forward step: cancel after layer k (refused unless the step is complete)
 P_POST_CANCEL = 0.05  # a step/graphs step: cancel after it (nothing to do; its undo logs stay)
 P_RB_PRE = 0.2  # a step with verifies: release a verified slot, or begin + cancel, before the rollbacks
+# Forks (`BatchV41.fork`), drawn from a stream of their own too:
+P_FORK = 0.08  # between steps: fork a slot holding a sequence into 1-2 other slots (busy or free)
+P_FORK_BAD = 0.04  # between steps: a refused fork (src among the dsts, a slot twice, an empty src, out of range)
+P_FORK_RB = 0.4  # after a fork: a dst's rollback into src's last call (refused) or to its end (a no-op)
+P_FORK_PRE = 0.15  # a step with verifies: fork a slot (mostly a verified one) before the rollbacks
+P_FORK_BEGUN = 0.5  # a step begun and left (or stopped after a layer): a fork of other slots, or of its own (refused)
 # What BatchV41.rollback says when it refuses (`run_batch`'s `expect_rb` predicts which).
 RB_REFUSAL = {
     "keys": "with index_keys = 'released'; allowed: 'own', or pos = ",
-    "released": "the slot was released or assumed after its last step",
+    "released": "the slot was released, assumed or forked into after its last step",
     "no_log": "its last step kept no undo log",
     "span": "inside its last continuation",
+}
+# What BatchV41.fork says when it refuses (`run_batch`'s `expect_fork` predicts which).
+FORK_REFUSAL = {
+    "range": "slot = {sl}; allowed: 0..{top}",
+    "twice": "appear twice; allowed: each slot at most once",
+    "self": "hold src = {sl}; allowed: slots other than src",
+    "step": "fork(slot {sl}) while a step of slots",
+    "empty": "fork of slot {sl}, which holds no sequence; allowed: a slot holding one",
 }
 
 
@@ -619,6 +640,7 @@ def gen_batch(seed: int) -> dict:
     rng = random.Random(seed)
     ra = random.Random(f"batch-actions-{seed}")  # the lifecycle actions' own stream
     rk = random.Random(f"batch-keys-rb-{seed}")  # and the released keys' rollbacks' (P_KEYS_RB)
+    rf = random.Random(f"batch-forks-{seed}")  # and the forks' (P_FORK*)
     fp8 = rng.random() < 0.3
     kw = rand_cfg_kw(rng, fp8)
     cfg = make_cfg(kw)
@@ -680,6 +702,64 @@ def gen_batch(seed: int) -> dict:
             if s == 0:
                 length[sl] = 0
 
+    def fork(src, acts, cur, among=None, rb=True):
+        """A fork of src (holding cur[src] tokens) into 1-2 other slots of `among` (default
+        all), busy or free; with rb, now and then a dst's rollback into src's last call."""
+        others = [sl for sl in (range(n_slots) if among is None else among) if sl != src]
+        dsts = rf.sample(others, rf.randint(1, min(2, len(others))))
+        act = {"act": "fork", "src": src, "dsts": dsts}
+        if len(dsts) == 1 and rf.random() < 0.3:
+            act["int"] = True  # fork(src, dst)
+        s_m = last[src]
+        if rb and rf.random() < P_FORK_RB:  # refused but for pos = its length (the run predicts which)
+            lo, hi = (s_m[0], sum(s_m)) if s_m and s_m[0] > 0 else (max(0, cur[src] - 3), cur[src])
+            act["rb"] = [rf.choice(dsts), rf.randint(lo, hi)]
+        acts.append(act)
+        for d in dsts:
+            length[d] = cur[src]
+            last[d] = last[src]
+            stale.pop(d, None)  # a rollback there now is the fork's probe
+
+    def bad_fork(acts):
+        """A fork refused before anything changes (the run predicts the message)."""
+        kind = rf.choice(["self", "twice", "empty", "range"])
+        src = rf.randrange(n_slots)
+        others = [sl for sl in range(n_slots) if sl != src]
+        empty = [sl for sl in range(n_slots) if length[sl] == 0]
+        if kind == "empty" and empty:
+            src = rf.choice(empty)
+            dsts = [rf.choice([sl for sl in range(n_slots) if sl != src] or [src])]
+        elif kind == "twice":
+            d = rf.choice(others or [src])
+            dsts = [d, d] if rf.random() < 0.7 else [d, *others[:1], d]
+        elif kind == "range":
+            bad = rf.choice([n_slots, n_slots + 2, -1])
+            if rf.random() < 0.4:
+                src, dsts = bad, others[:1] or [0]
+            else:
+                dsts = [*others[:1], bad]
+        else:  # src among the dsts
+            dsts = [*rf.sample(others, min(1, len(others))), src]
+            rf.shuffle(dsts)
+        acts.append({"act": "fork", "src": src, "dsts": dsts, "bad": True})
+
+    def begun_fork(step_slots, acts, inside=None):
+        """While a step of step_slots is begun: a fork of the other slots (allowed: a fork
+        refuses only the step's own slots) or, with inside (default: at random), one that
+        names a slot of the step (refused)."""
+        out = [sl for sl in range(n_slots) if sl not in step_slots]
+        held = [sl for sl in out if length[sl] > 0]
+        if inside is None:
+            inside = not (len(out) > 1 and held) or rf.random() < 0.5
+        if not inside:
+            if len(out) > 1 and held:
+                fork(rf.choice(held), acts, length, among=out, rb=False)
+            return
+        sl = rf.choice(step_slots)
+        other = rf.choice([q for q in range(n_slots) if q != sl])
+        src, dst = (sl, other) if rf.random() < 0.5 else (other, sl)
+        acts.append({"act": "fork", "src": src, "dsts": [dst], "bad": True})
+
     pre: list[dict] = []  # actions before the next step (carried over a step that drew no slot)
     for _ in range(rng.randint(3, 14)):
         if ra.random() < P_RELEASE:
@@ -700,6 +780,11 @@ def gen_batch(seed: int) -> dict:
             if ra.random() < 0.4:  # then release one of its slots (allowed once cancelled)
                 usable = [sl for sl in range(n_slots) if idle[sl] == 0]
                 release(ra.choice(pre[-1]["slots"]), pre, len(usable) > 1)
+        held = [sl for sl in range(n_slots) if length[sl] > 0]
+        if n_slots > 1 and held and rf.random() < P_FORK:
+            fork(rf.choice(held), pre, length)
+        if rf.random() < P_FORK_BAD:
+            bad_fork(pre)
         slots = [sl for sl in rng.sample(range(n_slots), rng.randint(1, n_slots)) if idle[sl] == 0]
         items, T, starts = [], 0, []
         for sl in slots:
@@ -754,21 +839,30 @@ def gen_batch(seed: int) -> dict:
             if ra.random() < 0.3:
                 act["probe"] = ra.choice(step_slots)
             pre.append(act)
+            if how == "drop" and n_slots > 1 and rf.random() < P_FORK_BEGUN:  # the step begun and left
+                begun_fork(step_slots, pre)
         if drv == "begin" and ra.random() < P_MID_CANCEL:
             st["mid"] = {"after": ra.randrange(nl)}
             if ra.random() < 0.5:
                 st["mid"]["probe"] = ra.choice(step_slots)
+            if n_slots > 1 and rf.random() < P_FORK_BEGUN:  # after layer `after`: other slots' fork
+                forks: list[dict] = []
+                begun_fork(step_slots, forks, inside=False)
+                if forks:
+                    st["mid"]["fork"] = forks[0]
         elif drv != "begin" and ra.random() < P_POST_CANCEL:
             st["mid"] = {"after": nl - 1}
         for sl, s, it in zip(step_slots, starts, items):
             last[sl] = (s, it["m"])
             stale.pop(sl, None)
         verified = {it["slot"]: s + it["m"] for s, it in zip(starts, items) if it["kind"] == "verify"}
+        pending = set(verified)  # verified slots whose rollbacks run (they hold all k tokens until then)
         if verified and ra.random() < P_RB_PRE:  # before the rollbacks: the runtime holds all k tokens
             cur = [verified.get(sl, length[sl]) for sl in range(n_slots)]
             if ra.random() < 0.4:
                 sl = ra.choice(sorted(verified))
                 length[sl] = cur[sl]
+                pending.discard(sl)
                 usable = [q for q in range(n_slots) if idle[q] == 0]
                 release(sl, st.setdefault("rb_pre", []), len(usable) > 1)
             else:
@@ -777,7 +871,15 @@ def gen_batch(seed: int) -> dict:
                 for sl in act["slots"]:
                     if sl in verified:  # its rollback is refused (its undo log went with the begin)
                         length[sl] = cur[sl]
+                        pending.discard(sl)
                 cancelled(act)
+        if verified and n_slots > 1 and rf.random() < P_FORK_PRE:  # src keeps its undo log, a dst has none
+            cur = [verified[sl] if sl in pending else length[sl] for sl in range(n_slots)]
+            held = [sl for sl in range(n_slots) if cur[sl] > 0]
+            src = rf.choice(sorted(pending)) if pending and rf.random() < 0.8 else rf.choice(held or [0])
+            if cur[src] > 0:
+                fork(src, st.setdefault("rb_pre", []), cur)  # src's length stays (its rollback runs)
+                pending -= set(st["rb_pre"][-1]["dsts"])
         if pre:
             st["pre"], pre = pre, []
         for sl in range(n_slots):
@@ -813,10 +915,14 @@ def _allowed(where: str, fn, *args) -> None:
         raise Mismatch(f"{where}: {fn.__name__}{args} refused where it is allowed: {e}") from None
 
 
-def _mid_cancel(bt, mid: dict, i: int, stats: dict, where: str) -> None:
+def _mid_cancel(bt, mid: dict, i: int, stats: dict, where: str, fork=None) -> None:
     """After layer i of a step: cancel() is a no-op once the step is complete, refused before
-    that (and so are release and rollback of a slot of the step; the step then goes on)."""
+    that (and so are release, rollback and fork of a slot of the step; the step then goes
+    on). fork(act, where): `run_batch`'s fork, for the fork of other slots the generator drew
+    (`mid["fork"]`) and the probe's (refused)."""
     nl = bt.cfg.n_layers
+    if fork is not None and "fork" in mid:
+        fork(mid["fork"], f"{where} fork")
     if i == nl - 1:
         bt.cancel()  # a complete step: nothing to do (a refusal here is a one-sided refusal)
         stats["cancel_noop"] += 1
@@ -830,21 +936,25 @@ def _mid_cancel(bt, mid: dict, i: int, stats: dict, where: str) -> None:
         _expect_refusal(where, f"rollback({sl}) mid-step", functools.partial(bt.rollback, sl, pos), "during a step")
         _expect_refusal(where, "begin mid-step", functools.partial(bt.begin, [sl], [0], [1]), "begin during a step")
         stats["probe_refused"] += 3
+        if fork is not None:  # a slot of the step as src or (with one slot: refused as src) as dst
+            other = (sl + 1) % bt.pool.n_slots
+            fork({"act": "fork", "src": sl, "dsts": [other], "bad": True}, f"{where} fork probe")
 
 
-def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens, stats, where):
-    """One step through the runtime: (outputs per layer, traces per layer or None)."""
+def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens, stats, where, fork=None):
+    """One step through the runtime: (outputs per layer, traces per layer or None). fork:
+    for `_mid_cancel`."""
     nl = len(bx)
     mid = step.get("mid")
     if step["drv"] == "step":
         outs = bt.step(wts, bx, slots, starts, lens)
         if mid:
-            _mid_cancel(bt, mid, nl - 1, stats, where)
+            _mid_cancel(bt, mid, nl - 1, stats, where, fork)
         return outs, None
     if step["drv"] == "graphs":
         y = g.step(torch.stack(bx), slots, lens, starts)
         if mid:
-            _mid_cancel(bt, mid, nl - 1, stats, where)
+            _mid_cancel(bt, mid, nl - 1, stats, where, fork)
         return [y[i].clone() for i in range(nl)], None
     bucket = None
     if "bucket_extra" in step:
@@ -860,7 +970,7 @@ def _batch_rt_step(bt, g, wts, step, bx, slots, starts, lens, stats, where):
             if tr is not None:
                 traces.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in bt.trace.items()})
             if mid and mid["after"] == i:
-                _mid_cancel(bt, mid, i, stats, f"{where} L{i}")
+                _mid_cancel(bt, mid, i, stats, f"{where} L{i}", fork)
     finally:
         bt.trace_slot = None
     return outs, traces
@@ -899,6 +1009,16 @@ def run_batch(spec: dict) -> dict:
             "rb_refused",
             "keys_rb_noop",
             "keys_rb_refused",
+            "fork",
+            "fork_dsts",
+            "fork_busy",
+            "fork_begun",
+            "fork_refused",
+            "fork_refused_step",
+            "fork_rb_refused",
+            "fork_rb_noop",
+            "fork_skipped",
+            "cache_checks",
         ),
         0,
     )
@@ -909,6 +1029,7 @@ def run_batch(spec: dict) -> dict:
     seq = [0] * n_slots
     undo: list[dict | None] = [None] * n_slots
     released: set[int] = set()  # released since their last call (a new sequence there counts as a reuse)
+    stepping: set[int] = set()  # the slots of a step begun and not finished (a fork naming one is refused)
     n_seq = [0]
 
     def new_seq(sl):
@@ -935,15 +1056,120 @@ def run_batch(spec: dict) -> dict:
             return "no_log"
         return None if u["span"][0] <= pos <= exp_len[sl] else "span"
 
+    def check_blocks(where):
+        """Per ratio: each block's count (`pool.refs`) is the number of slots holding it, the
+        free list holds exactly the blocks nobody holds, once each, and every slot's table is
+        its block list (then −1); the pad slot's points at the spare block."""
+        for r in pool.ratios:
+            held = [0] * pool.n_blocks[r]
+            for sl in range(n_slots):
+                mine = pool.blocks_of[r][sl]
+                for b in mine:
+                    held[b] += 1
+                row = pool.tables[r][sl].tolist()
+                if row[: len(mine)] != mine or any(v != -1 for v in row[len(mine) :]):
+                    raise Mismatch(f"{where}: ratio {r} slot {sl}: table {row}, blocks {mine}")
+            if pool.refs[r] != held:
+                raise Mismatch(f"{where}: ratio {r}: block counts {pool.refs[r]}, slots holding them {held}")
+            free = pool.free_blocks[r]
+            if sorted(free) != [b for b, n in enumerate(held) if n == 0]:
+                raise Mismatch(f"{where}: ratio {r}: free blocks {free}, held {held} (counts)")
+            if (pool.tables[r][pool.pad_slot] != pool.n_blocks[r]).any():
+                raise Mismatch(f"{where}: ratio {r}: the pad slot's table {pool.tables[r][pool.pad_slot].tolist()}")
+
     def check_state(where):
         if list(pool.length) != exp_len:
             raise Mismatch(f"{where}: slot lengths {pool.length}, expected {exp_len}")
+        check_blocks(where)
+
+    def check_caches(where, slots):
+        """The slots' complete cache rows (compressed KV, index keys) against their references."""
+        for sl in slots:
+            ref, n = refs.get(sl), exp_len[sl]
+            if ref is None:
+                continue
+            for i in cfg.kv_source_layers:
+                L = n // cfg.roles[i].ratio
+                wh = f"{where} slot{sl} L{i}"
+                _cmp_tensor(wh, "cache compress_kv", ref.states[i].compress_kv[:L], pool.cache_rows(i, sl, L))
+                _cmp_tensor(wh, "cache index_k", ref.states[i].index_k[:L], pool.cache_rows(i, sl, L, keys=True))
+        stats["cache_checks"] += 1
+
+    def expect_fork(src, dsts):
+        """None (fork(src, dsts) runs) or the message of its refusal, in the runtime's order of checks."""
+        for sl in (src, *dsts):
+            if not 0 <= sl < n_slots:
+                return FORK_REFUSAL["range"].format(sl=sl, top=n_slots - 1)
+        if len(set(dsts)) != len(dsts):
+            return FORK_REFUSAL["twice"]
+        if src in dsts:
+            return FORK_REFUSAL["self"].format(sl=src)
+        for sl in (src, *dsts):
+            if sl in stepping:
+                return FORK_REFUSAL["step"].format(sl=sl)
+        if exp_len[src] == 0:
+            return FORK_REFUSAL["empty"].format(sl=src)
+        return None
+
+    def fork(act, where):
+        """A fork act: refused as `expect_fork` says (changing nothing), or run: each dst's
+        reference a copy of src's, its own sequence (with no undo log: a rollback other than
+        to its end is refused), the blocks shared (no free block taken), the caches checked;
+        then act["rb"]: a dst's rollback (refused, or to its end: a no-op)."""
+        src, dsts = act["src"], act["dsts"]
+        arg = dsts[0] if act.get("int") else list(dsts)
+        want = expect_fork(src, dsts)
+        if want is not None:
+            snap = _rt_snapshot(bt, pool)
+            _expect_refusal(where, f"fork({src}, {arg})", functools.partial(bt.fork, src, arg), want, "allowed")
+            _unchanged(where, snap, bt, pool)
+            stats["fork_refused"] += 1
+            stats["fork_refused_step"] += "while a step" in want
+            return
+        if act.get("bad"):  # the generator's lengths went apart from the run's (a begin refused by a rule)
+            stats["fork_skipped"] += 1
+            return
+        if src not in refs:
+            raise RuntimeError(f"fuzzer: {where}: slot {src} holds {exp_len[src]} tokens and no reference")
+        free0 = {r: set(pool.free_blocks[r]) for r in pool.ratios}
+        _allowed(where, bt.fork, src, arg)
+        for d in dsts:
+            stats["fork_busy"] += exp_len[d] > 0
+            refs[d] = RefStack(cfg, w, index_keys=spec["index_keys"])
+            _ref_restore(refs[d], _ref_snapshot(refs[src]))
+            exp_len[d] = exp_len[src]
+            new_seq(d)
+            undo[d] = {"seq": 0}  # its old sequence's log (if any) is dead; src's stays src's
+            released.discard(d)
         for r in pool.ratios:
-            held = [b for sl in range(n_slots) for b in pool.blocks_of[r][sl]]
-            if sorted(held + pool.free_blocks[r]) != list(range(pool.n_blocks[r])):
+            if not free0[r] <= set(pool.free_blocks[r]):
                 raise Mismatch(
-                    f"{where}: blocks of ratio {r} lost or given twice: held {held}, free {pool.free_blocks[r]}"
+                    f"{where}: ratio {r}: the fork took free blocks {sorted(free0[r] - set(pool.free_blocks[r]))}"
                 )
+            for d in dsts:
+                if pool.blocks_of[r][d] != pool.blocks_of[r][src]:
+                    raise Mismatch(
+                        f"{where}: ratio {r}: dst {d} holds {pool.blocks_of[r][d]}, src {pool.blocks_of[r][src]}"
+                    )
+        if pool.length[src] != exp_len[src] or any(pool.length[d] != exp_len[src] for d in dsts):
+            raise Mismatch(f"{where}: lengths {pool.length} after the fork; src {src} held {exp_len[src]}")
+        check_blocks(where)
+        check_caches(where, [src, *dsts])
+        stats["fork"] += 1
+        stats["fork_dsts"] += len(dsts)
+        stats["fork_begun"] += bool(stepping)
+        if "rb" in act:
+            sl, pos = act["rb"]
+            want = expect_rb(sl, pos)
+            snap = _rt_snapshot(bt, pool)
+            if want is None:
+                _allowed(where, bt.rollback, sl, pos)
+                stats["fork_rb_noop"] += 1
+            else:
+                fn = functools.partial(bt.rollback, sl, pos)
+                _expect_refusal(where, f"rollback({sl}, {pos})", fn, RB_REFUSAL[want], f"pos = {exp_len[sl]}")
+                stats["fork_rb_refused"] += 1
+            _unchanged(f"{where} rollback({sl}, {pos})", snap, bt, pool)
 
     def action(act, where):
         kind = act["act"]
@@ -995,6 +1221,8 @@ def run_batch(spec: dict) -> dict:
                     return
                 raise Mismatch(f"{where}: begin({slots}, {starts}, {lens}) refused: {e}") from None
             begun(slots, starts, lens)
+            stepping.clear()
+            stepping.update(slots)  # (a step begun before and not run is dropped)
             for sl, s in zip(slots, starts):
                 if s == 0:  # the slot holds an empty sequence now
                     refs.pop(sl, None)
@@ -1003,10 +1231,12 @@ def run_batch(spec: dict) -> dict:
                 fn = functools.partial(pool.release, sl)
                 _expect_refusal(where, f"release({sl}) of a begun step", fn, "while a step", "cancel() first")
                 stats["probe_refused"] += 1
+                fork({"act": "fork", "src": (sl + 1) % n_slots, "dsts": [sl], "bad": True}, f"{where} fork probe")
             if act["how"] == "drop":  # the step's own begin drops it
                 stats["cancel_drop"] += 1
                 return
             _allowed(where, bt.cancel)
+            stepping.clear()
             if act["how"] == "twice":
                 _allowed(where, bt.cancel)  # no step: nothing to do
             x0 = torch.zeros(sum(lens), cfg.dim, dtype=torch.bfloat16)
@@ -1014,6 +1244,8 @@ def run_batch(spec: dict) -> dict:
                 where, "forward of a cancelled step", functools.partial(bt.forward, wts[0], x0, st), "call begin"
             )
             stats["cancel"] += 1
+        elif kind == "fork":
+            fork(act, where)
         else:
             raise ValueError(f"fuzzer: unknown action {kind!r}")
         check_state(where)
@@ -1045,12 +1277,16 @@ def run_batch(spec: dict) -> dict:
         bx = [torch.cat([rows[i] for rows in item_rows]) for i in range(nl)]
         where = f"step{si} {step['drv']} slots={slots} starts={starts} lens={lens}"
         tr = step.get("trace")
+        stepping.clear()
+        stepping.update(slots)
         ref_outs, (outs, traces) = both(
             where,
             functools.partial(_batch_ref_step, refs, slots, starts, item_rows),
-            functools.partial(_batch_rt_step, bt, g, wts, step, bx, slots, starts, lens, stats, where),
+            functools.partial(_batch_rt_step, bt, g, wts, step, bx, slots, starts, lens, stats, where, fork),
         )
+        stepping.clear()
         begun(slots, starts, lens)
+        step_seq = {sl: seq[sl] for sl in slots}  # a fork in rb_pre may replace a verified sequence
         for sl, s, m in zip(slots, starts, lens):
             exp_len[sl] = s + m
             if undo[sl] is not None:
@@ -1096,6 +1332,8 @@ def run_batch(spec: dict) -> dict:
                         _expect_refusal(where_rb, f"rollback({sl}, {pos})", fn, RB_REFUSAL[want[sl]], "allowed")
             stats["rb_refused"] += len(rb) - len(runs)
             for sl, pos in runs:
+                if seq[sl] != step_seq[sl]:  # forked into since: pos is its new sequence's length (a no-op)
+                    continue
                 exp_len[sl] = pos
                 s = starts[slots.index(sl)]
                 _ref_restore(refs[sl], snaps[sl])
@@ -1103,6 +1341,7 @@ def run_batch(spec: dict) -> dict:
                     refs[sl].layer(i, streams[sl][0][i][s:pos], s)
                 stats["verify"] += 1
             check_state(where_rb)
+        check_caches(f"step{si} after", range(n_slots))  # every slot's: a step writes only its own blocks
         stats["steps"] += 1
     # final cache rows per slot (own and released alike)
     for sl, ref in refs.items():

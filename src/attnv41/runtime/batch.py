@@ -627,9 +627,10 @@ class BatchV41(BatchParts):
         sequence of its own: a step on any of them gives the bytes that slot would get had
         its sequence been run there from the start (and changes none of the others'); with
         released index keys each keeps src's owner. A dst cannot roll back into src's
-        last step (its undo log stays with src). Between steps only; all or nothing: a
-        refused call raises and changes nothing. dsts: an int or a list of distinct slots,
-        none of them src."""
+        last step (its undo log stays with src). Not for a slot of a step begun and not
+        finished (as `pool.release`); slots outside it may fork meanwhile (the step's own
+        blocks were made its own by `begin`). All or nothing: a refused call raises and
+        changes nothing. dsts: an int or a list of distinct slots, none of them src."""
         pool = self.pool
         self._check_attn_live("fork")
         pool._check_slot(src)
