@@ -349,7 +349,9 @@ def test_blocks_needed_checks_its_arguments():
     assert p.blocks_needed([0, 1], [0, 0], [9, 1]) == {1: (4, p.n_blocks[1]), 2: (3, p.n_blocks[2])}
     for args, exc, msg in (
         (([0], [0], [0]), ValueError, "slot 0: start 0, 0 tokens; allowed: start >= 0, tokens >= 1"),
-        (([0], [60], [5]), ValueError, "start + tokens <= 64 (max_seq)"),
+        (([0], [0], [65]), ValueError, "start + tokens <= 64 (max_seq)"),
+        (([0], [5], [1]), ValueError, "slot 0: start = 5; allowed: 0 (a new sequence) or 0 (its next position)"),
+        (([0, 0], [0, 0], [1, 1]), ValueError, "slots [0] appear twice in one step"),
         (([2], [0], [1]), ValueError, "slot = 2; allowed: 0..1"),
         (([0], [0, 1], [1]), ValueError, "1 slots, 2 starts, 1 lens"),
         (([0], [0.0], [1]), TypeError, "starts = [0.0]; allowed: a list of ints"),

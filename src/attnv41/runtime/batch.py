@@ -189,7 +189,8 @@ class BatchV41(BatchParts):
         that gives up on a step before its first layer, e.g. when building its inputs
         failed): its slots may then be released, assumed or begun again. What `begin`
         already did stays done: a slot that began a new sequence (start 0) holds an empty
-        one, every slot keeps the blocks it grew, and the slots' undo logs from before the
+        one, every slot keeps the blocks it grew and its copies of blocks it shared with
+        forked slots (`SeqPool.own_rows`), and the slots' undo logs from before the
         step are gone (rollback refuses them). No step, or a finished one: nothing to do.
         Refused once a layer ran (its rows are written; finish the step: the remaining
         layers)."""

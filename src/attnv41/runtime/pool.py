@@ -166,8 +166,15 @@ class SeqPool:
                 raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
         if not len(slots) == len(starts) == len(lens):
             raise ValueError(f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count")
+        if len(set(slots)) != len(slots):
+            dup = sorted({sl for sl in slots if list(slots).count(sl) > 1})
+            raise ValueError(f"slots {dup} appear twice in one step; allowed: each slot at most once")
         for slot, s, m in zip(slots, starts, lens):
             self._check_slot(slot)
+            if s not in (0, self.length[slot]):
+                raise ValueError(
+                    f"slot {slot}: start = {s}; allowed: 0 (a new sequence) or {self.length[slot]} (its next position)"
+                )
             if s < 0 or m < 1 or s + m > self.cfg.max_seq:
                 raise ValueError(
                     f"slot {slot}: start {s}, {m} tokens; allowed: start >= 0, tokens >= 1, start + tokens <= "
@@ -212,11 +219,12 @@ class SeqPool:
             for j in self._write_blocks(r, start, end):
                 if j >= len(mine) or self.refs[r][mine[j]] == 1:
                     continue
-                old, new = mine[j], self.free_blocks[r].pop()
+                old, new = mine[j], self.free_blocks[r][-1]  # the copies first: the books change after
                 for i in self.compress_kv:
                     if self.cfg.roles[i].ratio == r:
                         for pool in (self.compress_kv[i], self.index_k[i]):
                             pool[new * B : (new + 1) * B].copy_(pool[old * B : (old + 1) * B])
+                self.free_blocks[r].pop()
                 self.refs[r][old] -= 1
                 self.refs[r][new] = 1
                 self.tables[r][slot, j] = new
@@ -225,18 +233,21 @@ class SeqPool:
     def _share(self, src: int, dst: int) -> None:
         """dst (released: it holds nothing) continues src's sequence: its table holds src's
         blocks (shared: `refs`), its rings, compressor groups in progress and length are
-        copies of src's. A new sequence in dst (`seq_ids`)."""
+        copies of src's. A new sequence in dst (`seq_ids`). The device copies run first: if
+        one raises, the host's books still say dst holds nothing (its table is rewritten
+        before any read: `release`, `_grow`)."""
         W = self.cfg.window
         for r in self.ratios:
-            self.blocks_of[r][dst] = list(self.blocks_of[r][src])
-            for b in self.blocks_of[r][dst]:
-                self.refs[r][b] += 1
             self.tables[r][dst].copy_(self.tables[r][src])
         for ring in self.ring:
             ring[dst * W : (dst + 1) * W].copy_(ring[src * W : (src + 1) * W])
         for i in self.comp_a:
             self.comp_a[i][dst].copy_(self.comp_a[i][src])
             self.comp_g[i][dst].copy_(self.comp_g[i][src])
+        for r in self.ratios:
+            self.blocks_of[r][dst] = list(self.blocks_of[r][src])
+            for b in self.blocks_of[r][dst]:
+                self.refs[r][b] += 1
         self.length[dst] = self.length[src]
         self.failed.pop(dst, None)
         self._new_sequence(dst)
