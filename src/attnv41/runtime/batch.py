@@ -656,8 +656,8 @@ class BatchV41(BatchParts):
         if pool.length[src] == 0:
             raise ValueError(f"fork of slot {src}, which holds no sequence; allowed: a slot holding one (length >= 1)")
         # nothing below can fail but the device copies themselves
-        owner = self.keys_owner[src] if self.keys_seq[src] == pool.seq_ids[src] else None
-        known = self.keys_seq[src] == pool.seq_ids[src]
+        known = self.keys_seq[src] == pool.seq_ids[src]  # released index keys: src's owner kept (`_owner_at`)
+        owner = self.keys_owner[src] if known else None
         for d in dsts:
             pool.release(d)
             try:

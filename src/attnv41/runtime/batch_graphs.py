@@ -319,9 +319,7 @@ class BatchGraphs:
         for slot, u in sorted(bt.undo.items()):
             if "cont" not in u or not u["done"] or u["step"] != bt.last_step[slot]:
                 continue
-            if (
-                u["seq"] != bt.pool.seq_ids[slot]
-            ):  # released, assumed or forked into since: the log went with the sequence
+            if u["seq"] != bt.pool.seq_ids[slot]:  # released, assumed or forked into since: the log is gone
                 continue
             st0 = u["cont"][0]
             if st0.id == u["step"] and any(k == "cont" and self._steps.get((k, T)) is st0 for k, T, _ in todo):
