@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
-from attnv41.kernels import indexer, tc_mm  # noqa: E402
+from attnv41.kernels import gemv, indexer, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
@@ -46,6 +46,8 @@ BASE = {k: dict(v) for k, v in DICTS.items()}
 # `tc_mm`'s split rule (module constants read at each call): "tc": dict(target=, min_seg=)
 TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
 FINE_BASE = dict(tc_mm._FINE_PLAN)
+# the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
+GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -145,6 +147,10 @@ VARIANTS = {
     "tc bf16 200/8": {"fine": {"bf16": (200, 8)}},
     "tc fp8 264/4 fp32 264/4": {"fine": {"fp32": (264, 4), "fp8": (264, 4)}},
     "tc bf16 128/16": {"fine": {"bf16": (128, 16)}},
+    # (twenty-eighth entry) the single-sequence decode GEMV's split rule: more K segments
+    "gemv 2048": {"gemv": dict(target=2048)},
+    "gemv 4096": {"gemv": dict(target=4096)},
+    "gemv 16384": {"gemv": dict(target=16384)},
 }
 
 
@@ -156,6 +162,7 @@ def apply(over: dict) -> None:
     tc = {**TC_BASE, **over.get("tc", {})}
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
+    gemv._TARGET_PROGRAMS = {**GEMV_BASE, **over.get("gemv", {})}["target"]
 
 
 def _table(title: str, col: str, res: dict) -> None:
@@ -177,7 +184,8 @@ def single(a, dev) -> int:
     res: dict = {}
     ceil = measure_ceilings(dev, quick=True)
     for kvf in a.kv.split(","):
-        stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights="bf16"), device=dev, kv_format=kvf)
+        w = random_weights(cfg, 0, dev, weights=a.weights)
+        stack = RuntimeStack(cfg, w, device=dev, kv_format=kvf, wo_a="fp8" if a.weights == "fp8" else "bf16")
         for _ in range(a.rounds):
             for name in a.variants.split(";"):
                 apply(copy.deepcopy(VARIANTS[name]))
@@ -188,7 +196,9 @@ def single(a, dev) -> int:
         gc.collect()
     apply({})
     _table(
-        f"single-sequence decode step, DecodeGraphs, bf16 weights ({a.steps} steps, {a.rounds} rounds)", "context", res
+        f"single-sequence decode step, DecodeGraphs, {a.weights} weights ({a.steps} steps, {a.rounds} rounds)",
+        "context",
+        res,
     )
     return 0
 
@@ -204,7 +214,7 @@ def main() -> int:
     ap.add_argument("--single", default="", help="contexts: time the single-sequence runtime's DecodeGraphs step")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="flash")
-    ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the batched step's weights")
+    ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the step's weights")
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.single:

@@ -1,0 +1,179 @@
+"""What bounds the decode GEMV at m = 1 (CUDA only; a development tool, not part of `attnv41 bench`).
+
+The FP8 wo_b [5120, 8192] and wq_b [32768, 1280] are the same 42 MB, yet the GEMV reads wo_b
+at about 1.9 TB/s and wq_b at about 2.5 (BENCHMARKS.md, 2026-12-01 late night). Two causes
+are untested: the access pattern (each program reads 16 rows × 256 bytes per chunk, the rows
+K bytes apart) and the program count / chain length of the split rule (`gemv.plan`'s
+`_TARGET_PROGRAMS`). This probe times, at a constant weight size:
+
+1. `shapes`: the same bytes as [N, K] for K = 8192 … 256 (FP8 and bf16 weights), production
+   launch. At K = 256 each program's chunk is 4 KiB of contiguous bytes: what a tile-major
+   weight layout would give (the same lane order, so the same bits, if the kernel read it).
+2. `progs`: wo_b and wq_b under `_TARGET_PROGRAMS` = 1024 (production), 2048, 4096, 16384
+   (more K segments: shorter chains, more programs; other bits, still fixed per shape).
+3. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
+   program): the ceiling of a read-only kernel of this size.
+
+Every GEMV row is first checked bit for bit against `gemv.gemv_torch` (the kernel's order in
+torch, under the same plan). Times: one CUDA graph over copies of the weights past the L2,
+flushed before each replay (`Timer.time_graph`). Prints a line per row; JSON to
+$OUT/gemv_shape_probe.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+import torch
+
+from attnv41.bench.common import Timer
+from attnv41.kernels import gemv as G
+from attnv41.kernels import qdq
+from attnv41.kernels._triton import tl, triton
+
+BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
+ELEMS = 5120 * 8192  # 42 MB of FP8, 84 MB of bf16
+KS = (8192, 4096, 2048, 1280, 1024, 512, 256)
+PROGS = (1024, 2048, 4096, 16384)
+PARTS = os.environ.get("PARTS", "stream,progs,shapes").split(",")
+L2_PASS = 128 << 20
+
+
+@triton.jit
+def _stream(w_ptr, out_ptr, n, PER: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p reads bytes [p·PER·BLOCK·16, …) as int32x4 words and stores their max."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    base = tl.cast(pid, tl.int64) * (PER * BLOCK)
+    for i in range(PER):
+        idx = base + i * BLOCK + offs
+        v = tl.load(w_ptr + idx, mask=idx < n, other=0)
+        acc = tl.maximum(acc, v)
+    tl.store(out_ptr + pid, tl.max(acc, axis=0))
+
+
+def main(dev: torch.device) -> None:
+    t0 = time.time()
+    timer = Timer(dev, flush_l2=True)
+    a = torch.ones(1 << 30, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    copy_gbps = 2 * a.numel() / (timer.time(lambda: b.copy_(a), warmup=3, reps=20).median_ms * 1e-3) / 1e9
+    print(f"{torch.cuda.get_device_name(dev)}; copy {copy_gbps:.0f} GB/s", flush=True)
+    G.prepare(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows: list[dict] = []
+
+    def record(row, fns, check=None):
+        try:
+            if check is not None:
+                bad = check()
+                row["bad"] = bad
+                if bad:
+                    raise AssertionError(f"{bad} outputs differ from the twin")
+            t = timer.time_graph(fns)
+            row.update(us=t.median_ms * 1e3, gbps=row["bytes"] / (t.median_ms * 1e-3) / 1e9)
+            row["pct_copy"] = 100 * row["gbps"] / copy_gbps
+            print(f"{row['part']:6s} {row['what']:34s} {row['us']:7.1f} us {row['gbps']:6.0f} GB/s "
+                  f"{row['pct_copy']:5.1f}%", flush=True)  # fmt: skip
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+            if not isinstance(e, AssertionError):
+                traceback.print_exc()
+            print(f"{row['part']:6s} {row['what']:34s} FAILED {row['error']}", flush=True)
+        rows.append(row)
+
+    def weights(N, K, dtype, n):
+        if dtype == FP8:
+            out = []
+            for _ in range(n):
+                w = (torch.randn(N, K, generator=gen, device=dev) * 64).clamp(-448, 448).to(FP8)
+                s = torch.randint(118, 124, (-(-N // 32), K // 32), generator=gen, device=dev, dtype=torch.uint8)
+                out.append((w, s.view(torch.float8_e8m0fnu)))
+            return out
+        return [(torch.randn(N, K, generator=gen, device=dev).to(BF), None) for _ in range(n)]
+
+    def gemv_row(part, what, N, K, dtype, xq_kind=False):
+        nbytes = N * K * dtype.itemsize
+        n = max(1, -(-L2_PASS // nbytes))
+        ws = weights(N, K, dtype, n)
+        xs = [torch.randn(1, K, generator=gen, device=dev).to(BF) for _ in range(n)]
+        xqs = [qdq.fp8_qdq(x) for x in xs] if xq_kind else [None] * n
+        outs = [torch.empty(1, N, dtype=BF, device=dev) for _ in range(n)]
+        segs = G.plan(N, K, dtype)[1]
+
+        def call(i):
+            sc = None if ws[i][1] is None else (ws[i][1],)
+            return G.gemv(xs[i], (ws[i][0],), (outs[i],), sc, xq=xqs[i])
+
+        def check():
+            call(0)
+            got = outs[0].clone()
+            twin = torch.empty_like(got)
+            sc = None if ws[0][1] is None else (ws[0][1],)
+            G.gemv_torch(xs[0], (ws[0][0],), (twin,), sc, xq=xqs[0])
+            call(0)
+            return int((got.view(torch.int16) != twin.view(torch.int16)).sum()) + int(
+                (got.view(torch.int16) != outs[0].view(torch.int16)).sum()
+            )
+
+        row = dict(part=part, what=what, N=N, K=K, dtype=str(dtype), segs=segs, bytes=nbytes, copies=n,
+                   programs=-(-N // (16)) * segs, target=G._TARGET_PROGRAMS, xq=xq_kind)  # fmt: skip
+        record(row, [lambda i=i: call(i) for i in range(n)], check)
+
+    if "stream" in PARTS:
+        for dtype in (FP8, BF):
+            nbytes = ELEMS * dtype.itemsize
+            n = max(1, -(-L2_PASS // nbytes))
+            bufs = [
+                torch.randint(0, 1 << 30, (nbytes // 4,), generator=gen, device=dev, dtype=torch.int32)
+                for _ in range(n)
+            ]
+            for per in (4, 16, 64):
+                block = 512
+                progs = -(-bufs[0].numel() // (per * block))
+                out = torch.empty(progs, dtype=torch.int32, device=dev)
+
+                def run(i, per=per, progs=progs, out=out, bufs=bufs, block=block):
+                    _stream[(progs,)](bufs[i], out, bufs[i].numel(), PER=per, BLOCK=block, num_warps=4)
+
+                record(dict(part="stream", what=f"{nbytes >> 20} MiB, {progs} programs", bytes=nbytes, copies=n),
+                       [lambda i=i: run(i) for i in range(n)])  # fmt: skip
+
+    if "progs" in PARTS:
+        saved = G._TARGET_PROGRAMS
+        try:
+            for target in PROGS:
+                G._TARGET_PROGRAMS = target
+                for name, (N, K) in (("wo_b", (5120, 8192)), ("wq_b", (32768, 1280))):
+                    for xq_kind in (False, True):
+                        segs = G.plan(N, K, FP8)[1]
+                        what = f"{name} fp8{' xq' if xq_kind else ''} target {target} segs {segs}"
+                        gemv_row("progs", what, N, K, FP8, xq_kind)
+                if time.time() - t0 > float(os.environ.get("BUDGET_S", "240")):
+                    break
+        finally:
+            G._TARGET_PROGRAMS = saved
+
+    if "shapes" in PARTS:
+        for dtype in (FP8, BF):
+            for K in KS:
+                N = ELEMS // K
+                segs = G.plan(N, K, dtype)[1]
+                gemv_row("shapes", f"[{N}, {K}] {'fp8' if dtype == FP8 else 'bf16'} segs {segs}", N, K, dtype)
+            if time.time() - t0 > float(os.environ.get("BUDGET_S", "240")):
+                break
+
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "gemv_shape_probe.json"), "w") as f:
+            json.dump(dict(copy_gbps=copy_gbps, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("gemv_shape_probe needs CUDA")
+    main(torch.device("cuda"))
