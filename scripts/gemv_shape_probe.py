@@ -12,7 +12,10 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
 2. `progs`: wo_b and wq_b under `_TARGET_PROGRAMS` = 1024 (production), 2048, 4096, 16384
    (more K segments: shorter chains, more programs; other bits, still fixed per shape).
 3. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
-   program): the ceiling of a read-only kernel of this size.
+   program; 4 warps): the ceiling of a read-only kernel of this size, with 16 to 256 bytes
+   per thread loaded per iteration (the bytes each SM keeps in flight). The GEMV keeps one
+   chunk in flight per program: 64 bytes per thread at 8 programs of 2 warps per SM (128
+   registers), about 32 KiB per SM.
 
 Every GEMV row is first checked bit for bit against `gemv.gemv_torch` (the kernel's order in
 torch, under the same plan). Times: one CUDA graph over copies of the weights past the L2,
@@ -132,15 +135,14 @@ def main(dev: torch.device) -> None:
                 torch.randint(0, 1 << 30, (nbytes // 4,), generator=gen, device=dev, dtype=torch.int32)
                 for _ in range(n)
             ]
-            for per in (4, 16, 64):
-                block = 512
+            for per, block in ((4, 512), (16, 512), (4, 2048), (16, 2048), (4, 8192)):
                 progs = -(-bufs[0].numel() // (per * block))
                 out = torch.empty(progs, dtype=torch.int32, device=dev)
 
                 def run(i, per=per, progs=progs, out=out, bufs=bufs, block=block):
                     _stream[(progs,)](bufs[i], out, bufs[i].numel(), PER=per, BLOCK=block, num_warps=4)
 
-                record(dict(part="stream", what=f"{nbytes >> 20} MiB, {progs} programs", bytes=nbytes, copies=n),
+                record(dict(part="stream", what=f"{nbytes >> 20} MiB, {block * 4 // 128} B/thread x {per}, {progs} progs", bytes=nbytes, copies=n),
                        [lambda i=i: run(i) for i in range(n)])  # fmt: skip
 
     if "progs" in PARTS:
