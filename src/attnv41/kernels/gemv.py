@@ -98,6 +98,7 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
 _ACC_ROWS = 16
 _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
+_AHEAD8 = 0  # fp8 weights: chunks of raw weight bytes loaded ahead of their multiply-adds (0, 1 or 2; same bits)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
@@ -295,6 +296,7 @@ if HAVE_TRITON:
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
+        AHEAD8: tl.constexpr = 0,  # fp8 weights: chunks loaded ahead (`_AHEAD8`)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
     ):
         pdl_release(PDL)
@@ -312,7 +314,7 @@ if HAVE_TRITON:
                 if ws[i].dtype.element_ty == tl.float8e4nv:
                     acc = fp8_lanes(
                         xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
@@ -567,6 +569,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
+        AHEAD8=_AHEAD8,
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip

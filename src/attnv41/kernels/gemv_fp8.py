@@ -89,6 +89,39 @@ if HAVE_TRITON:
         return tl.where(b == 0, 0x00400000, b << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _fp8_weight_chunk(w_rows, k0, n_ok, offs_j, K, EVEN_K: tl.constexpr):
+        """The weight's bytes [1, BN, BK] at column k0 (e4m3, as stored; past K: zero)."""
+        if EVEN_K:
+            return tl.load(w_rows + k0, mask=n_ok, other=0.0)
+        k_ok = ((k0 + offs_j) < K)[None, None, :]
+        return tl.load(w_rows + k0, mask=n_ok & k_ok, other=0.0)
+
+    @triton.jit
+    def _fp8_chunk_fma(
+        acc, wv, x_rows, sw_row, k0, t_ok, offs_j, offs_b, K, nkb,
+        MB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NBK: tl.constexpr, EVEN_K: tl.constexpr,
+        EXACT_CAST: tl.constexpr, PREQ: tl.constexpr,
+    ):  # fmt: skip
+        """acc + w·xs for the chunk at column k0 (wv: its weight values as fp32), x (or its
+        round trip) and the block scales loaded here: the plain loop's step (`fp8_lanes`)."""
+        kb0 = k0 // 32
+        if EVEN_K:
+            xv = tl.load(x_rows + k0, mask=t_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0)
+        else:
+            k_ok = ((k0 + offs_j) < K)[None, None, :]
+            xv = tl.load(x_rows + k0, mask=t_ok & k_ok, other=0.0).to(tl.float32)
+            sb = tl.load(sw_row + kb0, mask=(kb0 + offs_b) < nkb, other=127)
+        if PREQ:
+            sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
+            xs = tl.reshape(tl.reshape(xv, (MB, BN, NBK, 32)) * sw, (MB, BN, BK))
+        else:
+            v, sx = _quant_block(tl.reshape(xv, (MB * BN * NBK, 32)), EXACT_CAST)
+            ss = tl.reshape(sx, (MB, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+            xs = tl.reshape(tl.reshape(v, (MB, BN, NBK, 32)) * ss[:, :, :, None], (MB, BN, BK))
+        return tl.fma(wv, xs, acc)
+
+    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm: x, or its round trip `fp8_qdq(x)` (PREQ)
         stride_xm,
@@ -107,6 +140,7 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,
+        AHEAD: tl.constexpr = 0,
     ):
         """[MB, BN, BK] lane sums of one (row tile, K segment, token block), step 1 of the
         module doc. BN divides 32, so the tile's rows share one row of scales.
@@ -138,6 +172,33 @@ if HAVE_TRITON:
         sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b  # [NBK]
         acc = tl.zeros((MB, BN, BK), dtype=tl.float32)
         k0 = tl.cast(seg, tl.int64) * (IPS * BK)
+        if AHEAD > 0:
+            # the weight's raw bytes of the next AHEAD chunks loaded before this chunk's
+            # multiply-adds (1 byte a lane where the lanes' fp32 sums take 4: more bytes in
+            # flight per SM for the same occupancy); x and the scales are loaded where used.
+            # The chunks enter each lane chain in the same order: the same bits. Past the
+            # segment's last chunk the loads re-read the segment's first one (a cache hit).
+            ka = k0
+            wa = _fp8_weight_chunk(w_rows, ka, n_ok, offs_j, K, EVEN_K)
+            if AHEAD == 2:
+                ka = k0 + BK if IPS > 1 else k0
+                wb = _fp8_weight_chunk(w_rows, ka, n_ok, offs_j, K, EVEN_K)
+            else:
+                wb = wa
+            k_first = k0
+            for i in range(IPS):
+                kn = tl.where(i + AHEAD < IPS, k0 + AHEAD * BK, k_first)
+                wn = _fp8_weight_chunk(w_rows, kn, n_ok, offs_j, K, EVEN_K)
+                acc = _fp8_chunk_fma(
+                    acc, wa.to(tl.float32), x_rows, sw_row, k0, t_ok, offs_j, offs_b, K, nkb,
+                    MB, BN, BK, NBK, EVEN_K, EXACT_CAST, PREQ,
+                )  # fmt: skip
+                if AHEAD == 2:
+                    wa, wb = wb, wn
+                else:
+                    wa = wn
+                k0 += BK
+            return acc
         for _ in range(IPS):
             kb0 = k0 // 32
             # the weight chunk loaded before x: in the other order Triton 3.6 gave x's load a
