@@ -358,6 +358,7 @@ if HAVE_TRITON:
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
+        AHEAD8: tl.constexpr = 0,  # FP8W: chunks loaded ahead (`_AHEAD8`)
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -371,7 +372,7 @@ if HAVE_TRITON:
             acc = fp8_lanes(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
                 local // SEGS, local % SEGS, tb, IPS,
-                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True,
+                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
             )  # fmt: skip
             _finish(
                 acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
@@ -635,7 +636,7 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
-        num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
+        AHEAD8=_AHEAD8, num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out
 
