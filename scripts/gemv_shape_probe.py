@@ -13,7 +13,8 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    (more K segments: shorter chains, more programs; other bits, still fixed per shape).
 3. `ahead`: wo_b and wq_b with the weight's bytes of the next one or two chunks loaded
    before a chunk's multiply-adds (`gemv._AHEAD8`: more bytes in flight per SM at the same
-   bits; 168 / 195 registers against 128 in offline sm_90 SASS).
+   bits; 168 / 195 registers against 128 in offline sm_90 SASS), as bytes or as int32 words
+   (`gemv._WORDS8`, x as int64 words: 128 / 156 registers from xq).
 4. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
    program; 4 warps): the ceiling of a read-only kernel of this size, with 16 to 256 bytes
    per thread loaded per iteration (the bytes each SM keeps in flight). The GEMV keeps one
@@ -148,18 +149,19 @@ def main(dev: torch.device) -> None:
                 record(dict(part="stream", what=f"{nbytes >> 20} MiB, {block * 4 // 128} B/thread x {per}, {progs} progs", bytes=nbytes, copies=n),
                        [lambda i=i: run(i) for i in range(n)])  # fmt: skip
 
-    if "ahead" in PARTS:  # the weight's raw bytes of the next chunks loaded ahead (`_AHEAD8`; same bits)
-        saved = G._AHEAD8, G._TARGET_PROGRAMS
+    if "ahead" in PARTS:  # the weight's bytes of the next chunks loaded ahead, bytes or words (same bits)
+        saved = G._AHEAD8, G._WORDS8
         try:
-            for target in (1024, 4096):
+            for words in (False, True):
                 for ahead in (0, 1, 2):
-                    G._AHEAD8, G._TARGET_PROGRAMS = ahead, target
+                    G._AHEAD8, G._WORDS8 = ahead, words
                     for name, (N, K) in (("wo_b", (5120, 8192)), ("wq_b", (32768, 1280))):
                         for xq_kind in (False, True):
-                            what = f"{name} fp8{' xq' if xq_kind else ''} ahead {ahead} target {target}"
+                            form = "words" if words else "bytes"
+                            what = f"{name} fp8{' xq' if xq_kind else ''} {form} ahead {ahead}"
                             gemv_row("ahead", what, N, K, FP8, xq_kind)
         finally:
-            G._AHEAD8, G._TARGET_PROGRAMS = saved
+            G._AHEAD8, G._WORDS8 = saved
 
     if "progs" in PARTS:
         saved = G._TARGET_PROGRAMS

@@ -8,8 +8,8 @@ set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests" ATTNV41_GOLDEN_DIR="$PWD/.golden"
-sed -i "s/^_AHEAD8 = 0 /_AHEAD8 = ${AHEAD:-2} /" src/attnv41/kernels/gemv.py
-grep -n "^_AHEAD8" src/attnv41/kernels/gemv.py
+sed -i "s/^_AHEAD8 = 0 /_AHEAD8 = ${AHEAD:-1} /; s/^_WORDS8 = False /_WORDS8 = ${WORDS:-True} /" src/attnv41/kernels/gemv.py
+grep -n "^_AHEAD8\|^_WORDS8" src/attnv41/kernels/gemv.py
 timeout -k 5 "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfEs -n 6 --dist loadfile -m "gpu" \
   tests/kernels/test_gemv.py tests/kernels/test_gemv_fp8.py tests/kernels/test_gemv_rope.py \
   tests/kernels/test_decode_invariance.py tests/runtime/test_fp8.py > "$OUT/pytest_gemv.log" 2>&1

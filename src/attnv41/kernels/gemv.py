@@ -64,7 +64,7 @@ from .gemv_fp8 import ordered_terms, scaled_terms
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
-    from .gemv_fp8 import fp8_lanes
+    from .gemv_fp8 import fp8_lanes, fp8_lanes_words
 
 __all__ = [
     "gemv",
@@ -99,6 +99,7 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 _ACC_ROWS = 16
 _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _AHEAD8 = 0  # fp8 weights: chunks of raw weight bytes loaded ahead of their multiply-adds (0, 1 or 2; same bits)
+_WORDS8 = False  # fp8 weights: read as int32 words, x as int64 words, where x's rows are 8-byte aligned (same bits)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
@@ -297,6 +298,7 @@ if HAVE_TRITON:
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
         AHEAD8: tl.constexpr = 0,  # fp8 weights: chunks loaded ahead (`_AHEAD8`)
+        WORDS8: tl.constexpr = False,  # fp8 weights: `fp8_lanes_words` (`_WORDS8`, x's rows aligned)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
     ):
         pdl_release(PDL)
@@ -312,14 +314,24 @@ if HAVE_TRITON:
                 part = part_ptr + part_offs[i]
                 lock = lock_ptr + lock_offs[i]
                 if ws[i].dtype.element_ty == tl.float8e4nv:
-                    acc = fp8_lanes(
-                        xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
-                    )  # fmt: skip
-                    _finish(
-                        acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
-                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i,
-                    )  # fmt: skip
+                    if WORDS8:  # the lane sums after two tree levels: [MB, BN8, BK8 / 4]
+                        acc = fp8_lanes_words(
+                            xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
+                            BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
+                        )  # fmt: skip
+                        _finish(
+                            acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
+                            BN=BN8, MB=MB, BK=BK8 // 4, LOG2_BK=LOG2_BK8 - 2, rope=rope, ROPE=ROPE_I == i,
+                        )  # fmt: skip
+                    else:
+                        acc = fp8_lanes(
+                            xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
+                            BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
+                        )  # fmt: skip
+                        _finish(
+                            acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
+                            BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i,
+                        )  # fmt: skip
                 elif ws[i].dtype.element_ty == tl.float32:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
@@ -359,6 +371,7 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
         AHEAD8: tl.constexpr = 0,  # FP8W: chunks loaded ahead (`_AHEAD8`)
+        WORDS8: tl.constexpr = False,  # FP8W: `fp8_lanes_words` (`_WORDS8`, o's rows aligned)
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -369,15 +382,26 @@ if HAVE_TRITON:
         g = tl.cast(item // (tiles * SEGS), tl.int64)
         local = item % (tiles * SEGS)
         if FP8W:  # o's values as they are (the round trip's place in fp8_lanes): terms o·sw·w, exact
-            acc = fp8_lanes(
-                o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
-                local // SEGS, local % SEGS, tb, IPS,
-                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
-            )  # fmt: skip
-            _finish(
-                acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
-                M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK,
-            )  # fmt: skip
+            if WORDS8:
+                acc = fp8_lanes_words(
+                    o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
+                    local // SEGS, local % SEGS, tb, IPS,
+                    BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
+                )  # fmt: skip
+                _finish(
+                    acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
+                    M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK // 4, LOG2_BK=LOG2_BK - 2,
+                )  # fmt: skip
+            else:
+                acc = fp8_lanes(
+                    o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
+                    local // SEGS, local % SEGS, tb, IPS,
+                    BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
+                )  # fmt: skip
+                _finish(
+                    acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
+                    M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK,
+                )  # fmt: skip
         else:
             _gemv_tile(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
@@ -385,6 +409,17 @@ if HAVE_TRITON:
                 local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
                 BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
             )  # fmt: skip
+
+
+def _words_ok(x: torch.Tensor, weights, *strides: int) -> bool:
+    """Whether `_WORDS8`'s word loads are aligned: x's rows start 8-byte aligned (its data
+    pointer, its row stride and `strides`, bf16 elements) and each weight's bytes 4-byte
+    aligned. Otherwise the byte form runs (a launch shape: the same bits)."""
+    return (
+        x.data_ptr() % 8 == 0
+        and all(s % 4 == 0 for s in (x.stride(0), *strides))
+        and all(w.data_ptr() % 4 == 0 for w in weights)
+    )
 
 
 def _log2(v: int) -> int:
@@ -570,7 +605,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
-        AHEAD8=_AHEAD8,
+        AHEAD8=_AHEAD8, WORDS8=_WORDS8 and _words_ok(xin, weights),
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip
@@ -636,7 +671,8 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
-        AHEAD8=_AHEAD8, num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
+        AHEAD8=_AHEAD8, WORDS8=_WORDS8 and sb is not None and _words_ok(o, (w,), o.stride(1)),
+        num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out
 

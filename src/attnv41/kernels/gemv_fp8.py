@@ -122,6 +122,147 @@ if HAVE_TRITON:
         return tl.fma(wv, xs, acc)
 
     @triton.jit
+    def _x_lane(xw, b: tl.constexpr):
+        """fp32 values of bf16 lane b (0..3) of int64 words holding four bf16 lanes each."""
+        bits = ((xw >> (16 * b)) & 0xFFFF).to(tl.int32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _w_lane(ww, b: tl.constexpr):
+        """fp32 values of e4m3 byte b (0..3) of int32 words holding four e4m3 weights each."""
+        return ((ww >> (8 * b)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _per_block(v, f, MB: tl.constexpr, BN: tl.constexpr, NBK: tl.constexpr):
+        """v [MB, BN, NBK·8] (one lane of 4 per word, 8 words per 32-value block) times f
+        [MB, BN, NBK], one value per block."""
+        return tl.reshape(tl.reshape(v, (MB, BN, NBK, 8)) * f[:, :, :, None], (MB, BN, NBK * 8))
+
+    @triton.jit
+    def _block_max(v, MB: tl.constexpr, BN: tl.constexpr, NBK: tl.constexpr):
+        return tl.max(tl.reshape(tl.abs(v), (MB, BN, NBK, 8)), axis=3)
+
+    @triton.jit
+    def _quant_lane(v, inv, EXACT_CAST: tl.constexpr, MB: tl.constexpr, BN: tl.constexpr, NBK: tl.constexpr):
+        """`_quant_block`'s e4m3 values of one lane tensor, given 1/scale per block."""
+        q = tl.minimum(tl.maximum(_per_block(v, inv, MB, BN, NBK), -448.0), 448.0)
+        if EXACT_CAST:
+            return _e4m3_rne(q)
+        return q.to(tl.float8e4nv).to(tl.float32)
+
+    @triton.jit
+    def _fp8_words_fma(
+        a0, a1, a2, a3, ww, x_rows, sw_row, kw, t_ok, k_ok, b_ok,
+        MB: tl.constexpr, BN: tl.constexpr, NBK: tl.constexpr, EXACT_CAST: tl.constexpr, PREQ: tl.constexpr,
+    ):  # fmt: skip
+        """One chunk of `_fp8_lanes_words`: lane b of word w is column 4w + b; the same terms
+        and fma per lane as `fp8_lanes`."""
+        xw = tl.load(x_rows + kw, mask=t_ok & k_ok, other=0)
+        sb = tl.load(sw_row + kw // 8, mask=b_ok, other=127)
+        sw = tl.broadcast_to(_e8m0(sb.to(tl.int32))[None, None, :], (MB, BN, NBK))
+        x0, x1, x2, x3 = _x_lane(xw, 0), _x_lane(xw, 1), _x_lane(xw, 2), _x_lane(xw, 3)
+        if PREQ:
+            s0, s1, s2, s3 = sw, sw, sw, sw
+        else:  # act_quant per 32 columns: the block's amax over its four lanes' 8 words
+            amax = tl.maximum(_block_max(x0, MB, BN, NBK), _block_max(x1, MB, BN, NBK))
+            amax = tl.maximum(amax, tl.maximum(_block_max(x2, MB, BN, NBK), _block_max(x3, MB, BN, NBK)))
+            amax = tl.maximum(amax, 1e-4)
+            e = _pow2_ceil_exp(amax * 0.002232142857142857)  # fp32(1/448), as _quant_block
+            inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
+            sx = (e << 23).to(tl.float32, bitcast=True)
+            x0 = _quant_lane(x0, inv, EXACT_CAST, MB, BN, NBK)
+            x1 = _quant_lane(x1, inv, EXACT_CAST, MB, BN, NBK)
+            x2 = _quant_lane(x2, inv, EXACT_CAST, MB, BN, NBK)
+            x3 = _quant_lane(x3, inv, EXACT_CAST, MB, BN, NBK)
+            ss = sx * sw
+            s0, s1, s2, s3 = ss, ss, ss, ss
+        a0 = tl.fma(_w_lane(ww, 0), _per_block(x0, s0, MB, BN, NBK), a0)
+        a1 = tl.fma(_w_lane(ww, 1), _per_block(x1, s1, MB, BN, NBK), a1)
+        a2 = tl.fma(_w_lane(ww, 2), _per_block(x2, s2, MB, BN, NBK), a2)
+        a3 = tl.fma(_w_lane(ww, 3), _per_block(x3, s3, MB, BN, NBK), a3)
+        return a0, a1, a2, a3
+
+    @triton.jit
+    def fp8_lanes_words(
+        x_ptr, stride_xm, w_ptr, sw_ptr, M, N, K, tile, seg, tb,
+        IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        EXACT_CAST: tl.constexpr, PREQ: tl.constexpr, AHEAD: tl.constexpr = 0,
+    ):  # fmt: skip
+        """`fp8_lanes` with the weight read as int32 words (four e4m3 values each) and x as
+        int64 words (four bf16 values), each lane residue b = k mod 4 in its own fp32
+        accumulator. Returns the lane sums after the first two levels of the lane tree,
+        `(a0 + a1) + (a2 + a3)`: [MB, BN, BK/4], the tree's level-2 values (finish with
+        log2(BK) − 2 levels). The same fma per lane in the same chunk order, the same adds:
+        the same bits. The words stay packed in registers (a byte per weight), so the
+        chunks loaded ahead cost a quarter of their fp32 lanes. Needs x's rows 8-byte aligned
+        (its data pointer and row stride: the caller checks) and K a multiple of 32."""
+        BW: tl.constexpr = BK // 4
+        NBK: tl.constexpr = BK // 32
+        offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
+        offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
+        offs_w = tl.arange(0, BW)
+        t_ok = (offs_t < M)[:, None, None]
+        n_ok = (offs_n < N)[None, :, None]
+        KW = K // 4
+        w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + offs_n[None, :, None] * KW + offs_w[None, None, :]
+        x_rows = (
+            x_ptr.to(tl.pointer_type(tl.int64))
+            + offs_t[:, None, None] * (stride_xm // 4)
+            + (offs_n * 0)[None, :, None]
+            + offs_w[None, None, :]
+        )
+        nkb = K // 32
+        offs_b = tl.arange(0, NBK)
+        sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + offs_b
+        a0 = tl.zeros((MB, BN, BW), dtype=tl.float32)
+        a1 = tl.zeros((MB, BN, BW), dtype=tl.float32)
+        a2 = tl.zeros((MB, BN, BW), dtype=tl.float32)
+        a3 = tl.zeros((MB, BN, BW), dtype=tl.float32)
+        kw = tl.cast(seg, tl.int64) * (IPS * BW)  # the chunk's first word
+        k_first = kw
+        if EVEN_K:
+            ok0 = offs_w[None, None, :] >= 0
+        else:
+            ok0 = (kw + offs_w)[None, None, :] < KW
+        wa = tl.load(w_rows + kw, mask=n_ok & ok0, other=0)
+        wb = wa
+        if AHEAD == 2:
+            if IPS > 1:
+                k1 = kw + BW
+            else:
+                k1 = kw
+            if EVEN_K:
+                ok1 = ok0
+            else:
+                ok1 = (k1 + offs_w)[None, None, :] < KW
+            wb = tl.load(w_rows + k1, mask=n_ok & ok1, other=0)
+        for i in range(IPS):
+            if EVEN_K:
+                k_ok = ok0
+                b_ok = offs_b >= 0
+            else:
+                k_ok = (kw + offs_w)[None, None, :] < KW
+                b_ok = (kw // 8 + offs_b) < nkb
+            ww = wa
+            if AHEAD > 0:
+                kn = tl.where(i + AHEAD < IPS, kw + AHEAD * BW, k_first)
+                if EVEN_K:
+                    okn = ok0
+                else:
+                    okn = (kn + offs_w)[None, None, :] < KW
+                wn = tl.load(w_rows + kn, mask=n_ok & okn, other=0)
+                if AHEAD == 2:
+                    wa, wb = wb, wn
+                else:
+                    wa = wn
+            else:
+                ww = tl.load(w_rows + kw, mask=n_ok & k_ok, other=0)
+            a0, a1, a2, a3 = _fp8_words_fma(a0, a1, a2, a3, ww, x_rows, sw_row, kw, t_ok, k_ok, b_ok, MB, BN, NBK,
+                                            EXACT_CAST, PREQ)  # fmt: skip
+            kw += BW
+        return (a0 + a1) + (a2 + a3)
+
+    @triton.jit
     def fp8_lanes(
         x_ptr,  # bf16 [M, K], row stride stride_xm: x, or its round trip `fp8_qdq(x)` (PREQ)
         stride_xm,
