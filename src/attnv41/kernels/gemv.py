@@ -46,6 +46,15 @@ order, so runtimes may run at once on different streams), else one per device al
 once (`prepare`) and shared by direct launches, which must then not overlap on different
 streams. No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
 
+FP8 weights' launch forms (launch shapes: the same bits, tested in the interpreter and on
+the GPU). A program keeps one chunk in flight: its lanes' fp32 sums take 4 bytes of
+registers per weight byte loaded, so at 128 registers (8 programs of 2 warps per SM) an SM
+has about 32 KiB of weight loads outstanding. `_AHEAD8` loads the weight bytes of the next
+one or two chunks before a chunk's multiply-adds; `_WORDS8` reads the weight as int32
+words and x as int64 words (`gemv_fp8.fp8_lanes_words`), so the bytes loaded ahead stay
+packed (one chunk ahead from xq: 128 registers, as without it, in sm_90 SASS). Where x's
+rows are not 8-byte aligned the byte form runs.
+
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9
 for three cuBLAS calls; wq_b 27.5 against 28.2) and is 2-7x slower at m = 16, where the
