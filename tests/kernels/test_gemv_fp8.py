@@ -100,23 +100,23 @@ def test_rows_independent_of_m_and_launch_shape(Kd, device, monkeypatch):
         _same_bits(f"BN8 = {acc8}, {warps} warps", _run(x[:1], w, s, device), full[:1])
 
 
-@pytest.mark.parametrize("Kd", [96, 800, 1280, 2048], ids=["IPS1-tail", "IPS4-tail", "IPS5", "IPS8"])
+@pytest.mark.parametrize("Kd", [96, 800, 2048], ids=["IPS1-tail", "IPS4-tail", "IPS8"])
 def test_weight_chunks_loaded_ahead_give_the_same_bits(Kd, device, monkeypatch):
     """The weight's raw bytes of the next one or two chunks loaded ahead (`_AHEAD8`), and the
     word form (`_WORDS8`: int32 weight words, int64 x words, a lane accumulator per
     residue) with 0-2 chunks ahead, from x and from its round trip xq, tokens in one block
     and in several: the plain loop's bits.
     One segment per row tile (a target of 1 program), so each program runs the whole K loop
-    (chains of 1, 4, 5 and 8 chunks, with and without a K tail); and the production split."""
+    (chains of 1, 4 and 8 chunks, with and without a K tail; a ragged row tile); and the production split."""
     from attnv41.reference.qdq import fp8_qdq
 
-    x, w, s = _inputs(_gen("ahead", Kd), 6, 48, Kd)
+    x, w, s = _inputs(_gen("ahead", Kd), 3, 40, Kd)
     xq = fp8_qdq(x, 32).to(device)
     for target in (1, G._TARGET_PROGRAMS):
         monkeypatch.setattr(G, "_TARGET_PROGRAMS", target)
         monkeypatch.setattr(G, "_AHEAD8", 0)
         base = _run(x, w, s, device)
-        twin = torch.empty(6, 48, dtype=BF)
+        twin = torch.empty(3, 40, dtype=BF)
         G.gemv_torch(x, (w,), (twin,), (s,))
         _same_bits(f"target {target}: plain loop vs gemv_torch", base, twin)
         for words in (False, True):
