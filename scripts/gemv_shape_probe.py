@@ -132,7 +132,7 @@ def main(dev: torch.device) -> None:
         record(row, [lambda i=i: call(i) for i in range(n)], check)
 
     if "stream" in PARTS:
-        for dtype in (FP8, BF):
+        for dtype in (FP8, BF) if "stream_bf16" in PARTS else (FP8,):
             nbytes = ELEMS * dtype.itemsize
             n = max(1, -(-L2_PASS // nbytes))
             bufs = [

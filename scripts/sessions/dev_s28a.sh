@@ -8,10 +8,10 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-BUDGET_S=190 timeout -k 5 240 python3 scripts/gemv_shape_probe.py > "$OUT/gemv_shape_probe.log" 2>&1
+PARTS=${PARTS:-stream,ahead,progs} BUDGET_S=150 timeout -k 5 200 python3 scripts/gemv_shape_probe.py > "$OUT/gemv_shape_probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"
-timeout -k 5 "${AB_S:-300}" python3 scripts/ab_steps.py --single 4096 --weights fp8 --kv bf16 --rounds 2 \
-  --variants "new;gemv ahead 1;gemv words;gemv words ahead 1;gemv words ahead 2;gemv 4096" > "$OUT/ab_fp8_gemv.log" 2>&1
+timeout -k 5 "${AB_S:-200}" python3 scripts/ab_steps.py --single 4096 --weights fp8 --kv bf16 --rounds 2 \
+  --variants "new;gemv ahead 1;gemv words ahead 1;gemv words ahead 2" > "$OUT/ab_fp8_gemv.log" 2>&1
 echo "ab rc $? at $(($(date +%s) - T0)) s"
 grep -E "^(stream|ahead|progs|shapes) " "$OUT/gemv_shape_probe.log"
 grep "^|" "$OUT/ab_fp8_gemv.log" || tail -5 "$OUT/ab_fp8_gemv.log"
