@@ -47,8 +47,7 @@ BASE = {k: dict(v) for k, v in DICTS.items()}
 TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
-# and its FP8 weight chunks loaded ahead (`_AHEAD8`) as bytes or words (`_WORDS8`; same bits)
-GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, ahead=gemv._AHEAD8, words=gemv._WORDS8)
+GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -152,12 +151,7 @@ VARIANTS = {
     "gemv 2048": {"gemv": dict(target=2048)},
     "gemv 4096": {"gemv": dict(target=4096)},
     "gemv 16384": {"gemv": dict(target=16384)},
-    "gemv ahead 1": {"gemv": dict(ahead=1)},
-    "gemv ahead 2": {"gemv": dict(ahead=2)},
-    "gemv ahead 2, 4096": {"gemv": dict(ahead=2, target=4096)},
-    "gemv words": {"gemv": dict(words=True)},
-    "gemv words ahead 1": {"gemv": dict(words=True, ahead=1)},
-    "gemv words ahead 2": {"gemv": dict(words=True, ahead=2)},
+    # (the chunks-ahead and word-form variants of that entry: commit acd56e1, knobs removed)
 }
 
 
@@ -169,8 +163,7 @@ def apply(over: dict) -> None:
     tc = {**TC_BASE, **over.get("tc", {})}
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
-    g = {**GEMV_BASE, **over.get("gemv", {})}
-    gemv._TARGET_PROGRAMS, gemv._AHEAD8, gemv._WORDS8 = g["target"], g["ahead"], g["words"]
+    gemv._TARGET_PROGRAMS = {**GEMV_BASE, **over.get("gemv", {})}["target"]
 
 
 def _table(title: str, col: str, res: dict) -> None:

@@ -11,15 +11,15 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    weight layout would give (the same lane order, so the same bits, if the kernel read it).
 2. `progs`: wo_b and wq_b under `_TARGET_PROGRAMS` = 1024 (production), 2048, 4096, 16384
    (more K segments: shorter chains, more programs; other bits, still fixed per shape).
-3. `ahead`: wo_b and wq_b with the weight's bytes of the next one or two chunks loaded
-   before a chunk's multiply-adds (`gemv._AHEAD8`: more bytes in flight per SM at the same
-   bits; 168 / 195 registers against 128 in offline sm_90 SASS), as bytes or as int32 words
-   (`gemv._WORDS8`, x as int64 words: 128 / 156 registers from xq).
-4. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
+3. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
    program; 4 warps): the ceiling of a read-only kernel of this size, with 16 to 256 bytes
    per thread loaded per iteration (the bytes each SM keeps in flight). The GEMV keeps one
    chunk in flight per program: 64 bytes per thread at 8 programs of 2 warps per SM (128
    registers), about 32 KiB per SM.
+
+The twenty-eighth entry of BENCHMARKS.md (H100) has its results, and those of a part `ahead`
+(the weight's next chunks loaded ahead, as bytes or int32 words) whose kernel knobs were
+removed after it lost: commit acd56e1 has both.
 
 Every GEMV row is first checked bit for bit against `gemv.gemv_torch` (the kernel's order in
 torch, under the same plan). Times: one CUDA graph over copies of the weights past the L2,
@@ -45,13 +45,13 @@ BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
 ELEMS = 5120 * 8192  # 42 MB of FP8, 84 MB of bf16
 KS = (8192, 4096, 2048, 1280, 1024, 512, 256)
 PROGS = (1024, 2048, 4096, 16384)
-PARTS = os.environ.get("PARTS", "stream,ahead,progs,shapes").split(",")
+PARTS = os.environ.get("PARTS", "stream,progs,shapes").split(",")
 L2_PASS = 128 << 20
 
 
 @triton.jit
 def _stream(w_ptr, out_ptr, n, PER: tl.constexpr, BLOCK: tl.constexpr):
-    """Program p reads bytes [p·PER·BLOCK·16, …) as int32x4 words and stores their max."""
+    """Program p reads the int32 elements [p·PER·BLOCK, (p + 1)·PER·BLOCK) and stores their max."""
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -148,20 +148,6 @@ def main(dev: torch.device) -> None:
 
                 record(dict(part="stream", what=f"{nbytes >> 20} MiB, {block * 4 // 128} B/thread x {per}, {progs} progs", bytes=nbytes, copies=n),
                        [lambda i=i: run(i) for i in range(n)])  # fmt: skip
-
-    if "ahead" in PARTS:  # the weight's bytes of the next chunks loaded ahead, bytes or words (same bits)
-        saved = G._AHEAD8, G._WORDS8
-        try:
-            for words in (False, True):
-                for ahead in (0, 1, 2):
-                    G._AHEAD8, G._WORDS8 = ahead, words
-                    for name, (N, K) in (("wo_b", (5120, 8192)), ("wq_b", (32768, 1280))):
-                        for xq_kind in (False, True):
-                            form = "words" if words else "bytes"
-                            what = f"{name} fp8{' xq' if xq_kind else ''} {form} ahead {ahead}"
-                            gemv_row("ahead", what, N, K, FP8, xq_kind)
-        finally:
-            G._AHEAD8, G._WORDS8 = saved
 
     if "progs" in PARTS:
         saved = G._TARGET_PROGRAMS

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Record: `gemv._AHEAD8` and `gemv._WORDS8`, which these variants set, were removed after
+# dev_s28c.sh lost on an H100; commit acd56e1 has them. dev_s28a/b never ran.)
 # 2026-12-05 (twenty-eighth entry), call 1: what bounds the m = 1 decode GEMV. The constant-byte
 # shape sweep, the split rule's target program count and a streaming read of the same bytes
 # (scripts/gemv_shape_probe.py); then the single-sequence FP8 step under the split-rule

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Record: `gemv._AHEAD8` and `gemv._WORDS8`, which these variants set, were removed after
+# dev_s28c.sh lost on an H100; commit acd56e1 has them. dev_s28a/b never ran.)
 # 2026-12-05 (twenty-eighth entry), call 2 (after dev_s28a.sh): the FP8 GEMV with the weight's
 # chunks loaded ahead made the default (`gemv._AHEAD8`, set by AHEAD, default 2) is checked
 # and timed: the GEMV GPU tests and decode invariance; the FP8 golden file through the

@@ -317,36 +317,6 @@ def test_group_gemv_fp8_stored_weight(m, device):
         _assert_same_bits("group_mm_auto (dequantized)", got, want)
 
 
-@pytest.mark.parametrize("gw", [320, 1024], ids=["gw320-tail", "gw1024"])
-def test_group_gemv_fp8_chunks_loaded_ahead_give_the_same_bits(gw, device, monkeypatch):
-    """wo_a's FP8 bytes with the next one or two chunks' weight bytes loaded ahead
-    (`_AHEAD8`), and in the word form (`_WORDS8`): the plain loop's bits, whole-K chains (a target of 1 program) and the
-    production split, one token and several."""
-    Gn, r, m = 2, 32, 3
-    gen = _gen("group-fp8-ahead", gw)
-    o = _rand(gen, (m, Gn, gw), BF)
-    q, sc, _ = _fp8_group_weight(gen, Gn, r, gw)
-    for target in (1, G._TARGET_PROGRAMS):
-        monkeypatch.setattr(G, "_TARGET_PROGRAMS", target)
-        monkeypatch.setattr(G, "_AHEAD8", 0)
-        base = G.group_gemv(o.to(device), q.to(device), torch.empty(m, Gn, r, dtype=BF, device=device), sc.to(device))
-        twin = G.group_gemv_torch(o, q, torch.empty(m, Gn, r, dtype=BF), sc)
-        _assert_same_bits(f"target {target}: plain loop vs group_gemv_torch", base, twin)
-        for words in (False, True):
-            monkeypatch.setattr(G, "_WORDS8", words)
-            for ahead in (0, 1, 2) if words else (1, 2):
-                monkeypatch.setattr(G, "_AHEAD8", ahead)
-                what = f"target {target}, {ahead} ahead{', words' if words else ''}"
-                got = G.group_gemv(
-                    o.to(device), q.to(device), torch.empty(m, Gn, r, dtype=BF, device=device), sc.to(device)
-                )
-                _assert_same_bits(what, got, base)
-                one = G.group_gemv(
-                    o[:1].to(device), q.to(device), torch.empty(1, Gn, r, dtype=BF, device=device), sc.to(device)
-                )
-                _assert_same_bits(f"{what}, one token", one, base[:1])
-
-
 @pytest.mark.parametrize(
     "what, change, msg",
     [

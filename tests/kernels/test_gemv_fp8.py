@@ -100,51 +100,6 @@ def test_rows_independent_of_m_and_launch_shape(Kd, device, monkeypatch):
         _same_bits(f"BN8 = {acc8}, {warps} warps", _run(x[:1], w, s, device), full[:1])
 
 
-@pytest.mark.parametrize("Kd", [96, 800, 2048], ids=["IPS1-tail", "IPS4-tail", "IPS8"])
-def test_weight_chunks_loaded_ahead_give_the_same_bits(Kd, device, monkeypatch):
-    """The weight's raw bytes of the next one or two chunks loaded ahead (`_AHEAD8`), and the
-    word form (`_WORDS8`: int32 weight words, int64 x words, a lane accumulator per
-    residue) with 0-2 chunks ahead, from x and from its round trip xq, tokens in one block
-    and in several: the plain loop's bits.
-    One segment per row tile (a target of 1 program), so each program runs the whole K loop
-    (chains of 1, 4 and 8 chunks, with and without a K tail; a ragged row tile); and the production split."""
-    from attnv41.reference.qdq import fp8_qdq
-
-    x, w, s = _inputs(_gen("ahead", Kd), 3, 40, Kd)
-    xq = fp8_qdq(x, 32).to(device)
-    for target in (1, G._TARGET_PROGRAMS):
-        monkeypatch.setattr(G, "_TARGET_PROGRAMS", target)
-        monkeypatch.setattr(G, "_AHEAD8", 0)
-        base = _run(x, w, s, device)
-        twin = torch.empty(3, 40, dtype=BF)
-        G.gemv_torch(x, (w,), (twin,), (s,))
-        _same_bits(f"target {target}: plain loop vs gemv_torch", base, twin)
-        for words in (False, True):
-            monkeypatch.setattr(G, "_WORDS8", words)
-            for ahead in (0, 1, 2) if words else (1, 2):
-                monkeypatch.setattr(G, "_AHEAD8", ahead)
-                what = f"target {target}, {ahead} ahead{', words' if words else ''}"
-                _same_bits(what, _run(x, w, s, device), base)
-                _same_bits(f"{what} from xq", _run(x, w, s, device, xq=xq), base)
-                _same_bits(f"{what}, one token", _run(x[:1], w, s, device), base[:1])
-
-
-@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
-def test_lane_tree_order_is_kept(words, device, monkeypatch):
-    """Lanes 0-3 carry the terms 2^16, 2^-8, −2^16, 2^-8: the tree's (a0 + a1) + (a2 + a3)
-    gives 2^-8 (2^16 + 2^-8 rounds to 2^16), any other pairing 2^-7 or 0. The word form
-    adds its four lane accumulators in the tree's order."""
-    monkeypatch.setattr(G, "_WORDS8", words)
-    K, N = 512, 32
-    x = torch.zeros(1, K)
-    x[0, :4] = torch.tensor([256.0, 2.0**-4, 256.0, 2.0**-4])
-    w = torch.zeros(N, K)
-    w[:, :4] = torch.tensor([256.0, 2.0**-4, -256.0, 2.0**-4])
-    s = torch.full((1, K // 32), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    got = _run(x.to(BF), w.to(FP8), s, device)
-    assert torch.equal(got.cpu().float(), torch.full((1, N), 2.0**-8)), got[0, :4]
-
-
 def test_fused_with_bf16_weights_equals_alone(device):
     """x → two fp8 weights and a bf16 one in one launch: each output's bits as alone."""
     gen = _gen("fused")

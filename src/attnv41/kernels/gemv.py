@@ -46,15 +46,6 @@ order, so runtimes may run at once on different streams), else one per device al
 once (`prepare`) and shared by direct launches, which must then not overlap on different
 streams. No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
 
-FP8 weights' launch forms (launch shapes: the same bits, tested in the interpreter and on
-the GPU). A program keeps one chunk in flight: its lanes' fp32 sums take 4 bytes of
-registers per weight byte loaded, so at 128 registers (8 programs of 2 warps per SM) an SM
-has about 32 KiB of weight loads outstanding. `_AHEAD8` loads the weight bytes of the next
-one or two chunks before a chunk's multiply-adds; `_WORDS8` reads the weight as int32
-words and x as int64 words (`gemv_fp8.fp8_lanes_words`), so the bytes loaded ahead stay
-packed (one chunk ahead from xq: 128 registers, as without it, in sm_90 SASS). Where x's
-rows are not 8-byte aligned the byte form runs.
-
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9
 for three cuBLAS calls; wq_b 27.5 against 28.2) and is 2-7x slower at m = 16, where the
@@ -73,7 +64,7 @@ from .gemv_fp8 import ordered_terms, scaled_terms
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16
-    from .gemv_fp8 import fp8_lanes, fp8_lanes_words
+    from .gemv_fp8 import fp8_lanes
 
 __all__ = [
     "gemv",
@@ -107,8 +98,6 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
 _ACC_ROWS = 16
 _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
-_AHEAD8 = 0  # fp8 weights: chunks of raw weight bytes loaded ahead of their multiply-adds (0, 1 or 2; same bits)
-_WORDS8 = False  # fp8 weights: read as int32 words, x as int64 words, where x's rows are 8-byte aligned (same bits)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
@@ -306,8 +295,6 @@ if HAVE_TRITON:
         EXACT_CAST: tl.constexpr,
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
-        AHEAD8: tl.constexpr = 0,  # fp8 weights: chunks loaded ahead (`_AHEAD8`)
-        WORDS8: tl.constexpr = False,  # fp8 weights: `fp8_lanes_words` (`_WORDS8`, x's rows aligned)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
     ):
         pdl_release(PDL)
@@ -323,24 +310,14 @@ if HAVE_TRITON:
                 part = part_ptr + part_offs[i]
                 lock = lock_ptr + lock_offs[i]
                 if ws[i].dtype.element_ty == tl.float8e4nv:
-                    if WORDS8:  # the lane sums after two tree levels: [MB, BN8, BK8 / 4]
-                        acc = fp8_lanes_words(
-                            xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                            BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
-                        )  # fmt: skip
-                        _finish(
-                            acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
-                            BN=BN8, MB=MB, BK=BK8 // 4, LOG2_BK=LOG2_BK8 - 2, rope=rope, ROPE=ROPE_I == i,
-                        )  # fmt: skip
-                    else:
-                        acc = fp8_lanes(
-                            xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
-                            BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ, AHEAD=AHEAD8,
-                        )  # fmt: skip
-                        _finish(
-                            acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
-                            BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i,
-                        )  # fmt: skip
+                    acc = fp8_lanes(
+                        xq_ptr, stride_xqm, ws[i], scs[i], M, ns[i], K, tile, seg, tb, IPSS[i],
+                        BN=BN8, MB=MB, BK=BK8, EVEN_K=EVEN_K, EXACT_CAST=EXACT_CAST, PREQ=PREQ,
+                    )  # fmt: skip
+                    _finish(
+                        acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
+                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i,
+                    )  # fmt: skip
                 elif ws[i].dtype.element_ty == tl.float32:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
@@ -379,8 +356,6 @@ if HAVE_TRITON:
         LOG2_BK: tl.constexpr,
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
-        AHEAD8: tl.constexpr = 0,  # FP8W: chunks loaded ahead (`_AHEAD8`)
-        WORDS8: tl.constexpr = False,  # FP8W: `fp8_lanes_words` (`_WORDS8`, o's rows aligned)
         PDL: tl.constexpr = False,
     ):
         pdl_release(PDL)
@@ -391,26 +366,15 @@ if HAVE_TRITON:
         g = tl.cast(item // (tiles * SEGS), tl.int64)
         local = item % (tiles * SEGS)
         if FP8W:  # o's values as they are (the round trip's place in fp8_lanes): terms o·sw·w, exact
-            if WORDS8:
-                acc = fp8_lanes_words(
-                    o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
-                    local // SEGS, local % SEGS, tb, IPS,
-                    BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
-                )  # fmt: skip
-                _finish(
-                    acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
-                    M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK // 4, LOG2_BK=LOG2_BK - 2,
-                )  # fmt: skip
-            else:
-                acc = fp8_lanes(
-                    o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
-                    local // SEGS, local % SEGS, tb, IPS,
-                    BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True, AHEAD=AHEAD8,
-                )  # fmt: skip
-                _finish(
-                    acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
-                    M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK,
-                )  # fmt: skip
+            acc = fp8_lanes(
+                o_ptr + g * so_g, so_m, w_ptr + g * R * GW, sw_ptr + g * (R // 32) * (GW // 32), M, R, GW,
+                local // SEGS, local % SEGS, tb, IPS,
+                BN=BN, MB=MB, BK=BK, EVEN_K=EVEN_K, EXACT_CAST=False, PREQ=True,
+            )  # fmt: skip
+            _finish(
+                acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
+                M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK,
+            )  # fmt: skip
         else:
             _gemv_tile(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
@@ -418,17 +382,6 @@ if HAVE_TRITON:
                 local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
                 BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K,
             )  # fmt: skip
-
-
-def _words_ok(x: torch.Tensor, weights, *strides: int) -> bool:
-    """Whether `_WORDS8`'s word loads are aligned: x's rows start 8-byte aligned (its data
-    pointer, its row stride and `strides`, bf16 elements) and each weight's bytes 4-byte
-    aligned. Otherwise the byte form runs (a launch shape: the same bits)."""
-    return (
-        x.data_ptr() % 8 == 0
-        and all(s % 4 == 0 for s in (x.stride(0), *strides))
-        and all(w.data_ptr() % 4 == 0 for w in weights)
-    )
 
 
 def _log2(v: int) -> int:
@@ -614,7 +567,6 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
-        AHEAD8=_AHEAD8, WORDS8=_WORDS8 and _words_ok(xin, weights),
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, **pdl_launch(x),
     )  # fmt: skip
@@ -680,7 +632,6 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
-        AHEAD8=_AHEAD8, WORDS8=_WORDS8 and sb is not None and _words_ok(o, (w,), o.stride(1)),
         num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, **pdl_launch(o),
     )  # fmt: skip
     return out
