@@ -100,6 +100,20 @@ def test_rows_independent_of_m_and_launch_shape(Kd, device, monkeypatch):
         _same_bits(f"BN8 = {acc8}, {warps} warps", _run(x[:1], w, s, device), full[:1])
 
 
+def test_lane_tree_order_is_kept(device):
+    """Lanes 0-3 carry the terms 2^16, 2^-8, −2^16, 2^-8: the lane tree's (a0 + a1) +
+    (a2 + a3) gives 2^-8 (2^16 + 2^-8 rounds to 2^16), another pairing 2^-7 or 0. Random
+    inputs rarely tell the pairings apart after the bf16 rounding."""
+    K, N = 512, 32
+    x = torch.zeros(1, K)
+    x[0, :4] = torch.tensor([256.0, 2.0**-4, 256.0, 2.0**-4])
+    w = torch.zeros(N, K)
+    w[:, :4] = torch.tensor([256.0, 2.0**-4, -256.0, 2.0**-4])
+    s = torch.full((1, K // 32), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    got = _run(x.to(BF), w.to(FP8), s, device)
+    assert torch.equal(got.cpu().float(), torch.full((1, N), 2.0**-8)), got[0, :4]
+
+
 def test_fused_with_bf16_weights_equals_alone(device):
     """x → two fp8 weights and a bf16 one in one launch: each output's bits as alone."""
     gen = _gen("fused")
