@@ -2,7 +2,7 @@
 # (Record: `gemv._AHEAD8` and `gemv._WORDS8`, which it sets, were removed after this call
 # lost on an H100; commit acd56e1 has them. Calls 2-4 of the entry were typed commands:
 # BENCHMARKS.md, twenty-eighth entry.)
-# 2026-12-05 (twenty-eighth entry): one call for what dev_s28a.sh and dev_s28b.sh split
+# 2026-12-05 (twenty-eighth entry): two planned calls merged into one
 # (device time went on refused starts). 1. the FP8 GEMV's chunks ahead, bytes and words
 # (scripts/gemv_shape_probe.py, wo_b and wq_b) and a streaming read of the same bytes;
 # 2. the single-sequence FP8 step with each form (ab_steps.py --single 4096, bf16 caches);
