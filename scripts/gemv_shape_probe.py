@@ -11,7 +11,12 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    weight layout would give (the same lane order, so the same bits, if the kernel read it).
 2. `progs`: wo_b and wq_b under `_TARGET_PROGRAMS` = 1024 (production), 2048, 4096, 16384
    (more K segments: shorter chains, more programs; other bits, still fixed per shape).
-3. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
+3. `tiled`: wo_b, wq_b and wo_a's [2048, 8192]-sized FP8 weight through a copy of the FP8 lane loop
+   (`_probe_fp8`, production plan, one token) reading the weight row-major (the control) or
+   tile-major: each (16-row tile, 256-column chunk) as 4 KiB of contiguous bytes, a tile's
+   chunks in order, so that a program's segment is one contiguous run. Same lanes, same
+   bits (checked against `gemv.gemv_torch`); only the addresses differ.
+4. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
    program; 4 warps): the ceiling of a read-only kernel of this size, with 16 to 256 bytes
    per thread loaded per iteration (the bytes each SM keeps in flight). The GEMV keeps one
    chunk in flight per program: 64 bytes per thread at 8 programs of 2 warps per SM (128
@@ -39,7 +44,10 @@ import torch
 from attnv41.bench.common import Timer, _copy_ms
 from attnv41.kernels import gemv as G
 from attnv41.kernels import qdq
-from attnv41.kernels._triton import tl, triton
+from attnv41.kernels._triton import interpreting, tl, triton
+from attnv41.kernels.gemv_fp8 import _e8m0, _quant_block
+
+_finish = G._finish
 
 BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
 ELEMS = 5120 * 8192  # 42 MB of FP8, 84 MB of bf16
@@ -61,6 +69,58 @@ def _stream(w_ptr, out_ptr, n, PER: tl.constexpr, BLOCK: tl.constexpr):
         v = tl.load(w_ptr + idx, mask=idx < n, other=0)
         acc = tl.maximum(acc, v)
     tl.store(out_ptr + pid, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _probe_fp8(
+    x_ptr, w_ptr, sw_ptr, out_ptr, part_ptr, lock_ptr, N, K,
+    SEGS: tl.constexpr, IPS: tl.constexpr, TILED: tl.constexpr, PREQ: tl.constexpr, EXACT_CAST: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr,
+):  # fmt: skip
+    """`gemv_fp8.fp8_lanes` at one token (K a multiple of BK) with the weight row-major
+    `[N, K]` or tile-major `[N/BN, K/BK, BN, BK]` (TILED), then `gemv._finish`."""
+    NBK: tl.constexpr = BK // 32
+    pid = tl.program_id(0)
+    tile = pid // SEGS
+    seg = pid % SEGS
+    offs_r = tl.arange(0, BN)
+    offs_j = tl.arange(0, BK)
+    offs_b = tl.arange(0, NBK)
+    c0 = tl.cast(seg, tl.int64) * IPS  # the segment's first chunk
+    if TILED:
+        w_rows = (
+            w_ptr
+            + (tl.cast(tile, tl.int64) * (K // BK) + c0) * (BN * BK)
+            + offs_r[None, :, None] * BK
+            + offs_j[None, None, :]
+        )
+        step = BN * BK
+    else:
+        w_rows = w_ptr + (tile * BN + offs_r).to(tl.int64)[None, :, None] * K + c0 * BK + offs_j[None, None, :]
+        step = BK
+    x_rows = x_ptr + (offs_r * 0)[None, :, None] + c0 * BK + offs_j[None, None, :]
+    nkb = K // 32
+    sw_row = sw_ptr + tl.cast((tile * BN) // 32, tl.int64) * nkb + c0 * NBK + offs_b
+    acc = tl.zeros((1, BN, BK), dtype=tl.float32)
+    for i in range(IPS):
+        wv = tl.load(w_rows + i * step).to(tl.float32)
+        xv = tl.load(x_rows + i * BK).to(tl.float32)
+        sb = tl.load(sw_row + i * NBK)
+        if PREQ:
+            sw = _e8m0(sb.to(tl.int32))[None, None, :, None]
+            xs = tl.reshape(tl.reshape(xv, (1, BN, NBK, 32)) * sw, (1, BN, BK))
+        else:
+            v, sx = _quant_block(tl.reshape(xv, (BN * NBK, 32)), EXACT_CAST)
+            ss = tl.reshape(sx, (1, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
+            xs = tl.reshape(tl.reshape(v, (1, BN, NBK, 32)) * ss[:, :, :, None], (1, BN, BK))
+        acc = tl.fma(wv, xs, acc)
+    _finish(acc, out_ptr, N, part_ptr, lock_ptr, 1, N, tile, seg, 0, 1, SEGS, BN=BN, MB=1, BK=BK, LOG2_BK=LOG2_BK)
+
+
+def tile_major(w: torch.Tensor, bn: int = 16, bk: int = 256) -> torch.Tensor:
+    """[N, K] → the same bytes as [N/bn, K/bk, bn, bk], contiguous."""
+    N, K = w.shape
+    return w.view(N // bn, bn, K // bk, bk).transpose(1, 2).contiguous()
 
 
 def main(dev: torch.device) -> None:
@@ -128,6 +188,44 @@ def main(dev: torch.device) -> None:
         row = dict(part=part, what=what, N=N, K=K, dtype=str(dtype), segs=segs, bytes=nbytes, copies=n,
                    programs=-(-N // (16)) * segs, target=G._TARGET_PROGRAMS, xq=xq_kind)  # fmt: skip
         record(row, [lambda i=i: call(i) for i in range(n)], check)
+
+    def tiled_rows(name, N, K):
+        bk, segs = G.plan(N, K, FP8)
+        ips = K // bk // segs
+        nbytes = N * K
+        n = max(1, -(-L2_PASS // nbytes))
+        ws = weights(N, K, FP8, n)
+        tws = [tile_major(w) for w, _ in ws]
+        xs = [torch.randn(1, K, generator=gen, device=dev).to(BF) for _ in range(n)]
+        xqs = [qdq.fp8_qdq(x) for x in xs]
+        outs = [torch.empty(1, N, dtype=BF, device=dev) for _ in range(n)]
+        part = torch.empty(segs * N, dtype=torch.float32, device=dev)
+        lock = torch.zeros(N // 16, dtype=torch.int32, device=dev)
+        for preq in (True, False):
+            for tiled in (False, True):
+
+                def call(i, preq=preq, tiled=tiled):
+                    w = tws[i] if tiled else ws[i][0]
+                    _probe_fp8[(N // 16 * segs,)](
+                        xqs[i] if preq else xs[i], w, ws[i][1].view(torch.uint8), outs[i], part, lock, N, K,
+                        SEGS=segs, IPS=ips, TILED=tiled, PREQ=preq, EXACT_CAST=interpreting(), BN=16, BK=bk, LOG2_BK=8,
+                        num_warps=G._WARPS8,
+                    )  # fmt: skip
+
+                def check(call=call, preq=preq):
+                    call(0)
+                    twin = torch.empty_like(outs[0])
+                    G.gemv_torch(xs[0], (ws[0][0],), (twin,), (ws[0][1],), xq=xqs[0] if preq else None)
+                    return int((outs[0].view(torch.int16) != twin.view(torch.int16)).sum())
+
+                what = f"{name} {'tile-major' if tiled else 'row-major'}{' xq' if preq else ''} segs {segs}"
+                row = dict(part="tiled", what=what, N=N, K=K, segs=segs, bytes=nbytes, copies=n, xq=preq, tiled=tiled)
+                record(row, [lambda i=i, call=call: call(i) for i in range(n)], check)
+            gemv_row("tiled", f"{name} production{' xq' if preq else ''} segs {segs}", N, K, FP8, preq)
+
+    if "tiled" in PARTS:
+        for name, (N, K) in (("wo_b", (5120, 8192)), ("wq_b", (32768, 1280)), ("wo_a-size", (2048, 8192))):
+            tiled_rows(name, N, K)
 
     if "stream" in PARTS:
         for dtype in (FP8, BF) if "stream_bf16" in PARTS else (FP8,):
