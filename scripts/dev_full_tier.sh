@@ -5,7 +5,8 @@
 #   bash scripts/dev_full_tier.sh long     # -m gpu_full outside runtime/test_gpu.py, 2 workers:
 #                                          # 15 tests, the CUDA bench test 146 s alone
 #   bash scripts/dev_full_tier.sh stack    # runtime/test_gpu.py's full tier less the 10k replays:
-#                                          # the stack test at STACK_STEPS (default 50: 255 s)
+#                                          # the stack test at STACK_STEPS (default: the test's,
+#                                          # 100 steps, 194 s alone on an H100, 2026-12-05)
 #   bash scripts/dev_full_tier.sh replays  # the two 10k-step replays, one per worker (each
 #                                          # ~550 s at 10,000 steps: REPLAY_STEPS, LIMIT=590)
 #                                          # 2026-12-04 (eighteenth entry): neither ended in 585 s
@@ -20,7 +21,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" ATTNV41_GOLDEN_DIR="$PWD/.golden"
-export ATTNV41_STACK_STEPS="${STACK_STEPS:-50}" ATTNV41_REPLAY_STEPS="${REPLAY_STEPS:-10000}"
+export ATTNV41_STACK_STEPS="${STACK_STEPS:-100}" ATTNV41_REPLAY_STEPS="${REPLAY_STEPS:-10000}"
 part="${1:-long}"
 case "$part" in
   long) sel=(-m gpu_full -n 2 --dist loadfile --ignore tests/runtime/test_gpu.py tests) ;;

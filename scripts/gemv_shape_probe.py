@@ -22,7 +22,9 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    chunk in flight per program: 64 bytes per thread at 8 programs of 2 warps per SM (128
    registers), about 32 KiB per SM.
 
-The twenty-eighth entry of BENCHMARKS.md (H100) has its results, and those of a part `ahead`
+The twenty-ninth entry of BENCHMARKS.md (H100) has the `tiled` results: tile-major gains
+0.2-0.5 µs (1-2 %), so the access pattern is not what holds wo_b back. The twenty-eighth
+entry (H100) has the others, and those of a part `ahead`
 (the weight's next chunks loaded ahead, as bytes or int32 words) whose kernel knobs were
 removed after it lost: commit acd56e1 has both.
 
