@@ -16,6 +16,14 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    tile-major: each (16-row tile, 256-column chunk) as 4 KiB of contiguous bytes, a tile's
    chunks in order, so that a program's segment is one contiguous run. Same lanes, same
    bits (checked against `gemv.gemv_torch`); only the addresses differ.
+   `split2`: the same loop at several segment counts (other plans, so other bits, each
+   checked against `gemv.gemv_torch` under that plan), its partials summed by the last
+   program of a tile to arrive (`gemv._finish`: an arrival counter, whose release costs a
+   MEMBAR.ALL.GPU and whose acquire a CCTL.IVALL in every program, sm_90 SASS) or by a
+   second kernel (`_sum_parts`, launched with PDL): no fence in the GEMV's programs. The
+   question: at one chunk per program (wo_b at 32 segments, 23.6 µs on the H100 under
+   the counter) is the counter what keeps it from the 19.0 µs of a shape that needs no
+   split ([163840, 256])?
 4. `stream`: a plain streaming read of the same bytes (16-byte loads, a max, one store per
    program; 4 warps): the ceiling of a read-only kernel of this size, with 16 to 256 bytes
    per thread loaded per iteration (the bytes each SM keeps in flight). The GEMV keeps one
@@ -46,10 +54,14 @@ import torch
 from attnv41.bench.common import Timer, _copy_ms
 from attnv41.kernels import gemv as G
 from attnv41.kernels import qdq
-from attnv41.kernels._triton import interpreting, tl, triton
+from attnv41.kernels._triton import interpreting, pdl_launch, tl, triton
+
+if triton is not None:
+    from attnv41.kernels._triton import pdl_release, pdl_wait, round_bf16
 from attnv41.kernels.gemv_fp8 import _e8m0, _quant_block
 
 _finish = G._finish
+_lane_tree = G._lane_tree
 
 BF, FP8 = torch.bfloat16, torch.float8_e4m3fn
 ELEMS = 5120 * 8192  # 42 MB of FP8, 84 MB of bf16
@@ -77,11 +89,15 @@ def _stream(w_ptr, out_ptr, n, PER: tl.constexpr, BLOCK: tl.constexpr):
 def _probe_fp8(
     x_ptr, w_ptr, sw_ptr, out_ptr, part_ptr, lock_ptr, N, K,
     SEGS: tl.constexpr, IPS: tl.constexpr, TILED: tl.constexpr, PREQ: tl.constexpr, EXACT_CAST: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr, SPLIT2: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """`gemv_fp8.fp8_lanes` at one token (K a multiple of BK) with the weight row-major
-    `[N, K]` or tile-major `[N/BN, K/BK, BN, BK]` (TILED), then `gemv._finish`."""
+    `[N, K]` or tile-major `[N/BN, K/BK, BN, BK]` (TILED), then `gemv._finish`; or (SPLIT2,
+    SEGS > 1) the segment's sums stored as partials `[SEGS, N]` with no counter, for
+    `_sum_parts` to add in a kernel of its own."""
     NBK: tl.constexpr = BK // 32
+    pdl_release(PDL)
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     tile = pid // SEGS
     seg = pid % SEGS
@@ -116,7 +132,25 @@ def _probe_fp8(
             ss = tl.reshape(sx, (1, BN, NBK)) * _e8m0(sb.to(tl.int32))[None, None, :]
             xs = tl.reshape(tl.reshape(v, (1, BN, NBK, 32)) * ss[:, :, :, None], (1, BN, BK))
         acc = tl.fma(wv, xs, acc)
-    _finish(acc, out_ptr, N, part_ptr, lock_ptr, 1, N, tile, seg, 0, 1, SEGS, BN=BN, MB=1, BK=BK, LOG2_BK=LOG2_BK)
+    if SPLIT2:
+        offs_n = tile * BN + offs_r
+        tl.store(part_ptr + seg * N + offs_n, tl.reshape(_lane_tree(acc, 1, BN, BK, LOG2_BK), (BN,)))
+    else:
+        _finish(acc, out_ptr, N, part_ptr, lock_ptr, 1, N, tile, seg, 0, 1, SEGS, BN=BN, MB=1, BK=BK, LOG2_BK=LOG2_BK)
+
+
+@triton.jit
+def _sum_parts(part_ptr, out_ptr, N, SEGS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """out[n] = round_bf16(part[0, n] + part[1, n] + … + part[SEGS − 1, n]), left to right
+    (`gemv` steps 3-4)."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    total = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SEGS):
+        total += tl.load(part_ptr + s * N + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, round_bf16(total), mask=ok)
 
 
 def tile_major(w: torch.Tensor, bn: int = 16, bk: int = 256) -> torch.Tensor:
@@ -228,6 +262,55 @@ def main(dev: torch.device) -> None:
     if "tiled" in PARTS:
         for name, (N, K) in (("wo_b", (5120, 8192)), ("wq_b", (32768, 1280)), ("wo_a-size", (2048, 8192))):
             tiled_rows(name, N, K)
+
+    def split2_rows(name, N, K, segs_list):
+        bk = G._BK[FP8]
+        chunks = K // bk
+        nbytes = N * K
+        n = max(1, -(-L2_PASS // nbytes))
+        ws = weights(N, K, FP8, n)
+        xs = [torch.randn(1, K, generator=gen, device=dev).to(BF) for _ in range(n)]
+        xqs = [qdq.fp8_qdq(x) for x in xs]
+        outs = [torch.empty(1, N, dtype=BF, device=dev) for _ in range(n)]
+        lock = torch.zeros(N // 16, dtype=torch.int32, device=dev)
+        pdl = pdl_launch(xs[0])
+        for segs in segs_list:
+            part = torch.empty(segs * N, dtype=torch.float32, device=dev)
+            for preq in (True, False):
+                for split2 in (False, True):
+
+                    def call(i, preq=preq, split2=split2, segs=segs, part=part):
+                        _probe_fp8[(N // 16 * segs,)](
+                            xqs[i] if preq else xs[i], ws[i][0], ws[i][1].view(torch.uint8), outs[i], part, lock, N, K,
+                            SEGS=segs, IPS=chunks // segs, TILED=False, PREQ=preq, EXACT_CAST=interpreting(), BN=16,
+                            BK=bk, LOG2_BK=8, SPLIT2=split2, num_warps=G._WARPS8, **pdl,
+                        )  # fmt: skip
+                        if split2:
+                            _sum_parts[(-(-N // 256),)](part, outs[i], N, SEGS=segs, BLOCK=256, num_warps=2, **pdl)
+
+                    def check(call=call, preq=preq, segs=segs):
+                        call(0)
+                        twin = torch.empty_like(outs[0])
+                        saved = G._TARGET_PROGRAMS
+                        G._TARGET_PROGRAMS = (N // 16) * segs  # the plan with `segs` segments
+                        try:
+                            assert G.plan(N, K, FP8)[1] == segs
+                            G.gemv_torch(xs[0], (ws[0][0],), (twin,), (ws[0][1],), xq=xqs[0] if preq else None)
+                        finally:
+                            G._TARGET_PROGRAMS = saved
+                        return int((outs[0].view(torch.int16) != twin.view(torch.int16)).sum())
+
+                    form = "partials + sum kernel" if split2 else "counter"
+                    what = f"{name} segs {segs}{' xq' if preq else ''} {form}"
+                    row = dict(
+                        part="split2", what=what, N=N, K=K, segs=segs, bytes=nbytes, copies=n, xq=preq, split2=split2
+                    )
+                    record(row, [lambda i=i, call=call: call(i) for i in range(n)], check)
+
+    if "split2" in PARTS:
+        split2_rows("wo_b", 5120, 8192, (4, 8, 32))
+        split2_rows("wq_b", 32768, 1280, (5,))
+        split2_rows("wo_a-size", 2048, 8192, (8, 16, 32))
 
     if "stream" in PARTS:
         for dtype in (FP8, BF) if "stream_bf16" in PARTS else (FP8,):
