@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# For the next session with a device (written 2026-12-05, twenty-ninth entry): does the m = 1
-# FP8 GEMV at one chunk per program reach the no-split shape's time when its partials are
-# summed by a second kernel instead of an arrival counter (scripts/gemv_shape_probe.py
-# PARTS=split2: wo_b at 4 / 8 / 32 segments, wq_b at 5, a wo_a-sized weight at 8 / 16 / 32,
-# counter against partials + `_sum_parts`, each row bit for bit against gemv_torch under its
-# plan); then the shapes and progs sweeps on this card (H200 figures of them do not exist
-# yet). If the two-kernel form at 32 segments comes near [163840, 256]'s time, a per-dtype
-# plan with the partials' own kernel is the next step for wo_b and wo_a. carry: [".golden"]
+# For the next session with a device (written 2026-12-05, twenty-ninth entry): can the m = 1
+# FP8 GEMV run one chunk per program (the [163840, 256] shape's 19.0 µs against wo_b's 25.2
+# on the H100) once its partials are added by a launch of their own instead of the arrival
+# counter? 1. scripts/gemv_shape_probe.py PARTS=split2 (wo_b at 4 / 8 / 32 segments, wq_b at
+# 5, a wo_a-sized weight at 8 / 16 / 32; counter against partials + `_sum_parts`, each row bit
+# for bit against gemv_torch), then the shapes sweep (no H200 figures of it yet);
+# 2. the sum launch's tests (tests/kernels/test_gemv_sum_launch.py, CUDA: Flash wo_b / wo_a,
+# eager and replayed); 3. the single-sequence FP8 step (ab_steps.py --single 4096, bf16
+# caches, 2 rounds): production, the sum launch at the production plans (same bits), FP8
+# weights at 16384 / 4096 target programs with and without it (other bits).
+# carry: [".golden"]
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-PARTS=split2,shapes,progs BUDGET_S=240 timeout -k 5 300 python3 scripts/gemv_shape_probe.py > "$OUT/gemv_shape_probe.log" 2>&1
+PARTS=split2,shapes BUDGET_S=150 timeout -k 5 190 python3 scripts/gemv_shape_probe.py > "$OUT/gemv_shape_probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"
-grep -E "^(split2|shapes|progs) |copy|FAILED" "$OUT/gemv_shape_probe.log"
+timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -rfEs -n 4 --dist load -m gpu \
+  tests/kernels/test_gemv_sum_launch.py tests/kernels/test_gemv_fp8.py > "$OUT/pytest_sum.log" 2>&1
+echo "tests rc $? at $(($(date +%s) - T0)) s"; tail -1 "$OUT/pytest_sum.log"
+timeout -k 5 "${AB_S:-270}" python3 scripts/ab_steps.py --single 4096 --weights fp8 --kv bf16 --rounds 2 \
+  --variants "new;gemv sum;gemv fp8 16384;gemv fp8 16384 sum;gemv fp8 4096 sum" > "$OUT/ab_fp8_sum.log" 2>&1
+echo "ab rc $? at $(($(date +%s) - T0)) s"
+grep -E "^FAILED|^ERROR" "$OUT"/pytest_*.log | head -8
+grep -E "^(split2|shapes) |copy|FAILED" "$OUT/gemv_shape_probe.log"
+grep "^|" "$OUT/ab_fp8_sum.log" || tail -5 "$OUT/ab_fp8_sum.log"

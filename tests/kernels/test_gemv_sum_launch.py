@@ -1,0 +1,192 @@
+"""The decode GEMV's second form of adding a split weight's partials (`gemv._SUM_LAUNCH`:
+the GEMV's programs store their partials, `_sum_kernel` / `_group_sum_kernel` add them in
+a launch of their own) against the arrival counter (production) and the order twins, byte
+for byte: the same steps 3-5 of kernels/gemv.py in the same order. Fused weights (split
+and not, bf16, fp32 and FP8, x and xq), the RoPE epilogue on a split output, m = 1 and
+m > 1 (several token blocks, a ragged last one), group_gemv over bf16 and FP8-stored
+weights; on CUDA when present, else on the interpreter."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from attnv41.kernels import gemv as G
+from attnv41.kernels import qdq
+from attnv41.kernels import rope as R
+
+BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got, want = got.cpu(), want.cpu()
+    view = torch.int16 if got.dtype == BF else torch.int32
+    diff = got.view(view) != want.view(view)
+    assert not diff.any(), f"{name}: {int(diff.sum())} of {diff.numel()} outputs differ in bits"
+
+
+def _fp8(gen, N, K):
+    w = (torch.randn(N, K, generator=gen) * 64).clamp(-448, 448).to(FP8)
+    s = torch.randint(118, 124, (-(-N // 32), K // 32), generator=gen, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    return w, s
+
+
+def _both(monkeypatch, fn):
+    """fn() under the counter, then under the sum launch: (counter outputs, sum outputs)."""
+    monkeypatch.setattr(G, "_SUM_LAUNCH", False)
+    a = fn()
+    monkeypatch.setattr(G, "_SUM_LAUNCH", True)
+    b = fn()
+    return a, b
+
+
+@pytest.mark.parametrize("m", [1, 5], ids=["m1", "m5"])
+def test_fused_weights(m, device, monkeypatch):
+    K = 1024  # 4 chunks of bf16 / FP8, 8 of fp32: split at these N (few row tiles)
+    gen = _gen("fused", m)
+    x = torch.randn(m, K, generator=gen).to(BF)
+    w8, s8 = _fp8(gen, 64, K)
+    weights = (torch.randn(40, K, generator=gen).to(BF), torch.randn(24, K, generator=gen), w8)
+    scales = (None, None, s8)
+    for w in weights:
+        assert G.plan(w.shape[0], K, w.dtype)[1] > 1, "every weight here should be split"
+    short = torch.randn(9, 256, generator=gen).to(BF)  # one chunk: never split
+
+    def run(xq):
+        outs = tuple(torch.full((m, w.shape[0]), float("nan"), dtype=F32 if w.dtype == F32 else BF, device=device)
+                     for w in weights)  # fmt: skip
+        G.gemv(
+            x.to(device), tuple(w.to(device) for w in weights), outs,
+            tuple(None if s is None else s.to(device) for s in scales), xq=None if xq is None else xq.to(device),
+        )  # fmt: skip
+        return [o.cpu() for o in outs]
+
+    for xq in (None, qdq.fp8_qdq(x)):
+        counter, summed = _both(monkeypatch, lambda xq=xq: run(xq))
+        twins = tuple(torch.empty(m, w.shape[0], dtype=F32 if w.dtype == F32 else BF) for w in weights)
+        G.gemv_torch(x, weights, twins, scales, xq=xq)
+        for i in range(len(weights)):
+            assert not torch.isnan(summed[i].float()).any(), f"out[{i}] not written"
+            _same(f"xq={xq is not None} out[{i}] sum launch vs counter", summed[i], counter[i])
+            if weights[i].dtype != F32:  # fp32 weights: the interpreter rounds the products (within bounds only)
+                _same(f"xq={xq is not None} out[{i}] sum launch vs gemv_torch", summed[i], twins[i])
+    # a launch whose only weight is not split takes no sum launch and keeps its bits
+    one = lambda: G.gemv(short[:1].to(device), (short.to(device),), (torch.empty(1, 9, dtype=BF, device=device),))[
+        0
+    ].cpu()  # noqa: E731
+    a, b = _both(monkeypatch, one)
+    _same("unsplit weight", b, a)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_rope_on_a_split_output(fp8, device, monkeypatch):
+    m, H, D, half, K = 3, 4, 64, 16, 2048
+    gen = _gen("rope", fp8)
+    x = torch.randn(m, K, generator=gen).to(BF)
+    w, s = _fp8(gen, H * D, K) if fp8 else (torch.randn(H * D, K, generator=gen).to(BF), None)
+    assert G.plan(H * D, K, w.dtype)[1] > 1
+    ang = torch.rand(40, half, generator=gen) * 6
+    cos, sin = ang.cos(), ang.sin()
+    pos = torch.tensor([3, 17, 39], dtype=torch.int32)
+
+    def run():
+        out = torch.full((m, H * D), float("nan"), dtype=BF, device=device)
+        G.gemv(
+            x.to(device), (w.to(device),), (out,), None if s is None else (s.to(device),),
+            rope=(0, D, cos.to(device), sin.to(device), pos.to(device)),
+        )  # fmt: skip
+        return out.cpu()
+
+    counter, summed = _both(monkeypatch, run)
+    _same("rope: sum launch vs counter", summed, counter)
+    plain = torch.empty(m, H * D, dtype=BF)
+    G.gemv_torch(x, (w,), (plain,), None if s is None else (s,))
+    want = R.apply_rope_torch(plain.view(m, H, D), cos, sin, pos).reshape(m, H * D)
+    _same("rope: sum launch vs gemv_torch then apply_rope", summed, want)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("m", [1, 6], ids=["m1", "m6"])
+def test_group_gemv(m, fp8, device, monkeypatch):
+    Gn, r, gw = 3, 96, 640  # 3 chunks of 256 (the last one 128 wide): split
+    gen = _gen("group", m, fp8)
+    o = torch.randn(m, Gn, gw, generator=gen).to(BF)
+    if fp8:
+        w8, sc = _fp8(gen, Gn * r, gw)
+        w, scale = w8.view(Gn, r, gw), sc.view(torch.uint8)
+    else:
+        w, scale = torch.randn(Gn, r, gw, generator=gen).to(BF), None
+    assert G.plan(Gn * r, gw, w.dtype)[1] > 1
+
+    def run():
+        out = torch.full((m, Gn, r), float("nan"), dtype=BF, device=device)
+        G.group_gemv(o.to(device), w.to(device), out, None if scale is None else scale.to(device))
+        return out.cpu()
+
+    counter, summed = _both(monkeypatch, run)
+    assert not torch.isnan(summed.float()).any(), "outputs not written"
+    _same("group: sum launch vs counter", summed, counter)
+    _same(
+        "group: sum launch vs group_gemv_torch",
+        summed,
+        G.group_gemv_torch(o, w, torch.empty(m, Gn, r, dtype=BF), scale),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", [None, 16384], ids=["production-plan", "fp8-target-16384"])
+def test_flash_shapes_on_cuda(target, monkeypatch):
+    """V4.1-Flash wo_b (FP8 [5120, 8192], x quantized in the programs) and wo_a (8 groups of
+    FP8 [1024, 4096]) at m = 1: the sum launch gives the counter's bytes and the twins',
+    eagerly and replayed from a CUDA graph, at the production plan and with the FP8 weights
+    at one chunk per program (`_TARGET_PROGRAMS_FP8`)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    G.prepare(dev)
+    monkeypatch.setattr(G, "_TARGET_PROGRAMS_FP8", target)
+    gen = _gen("flash")
+    x = torch.randn(1, 8192, generator=gen).to(BF).to(dev)
+    w, s = (t.to(dev) for t in _fp8(gen, 5120, 8192))
+    o = torch.randn(1, 8, 4096, generator=gen).to(BF).to(dev)
+    wa, sa = _fp8(gen, 8 * 1024, 4096)
+    wa, sa = wa.view(8, 1024, 4096).to(dev), sa.view(torch.uint8).to(dev)
+    out_b = torch.empty(1, 5120, dtype=BF, device=dev)
+    out_a = torch.empty(1, 8, 1024, dtype=BF, device=dev)
+
+    def run():
+        out_b.fill_(float("nan"))
+        out_a.fill_(float("nan"))
+        G.gemv(x, (w,), (out_b,), (s,))
+        G.group_gemv(o, wa, out_a, sa)
+        return out_b.clone(), out_a.clone()
+
+    (cb, ca), (sb, sa_) = _both(monkeypatch, run)
+    _same("wo_b: sum launch vs counter", sb, cb)
+    _same("wo_a: sum launch vs counter", sa_, ca)
+    twin_b = torch.empty_like(out_b)
+    G.gemv_torch(x, (w,), (twin_b,), (s,))
+    _same("wo_b vs gemv_torch", sb, twin_b)
+    _same("wo_a vs group_gemv_torch", sa_, G.group_gemv_torch(o, wa, torch.empty_like(out_a), sa))
+    graph = torch.cuda.CUDAGraph()  # _SUM_LAUNCH is still on (`_both`)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    with torch.cuda.graph(graph):
+        G.gemv(x, (w,), (out_b,), (s,))
+        G.group_gemv(o, wa, out_a, sa)
+    for _ in range(3):
+        out_b.fill_(float("nan"))
+        out_a.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        _same("wo_b replayed", out_b, sb)
+        _same("wo_a replayed", out_a, sa_)
