@@ -47,7 +47,7 @@ BASE = {k: dict(v) for k, v in DICTS.items()}
 TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
-GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, sum=gemv._SUM_LAUNCH)
+GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -154,10 +154,12 @@ VARIANTS = {
     # (the chunks-ahead and word-form variants of that entry: commit acd56e1, knobs removed)
     # (twenty-ninth entry) split weights' partials added by a launch of their own (same
     # bits), and FP8 weights at one chunk per program (other bits)
-    "gemv sum": {"gemv": dict(sum=True)},
+    "gemv release": {"gemv": dict(split="release")},
+    "gemv sum": {"gemv": dict(split="launch")},
     "gemv fp8 16384": {"gemv": dict(target_fp8=16384)},
-    "gemv fp8 16384 sum": {"gemv": dict(target_fp8=16384, sum=True)},
-    "gemv fp8 4096 sum": {"gemv": dict(target_fp8=4096, sum=True)},
+    "gemv fp8 16384 release": {"gemv": dict(target_fp8=16384, split="release")},
+    "gemv fp8 16384 sum": {"gemv": dict(target_fp8=16384, split="launch")},
+    "gemv fp8 4096 sum": {"gemv": dict(target_fp8=4096, split="launch")},
 }
 
 
@@ -170,7 +172,7 @@ def apply(over: dict) -> None:
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
     g = {**GEMV_BASE, **over.get("gemv", {})}
-    gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SUM_LAUNCH = g["target"], g["target_fp8"], g["sum"]
+    gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
 
 
 def _table(title: str, col: str, res: dict) -> None:

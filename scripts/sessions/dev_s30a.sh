@@ -5,10 +5,11 @@
 # counter? 1. scripts/gemv_shape_probe.py PARTS=split2 (wo_b at 4 / 8 / 32 segments, wq_b at
 # 5, a wo_a-sized weight at 8 / 16 / 32; counter against partials + `_sum_parts`, each row bit
 # for bit against gemv_torch), then the shapes sweep (no H200 figures of it yet);
-# 2. the sum launch's tests (tests/kernels/test_gemv_sum_launch.py, CUDA: Flash wo_b / wo_a,
-# eager and replayed); 3. the single-sequence FP8 step (ab_steps.py --single 4096, bf16
-# caches, 2 rounds): production, the sum launch at the production plans (same bits), FP8
-# weights at 16384 / 4096 target programs with and without it (other bits).
+# 2. the split forms' tests (tests/kernels/test_gemv_split_forms.py, CUDA: Flash wo_b / wo_a,
+# eager and replayed, `gemv._SPLIT_FORM` "release" and "launch" against the counter);
+# 3. the single-sequence FP8 step (ab_steps.py --single 4096, bf16 caches, 2 rounds):
+# production, each form at the production plans (same bits), FP8 weights at 16384 target
+# programs (one chunk per program; other bits) under each form.
 # carry: [".golden"]
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -18,10 +19,10 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 PARTS=split2,shapes BUDGET_S=150 timeout -k 5 190 python3 scripts/gemv_shape_probe.py > "$OUT/gemv_shape_probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"
 timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -rfEs -n 4 --dist load -m gpu \
-  tests/kernels/test_gemv_sum_launch.py tests/kernels/test_gemv_fp8.py > "$OUT/pytest_sum.log" 2>&1
+  tests/kernels/test_gemv_split_forms.py tests/kernels/test_gemv_fp8.py > "$OUT/pytest_sum.log" 2>&1
 echo "tests rc $? at $(($(date +%s) - T0)) s"; tail -1 "$OUT/pytest_sum.log"
 timeout -k 5 "${AB_S:-270}" python3 scripts/ab_steps.py --single 4096 --weights fp8 --kv bf16 --rounds 2 \
-  --variants "new;gemv sum;gemv fp8 16384;gemv fp8 16384 sum;gemv fp8 4096 sum" > "$OUT/ab_fp8_sum.log" 2>&1
+  --variants "new;gemv release;gemv sum;gemv fp8 16384;gemv fp8 16384 release;gemv fp8 16384 sum" > "$OUT/ab_fp8_sum.log" 2>&1
 echo "ab rc $? at $(($(date +%s) - T0)) s"
 grep -E "^FAILED|^ERROR" "$OUT"/pytest_*.log | head -8
 grep -E "^(split2|shapes) |copy|FAILED" "$OUT/gemv_shape_probe.log"

@@ -44,9 +44,9 @@ adds them in segment order, writes the output and resets the counter. Counters a
 buffer per device and owner (`_triton.ArrivalCounters`): a runtime's own (its calls run in
 order, so runtimes may run at once on different streams), else one per device allocated
 once (`prepare`) and shared by direct launches, which must then not overlap on different
-streams. (`_SUM_LAUNCH`, a tuning option, off: the programs store their partials only and a
-second launch adds them, the same steps in the same order, without the counter.) No host
-sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
+streams. (`_SPLIT_FORM`, a tuning option: the counter's atomics with release / acquire
+semantics split, or a second launch that adds the partials; the same steps in the same
+order.) No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
 
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9
@@ -104,14 +104,23 @@ _ACC_ROWS8 = 16  # fp8 weights: MB·BN8 rows (BN8 divides 32)
 _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.py: wq_b 16.9 µs against 20.4 at 32 rows, 4 warps)
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
-# How a split weight's partials are added (steps 3-5, the same order, so the same bits): by
-# the last program of a tile to arrive (an arrival counter: in sm_90 SASS a MEMBAR.ALL.GPU
-# and an L1 invalidation in every program of a split weight), or with _SUM_LAUNCH by a
-# second launch (`_sum_kernel` / `_group_sum_kernel`, PDL, _SUM_ROWS rows × MB tokens per
-# program) after a GEMV whose programs only store their partials. A tuning option, off:
-# untimed (2026-12-05; scripts/gemv_shape_probe.py PARTS=split2 asks whether it lets the
-# FP8 weights run one chunk per program at the speed of a shape that needs no split).
-_SUM_LAUNCH = False
+# How a split weight's partials are added (steps 3-5, the same order, so the same bits),
+# `_SPLIT_FORM`, a tuning option:
+# - "counter" (production): the last program of a tile to arrive adds them (an arrival
+#   counter, acq_rel: in sm_90 SASS a MEMBAR.ALL.GPU before and an L1 invalidation,
+#   CCTL.IVALL, after the atomic in every program of a split weight, and again at the reset);
+# - "release": the same counter with a release add (no L1 invalidation), an acquire only in
+#   the last program to arrive (an atomic add of 0, then the partials' loads, which bypass L1
+#   anyway: `.cg`), and a relaxed reset (the next launch that reads the counter is ordered
+#   after this one's end by the stream, or by its PDL wait);
+# - "launch": the programs store their partials only, and a second launch (`_sum_kernel` /
+#   `_group_sum_kernel`, PDL, _SUM_ROWS rows × MB tokens per program) adds them: no fence in
+#   the GEMV's programs.
+# Untimed (2026-12-05): scripts/gemv_shape_probe.py PARTS=split2 and ab_steps.py's "gemv …"
+# variants ask whether either lets the FP8 weights run one chunk per program
+# (`_TARGET_PROGRAMS_FP8`) at the speed of a shape that needs no split.
+_SPLIT_FORMS = {"counter": 0, "release": 1, "launch": 2}
+_SPLIT_FORM = "counter"
 _SUM_ROWS, _SUM_WARPS = 64, 2
 
 _LOCKS = 1 << 16
@@ -235,11 +244,11 @@ if HAVE_TRITON:
         lock_ptr,  # int32 [tiles, ntb] arrival counters of this weight (segs > 1)
         M, N, tile, seg, tb, ntb,
         SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr,
-        rope=None, ROPE: tl.constexpr = False, SUM2: tl.constexpr = False,
+        rope=None, ROPE: tl.constexpr = False, SPLIT: tl.constexpr = 0,
     ):  # fmt: skip
         """Steps 2-5 of the module doc: the lane tree, the segments in order, the store.
-        SUM2 (SEGS > 1): only this segment's partial is stored; a second launch
-        (`_sum_kernel`, `_group_sum_kernel`) does steps 3-5."""
+        SPLIT (SEGS > 1): `_SPLIT_FORMS[_SPLIT_FORM]`; 2: only this segment's partial is
+        stored, a second launch (`_sum_kernel`, `_group_sum_kernel`) does steps 3-5."""
         offs_t = (tb * MB + tl.arange(0, MB)).to(tl.int64)
         offs_n = (tile * BN + tl.arange(0, BN)).to(tl.int64)
         # [MB, BN] this segment's sums
@@ -249,19 +258,29 @@ if HAVE_TRITON:
         out = out_ptr + offs_t[:, None] * stride_om + offs_n[None, :]
         part = part_ptr + offs_t[:, None] * N + offs_n[None, :]
         plane = tl.cast(M, tl.int64) * N  # one segment's partials
-        if SEGS > 1 and SUM2:
+        if SEGS > 1 and SPLIT == 2:
             tl.store(part + seg * plane, total, mask=ok)
         elif SEGS > 1:
             tl.store(part + seg * plane, total, mask=ok)
             tl.debug_barrier()  # every thread's partial stored before the release below
             lock = lock_ptr + tile * ntb + tb
-            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if SPLIT == 1:
+                arrived = tl.atomic_add(lock, 1, sem="release", scope="gpu")
+            else:
+                arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
             if arrived == SEGS - 1:  # the last segment of this tile: sum all in segment order
+                if SPLIT == 1:  # the acquire: every segment's release seen before the loads (its
+                    # value, SEGS, feeds the loads' mask: an acquire whose result is unused was
+                    # dropped from the sm_90 SASS)
+                    ok = ok & (tl.atomic_add(lock, 0, sem="acquire", scope="gpu") == SEGS)
                 total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
                 for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
                     total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
                 _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
-                tl.atomic_xchg(lock, 0)
+                if SPLIT == 1:
+                    tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")
+                else:
+                    tl.atomic_xchg(lock, 0)
         else:
             _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
 
@@ -270,13 +289,13 @@ if HAVE_TRITON:
         x_ptr, stride_xm, w_ptr, out_ptr, stride_om, part_ptr, lock_ptr, M, N, K, tile, seg, tb, ntb,
         SEGS: tl.constexpr, IPS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, BK: tl.constexpr,
         LOG2_BK: tl.constexpr, EVEN_K: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
-        SUM2: tl.constexpr = False,
+        SPLIT: tl.constexpr = 0,
     ):  # fmt: skip
         """One (row tile, K segment, token block) of `out = x · Wᵀ` (module doc, steps 1-5)."""
         acc = _lanes(x_ptr, stride_xm, w_ptr, M, N, K, tile, seg, tb, IPS, BN, MB, BK, EVEN_K)
         _finish(
             acc, out_ptr, stride_om, part_ptr, lock_ptr, M, N, tile, seg, tb, ntb, SEGS, BN, MB, BK, LOG2_BK, rope, ROPE,
-            SUM2,
+            SPLIT,
         )  # fmt: skip
 
     @triton.jit
@@ -315,7 +334,7 @@ if HAVE_TRITON:
         PREQ: tl.constexpr,  # fp8 weights read the round trip xq (kernels/gemv_fp8.py)
         ROPE_I: tl.constexpr,  # the weight whose output gets step 5 (−1: none)
         PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/_triton.py)
-        SUM2: tl.constexpr = False,  # split weights: partials only, summed by `_sum_kernel`
+        SPLIT: tl.constexpr = 0,  # how split weights add their partials (`_SPLIT_FORMS`)
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -336,20 +355,20 @@ if HAVE_TRITON:
                     )  # fmt: skip
                     _finish(
                         acc, outs[i], out_strides[i], part, lock, M, ns[i], tile, seg, tb, ntb, SEGSS[i],
-                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i, SUM2=SUM2,
+                        BN=BN8, MB=MB, BK=BK8, LOG2_BK=LOG2_BK8, rope=rope, ROPE=ROPE_I == i, SPLIT=SPLIT,
                     )  # fmt: skip
                 elif ws[i].dtype.element_ty == tl.float32:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
-                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K, SUM2=SUM2,
+                        BN=BN, MB=MB, BK=BK32, LOG2_BK=LOG2_BK32, EVEN_K=EVEN_K, SPLIT=SPLIT,
                     )  # fmt: skip
                 else:
                     _gemv_tile(
                         x_ptr, stride_xm, ws[i], outs[i], out_strides[i], part, lock, M, ns[i], K,
                         tile, seg, tb, ntb, SEGSS[i], IPSS[i],
                         BN=BN, MB=MB, BK=BK16, LOG2_BK=LOG2_BK16, EVEN_K=EVEN_K, rope=rope, ROPE=ROPE_I == i,
-                        SUM2=SUM2,
+                        SPLIT=SPLIT,
                     )  # fmt: skip
 
     @triton.jit
@@ -378,7 +397,7 @@ if HAVE_TRITON:
         EVEN_K: tl.constexpr,
         FP8W: tl.constexpr = False,  # the weight stored as e4m3 with its block scales (`group_gemv`)
         PDL: tl.constexpr = False,
-        SUM2: tl.constexpr = False,  # split: partials only, summed by `_group_sum_kernel`
+        SPLIT: tl.constexpr = 0,  # how a split weight adds its partials (`_SPLIT_FORMS`)
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -395,14 +414,14 @@ if HAVE_TRITON:
             )  # fmt: skip
             _finish(
                 acc, out_ptr + g * sout_g, sout_m, part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb,
-                M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, SUM2=SUM2,
+                M, R, local // SEGS, local % SEGS, tb, ntb, SEGS, BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, SPLIT=SPLIT,
             )  # fmt: skip
         else:
             _gemv_tile(
                 o_ptr + g * so_g, so_m, w_ptr + g * R * GW, out_ptr + g * sout_g, sout_m,
                 part_ptr + g * SEGS * M * R, lock_ptr + g * tiles * ntb, M, R, GW,
                 local // SEGS, local % SEGS, tb, ntb, SEGS, IPS,
-                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K, SUM2=SUM2,
+                BN=BN, MB=MB, BK=BK, LOG2_BK=LOG2_BK, EVEN_K=EVEN_K, SPLIT=SPLIT,
             )  # fmt: skip
 
     @triton.jit
@@ -420,7 +439,7 @@ if HAVE_TRITON:
         part_ptr, M, outs, ns, out_strides, part_offs, starts, rope, ntb,
         SEGSS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, ROPE_I: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        """`gemv`'s split weights under SUM2: one program per (weight, BN-row tile, token
+        """`gemv`'s split weights under `_SPLIT_FORM` "launch": one program per (weight, BN-row tile, token
         block) adds the partials `_gemv_kernel` stored (weights of one segment: no work
         items, `starts` repeats)."""
         pdl_release(PDL)
@@ -447,7 +466,7 @@ if HAVE_TRITON:
         part_ptr, out_ptr, sout_m, sout_g, M, R, tiles, ntb,
         SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        """`group_gemv` under SUM2: one program per (group, BN-row tile, token block)."""
+        """`group_gemv` under `_SPLIT_FORM` "launch": one program per (group, BN-row tile, token block)."""
         pdl_release(PDL)
         pdl_wait(PDL)
         pid = tl.program_id(0)
@@ -640,14 +659,15 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         raise ValueError(f"rope with row tiles of {bn} / {bn8} rows; allowed: even tiles (the launch shape)")
     xin = x if xq is None else xq  # what the fp8 weights read
     rope_i, rargs = _rope_args(rope, x)
-    sum2 = _SUM_LAUNCH and any(sg > 1 for sg in segss)
+    split_form = _SPLIT_FORMS[_SPLIT_FORM]
+    sum2 = split_form == 2 and any(sg > 1 for sg in segss)
     _gemv_kernel[(starts[-1] * ntb,)](
         x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
         BN=bn, BN8=bn8, MB=mb, BK16=bk16, LOG2_BK16=_log2(bk16), BK32=bk32, LOG2_BK32=_log2(bk32),
         BK8=bk8, LOG2_BK8=_log2(bk8), EVEN_K=even, EXACT_CAST=interpreting(), PREQ=xq is not None, ROPE_I=rope_i,
         enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
-        num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, SUM2=sum2,
+        num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, SPLIT=split_form,
         **pdl_launch(x),
     )  # fmt: skip
     if sum2:
@@ -721,10 +741,10 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         o, o.stride(0), o.stride(1), w, w if sb is None else sb, out, out.stride(0), out.stride(1), part, locks,
         m, r, gw, tiles, ntb, SEGS=segs, IPS=-(-gw // bk) // segs,
         BN=bn, MB=mb, BK=bk, LOG2_BK=_log2(bk), EVEN_K=gw % bk == 0, FP8W=sb is not None,
-        num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, SUM2=split and _SUM_LAUNCH,
+        num_warps=_WARPS8 if sb is not None else _WARPS, num_stages=_STAGES, SPLIT=_SPLIT_FORMS[_SPLIT_FORM],
         **pdl_launch(o),
     )  # fmt: skip
-    if split and _SUM_LAUNCH:
+    if split and _SPLIT_FORM == "launch":
         st = -(-r // _SUM_ROWS)
         _group_sum_kernel[(G * st * ntb,)](
             part, out, out.stride(0), out.stride(1), m, r, st, ntb, SEGS=segs, BN=_SUM_ROWS, MB=mb,

@@ -1,10 +1,12 @@
-"""The decode GEMV's second form of adding a split weight's partials (`gemv._SUM_LAUNCH`:
-the GEMV's programs store their partials, `_sum_kernel` / `_group_sum_kernel` add them in
-a launch of their own) against the arrival counter (production) and the order twins, byte
-for byte: the same steps 3-5 of kernels/gemv.py in the same order. Fused weights (split
-and not, bf16, fp32 and FP8, x and xq), the RoPE epilogue on a split output, m = 1 and
-m > 1 (several token blocks, a ragged last one), group_gemv over bf16 and FP8-stored
-weights; on CUDA when present, else on the interpreter."""
+"""The decode GEMV's other forms of adding a split weight's partials (`gemv._SPLIT_FORM`:
+"release", the arrival counter's atomics with release / acquire semantics split; "launch",
+the GEMV's programs store their partials and `_sum_kernel` / `_group_sum_kernel` add them
+in a launch of their own) against the counter (production) and the order twins, byte for
+byte: the same steps 3-5 of kernels/gemv.py in the same order. Fused weights (split and
+not, bf16, fp32 and FP8, x and xq), the RoPE epilogue on a split output, m = 1 and m > 1
+(several token blocks, a ragged last one), group_gemv over bf16 and FP8-stored weights; on
+CUDA when present, else on the interpreter (where the atomics' semantics are not
+exercised: the CUDA tests are the ones that see a missing acquire or release)."""
 
 from __future__ import annotations
 
@@ -37,17 +39,21 @@ def _fp8(gen, N, K):
     return w, s
 
 
-def _both(monkeypatch, fn):
-    """fn() under the counter, then under the sum launch: (counter outputs, sum outputs)."""
-    monkeypatch.setattr(G, "_SUM_LAUNCH", False)
+FORMS = pytest.mark.parametrize("form", ["release", "launch"])
+
+
+def _both(monkeypatch, fn, form):
+    """fn() under the counter, then under `form`: (counter outputs, the form's outputs)."""
+    monkeypatch.setattr(G, "_SPLIT_FORM", "counter")
     a = fn()
-    monkeypatch.setattr(G, "_SUM_LAUNCH", True)
+    monkeypatch.setattr(G, "_SPLIT_FORM", form)
     b = fn()
     return a, b
 
 
+@FORMS
 @pytest.mark.parametrize("m", [1, 5], ids=["m1", "m5"])
-def test_fused_weights(m, device, monkeypatch):
+def test_fused_weights(m, form, device, monkeypatch):
     K = 1024  # 4 chunks of bf16 / FP8, 8 of fp32: split at these N (few row tiles)
     gen = _gen("fused", m)
     x = torch.randn(m, K, generator=gen).to(BF)
@@ -68,24 +74,25 @@ def test_fused_weights(m, device, monkeypatch):
         return [o.cpu() for o in outs]
 
     for xq in (None, qdq.fp8_qdq(x)):
-        counter, summed = _both(monkeypatch, lambda xq=xq: run(xq))
+        counter, other = _both(monkeypatch, lambda xq=xq: run(xq), form)
         twins = tuple(torch.empty(m, w.shape[0], dtype=F32 if w.dtype == F32 else BF) for w in weights)
         G.gemv_torch(x, weights, twins, scales, xq=xq)
         for i in range(len(weights)):
-            assert not torch.isnan(summed[i].float()).any(), f"out[{i}] not written"
-            _same(f"xq={xq is not None} out[{i}] sum launch vs counter", summed[i], counter[i])
+            assert not torch.isnan(other[i].float()).any(), f"out[{i}] not written"
+            _same(f"xq={xq is not None} out[{i}] form vs counter", other[i], counter[i])
             if weights[i].dtype != F32:  # fp32 weights: the interpreter rounds the products (within bounds only)
-                _same(f"xq={xq is not None} out[{i}] sum launch vs gemv_torch", summed[i], twins[i])
-    # a launch whose only weight is not split takes no sum launch and keeps its bits
+                _same(f"xq={xq is not None} out[{i}] form vs gemv_torch", other[i], twins[i])
+    # a launch whose only weight is not split takes no second launch and keeps its bits
     one = lambda: G.gemv(short[:1].to(device), (short.to(device),), (torch.empty(1, 9, dtype=BF, device=device),))[
         0
     ].cpu()  # noqa: E731
-    a, b = _both(monkeypatch, one)
+    a, b = _both(monkeypatch, one, form)
     _same("unsplit weight", b, a)
 
 
+@FORMS
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_rope_on_a_split_output(fp8, device, monkeypatch):
+def test_rope_on_a_split_output(fp8, form, device, monkeypatch):
     m, H, D, half, K = 3, 4, 64, 16, 2048
     gen = _gen("rope", fp8)
     x = torch.randn(m, K, generator=gen).to(BF)
@@ -103,17 +110,18 @@ def test_rope_on_a_split_output(fp8, device, monkeypatch):
         )  # fmt: skip
         return out.cpu()
 
-    counter, summed = _both(monkeypatch, run)
-    _same("rope: sum launch vs counter", summed, counter)
+    counter, other = _both(monkeypatch, run, form)
+    _same("rope: form vs counter", other, counter)
     plain = torch.empty(m, H * D, dtype=BF)
     G.gemv_torch(x, (w,), (plain,), None if s is None else (s,))
     want = R.apply_rope_torch(plain.view(m, H, D), cos, sin, pos).reshape(m, H * D)
-    _same("rope: sum launch vs gemv_torch then apply_rope", summed, want)
+    _same("rope: form vs gemv_torch then apply_rope", other, want)
 
 
+@FORMS
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("m", [1, 6], ids=["m1", "m6"])
-def test_group_gemv(m, fp8, device, monkeypatch):
+def test_group_gemv(m, fp8, form, device, monkeypatch):
     Gn, r, gw = 3, 96, 640  # 3 chunks of 256 (the last one 128 wide): split
     gen = _gen("group", m, fp8)
     o = torch.randn(m, Gn, gw, generator=gen).to(BF)
@@ -129,21 +137,22 @@ def test_group_gemv(m, fp8, device, monkeypatch):
         G.group_gemv(o.to(device), w.to(device), out, None if scale is None else scale.to(device))
         return out.cpu()
 
-    counter, summed = _both(monkeypatch, run)
-    assert not torch.isnan(summed.float()).any(), "outputs not written"
-    _same("group: sum launch vs counter", summed, counter)
+    counter, other = _both(monkeypatch, run, form)
+    assert not torch.isnan(other.float()).any(), "outputs not written"
+    _same("group: form vs counter", other, counter)
     _same(
-        "group: sum launch vs group_gemv_torch",
-        summed,
+        "group: form vs group_gemv_torch",
+        other,
         G.group_gemv_torch(o, w, torch.empty(m, Gn, r, dtype=BF), scale),
     )
 
 
 @pytest.mark.gpu
+@FORMS
 @pytest.mark.parametrize("target", [None, 16384], ids=["production-plan", "fp8-target-16384"])
-def test_flash_shapes_on_cuda(target, monkeypatch):
+def test_flash_shapes_on_cuda(target, form, monkeypatch):
     """V4.1-Flash wo_b (FP8 [5120, 8192], x quantized in the programs) and wo_a (8 groups of
-    FP8 [1024, 4096]) at m = 1: the sum launch gives the counter's bytes and the twins',
+    FP8 [1024, 4096]) at m = 1: each form gives the counter's bytes and the twins',
     eagerly and replayed from a CUDA graph, at the production plan and with the FP8 weights
     at one chunk per program (`_TARGET_PROGRAMS_FP8`)."""
     if not torch.cuda.is_available():
@@ -167,14 +176,14 @@ def test_flash_shapes_on_cuda(target, monkeypatch):
         G.group_gemv(o, wa, out_a, sa)
         return out_b.clone(), out_a.clone()
 
-    (cb, ca), (sb, sa_) = _both(monkeypatch, run)
-    _same("wo_b: sum launch vs counter", sb, cb)
-    _same("wo_a: sum launch vs counter", sa_, ca)
+    (cb, ca), (sb, sa_) = _both(monkeypatch, run, form)
+    _same("wo_b: form vs counter", sb, cb)
+    _same("wo_a: form vs counter", sa_, ca)
     twin_b = torch.empty_like(out_b)
     G.gemv_torch(x, (w,), (twin_b,), (s,))
     _same("wo_b vs gemv_torch", sb, twin_b)
     _same("wo_a vs group_gemv_torch", sa_, G.group_gemv_torch(o, wa, torch.empty_like(out_a), sa))
-    graph = torch.cuda.CUDAGraph()  # _SUM_LAUNCH is still on (`_both`)
+    graph = torch.cuda.CUDAGraph()  # the form is still set (`_both`)
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
