@@ -19,8 +19,9 @@ K bytes apart) and the program count / chain length of the split rule (`gemv.pla
    `split2`: the same loop at several segment counts (other plans, so other bits, each
    checked against `gemv.gemv_torch` under that plan), its partials summed by the last
    program of a tile to arrive (`gemv._finish`: an arrival counter, whose release costs a
-   MEMBAR.ALL.GPU and whose acquire a CCTL.IVALL in every program, sm_90 SASS) or by a
-   second kernel (`_sum_parts`, launched with PDL): no fence in the GEMV's programs. The
+   MEMBAR.ALL.GPU and whose acquire a CCTL.IVALL in every program, sm_90 SASS; or its
+   "release" form, the acquire only in the last program) or by a second kernel
+   (`_sum_parts`, launched with PDL): no fence in the GEMV's programs. The
    question: at one chunk per program (wo_b at 32 segments, 23.6 µs on the H100 under
    the counter) is the counter what keeps it from the 19.0 µs of a shape that needs no
    split ([163840, 256])?
@@ -90,9 +91,11 @@ def _probe_fp8(
     x_ptr, w_ptr, sw_ptr, out_ptr, part_ptr, lock_ptr, N, K,
     SEGS: tl.constexpr, IPS: tl.constexpr, TILED: tl.constexpr, PREQ: tl.constexpr, EXACT_CAST: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, LOG2_BK: tl.constexpr, SPLIT2: tl.constexpr = False, PDL: tl.constexpr = False,
+    COUNTER: tl.constexpr = 0,
 ):  # fmt: skip
     """`gemv_fp8.fp8_lanes` at one token (K a multiple of BK) with the weight row-major
-    `[N, K]` or tile-major `[N/BN, K/BK, BN, BK]` (TILED), then `gemv._finish`; or (SPLIT2,
+    `[N, K]` or tile-major `[N/BN, K/BK, BN, BK]` (TILED), then `gemv._finish` (its counter's
+    form: COUNTER, `gemv._SPLIT_FORMS`); or (SPLIT2,
     SEGS > 1) the segment's sums stored as partials `[SEGS, N]` with no counter, for
     `_sum_parts` to add in a kernel of its own."""
     NBK: tl.constexpr = BK // 32
@@ -136,7 +139,25 @@ def _probe_fp8(
         offs_n = tile * BN + offs_r
         tl.store(part_ptr + seg * N + offs_n, tl.reshape(_lane_tree(acc, 1, BN, BK, LOG2_BK), (BN,)))
     else:
-        _finish(acc, out_ptr, N, part_ptr, lock_ptr, 1, N, tile, seg, 0, 1, SEGS, BN=BN, MB=1, BK=BK, LOG2_BK=LOG2_BK)
+        _finish(
+            acc,
+            out_ptr,
+            N,
+            part_ptr,
+            lock_ptr,
+            1,
+            N,
+            tile,
+            seg,
+            0,
+            1,
+            SEGS,
+            BN=BN,
+            MB=1,
+            BK=BK,
+            LOG2_BK=LOG2_BK,
+            SPLIT=COUNTER,
+        )
 
 
 @triton.jit
@@ -277,13 +298,15 @@ def main(dev: torch.device) -> None:
         for segs in segs_list:
             part = torch.empty(segs * N, dtype=torch.float32, device=dev)
             for preq in (True, False):
-                for split2 in (False, True):
+                for form in ("counter", "release", "launch"):
+                    split2 = form == "launch"
 
-                    def call(i, preq=preq, split2=split2, segs=segs, part=part):
+                    def call(i, preq=preq, split2=split2, segs=segs, part=part, form=form):
                         _probe_fp8[(N // 16 * segs,)](
                             xqs[i] if preq else xs[i], ws[i][0], ws[i][1].view(torch.uint8), outs[i], part, lock, N, K,
                             SEGS=segs, IPS=chunks // segs, TILED=False, PREQ=preq, EXACT_CAST=interpreting(), BN=16,
-                            BK=bk, LOG2_BK=8, SPLIT2=split2, num_warps=G._WARPS8, **pdl,
+                            BK=bk, LOG2_BK=8, SPLIT2=split2, COUNTER=G._SPLIT_FORMS[form] if form != "launch" else 0,
+                            num_warps=G._WARPS8, **pdl,
                         )  # fmt: skip
                         if split2:
                             _sum_parts[(-(-N // 256),)](part, outs[i], N, SEGS=segs, BLOCK=256, num_warps=2, **pdl)
@@ -300,10 +323,9 @@ def main(dev: torch.device) -> None:
                             G._TARGET_PROGRAMS = saved
                         return int((outs[0].view(torch.int16) != twin.view(torch.int16)).sum())
 
-                    form = "partials + sum kernel" if split2 else "counter"
                     what = f"{name} segs {segs}{' xq' if preq else ''} {form}"
                     row = dict(
-                        part="split2", what=what, N=N, K=K, segs=segs, bytes=nbytes, copies=n, xq=preq, split2=split2
+                        part="split2", what=what, N=N, K=K, segs=segs, bytes=nbytes, copies=n, xq=preq, form=form
                     )
                     record(row, [lambda i=i, call=call: call(i) for i in range(n)], check)
 
