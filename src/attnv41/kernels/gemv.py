@@ -129,8 +129,9 @@ _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
 
 def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
     """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS, the
-    smallest divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count (FP8
-    weights: `_TARGET_PROGRAMS_FP8` where set) (else ceil(K/BK)). Constants of the weight's shape and dtype: the summation order of every
+    smallest divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count
+    (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8` for FP8 weights where set), else
+    ceil(K/BK). Constants of the weight's shape and dtype: the summation order of every
     call with this weight (module doc)."""
     if dtype not in _BK:
         raise ValueError(f"dtype = {dtype}; allowed: {list(_BK)}")
@@ -236,6 +237,16 @@ if HAVE_TRITON:
             tl.store(out, total, mask=ok)
 
     @triton.jit
+    def _sum_tile(part, plane, out, ok, toks, offs_n, rope, ROPE: tl.constexpr, SEGS: tl.constexpr,
+                  BN: tl.constexpr, MB: tl.constexpr):  # fmt: skip
+        """Steps 3-5 of the module doc for one [MB, BN] tile of partials (`part`: segment 0's
+        addresses, `plane` apart; read from L2, `.cg`: other programs wrote them)."""
+        total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
+            total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        _store(out, total, ok, toks, offs_n, rope, ROPE, BN, MB)
+
+    @triton.jit
     def _finish(
         acc,  # [MB, BN, BK] lane sums
         out_ptr,  # bf16 or fp32 [M, N], row stride stride_om
@@ -258,10 +269,9 @@ if HAVE_TRITON:
         out = out_ptr + offs_t[:, None] * stride_om + offs_n[None, :]
         part = part_ptr + offs_t[:, None] * N + offs_n[None, :]
         plane = tl.cast(M, tl.int64) * N  # one segment's partials
-        if SEGS > 1 and SPLIT == 2:
+        if SEGS > 1:
             tl.store(part + seg * plane, total, mask=ok)
-        elif SEGS > 1:
-            tl.store(part + seg * plane, total, mask=ok)
+        if SEGS > 1 and SPLIT != 2:  # (SPLIT 2: a second launch adds the partials)
             tl.debug_barrier()  # every thread's partial stored before the release below
             lock = lock_ptr + tile * ntb + tb
             if SPLIT == 1:
@@ -273,15 +283,12 @@ if HAVE_TRITON:
                     # value, SEGS, feeds the loads' mask: an acquire whose result is unused was
                     # dropped from the sm_90 SASS)
                     ok = ok & (tl.atomic_add(lock, 0, sem="acquire", scope="gpu") == SEGS)
-                total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
-                    total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
-                _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
+                _sum_tile(part, plane, out, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, SEGS, BN, MB)
                 if SPLIT == 1:
                     tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")
                 else:
                     tl.atomic_xchg(lock, 0)
-        else:
+        if SEGS == 1:
             _store(out, total, ok, (offs_t < M, offs_t), offs_n, rope, ROPE, BN, MB)
 
     @triton.jit
@@ -425,23 +432,13 @@ if HAVE_TRITON:
             )  # fmt: skip
 
     @triton.jit
-    def _sum_tile(part, plane, out, ok, toks, offs_n, rope, ROPE: tl.constexpr, SEGS: tl.constexpr,
-                  BN: tl.constexpr, MB: tl.constexpr):  # fmt: skip
-        """Steps 3-5 of the module doc for one [MB, BN] tile of partials (`part`: segment 0's
-        addresses, `plane` apart)."""
-        total = tl.load(part, mask=ok, other=0.0)
-        for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
-            total += tl.load(part + s * plane, mask=ok, other=0.0)
-        _store(out, total, ok, toks, offs_n, rope, ROPE, BN, MB)
-
-    @triton.jit
     def _sum_kernel(
         part_ptr, M, outs, ns, out_strides, part_offs, starts, rope, ntb,
         SEGSS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, ROPE_I: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        """`gemv`'s split weights under `_SPLIT_FORM` "launch": one program per (weight, BN-row tile, token
-        block) adds the partials `_gemv_kernel` stored (weights of one segment: no work
-        items, `starts` repeats)."""
+        """`gemv`'s split weights under `_SPLIT_FORM` "launch": one program per (weight,
+        BN-row tile, token block) adds the partials `_gemv_kernel` stored (weights of one
+        segment: no work items, `starts` repeats)."""
         pdl_release(PDL)
         pdl_wait(PDL)
         pid = tl.program_id(0)
@@ -466,7 +463,8 @@ if HAVE_TRITON:
         part_ptr, out_ptr, sout_m, sout_g, M, R, tiles, ntb,
         SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
-        """`group_gemv` under `_SPLIT_FORM` "launch": one program per (group, BN-row tile, token block)."""
+        """`group_gemv` under `_SPLIT_FORM` "launch": one program per (group, BN-row tile,
+        token block)."""
         pdl_release(PDL)
         pdl_wait(PDL)
         pid = tl.program_id(0)
@@ -660,7 +658,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
     xin = x if xq is None else xq  # what the fp8 weights read
     rope_i, rargs = _rope_args(rope, x)
     split_form = _SPLIT_FORMS[_SPLIT_FORM]
-    sum2 = split_form == 2 and any(sg > 1 for sg in segss)
+    sum_launch = split_form == 2 and any(sg > 1 for sg in segss)
     _gemv_kernel[(starts[-1] * ntb,)](
         x, x.stride(0), xin, xin.stride(0), m, K, weights, scs, outs, tuple(ns), tuple(strides),
         tuple(starts), tuple(lock_offs), tuple(part_offs), part, locks, rargs, ntb, SEGSS=tuple(segss), IPSS=tuple(ipss),
@@ -670,7 +668,7 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         num_warps=_WARPS8 if all(w.dtype == FP8 for w in weights) else _WARPS, num_stages=_STAGES, SPLIT=split_form,
         **pdl_launch(x),
     )  # fmt: skip
-    if sum2:
+    if sum_launch:
         sstarts = [0]
         for n_i, sg in zip(ns, segss):
             sstarts.append(sstarts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
