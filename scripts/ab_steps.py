@@ -155,6 +155,8 @@ VARIANTS = {
     # (twenty-ninth entry) split weights' partials added by a launch of their own (same
     # bits), and FP8 weights at one chunk per program (other bits)
     "gemv release": {"gemv": dict(split="release")},
+    "single release": {"single": dict(counter_release=True)},
+    "gemv release, single release": {"gemv": dict(split="release"), "single": dict(counter_release=True)},
     "gemv sum": {"gemv": dict(split="launch")},
     "gemv fp8 16384": {"gemv": dict(target_fp8=16384)},
     "gemv fp8 16384 release": {"gemv": dict(target_fp8=16384, split="release")},

@@ -133,6 +133,7 @@ def test_validation(device, arg, bad, match):
         pytest.param(dict(BATCH_TUNE, warps_b=4), id="batch-combine-4-warps"),
         pytest.param(dict(rsplit=2, combine="loop", keys_m=True), id="rsplit2-loop-keys-m"),
         pytest.param(dict(combine="blocks", early_rows=False), id="blocks-without-early-rows"),
+        pytest.param(dict(combine="blocks", counter_release=True), id="blocks-counter-release"),
     ],
 )
 def test_tuning_variants(device, tune):

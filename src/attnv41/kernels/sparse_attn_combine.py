@@ -302,6 +302,7 @@ if HAVE_TRITON:
         RS: tl.constexpr = 1,
         PDL: tl.constexpr = False,
         EARLY: tl.constexpr = False,
+        RELEASE: tl.constexpr = False,
     ):
         """Grid (m, blocks, head blocks × D slices). Each program: one block's weighted rows
         pv = dot(bf16(exp(s − base)), R) for its slice, base the running max at that block
@@ -314,7 +315,13 @@ if HAVE_TRITON:
         are gathered before the wait for the logits kernel. Everything they depend on (the
         selection, the caches) was written by kernels that finished before the logits
         kernel released this one; the logits, maxima and workspace are touched only after
-        the wait. The same loads and arithmetic: the same bits."""
+        the wait. The same loads and arithmetic: the same bits.
+
+        RELEASE (the `counter_release` tune key): the arrival counter's add with release
+        semantics only (acq_rel puts an L1 invalidation after the atomic in every program,
+        sm_90 SASS), the acquire in the last program alone (its value feeds the loads' mask,
+        so it is not dropped), a relaxed reset; as `gemv._SPLIT_FORM = "release"`. The same
+        loads and arithmetic: the same bits."""
         pdl_release(PDL)
         if not EARLY:
             pdl_wait(PDL)
@@ -376,8 +383,13 @@ if HAVE_TRITON:
         tl.store(pv_blk, pv, mask=mask_h[:, None] & mask_v[None, :])
         tl.debug_barrier()  # every thread's pv stored before the release below
         lock = lock_ptr + t * tl.num_programs(2) + tl.program_id(2)
-        arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+        if RELEASE:
+            arrived = tl.atomic_add(lock, 1, sem="release", scope="gpu")
+        else:
+            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
         if arrived == K_BLOCKS - 1:  # the last block of this slice: the recurrence, in block order
+            if RELEASE:  # the acquire: every block's release seen before the loads below
+                mask_h = mask_h & (tl.atomic_add(lock, 0, sem="acquire", scope="gpu") == K_BLOCKS)
             mx = tl.full([BLOCK_HC], float("-inf"), tl.float32)
             den = tl.zeros([BLOCK_HC], dtype=tl.float32)
             acc = tl.zeros([BLOCK_HC, BLOCK_DV], dtype=tl.float32)
@@ -406,4 +418,7 @@ if HAVE_TRITON:
                 mask_v, D, dv * BLOCK_DV, stride_ot, stride_oh, stride_od, stride_rt, stride_rh, stride_cos, stride_sin,
                 ROT=ROT, HALF=HALF, BLOCK_DV=BLOCK_DV,
             )  # fmt: skip
-            tl.atomic_xchg(lock, 0)
+            if RELEASE:
+                tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")
+            else:
+                tl.atomic_xchg(lock, 0)

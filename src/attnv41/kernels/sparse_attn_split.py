@@ -152,7 +152,11 @@ _TUNE = dict(
     maxnreg_b_packed=None,
     scale_word=False,
     early_rows=True,
+    counter_release=False,
 )
+# counter_release (twenty-ninth entry, a tuning option, off; untimed): the block combine's
+# arrival counter with release / acquire split as `gemv._SPLIT_FORM = "release"` (no L1
+# invalidation in the programs that are not last); the same bytes.
 # scale_word (twelfth entry, a tuning option, off): packed fp4 tiles of four scales (chunks
 # of 64 columns: the batched logits kernel) take them as one word per row
 # (`packed_rows.fp4_words_mode`, WORDS = 3) instead of a scale tile of joins. Offline sm_90
@@ -484,7 +488,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
             cos.stride(0), sin.stride(0),
             ROT=rot is not None, HALF=half, BLOCK_HC=cfg["comb_h"], BLOCK_DV=bdv, BLOCK_K=BLOCK_K, LOG2_K=_LOG2_K, K_BLOCKS=kbs,
             KB_P2=triton.next_power_of_2(kbs), DOT_FP32=interpreting(), PACKED=packed, WORDS=words, RS=rsplit,
-            EARLY=bool(cfg["early_rows"]), num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
+            EARLY=bool(cfg["early_rows"]), RELEASE=bool(cfg["counter_release"]), num_warps=cfg["warps_pv"], num_stages=cfg["stages_b"], enable_fp_fusion=False, **pdl_launch(win),
         )  # fmt: skip
         return out
     _pv_combine_kernel[(m, triton.cdiv(H, cfg["comb_h"]), triton.cdiv(D, bdv))](
