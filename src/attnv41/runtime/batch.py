@@ -88,7 +88,7 @@ from .batch_parts import BatchParts
 from .checks import not_an_int, released_owners
 from .device import on_own_device
 from .ops import TRITON_BATCH_OPS, Ops
-from .pool import BatchStep, SeqPool, _failed_call
+from .pool import BatchStep, SeqPool, _failed_call, check_step_lists
 
 __all__ = ["SeqPool", "BatchV41", "BatchStep"]
 
@@ -252,18 +252,9 @@ class BatchV41(BatchParts):
             raise ValueError(
                 f"begin during a step (layer {self._step.next_layer} runs next); allowed: after layer {c.n_layers - 1}"
             )
-        for name, v in (("slots", slots), ("starts", starts), ("lens", lens)):
-            if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
-                raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
-        if not len(slots) == len(starts) == len(lens) or not slots:
-            raise ValueError(
-                f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count, at least 1"
-            )
+        check_step_lists(slots, starts, lens, at_least=1)
         for s in slots:
             pool._check_slot(s)
-        if len(set(slots)) != len(slots):
-            dup = sorted({s for s in slots if list(slots).count(s) > 1})
-            raise ValueError(f"slots {dup} appear twice in one step; allowed: each slot at most once")
         for slot, s, m in zip(slots, starts, lens):
             if m < 1:
                 raise ValueError(f"slot {slot}: lens = {m}; allowed: >= 1")

@@ -42,6 +42,21 @@ def _failed_call(rec: tuple[int, int | str]) -> str:
     return f"its step {sid} (in layer {where})"
 
 
+def check_step_lists(slots, starts, lens, at_least: int) -> None:
+    """The form of a step's three lists (`SeqPool.blocks_needed`, `BatchV41.begin`): lists
+    of ints, one entry per sequence (at least `at_least`), each slot at most once. Raises
+    TypeError / ValueError naming the value."""
+    for name, v in (("slots", slots), ("starts", starts), ("lens", lens)):
+        if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+            raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
+    if not len(slots) == len(starts) == len(lens) or len(slots) < at_least:
+        more = f", at least {at_least}" if at_least else ""
+        raise ValueError(f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count{more}")
+    if len(set(slots)) != len(slots):
+        dup = sorted({sl for sl in slots if list(slots).count(sl) > 1})
+        raise ValueError(f"slots {dup} appear twice in one step; allowed: each slot at most once")
+
+
 class SeqPool:
     """Slots, rings, compressor states and paged caches for `n_slots` sequences (module
     docstring). `blocks`: blocks per ratio (default: enough for every slot at max_seq)."""
@@ -161,14 +176,7 @@ class SeqPool:
         lets its blocks go (freeing those no other slot holds), then every continued slot
         takes a copy of each shared block it writes into (`own_rows`) and grows. A scheduler
         may ask before it begins a step; `BatchV41.begin` checks the step's other rules."""
-        for name, v in (("slots", slots), ("starts", starts), ("lens", lens)):
-            if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
-                raise TypeError(f"{name} = {v!r}; allowed: a list of ints")
-        if not len(slots) == len(starts) == len(lens):
-            raise ValueError(f"{len(slots)} slots, {len(starts)} starts, {len(lens)} lens; allowed: the same count")
-        if len(set(slots)) != len(slots):
-            dup = sorted({sl for sl in slots if list(slots).count(sl) > 1})
-            raise ValueError(f"slots {dup} appear twice in one step; allowed: each slot at most once")
+        check_step_lists(slots, starts, lens, at_least=0)
         for slot, s, m in zip(slots, starts, lens):
             self._check_slot(slot)
             if s not in (0, self.length[slot]):
