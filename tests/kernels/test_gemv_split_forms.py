@@ -73,7 +73,7 @@ def test_fused_weights(m, form, device, monkeypatch):
         )  # fmt: skip
         return [o.cpu() for o in outs]
 
-    for xq in (None, qdq.fp8_qdq(x)):
+    for xq in (None, qdq.fp8_qdq(x.to(device)).cpu()):
         counter, other = _both(monkeypatch, lambda xq=xq: run(xq), form)
         twins = tuple(torch.empty(m, w.shape[0], dtype=F32 if w.dtype == F32 else BF) for w in weights)
         G.gemv_torch(x, weights, twins, scales, xq=xq)

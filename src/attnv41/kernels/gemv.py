@@ -39,14 +39,14 @@ reproduces them.
 Launch: one program per (weight, BN-row tile, K segment, block of MB tokens), the token
 block fastest so that programs reading the same weight tile run together (one DRAM read,
 the others from L2). A split weight (SEGS > 1) stores fp32 partials `[SEGS, m, N]` in a
-workspace; the last program of a (tile, token block) to arrive (an arrival counter, acq_rel)
-adds them in segment order, writes the output and resets the counter. Counters are one
-buffer per device and owner (`_triton.ArrivalCounters`): a runtime's own (its calls run in
-order, so runtimes may run at once on different streams), else one per device allocated
-once (`prepare`) and shared by direct launches, which must then not overlap on different
-streams. (`_SPLIT_FORM`, a tuning option: the counter's atomics with release / acquire
-semantics split, or a second launch that adds the partials; the same steps in the same
-order.) No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
+workspace, and a second launch (PDL) adds them in segment order and writes the output
+(`_SPLIT_FORM = "launch"`). The other forms, the same steps in the same order, so the same
+bits: the last program of a (tile, token block) to arrive adds them (an arrival counter,
+acq_rel, "counter"; or its atomics with release / acquire semantics split, "release") and
+resets the counter. Counters are one buffer per device and owner
+(`_triton.ArrivalCounters`): a runtime's own (its calls run in order, so runtimes may run
+at once on different streams), else one per device allocated once (`prepare`) and shared
+by direct launches, which must then not overlap on different streams. No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
 
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9
@@ -95,7 +95,11 @@ FP8 = torch.float8_e4m3fn  # a weight with e8m0 scales (`scales=`, kernels/gemv_
 _BK = {torch.bfloat16: 256, torch.float32: 128, FP8: 256}
 _PLAN_BN = 16  # the row tile the split rule counts with (not the launch's BN)
 _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per SM on an H200)
-_TARGET_PROGRAMS_FP8 = None  # FP8 weights' own target (None: _TARGET_PROGRAMS); a tuning option
+# FP8 weights' own target (None: _TARGET_PROGRAMS): at 16,384 every FP8 weight of Flash runs
+# one chunk per program (SEGS = ceil(K/BK)), with the partials added by a launch of their own
+# (`_SPLIT_FORM`): the FP8 step at 4K 3.38 ms against 3.59 with the counter at 1,024 (H100,
+# 2026-12-05, BENCHMARKS.md thirtieth entry).
+_TARGET_PROGRAMS_FP8 = 16384
 
 # The launch shape: free of the bits. MB tokens × BN rows × BK columns of fp32 lane sums
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
@@ -105,22 +109,23 @@ _WARPS8 = 2  # a launch of fp8 weights only (H200 sweep, scripts/fp8_gemv_tune.p
 _MB_MAX = 4
 _WARPS, _STAGES = 4, 3
 # How a split weight's partials are added (steps 3-5, the same order, so the same bits),
-# `_SPLIT_FORM`, a tuning option:
-# - "counter" (production): the last program of a tile to arrive adds them (an arrival
+# `_SPLIT_FORM`:
+# - "counter": the last program of a tile to arrive adds them (an arrival
 #   counter, acq_rel: in sm_90 SASS a MEMBAR.ALL.GPU before and an L1 invalidation,
 #   CCTL.IVALL, after the atomic in every program of a split weight, and again at the reset);
 # - "release": the same counter with a release add (no L1 invalidation), an acquire only in
 #   the last program to arrive (an atomic add of 0, then the partials' loads, which bypass L1
 #   anyway: `.cg`), and a relaxed reset (the next launch that reads the counter is ordered
 #   after this one's end by the stream, or by its PDL wait);
-# - "launch": the programs store their partials only, and a second launch (`_sum_kernel` /
-#   `_group_sum_kernel`, PDL, _SUM_ROWS rows × MB tokens per program) adds them: no fence in
-#   the GEMV's programs.
-# Untimed (2026-12-05): scripts/gemv_shape_probe.py PARTS=split2 and ab_steps.py's "gemv …"
-# variants ask whether either lets the FP8 weights run one chunk per program
-# (`_TARGET_PROGRAMS_FP8`) at the speed of a shape that needs no split.
+# - "launch" (production): the programs store their partials only, and a second launch
+#   (`_sum_kernel` / `_group_sum_kernel`, PDL, _SUM_ROWS rows × MB tokens per program) adds
+#   them: no fence in the GEMV's programs, 40 registers instead of 128 at one chunk per
+#   program. On the H100 (2026-12-05, scripts/gemv_shape_probe.py PARTS=split2) it was the
+#   fastest form at every split tried but one (wo_b from xq at 8 segments 20.7 µs, release
+#   22.2, counter 22.4); the FP8 step at 4K 3.44 ms against 3.59 (counter) at the same
+#   plans and bits, 3.38 with `_TARGET_PROGRAMS_FP8`; the bf16 step 5.03 against 5.13.
 _SPLIT_FORMS = {"counter": 0, "release": 1, "launch": 2}
-_SPLIT_FORM = "counter"
+_SPLIT_FORM = "launch"
 _SUM_ROWS, _SUM_WARPS = 64, 2
 
 _LOCKS = 1 << 16
