@@ -44,7 +44,7 @@ DICTS = {
 }
 BASE = {k: dict(v) for k, v in DICTS.items()}
 # `tc_mm`'s split rule (module constants read at each call): "tc": dict(target=, min_seg=)
-TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS)
+TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS, split=tc_mm._SPLIT_FORM)
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
@@ -164,6 +164,8 @@ VARIANTS = {
     "gemv fp8 4096 sum": {"gemv": dict(target_fp8=4096, split="launch")},
     # (thirtieth entry) production became "launch" with FP8 at 16,384: the rule before
     "gemv counter": {"gemv": dict(target_fp8=None, split="counter")},
+    # (thirtieth entry) the batched products' split partials added by a launch of their own (same bits)
+    "tc launch": {"tc": dict(split="launch")},
 }
 
 
@@ -173,7 +175,7 @@ def apply(over: dict) -> None:
         d.update(BASE[k])
         d.update(over.get(k, {}))
     tc = {**TC_BASE, **over.get("tc", {})}
-    tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS = tc["target"], tc["min_seg"]
+    tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS, tc_mm._SPLIT_FORM = tc["target"], tc["min_seg"], tc["split"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
     g = {**GEMV_BASE, **over.get("gemv", {})}
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]

@@ -800,3 +800,40 @@ def test_fp8_stored_group_weight_in_fine_programs_gives_the_bf16_coarse_bits(dev
     want = TC.tc_group_mm(o, deq, torch.full((m, G, r), float("nan"), dtype=BF, device=device))
     assert not torch.isnan(got.float()).any(), "NaN in the output"
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "FP8-stored wo_a vs its bf16: bits differ"
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
+@pytest.mark.parametrize("m", [1, 5, 64, 130])
+@pytest.mark.parametrize("fine_max_m", [0, 10**9], ids=["coarse", "fine"])
+def test_sum_launch_gives_the_counter_bytes(device, monkeypatch, kind, m, fine_max_m):
+    """`_SPLIT_FORM` "launch" (the partials added by `gemv._sum_kernel` /
+    `gemv._group_sum_kernel` in a launch of their own) against the arrival counter: the
+    same steps in the same order, so the same bytes, for every kind, through
+    `mm_many_batch` (two weights, RoPE on the first), `tc_mm` and `tc_group_mm`, in fine
+    programs (partials added in groups) and coarse ones, m of one to three row tiles and a
+    sum launch's ragged last token block (m = 5); the launch form touches no counter."""
+    _levels(monkeypatch, 8, 2)
+    monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), fine_max_m))
+    run, _ = _two_level_call(device, kind, m, _gen("sum-launch", kind, m))
+    monkeypatch.setattr(TC, "_SPLIT_FORM", "counter")
+    want = run()
+    monkeypatch.setattr(TC, "_SPLIT_FORM", "launch")
+    TC._counters.buffer(torch.device(device)).fill_(7)  # a launch that used a counter would leave it changed
+    got = run()
+    assert int((TC._counters.buffer(torch.device(device)) != 7).sum()) == 0, "the launch form touched a counter"
+    TC._counters.buffer(torch.device(device)).zero_()
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert not torch.isnan(a.float()).any(), f"{kind} m={m} output {i}: NaN (a tile not summed)"
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)), f"{kind} m={m} output {i}"
+
+
+def test_split_form_is_checked(device, monkeypatch):
+    """An unknown `_SPLIT_FORM` is refused before anything is launched, naming the value."""
+    g = _gen("form")
+    x, w = _rand(g, (3, 1024)).to(device), _rand(g, (64, 1024)).to(device)
+    assert TC.plan(64, 1024) > 1
+    out = torch.full((3, 64), float("nan"), dtype=BF, device=device)
+    monkeypatch.setattr(TC, "_SPLIT_FORM", "atomic")
+    with pytest.raises(ValueError, match="_SPLIT_FORM = 'atomic'; allowed"):
+        TC.tc_mm(x, w, out)
+    assert torch.isnan(out.float()).all()

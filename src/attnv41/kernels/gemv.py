@@ -242,13 +242,24 @@ if HAVE_TRITON:
             tl.store(out, total, mask=ok)
 
     @triton.jit
+    def _grp_sum(part, plane, j0, GRP: tl.constexpr, ok):
+        """Partials j0 … j0 + GRP − 1 (`plane` apart) added in order (read from L2, `.cg`:
+        other programs wrote them)."""
+        t = tl.load(part + j0 * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        for j in tl.static_range(1, GRP):
+            t += tl.load(part + (j0 + j) * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        return t
+
+    @triton.jit
     def _sum_tile(part, plane, out, ok, toks, offs_n, rope, ROPE: tl.constexpr, SEGS: tl.constexpr,
-                  BN: tl.constexpr, MB: tl.constexpr):  # fmt: skip
+                  BN: tl.constexpr, MB: tl.constexpr, GRP: tl.constexpr = 1):  # fmt: skip
         """Steps 3-5 of the module doc for one [MB, BN] tile of partials (`part`: segment 0's
-        addresses, `plane` apart; read from L2, `.cg`: other programs wrote them)."""
-        total = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-        for s in tl.static_range(1, SEGS):  # unrolled: the loads overlap, the adds stay in order
-            total += tl.load(part + s * plane, mask=ok, other=0.0, cache_modifier=".cg")
+        addresses, `plane` apart): the SEGS partials added in order in groups of GRP (each
+        group's sum from its first partial, then the groups' sums in order: `tc_mm`'s two
+        split levels; GRP 1: one chain), the store."""
+        total = _grp_sum(part, plane, 0, GRP, ok)
+        for gi in tl.static_range(1, SEGS // GRP):  # unrolled: the loads overlap, the adds stay in order
+            total += _grp_sum(part, plane, gi * GRP, GRP, ok)
         _store(out, total, ok, toks, offs_n, rope, ROPE, BN, MB)
 
     @triton.jit
@@ -440,10 +451,12 @@ if HAVE_TRITON:
     def _sum_kernel(
         part_ptr, M, outs, ns, out_strides, part_offs, starts, rope, ntb,
         SEGSS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, ROPE_I: tl.constexpr, PDL: tl.constexpr = False,
+        GRPS: tl.constexpr = (),
     ):  # fmt: skip
         """`gemv`'s split weights under `_SPLIT_FORM` "launch": one program per (weight,
         BN-row tile, token block) adds the partials `_gemv_kernel` stored (weights of one
-        segment: no work items, `starts` repeats)."""
+        segment: no work items, `starts` repeats). Also `tc_mm`'s: GRPS[i], weight i's partials
+        added in groups of that many (`_sum_tile`; gemv's: 1, one chain)."""
         pdl_release(PDL)
         pdl_wait(PDL)
         pid = tl.program_id(0)
@@ -460,16 +473,16 @@ if HAVE_TRITON:
                     out = outs[i] + offs_t[:, None] * out_strides[i] + offs_n[None, :]
                     _sum_tile(
                         part, tl.cast(M, tl.int64) * N, out, ok, (offs_t < M, offs_t), offs_n, rope, ROPE_I == i,
-                        SEGSS[i], BN, MB,
+                        SEGSS[i], BN, MB, GRPS[i],
                     )  # fmt: skip
 
     @triton.jit
     def _group_sum_kernel(
         part_ptr, out_ptr, sout_m, sout_g, M, R, tiles, ntb,
-        SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, PDL: tl.constexpr = False,
+        SEGS: tl.constexpr, BN: tl.constexpr, MB: tl.constexpr, PDL: tl.constexpr = False, GRP: tl.constexpr = 1,
     ):  # fmt: skip
         """`group_gemv` under `_SPLIT_FORM` "launch": one program per (group, BN-row tile,
-        token block)."""
+        token block); also `tc_mm` / `tc_group_mm`'s (partials added in groups of GRP)."""
         pdl_release(PDL)
         pdl_wait(PDL)
         pid = tl.program_id(0)
@@ -481,7 +494,7 @@ if HAVE_TRITON:
         ok = (offs_t < M)[:, None] & (offs_n < R)[None, :]
         part = part_ptr + g * SEGS * M * R + offs_t[:, None] * R + offs_n[None, :]
         out = out_ptr + g * sout_g + offs_t[:, None] * sout_m + offs_n[None, :]
-        _sum_tile(part, tl.cast(M, tl.int64) * R, out, ok, (offs_t < M, offs_t), offs_n, None, False, SEGS, BN, MB)
+        _sum_tile(part, tl.cast(M, tl.int64) * R, out, ok, (offs_t < M, offs_t), offs_n, None, False, SEGS, BN, MB, GRP)
 
 
 def _log2(v: int) -> int:
@@ -679,7 +692,8 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
             sstarts.append(sstarts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
         _sum_kernel[(sstarts[-1] * ntb,)](
             part, m, outs, tuple(ns), tuple(strides), tuple(part_offs), tuple(sstarts), rargs, ntb,
-            SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, enable_fp_fusion=rope is None,
+            SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, GRPS=(1,) * len(segss),
+            enable_fp_fusion=rope is None,
             num_warps=_SUM_WARPS, **pdl_launch(x),
         )  # fmt: skip
     return outs

@@ -126,6 +126,15 @@ _WARPS, _STAGES = 4, 3
 # the first _PF_BYTES of each of its weight rows' segment (0: no prefetch). Timing only.
 _PF_BYTES = 512
 _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of a split call
+# How a split call's partials are added (the same steps in the same order, so the same bits):
+# "counter", the last program of a tile to arrive adds them (an acq_rel arrival counter: a
+# fence and an L1 invalidation in every program of a split tile), or "launch", the
+# programs store their partials and a PDL launch of their own adds them (`gemv._sum_kernel`,
+# `gemv._group_sum_kernel`, _SUM_ROWS rows × up to _SUM_MB tokens per program). A tuning
+# option (2026-12-05, thirtieth entry): the decode GEMV's step gained 5 % from the same change.
+_SPLIT_FORMS = ("counter", "launch")
+_SPLIT_FORM = "counter"
+_SUM_ROWS, _SUM_MB, _SUM_WARPS = 64, 4, 2
 # Development switch, off (None): a `tc_fp8.FP8_TUNE` dict sends `mm_many_batch`'s FP8
 # weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, on x's round trip renamed: a
 # producer's `xq` as `rms_norm_batch` makes it then, else made for the call) and
@@ -159,7 +168,7 @@ def plan(
 
 
 if HAVE_TRITON:
-    from .gemv import _store
+    from .gemv import _group_sum_kernel, _store, _sum_kernel, _sum_tile
     from .gemv_fp8 import _e8m0
 
     @triton.jit
@@ -248,20 +257,12 @@ if HAVE_TRITON:
         )
 
     @triton.jit
-    def _grp_sum(pp, plane, j0, GRP: tl.constexpr, ok):
-        """Partials j0 … j0 + GRP − 1 of the workspace added in order."""
-        t = tl.load(pp + j0 * plane, mask=ok, other=0.0, cache_modifier=".cg")
-        for j in tl.static_range(1, GRP):
-            t += tl.load(pp + (j0 + j) * plane, mask=ok, other=0.0, cache_modifier=".cg")
-        return t
-
-    @triton.jit
     def _tc_tile(
         x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, g, seg, n_pm, n_pn,
         SEGS: tl.constexpr, NF: tl.constexpr, GRP: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr,
         OUT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         DOT_FP32: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, PF_ELT: tl.constexpr, rope,
-        ROPE: tl.constexpr,
+        ROPE: tl.constexpr, SUM_LAUNCH: tl.constexpr,
     ):  # fmt: skip
         """Output tile (pm, pn) of group g, program segment seg of SEGS (of n_pm × n_pn
         tiles per group): the weight's first lines prefetched, the wait for the previous
@@ -274,7 +275,9 @@ if HAVE_TRITON:
         PDL: started early (kernels/_triton.py); PF_LINES 128-byte lines of each weight
         row's segment are prefetched into L2 before the wait (weights only). ROPE: the
         rounded tile's RoPE-tail pairs rotated before the store (`gemv._store`, the decode
-        GEMV's epilogue: the rope op's bits)."""
+        GEMV's epilogue: the rope op's bits). SUM_LAUNCH (`_SPLIT_FORM` "launch"): a split
+        tile's programs store their partials only; `gemv._sum_kernel` /
+        `gemv._group_sum_kernel` add them (the same order) in a launch of their own."""
         rows = pm * BM + tl.arange(0, BM)
         cols = pn * BN + tl.arange(0, BN)
         rok, cok = rows < M, cols < N
@@ -309,15 +312,13 @@ if HAVE_TRITON:
             plane = M * N
             pp = part + (g * SEGS * M + rows[:, None]) * N + cols[None, :]
             tl.store(pp + seg * plane, acc, mask=ok)
-            tl.debug_barrier()  # every thread's partial stored before the release below
-            lock = locks + (g * n_pm + pm) * n_pn + pn
-            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
-            if arrived == SEGS - 1:  # unrolled: the loads overlap, the adds stay in order
-                s = _grp_sum(pp, plane, 0, GRP, ok)
-                for gi in tl.static_range(1, SEGS // GRP):
-                    s += _grp_sum(pp, plane, gi * GRP, GRP, ok)
-                _store(op, s, ok, toks, cols, rope, ROPE, BN, BM)
-                tl.atomic_xchg(lock, 0)
+            if not SUM_LAUNCH:
+                tl.debug_barrier()  # every thread's partial stored before the release below
+                lock = locks + (g * n_pm + pm) * n_pn + pn
+                arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+                if arrived == SEGS - 1:
+                    _sum_tile(pp, plane, op, ok, toks, cols, rope, ROPE, SEGS, BN, BM, GRP)
+                    tl.atomic_xchg(lock, 0)
 
     @triton.jit(do_not_specialize=["M"])
     def _tc_kernel(
@@ -325,6 +326,7 @@ if HAVE_TRITON:
         M, N, K, SEGS: tl.constexpr, NF: tl.constexpr, GRP: tl.constexpr, IPS: tl.constexpr, WK: tl.constexpr,
         OUT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         DOT_FP32: tl.constexpr, PDL: tl.constexpr = False, PF_LINES: tl.constexpr = 0, PF_ELT: tl.constexpr = 2,
+        SUM_LAUNCH: tl.constexpr = False,
     ):  # fmt: skip
         """One weight (G groups: tc_group_mm): grid (row tiles, weight tiles, G × SEGS)."""
         pdl_release(PDL)
@@ -332,7 +334,7 @@ if HAVE_TRITON:
         _tc_tile(
             x, sxm, sxg, w, swg, wsc, out, som, sog, part, locks, M, N, K, pm, pn, pgs // SEGS, pgs % SEGS,
             tl.num_programs(0), tl.num_programs(1), SEGS, NF, GRP, IPS, WK, OUT_F32, BM, BN, BK, EVEN_K, DOT_FP32,
-            PDL, PF_LINES, PF_ELT, (x, x, x, 0, 0, 2, 1), False,
+            PDL, PF_LINES, PF_ELT, (x, x, x, 0, 0, 2, 1), False, SUM_LAUNCH,
         )  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "n_pm"])
@@ -341,7 +343,7 @@ if HAVE_TRITON:
         SEGSS: tl.constexpr, NFS: tl.constexpr, GRPS: tl.constexpr, IPSS: tl.constexpr, WKS: tl.constexpr,
         OUT_F32S: tl.constexpr, PFS: tl.constexpr,
         PF_ELTS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        DOT_FP32: tl.constexpr, ROPE_I: tl.constexpr = -1, PDL: tl.constexpr = False,
+        DOT_FP32: tl.constexpr, ROPE_I: tl.constexpr = -1, PDL: tl.constexpr = False, SUM_LAUNCH: tl.constexpr = False,
     ):  # fmt: skip
         """Several weights sharing x in one launch (`mm_many_batch`): work item j of weight i
         (starts[i] ≤ j < starts[i + 1]; weight tile fastest, then the segment) × n_pm row
@@ -362,14 +364,14 @@ if HAVE_TRITON:
                         xq, sxqm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
                         M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], NFS[i], GRPS[i], IPSS[i], WKS[i],
                         OUT_F32S[i],
-                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i, SUM_LAUNCH,
                     )  # fmt: skip
                 else:
                     _tc_tile(
                         x, sxm, 0, ws[i], 0, scs[i], outs[i], soms[i], 0, part + part_offs[i], locks + lock_offs[i],
                         M, ns[i], K, pm, pn, 0, seg, n_pm, n_pn, SEGSS[i], NFS[i], GRPS[i], IPSS[i], WKS[i],
                         OUT_F32S[i],
-                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i,
+                        BM, BN, BK, EVEN_K, DOT_FP32, PDL, PFS[i], PF_ELTS[i], rope, ROPE_I == i, SUM_LAUNCH,
                     )  # fmt: skip
 
 
@@ -426,7 +428,19 @@ def _check_part(m: int, values: int) -> None:
 
 
 def _counters_needed(m: int, G: int, N: int, segs: int) -> int:
-    return G * -(-m // BM) * -(-N // BN) if segs > 1 else 0
+    return G * -(-m // BM) * -(-N // BN) if segs > 1 and not _sum_launch() else 0
+
+
+def _sum_launch() -> bool:
+    """Whether split calls add their partials in a launch of their own (`_SPLIT_FORM`)."""
+    if _SPLIT_FORM not in _SPLIT_FORMS:
+        raise ValueError(f"tc_mm._SPLIT_FORM = {_SPLIT_FORM!r}; allowed: {list(_SPLIT_FORMS)}")
+    return _SPLIT_FORM == "launch"
+
+
+def _sum_mb(m: int) -> int:
+    """Token rows per program of the sum launch: m rounded up to a power of two, at most _SUM_MB."""
+    return min(_SUM_MB, 1 << (m - 1).bit_length())
 
 
 def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None, group=False) -> None:
@@ -441,13 +455,20 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None, group=False) ->
     _check_part(m, G * segs * m * N if segs > 1 else 0)
     dev = x.device
     part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
-    locks = _counters.buffer(dev) if segs > 1 else part
+    sum_launch = segs > 1 and _sum_launch()
+    locks = _counters.buffer(dev) if segs > 1 and not sum_launch else part
     _tc_kernel[(*tiles, G * segs)](
         x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
         SEGS=segs, NF=nf, GRP=grp, IPS=ips, WK=wk, OUT_F32=out.dtype == torch.float32,
         BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0, DOT_FP32=interpreting(), PF_LINES=pf, PF_ELT=w.element_size(),
-        num_warps=_WARPS, num_stages=_STAGES, **pdl,
+        SUM_LAUNCH=sum_launch, num_warps=_WARPS, num_stages=_STAGES, **pdl,
     )  # fmt: skip
+    if sum_launch:
+        mb, n_t = _sum_mb(m), -(-N // _SUM_ROWS)
+        _group_sum_kernel[(G * n_t * -(-m // mb),)](
+            part, out, som, sog, m, N, n_t, -(-m // mb), SEGS=segs, BN=_SUM_ROWS, MB=mb, GRP=grp,
+            num_warps=_SUM_WARPS, **pdl_launch(x),
+        )  # fmt: skip
 
 
 def _plan_many(x, weights, scales, pdl: bool) -> tuple:
@@ -489,6 +510,7 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     n_pm = -(-m // BM)
     xr = x if xq is None else xq
     rope_i, rargs = _rope_args(rope, x)
+    sum_launch = _sum_launch() and any(p[0] > 1 for p in plans)
     _tc_many_kernel[(starts[-1] * n_pm,)](
         x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
         tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
@@ -497,10 +519,21 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
         IPSS=tuple(p[3] for p in plans), WKS=tuple(p[4] for p in plans),
         OUT_F32S=tuple(o.dtype == torch.float32 for o in outs), PFS=tuple(p[5] for p in plans),
         PF_ELTS=tuple(w.element_size() for w in weights), BM=BM, BN=BN, BK=BK, EVEN_K=K % BK == 0,
-        DOT_FP32=interpreting(), ROPE_I=rope_i, num_warps=_WARPS, num_stages=_STAGES,
+        DOT_FP32=interpreting(), ROPE_I=rope_i, SUM_LAUNCH=sum_launch, num_warps=_WARPS, num_stages=_STAGES,
         enable_fp_fusion=rope is None,  # the rotation as the rope op computes it: no FMA contraction
         **pdl,
     )  # fmt: skip
+    if sum_launch:
+        mb = _sum_mb(m)
+        ns, segss = [w.shape[0] for w in weights], [p[0] for p in plans]
+        sstarts = [0]
+        for n_i, sg in zip(ns, segss):
+            sstarts.append(sstarts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
+        _sum_kernel[(sstarts[-1] * -(-m // mb),)](
+            part, m, tuple(outs), tuple(ns), tuple(o.stride(0) for o in outs), tuple(part_offs), tuple(sstarts),
+            rargs, -(-m // mb), SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, GRPS=tuple(p[2] for p in plans),
+            enable_fp_fusion=rope is None, num_warps=_SUM_WARPS, **pdl_launch(x),
+        )  # fmt: skip
 
 
 def _scale_bytes(scale, w) -> torch.Tensor:
