@@ -166,6 +166,7 @@ VARIANTS = {
     "gemv counter": {"gemv": dict(target_fp8=None, split="counter")},
     # (thirtieth entry) the batched products' split partials added by a launch of their own (same bits)
     "tc launch": {"tc": dict(split="launch")},
+    "tc counter": {"tc": dict(split="counter")},
 }
 
 
