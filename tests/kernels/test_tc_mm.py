@@ -811,8 +811,10 @@ def test_sum_launch_gives_the_counter_bytes(device, monkeypatch, kind, m, fine_m
     same steps in the same order, so the same bytes, for every kind, through
     `mm_many_batch` (two weights, RoPE on the first), `tc_mm` and `tc_group_mm`, in fine
     programs (partials added in groups) and coarse ones, m of one to three row tiles and a
-    sum launch's ragged last token block (m = 5); the launch form touches no counter."""
+    sum launch's ragged last token block (m = 5); the launch form touches no counter. (The
+    launch at every m here: production takes it up to `_SUM_MAX_M` rows.)"""
     _levels(monkeypatch, 8, 2)
+    monkeypatch.setattr(TC, "_SUM_MAX_M", 10**9)
     monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), fine_max_m))
     run, _ = _two_level_call(device, kind, m, _gen("sum-launch", kind, m))
     monkeypatch.setattr(TC, "_SPLIT_FORM", "counter")
@@ -837,3 +839,25 @@ def test_split_form_is_checked(device, monkeypatch):
     with pytest.raises(ValueError, match="_SPLIT_FORM = 'atomic'; allowed"):
         TC.tc_mm(x, w, out)
     assert torch.isnan(out.float()).all()
+
+
+def test_sum_launch_takes_calls_up_to_its_row_bound(device):
+    """Production: a split call of at most `_SUM_MAX_M` rows runs the sum launch (no counter
+    touched), a larger one the counter (its counters back at zero), with the same bytes for
+    the rows they share."""
+    g = _gen("sum-bound")
+    K, N = 1024, 64
+    x, w = _rand(g, (TC._SUM_MAX_M + 1, K)).to(device), _rand(g, (N, K)).to(device)
+    assert TC.plan(N, K) > 1 and TC._SPLIT_FORM == "launch"
+    buf = TC._counters.buffer(torch.device(device))
+    buf.fill_(7)
+    small = TC.tc_mm(x[:1].contiguous(), w, torch.empty(1, N, dtype=BF, device=device))
+    assert int((buf != 7).sum()) == 0, "a call within the bound used a counter"
+    buf.zero_()
+    big = TC.tc_mm(x, w, torch.empty(x.shape[0], N, dtype=BF, device=device))
+    assert int(buf.abs().sum()) == 0
+    assert not torch.isnan(big.float()).any()
+    if device == "cuda":  # the interpreter's matmul order depends on a row's position
+        assert torch.equal(small.cpu().view(torch.int16), big[:1].cpu().view(torch.int16))
+    else:
+        _within(small, x[:1].cpu(), w.cpu(), "m = 1")

@@ -134,9 +134,13 @@ _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of 
 # programs store their partials and a PDL launch of their own adds them (`gemv._sum_kernel`,
 # `gemv._group_sum_kernel`, _SUM_ROWS rows × up to _SUM_MB tokens per program). "launch" is
 # production (2026-12-05, thirtieth entry, H100): the batched FP8 step at 32K, bf16 caches,
-# 5.76 → 5.52 ms at B = 1 and 9.72 → 9.39 at B = 64, the bytes of the counter (GPU-checked).
+# 5.76 → 5.52 ms at B = 1 and 9.72 → 9.39 at B = 64, the bytes of the counter (GPU-checked),
+# for calls of at most _SUM_MAX_M rows (the decode steps it was timed in); larger calls
+# (prefill chunks, verify steps past one row tile) keep the counter, untimed with the launch
+# (the same bytes either way, so the regime may choose).
 _SPLIT_FORMS = ("counter", "launch")
 _SPLIT_FORM = "launch"
+_SUM_MAX_M = BM
 _SUM_ROWS, _SUM_MB, _SUM_WARPS = 64, 4, 2
 # Development switch, off (None): a `tc_fp8.FP8_TUNE` dict sends `mm_many_batch`'s FP8
 # weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, on x's round trip renamed: a
@@ -431,14 +435,15 @@ def _check_part(m: int, values: int) -> None:
 
 
 def _counters_needed(m: int, G: int, N: int, segs: int) -> int:
-    return G * -(-m // BM) * -(-N // BN) if segs > 1 and not _sum_launch() else 0
+    return G * -(-m // BM) * -(-N // BN) if segs > 1 and not _sum_launch(m) else 0
 
 
-def _sum_launch() -> bool:
-    """Whether split calls add their partials in a launch of their own (`_SPLIT_FORM`)."""
+def _sum_launch(m: int) -> bool:
+    """Whether a split call of m rows adds its partials in a launch of its own
+    (`_SPLIT_FORM` "launch" and m ≤ `_SUM_MAX_M`)."""
     if _SPLIT_FORM not in _SPLIT_FORMS:
         raise ValueError(f"tc_mm._SPLIT_FORM = {_SPLIT_FORM!r}; allowed: {list(_SPLIT_FORMS)}")
-    return _SPLIT_FORM == "launch"
+    return _SPLIT_FORM == "launch" and m <= _SUM_MAX_M
 
 
 def _sum_mb(m: int) -> int:
@@ -458,7 +463,7 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None, group=False) ->
     _check_part(m, G * segs * m * N if segs > 1 else 0)
     dev = x.device
     part = torch.empty(G * segs * m * N if segs > 1 else 1, dtype=torch.float32, device=dev)
-    sum_launch = segs > 1 and _sum_launch()
+    sum_launch = segs > 1 and _sum_launch(m)
     locks = _counters.buffer(dev) if segs > 1 and not sum_launch else part
     _tc_kernel[(*tiles, G * segs)](
         x, sxm, sxg, w, N * K, w if wsc is None else wsc, out, som, sog, part, locks, m, N, K,
@@ -513,7 +518,7 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     n_pm = -(-m // BM)
     xr = x if xq is None else xq
     rope_i, rargs = _rope_args(rope, x)
-    sum_launch = _sum_launch() and any(p[0] > 1 for p in plans)
+    sum_launch = _sum_launch(m) and any(p[0] > 1 for p in plans)
     _tc_many_kernel[(starts[-1] * n_pm,)](
         x, x.stride(0), xr, xr.stride(0), tuple(weights), tuple(w if sc is None else sc for w, sc in zip(weights, scales)),
         tuple(outs), tuple(w.shape[0] for w in weights), tuple(o.stride(0) for o in outs), tuple(starts),
