@@ -46,7 +46,8 @@ acq_rel, "counter"; or its atomics with release / acquire semantics split, "rele
 resets the counter. Counters are one buffer per device and owner
 (`_triton.ArrivalCounters`): a runtime's own (its calls run in order, so runtimes may run
 at once on different streams), else one per device allocated once (`prepare`) and shared
-by direct launches, which must then not overlap on different streams. No host sync: the call can be captured in a CUDA graph once `prepare(device)` ran.
+by direct launches, which must then not overlap on different streams. No host sync: the
+call can be captured in a CUDA graph once `prepare(device)` ran.
 
 The runtime (`mm_auto`, `mm_many`) takes it for one token only (`AUTO_MAX_M`): on the H200
 it beats cuBLAS at m = 1 (x → wq_a + wkv + weights_proj in one launch 10.2 µs against 23.9
@@ -687,16 +688,28 @@ def gemv(x: torch.Tensor, weights, outs, scales=None, xq=None, rope=None):
         **pdl_launch(x),
     )  # fmt: skip
     if sum_launch:
-        sstarts = [0]
-        for n_i, sg in zip(ns, segss):
-            sstarts.append(sstarts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
-        _sum_kernel[(sstarts[-1] * ntb,)](
-            part, m, outs, tuple(ns), tuple(strides), tuple(part_offs), tuple(sstarts), rargs, ntb,
-            SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, GRPS=(1,) * len(segss),
-            enable_fp_fusion=rope is None,
-            num_warps=_SUM_WARPS, **pdl_launch(x),
-        )  # fmt: skip
+        launch_sums(x, part, mb, outs, strides, part_offs, segss, (1,) * len(segss), rope, rope_i, rargs)
     return outs
+
+
+def launch_sums(x, part, mb, outs, strides, part_offs, segss, grps, rope, rope_i, rargs) -> None:
+    """The second launch of `_SPLIT_FORM` "launch" (`_sum_kernel`, PDL after the products)
+    for the outputs `outs` (row strides `strides`) of one call of x's m rows: weight i's
+    segss[i] partials at `part_offs[i]` in `part` (`[segss[i], m, N_i]`, none where
+    segss[i] is 1) added in groups of grps[i], mb tokens per program; output rope_i rotated
+    (`_rope_args`). Shared with `tc_mm`."""
+    m = x.shape[0]
+    ns = tuple(o.shape[1] for o in outs)
+    starts = [0]  # each split weight's first program (its row tiles of _SUM_ROWS)
+    for n_i, sg in zip(ns, segss):
+        starts.append(starts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
+    ntb = -(-m // mb)
+    _sum_kernel[(starts[-1] * ntb,)](
+        part, m, tuple(outs), ns, tuple(strides), tuple(part_offs), tuple(starts), rargs, ntb,
+        SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, GRPS=tuple(grps),
+        enable_fp_fusion=rope is None,  # step 5 as the rope op computes it: no FMA contraction
+        num_warps=_SUM_WARPS, **pdl_launch(x),
+    )  # fmt: skip
 
 
 def _check_group(o, w, out, scale=None):
@@ -762,12 +775,20 @@ def group_gemv(o: torch.Tensor, w: torch.Tensor, out: torch.Tensor, scale: torch
         **pdl_launch(o),
     )  # fmt: skip
     if split and _SPLIT_FORM == "launch":
-        st = -(-r // _SUM_ROWS)
-        _group_sum_kernel[(G * st * ntb,)](
-            part, out, out.stride(0), out.stride(1), m, r, st, ntb, SEGS=segs, BN=_SUM_ROWS, MB=mb,
-            num_warps=_SUM_WARPS, **pdl_launch(o),
-        )  # fmt: skip
+        launch_group_sums(o, part, mb, out, out.stride(0), out.stride(1), G, r, segs, 1)
     return out
+
+
+def launch_group_sums(x, part, mb, out, sout_m, sout_g, G, R, segs, grp) -> None:
+    """`launch_sums` for a grouped product (`_group_sum_kernel`): out `[m, G, R]` (strides
+    sout_m, sout_g) from the partials `[G, segs, m, R]` in `part`, added in groups of grp;
+    x: the call's input (m rows, its device). Shared with `tc_mm`."""
+    m = x.shape[0]
+    st, ntb = -(-R // _SUM_ROWS), -(-m // mb)
+    _group_sum_kernel[(G * st * ntb,)](
+        part, out, sout_m, sout_g, m, R, st, ntb, SEGS=segs, BN=_SUM_ROWS, MB=mb, GRP=grp,
+        num_warps=_SUM_WARPS, **pdl_launch(x),
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------ the runtime's entry points

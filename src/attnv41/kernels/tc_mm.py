@@ -132,7 +132,7 @@ _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of 
 # "counter", the last program of a tile to arrive adds them (an acq_rel arrival counter: a
 # fence and an L1 invalidation in every program of a split tile), or "launch", the
 # programs store their partials and a PDL launch of their own adds them (`gemv._sum_kernel`,
-# `gemv._group_sum_kernel`, _SUM_ROWS rows × up to _SUM_MB tokens per program). "launch" is
+# `gemv.launch_sums` / `launch_group_sums`, up to _SUM_MB tokens per program). "launch" is
 # production (2026-12-05, thirtieth entry, H100): the batched FP8 step at 32K, bf16 caches,
 # 5.76 → 5.52 ms at B = 1 and 9.72 → 9.39 at B = 64, the bytes of the counter (GPU-checked),
 # for calls of at most _SUM_MAX_M rows (the decode steps it was timed in); larger calls
@@ -141,7 +141,7 @@ _LOCKS = 1 << 20  # arrival counters: one per (group, row tile, weight tile) of 
 _SPLIT_FORMS = ("counter", "launch")
 _SPLIT_FORM = "launch"
 _SUM_MAX_M = BM
-_SUM_ROWS, _SUM_MB, _SUM_WARPS = 64, 4, 2
+_SUM_MB = 4
 # Development switch, off (None): a `tc_fp8.FP8_TUNE` dict sends `mm_many_batch`'s FP8
 # weights to the Gluon FP8 product (`tc_fp8.tc_fp8_many`, on x's round trip renamed: a
 # producer's `xq` as `rms_norm_batch` makes it then, else made for the call) and
@@ -175,7 +175,7 @@ def plan(
 
 
 if HAVE_TRITON:
-    from .gemv import _group_sum_kernel, _store, _sum_kernel, _sum_tile
+    from .gemv import _store, _sum_tile
     from .gemv_fp8 import _e8m0
 
     @triton.jit
@@ -472,11 +472,9 @@ def _launch(x, sxm, sxg, w, out, som, sog, m, G, N, K, wsc=None, group=False) ->
         SUM_LAUNCH=sum_launch, num_warps=_WARPS, num_stages=_STAGES, **pdl,
     )  # fmt: skip
     if sum_launch:
-        mb, n_t = _sum_mb(m), -(-N // _SUM_ROWS)
-        _group_sum_kernel[(G * n_t * -(-m // mb),)](
-            part, out, som, sog, m, N, n_t, -(-m // mb), SEGS=segs, BN=_SUM_ROWS, MB=mb, GRP=grp,
-            num_warps=_SUM_WARPS, **pdl_launch(x),
-        )  # fmt: skip
+        from .gemv import launch_group_sums  # noqa: PLC0415
+
+        launch_group_sums(x, part, _sum_mb(m), out, som, sog, G, N, segs, grp)
 
 
 def _plan_many(x, weights, scales, pdl: bool) -> tuple:
@@ -507,7 +505,7 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
     """Every weight of `mm_many_batch` in one launch (`_tc_many_kernel`): each weight's
     plan and counters as `tc_mm` alone would use them, so the same bits; `rope` (checked):
     output i rotated in the store."""
-    from .gemv import _rope_args  # noqa: PLC0415
+    from .gemv import _rope_args, launch_sums  # noqa: PLC0415
 
     m, K = x.shape
     pdl = pdl_launch(x)
@@ -532,15 +530,9 @@ def _launch_many(x, xq, weights, outs, scales, rope=None) -> None:
         **pdl,
     )  # fmt: skip
     if sum_launch:
-        mb = _sum_mb(m)
-        ns, segss = [w.shape[0] for w in weights], [p[0] for p in plans]
-        sstarts = [0]
-        for n_i, sg in zip(ns, segss):
-            sstarts.append(sstarts[-1] + (-(-n_i // _SUM_ROWS) if sg > 1 else 0))
-        _sum_kernel[(sstarts[-1] * -(-m // mb),)](
-            part, m, tuple(outs), tuple(ns), tuple(o.stride(0) for o in outs), tuple(part_offs), tuple(sstarts),
-            rargs, -(-m // mb), SEGSS=tuple(segss), BN=_SUM_ROWS, MB=mb, ROPE_I=rope_i, GRPS=tuple(p[2] for p in plans),
-            enable_fp_fusion=rope is None, num_warps=_SUM_WARPS, **pdl_launch(x),
+        launch_sums(
+            x, part, _sum_mb(m), outs, [o.stride(0) for o in outs], part_offs, [p[0] for p in plans],
+            [p[2] for p in plans], rope, rope_i, rargs,
         )  # fmt: skip
 
 
