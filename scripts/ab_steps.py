@@ -192,6 +192,11 @@ def _table(title: str, col: str, res: dict) -> None:
         print(f"| {name} | {x} | {kvf} | {v[len(v) // 2]:.3f} | {v[0]:.3f}-{v[-1]:.3f} |")
 
 
+def _wo_a(a) -> str:
+    """wo_a's storage: `--wo-a`, or with auto as bench builds its stacks (FP8 bytes with FP8 weights)."""
+    return a.wo_a if a.wo_a != "auto" else ("fp8" if a.weights == "fp8" else "bf16")
+
+
 def single(a, dev) -> int:
     from attnv41.bench.common import measure_ceilings  # noqa: PLC0415
     from attnv41.bench.stack import bench_decode_one  # noqa: PLC0415
@@ -202,7 +207,7 @@ def single(a, dev) -> int:
     ceil = measure_ceilings(dev, quick=True)
     for kvf in a.kv.split(","):
         w = random_weights(cfg, 0, dev, weights=a.weights)
-        stack = RuntimeStack(cfg, w, device=dev, kv_format=kvf, wo_a="fp8" if a.weights == "fp8" else "bf16")
+        stack = RuntimeStack(cfg, w, device=dev, kv_format=kvf, wo_a=_wo_a(a))
         for _ in range(a.rounds):
             for name in a.variants.split(";"):
                 apply(copy.deepcopy(VARIANTS[name]))
@@ -213,7 +218,7 @@ def single(a, dev) -> int:
         gc.collect()
     apply({})
     _table(
-        f"single-sequence decode step, DecodeGraphs, {a.weights} weights ({a.steps} steps, {a.rounds} rounds)",
+        f"single-sequence decode step, DecodeGraphs, {a.weights} weights, wo_a {_wo_a(a)} ({a.steps} steps, {a.rounds} rounds)",
         "context",
         res,
     )
@@ -232,6 +237,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="flash")
     ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the step's weights")
+    ap.add_argument("--wo-a", default="auto", choices=("auto", "bf16", "fp8"), help="wo_a's storage (auto: as bench)")
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.single:
@@ -239,8 +245,7 @@ def main() -> int:
     ctx = a.context
     batches = [int(b) for b in a.batches.split(",")]
     cfg = PRESETS["flash"](max_tokens=max(batches), max_seq=ctx + 256)
-    wo_a = "fp8" if a.weights == "fp8" else "bf16"  # as bench builds its FP8 stack
-    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=a.weights), device=dev, wo_a=wo_a)
+    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=a.weights), device=dev, wo_a=_wo_a(a))
     names = a.variants.split(";")
     res: dict = {}
     for _ in range(a.rounds):
@@ -273,7 +278,7 @@ def main() -> int:
                     gc.collect()
     apply({})
     _table(
-        f"batched decode step at {ctx}, BatchGraphs, {a.weights} weights ({a.steps} steps, {a.rounds} rounds)",
+        f"batched decode step at {ctx}, BatchGraphs, {a.weights} weights, wo_a {_wo_a(a)} ({a.steps} steps, {a.rounds} rounds)",
         "batch",
         res,
     )

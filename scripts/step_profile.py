@@ -62,6 +62,12 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=0, help="M > 0: a prompt chunk of M tokens of one sequence")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (CPU ops, no graphs)")
     ap.add_argument("--kv-format", default="bf16", choices=["bf16", "packed"], help="the caches' format")
+    ap.add_argument(
+        "--wo-a",
+        default="auto",
+        choices=["auto", "bf16", "fp8"],
+        help="wo_a's storage; auto: fp8 with FP8 weights, as bench builds its FP8 stack",
+    )
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -71,7 +77,9 @@ def main() -> None:
         ap.error("--chunk and --batch: one or the other")
     span = (args.steps + 4) * args.chunk if args.chunk > 0 else 256
     cfg = PRESETS[args.preset](max_tokens=256, max_seq=max(256, args.context + span))
-    stack = RuntimeStack(cfg, random_weights(cfg, 0, dev, weights=args.weights), device=dev, kv_format=args.kv_format)
+    wo_a = args.wo_a if args.wo_a != "auto" else ("fp8" if args.weights == "fp8" else "bf16")
+    w = random_weights(cfg, 0, dev, weights=args.weights)
+    stack = RuntimeStack(cfg, w, device=dev, kv_format=args.kv_format, wo_a=wo_a)
     gen = torch.Generator(device=dev).manual_seed(7)
     if args.batch > 0:
         from attnv41.bench.batch import _random_keys
@@ -157,7 +165,7 @@ def main() -> None:
     ) + f"{args.kv_format} caches, "
     what = (f"a {args.chunk}-token prompt chunk, " if args.chunk else "") + what
     print(
-        f"\n### {'prompt chunk' if args.chunk else 'decode step'} under the profiler ({what}{args.weights}, context {args.context}, {len(steps)} steps)\n"
+        f"\n### {'prompt chunk' if args.chunk else 'decode step'} under the profiler ({what}{args.weights} weights, wo_a {wo_a}, context {args.context}, {len(steps)} steps)\n"
     )
     print("| step | kernels | span µs | kernel µs | gaps µs | median gap µs |")
     print("|---|---|---|---|---|---|")
@@ -178,11 +186,14 @@ def main() -> None:
     if out:
         with open(
             os.path.join(
-                out, f"step_profile_{args.weights}_b{args.batch}k{args.verify_len}c{args.chunk}_{args.kv_format}.json"
+                out,
+                f"step_profile_{args.weights}_woa{wo_a}_b{args.batch}k{args.verify_len}c{args.chunk}_{args.kv_format}.json",
             ),
             "w",
         ) as f:
-            json.dump(dict(steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1)
+            json.dump(
+                dict(wo_a=wo_a, steps=rows, kernels=[dict(name=n, per_step=c, us=t) for t, c, n in agg]), f, indent=1
+            )
 
 
 if __name__ == "__main__":
