@@ -64,9 +64,10 @@ def test_decode_step_bytes_packed(cfg, weights):
 
 def test_fp8_stack_reads_about_half_the_weight_bytes(cfg, weights):
     """decode_step_bytes counts weights as stored: an FP8 stack's FP8 linears 1 byte per
-    element plus one scale byte per 32×32 block, the other tensors as in bf16."""
+    element plus one scale byte per 32×32 block, the other tensors as in bf16 (wo_a held as
+    its bf16 here; by default as its bytes, 1 byte per element plus its scales)."""
     f8 = random_weights(cfg, 0, weights="fp8")
-    rt = RuntimeStack(cfg, f8)
+    rt = RuntimeStack(cfg, f8, wo_a="bf16")
     assert stack_weight_format(rt) == "fp8" and stack_weight_format(RuntimeStack(cfg, weights)) == "bf16"
     b16, b8 = decode_step_bytes(cfg, weights, 100), decode_step_bytes(cfg, rt.weights, 100)
     lin = sum(w[f"{n}.weight"].numel() for w in weights for n in FP8_LINEARS if f"{n}.weight" in w)
@@ -79,6 +80,11 @@ def test_fp8_stack_reads_about_half_the_weight_bytes(cfg, weights):
     fp8_part = lin + scales
     assert 0.5 < fp8_part / (2 * lin) < 0.51, "the FP8 linears' bytes about halve"
     assert b8["weights"] < 0.75 * b16["weights"], (b8["weights"], b16["weights"])
+    wo_a = [w["wo_a.weight"] for w in weights]
+    wo_a_bytes = sum(t.numel() for t in wo_a)
+    wo_a_scales = sum(-(-t.shape[0] // 32) * (t.shape[1] // 32) for t in wo_a)
+    kept = decode_step_bytes(cfg, RuntimeStack(cfg, f8).weights, 100)
+    assert kept["weights"] == b8["weights"] - 2 * wo_a_bytes + wo_a_bytes + wo_a_scales, "wo_a's bytes by default"
 
 
 def test_prefill_flops_by_token_loop(cfg):

@@ -679,7 +679,7 @@ def written_fp8(tmp_path_factory):
 def test_fp8_round_trip_keeps_bytes(written_fp8, device_arg):
     """weights='fp8' keeps each FP8 linear's e4m3 bytes and e8m0 scale bytes exactly as the
     writer stored them (compared with the raw shard bytes), wo_a's too with wo_a='fp8' (run as
-    its exact bf16); by default wo_a is dequantized."""
+    its exact bf16, and by default); with wo_a='bf16' wo_a is dequantized."""
     cfg, w, root = written_fp8
     if device_arg is None:
         layers = [load_layer(root, i, cfg=cfg, weights="fp8", wo_a="fp8") for i in range(cfg.n_layers)]
@@ -687,7 +687,10 @@ def test_fp8_round_trip_keeps_bytes(written_fp8, device_arg):
         layers = load_model(root, cfg=cfg, device=device_arg, progress=False, weights="fp8", wo_a="fp8")
     default = AttnV41LayerWeights.from_checkpoint(root, 0, cfg=cfg, weights="fp8")
     q, s = quantize_fp8(w[0]["wo_a.weight"])
-    assert torch.equal(default["wo_a.weight"], dequantize_fp8(q, s)), "wo_a: dequantized by default"
+    assert torch.equal(default["wo_a.weight"].view(torch.uint8), q.view(torch.uint8)), "wo_a: its bytes by default"
+    assert torch.equal(default["wo_a.scale"].view(torch.uint8), s.view(torch.uint8)), "wo_a.scale by default"
+    deq = load_layer(root, 0, cfg=cfg, weights="fp8", wo_a="bf16")
+    assert deq.get("wo_a.scale") is None and torch.equal(deq["wo_a.weight"], dequantize_fp8(q, s)), "wo_a='bf16'"
     with pytest.raises(ValueError, match=r"wo_a = 'fp4'; allowed: \('bf16', 'fp8'\)"):
         load_layer(root, 0, cfg=cfg, weights="fp8", wo_a="fp4")
     for i, lw in enumerate(layers):

@@ -80,10 +80,12 @@ def test_shard_slices(fmt):
         if fmt == "fp8":  # whole 32-blocks: the scales slice with their weights
             assert torch.equal(_bytes(torch.cat([p["wq_b.scale"] for p in parts])), _bytes(w["wq_b.scale"]))
             assert torch.equal(_bytes(torch.cat([p["wo_b.scale"] for p in parts], 1)), _bytes(w["wo_b.scale"]))
+            # wo_a held as its bytes (the default): its scale rows slice with its rows
+            assert torch.equal(_bytes(torch.cat([p["wo_a.scale"] for p in parts])), _bytes(w["wo_a.scale"]))
+        sliced = ("wq_b.weight", "wq_b.scale", "attn_sink", "wo_a.weight", "wo_a.scale", "wo_b.weight", "wo_b.scale")
         for k, v in w.state_dict().items():  # everything else is the same tensor
-            if k.removeprefix(PREFIX) not in ("wq_b.weight", "wq_b.scale", "attn_sink", "wo_a.weight", "wo_b.weight"):
-                if k.removeprefix(PREFIX) != "wo_b.scale":
-                    assert parts[2].tensors[k] is v, k
+            if k.removeprefix(PREFIX) not in sliced:
+                assert parts[2].tensors[k] is v, k
 
 
 def _bytes(t):
@@ -293,7 +295,8 @@ def test_stack_details():
     w, xs = random_weights(cfg, 13, weights="fp8"), random_inputs(cfg, 6, 14)
     st = TPStack(cfg, w, 2, wo_a="fp8")
     assert st.ranks[1].weights[3]["wo_a.weight"].dtype == torch.float8_e4m3fn
-    assert TPStack(cfg, w, 2).ranks[1].weights[3]["wo_a.weight"].dtype == torch.bfloat16
+    assert TPStack(cfg, w, 2).ranks[1].weights[3]["wo_a.weight"].dtype == torch.float8_e4m3fn  # the default
+    assert TPStack(cfg, w, 2, wo_a="bf16").ranks[1].weights[3]["wo_a.weight"].dtype == torch.bfloat16
     runs = [st.layer(i, xs[i], 0) for i in range(cfg.n_layers)]
     for r in runs:  # each layer's partials survive the later layers' calls
         assert torch.equal(tp_reduce(r.partials), r.out)

@@ -50,7 +50,7 @@ def test_finite_weights_accepted_unchanged():
 def test_random_weights_fp8_is_the_bf16_model_quantized():
     """weights='fp8': the same draws as 'bf16', each FP8 linear block-quantized by
     quant_weight, wo_a too (e4m3 with its scale, as the checkpoint stores it); it loads as
-    format 'fp8', holding wo_a as its bf16 by default and as its bytes with wo_a='fp8'."""
+    format 'fp8', holding wo_a as its bytes by default (wo_a='fp8') and as its bf16 with wo_a='bf16'."""
     cfg = small_preset(max_tokens=8, max_seq=16)
     bf = random_weights(cfg, 5)
     f8 = random_weights(cfg, 5, weights="fp8")
@@ -69,13 +69,17 @@ def test_random_weights_fp8_is_the_bf16_model_quantized():
                     assert not torch.equal(dequant_weight(q, s), v), f"layer {i} wo_a: not quantized"
             else:
                 assert b[k].dtype == v.dtype and torch.equal(b[k], v), f"layer {i} {k}: unchanged"
-        lw = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg)
+        lw = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg, wo_a="bf16")
         assert lw.format == "fp8", f"layer {i}"
-        assert lw.get("wo_a.scale") is None, f"layer {i}: wo_a held as its bf16 by default"
+        assert lw.get("wo_a.scale") is None, f"layer {i}: wo_a held as its bf16 with wo_a='bf16'"
         assert torch.equal(lw["wo_a.weight"], dequant_weight(b["wo_a.weight"], b["wo_a.scale"])), f"layer {i}"
-        kept = AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg, wo_a="fp8")
-        assert torch.equal(kept["wo_a.weight"].view(torch.uint8), b["wo_a.weight"].view(torch.uint8)), f"layer {i}"
-        assert torch.equal(kept["wo_a.scale"].view(torch.uint8), b["wo_a.scale"].view(torch.uint8)), f"layer {i}"
+        for kept in (
+            AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg, wo_a="fp8"),
+            AttnV41LayerWeights.from_state_dict(cfg.roles[i], b, cfg=cfg),  # the default keeps the bytes
+        ):
+            assert kept.format == "fp8", f"layer {i}"
+            assert torch.equal(kept["wo_a.weight"].view(torch.uint8), b["wo_a.weight"].view(torch.uint8)), f"layer {i}"
+            assert torch.equal(kept["wo_a.scale"].view(torch.uint8), b["wo_a.scale"].view(torch.uint8)), f"layer {i}"
         assert AttnV41LayerWeights.from_state_dict(cfg.roles[i], a, cfg=cfg).format == "bf16", f"layer {i}"
 
 

@@ -25,8 +25,8 @@ Weight formats (`weights=`, `WEIGHT_FORMATS`; default None = the checkpoint's ow
 `checkpoint_weight_format`): "fp8" keeps the e4m3 bytes and the e8m0 scales as stored for
 `FP8_LINEARS` (`wq_a`, `wq_b`, `wkv`, `wo_b`, `indexer.wq_b`: the runtime runs them in the
 released FP8 math), after the same checks (a dequantization that would be non-finite is
-rejected too), and dequantizes `wo_a` as the released conversion does (or, with
-`wo_a="fp8"`, keeps its bytes too, run as that exact bf16: `weights.py`); "bf16"
+rejected too), and keeps `wo_a`'s bytes too, run as their exact bf16 (`wo_a="fp8"`, the
+default; `wo_a="bf16"` dequantizes it as the released conversion does: `weights.py`); "bf16"
 dequantizes every fp8 weight as above. A checkpoint is "fp8" when every FP8 linear of
 every attention layer (0..n_layers−1) is stored float8_e4m3fn with its `.scale`, "bf16"
 when none is (already dequantized); one only partly in FP8 has no format of its own and
@@ -310,7 +310,7 @@ _KEEP_FP8 = frozenset(f"attn.{n}.weight" for n in FP8_LINEARS)
 
 
 def _load_layer(
-    ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str, weights: str = "bf16", wo_a: str = "bf16"
+    ck: _Checkpoint, cfg: AttnV41Cfg, i: int, device: torch.device | str, weights: str = "bf16", wo_a: str = "fp8"
 ) -> AttnV41LayerWeights:
     role = cfg.role(i)
     spec = expected_tensors(cfg, role)
@@ -403,7 +403,7 @@ def checkpoint_weight_format(path: str | Path, cfg: AttnV41Cfg | None = None) ->
         return _stored_format(ck, n_layers)
 
 
-def _check_weights_arg(weights: str | None, wo_a: str = "bf16") -> None:
+def _check_weights_arg(weights: str | None, wo_a: str = "fp8") -> None:
     if weights is not None and weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights = {weights!r}; allowed: {WEIGHT_FORMATS} or None (the checkpoint's own)")
     if wo_a not in WO_A_FORMATS:
@@ -433,14 +433,15 @@ def load_layer(
     cfg: AttnV41Cfg | None = None,
     device: torch.device | str = "cpu",
     weights: str | None = None,
-    wo_a: str = "bf16",
+    wo_a: str = "fp8",
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> AttnV41LayerWeights:
     """Layer `layer`'s attention weights from a checkpoint directory on `device`, in the
     format `weights` ("bf16": dequantized to the runtime dtypes; "fp8": the FP8 linears'
     e4m3 bytes and e8m0 scales as stored, see the module doc; None: the checkpoint's own,
-    `checkpoint_weight_format`); with "fp8", `wo_a="fp8"` keeps wo_a's bytes too
+    `checkpoint_weight_format`); with "fp8", wo_a's bytes are kept too (`wo_a="fp8"`, the
+    default; "bf16": its exact dequantization)
     (`AttnV41LayerWeights.from_state_dict`). `cfg` defaults to
     `AttnV41Cfg.from_checkpoint(path)`, whose `max_seq` (min(8192,
     max_position_embeddings)) and `max_tokens` (min(4096, max_seq)) fit the checkpoint.
@@ -471,7 +472,7 @@ def load_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     weights: str | None = None,
-    wo_a: str = "bf16",
+    wo_a: str = "fp8",
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> list[AttnV41LayerWeights]:

@@ -204,7 +204,7 @@ class TPStack:
     `layer(i, x, start_pos)` runs layer i on every rank and returns rank 0's run with `q`
     and `o` over all heads, `out` = `tp_reduce` of the ranks' partials and `partials`
     (copies; the other fields are views valid until rank 0's next call). `wo_a`: how an
-    FP8 `wo_a` given in a mapping is held ("bf16" or "fp8", `from_state_dict`).
+    FP8 `wo_a` given in a mapping is held ("fp8", the default, or "bf16": `from_state_dict`).
     `ranks`: the per-rank stacks."""
 
     def __init__(
@@ -226,7 +226,7 @@ class TPStack:
         if not isinstance(weights, Sequence) or len(weights) != cfg.n_layers:
             got = f"{len(weights)} layers" if isinstance(weights, Sequence) else f"a {type(weights).__name__}"
             raise ValueError(f"weights: {got}; allowed: a list of cfg.n_layers = {cfg.n_layers} layers")
-        wo_a = kw.pop("wo_a", "bf16")  # how an FP8 wo_a given as a mapping is held (from_state_dict)
+        wo_a = kw.pop("wo_a", "fp8")  # how an FP8 wo_a given as a mapping is held (from_state_dict)
         full = [
             w
             if isinstance(w, AttnV41LayerWeights)

@@ -13,11 +13,11 @@ README, v41_fp8): each linear of `FP8_LINEARS` is float8_e4m3fn `<name>.weight [
 plus `<name>.scale`, float8_e8m0fnu `[ceil(out/32), in/32]` (the checkpoint's and the
 golden file's dtype: byte E means 2^(E−127)), run by the released FP8 linear. `wo_a`
 runs in bf16 (its input is not quantized), as in the released code, whose conversion holds
-its exact bf16 dequantization; given FP8 with its scale (the checkpoint's bytes) it is held
-as that bf16 by default, or kept as the bytes with `wo_a="fp8"` (half the memory; the
-runtime reads them as the same exact bf16 values: the same math, the CPU path the same
-bits), except where the geometry's `o_rank` or `group_width` is not a multiple of 32 (a
-scale block across two groups). Everything else is as in "bf16".
+its exact bf16 dequantization; given FP8 with its scale (the checkpoint's bytes) it is kept
+as the bytes by default (`wo_a="fp8"`: half the memory; the runtime reads them as the same
+exact bf16 values: the same math, the CPU path the same bits), except where the geometry's
+`o_rank` or `group_width` is not a multiple of 32 (a scale block across two groups), or
+held as that bf16 with `wo_a="bf16"`. Everything else is as in "bf16".
 """
 
 from __future__ import annotations
@@ -233,18 +233,20 @@ class AttnV41LayerWeights:
         tensors: Mapping[str, torch.Tensor],
         cfg: AttnV41Cfg | None = None,
         device: torch.device | str | None = None,
-        wo_a: str = "bf16",
+        wo_a: str = "fp8",
     ) -> AttnV41LayerWeights:
         """Take a layer's tensors (names with or without the `attn.` prefix).
 
-        `wo_a` (`WO_A_FORMATS`), for a `wo_a` given FP8 with its scale: "bf16" (default)
-        holds its exact bf16 dequantization, as the released conversion does; "fp8" keeps
-        the checkpoint's bytes (half the memory: 1.3 GB less over the 40 Flash layers), read
-        as those same bf16 values. On the H200 (BENCHMARKS.md, 2026-12-04 thirteenth entry)
-        the single-sequence decode reads it faster (the grouped FP8 GEMV, 13.2 against
-        cuBLAS's 21.4 µs per layer: FP8 step 3.45 → 3.15 ms), the batched runtime's
-        tensor-core kernel slower (36 against 25 µs per layer, the in-register
-        dequantization): choose per runtime.
+        `wo_a` (`WO_A_FORMATS`), for a `wo_a` given FP8 with its scale: "fp8" (default)
+        keeps the checkpoint's bytes (half the memory: 1.3 GB less over the 40 Flash
+        layers), read as their exact bf16 values; "bf16" holds that exact bf16
+        dequantization, as the released conversion does. The same math either way (the CPU
+        path the same bits; the batched runtime's products the same bytes); the
+        single-sequence GPU decode reads the bytes through the grouped FP8 GEMV (another
+        summation order, within the golden tolerance). Faster in both runtimes
+        (BENCHMARKS.md, 2026-12-05 thirty-first entry, H100, FP8 weights, 32K: the
+        single-sequence step 3.82 → 3.37 ms, 13.3 against cuBLAS's 25.7 µs per layer; the
+        batched step 5.66 → 5.49 ms at B = 1 and 9.40 → 9.23 at B = 64).
 
         Upcasts the ratio>=2 compressor to fp32 (the checkpoint stores it bf16) and holds an
         FP8 `wo_a` given with its scale as `wo_a` says (checked; module doc). The format ("bf16" or "fp8", see

@@ -284,8 +284,8 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
         f"stack: {what}, {fmt} weights; dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers, "
         f"max_tokens {max_tokens}, max_seq {max_seq}"
     )
-    # FP8 stacks hold wo_a as the checkpoint's bytes (the single-sequence decode reads them
-    # faster; weights.py): the FP8 rows of (a) and, when run in FP8, of (f)
+    # FP8 stacks hold wo_a as the checkpoint's bytes (the default since 2026-12-05: faster in
+    # both runtimes; weights.py): the FP8 rows of (a) and, when run in FP8, of (f)
     return RuntimeStack(cfg, weights, device=dev, wo_a="fp8" if fmt == "fp8" else "bf16"), what
 
 

@@ -30,9 +30,10 @@ class RuntimeStack:
         check_finite: bool = False,
         bucket_min: int | None = None,
         kv_format: str = "bf16",
-        wo_a: str = "bf16",
+        wo_a: str = "fp8",
     ):
-        """`wo_a`: how an FP8 `wo_a` given with its scale is held (`AttnV41LayerWeights.from_state_dict`)."""
+        """`wo_a`: how an FP8 `wo_a` given with its scale is held (`AttnV41LayerWeights.from_state_dict`;
+        default: its bytes)."""
         if len(weights) != cfg.n_layers:
             raise ValueError(f"{len(weights)} weight sets; allowed: exactly n_layers = {cfg.n_layers}")
         self.cfg = cfg
