@@ -261,14 +261,12 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
         from ..config import AttnV41Cfg
 
         full = AttnV41Cfg.from_checkpoint(opts.checkpoint, max_tokens=max_tokens, max_seq=max_seq)
-        wo_a = "fp8" if fmt == "fp8" else "bf16"  # as for random weights below (RuntimeStack's wo_a)
         weights = load_model(
             opts.checkpoint,
             full,
             device=dev,
             progress=opts.progress,
             weights=fmt,
-            wo_a=wo_a,
             tp_rank=0,
             tp_size=opts.tp,
         )
@@ -284,9 +282,9 @@ def _stack(opts: BenchOptions, dev: torch.device, log, fmt: str):
         f"stack: {what}, {fmt} weights; dim {cfg.dim}, {cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_layers} layers, "
         f"max_tokens {max_tokens}, max_seq {max_seq}"
     )
-    # FP8 stacks hold wo_a as the checkpoint's bytes (the default since 2026-12-05: faster in
-    # both runtimes; weights.py): the FP8 rows of (a) and, when run in FP8, of (f)
-    return RuntimeStack(cfg, weights, device=dev, wo_a="fp8" if fmt == "fp8" else "bf16"), what
+    # FP8 stacks hold wo_a as the checkpoint's bytes (the default of `load_model` and
+    # `RuntimeStack`; weights.py): the FP8 rows of (a) and, when run in FP8, of (f)
+    return RuntimeStack(cfg, weights, device=dev), what
 
 
 def _geometry(opts: BenchOptions, full: bool = False):
