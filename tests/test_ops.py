@@ -1,16 +1,18 @@
 """`attnv41.ops`: the kernels as torch.library custom ops. Each against the reference on
-fresh random inputs (CPU: the twins, bit for bit), `torch.library.opcheck` (schema,
-fake tensors, autograd registration, AOT dispatch), and a `torch.compile` of a decode
-layer's cache-side work through them (fullgraph) equal to eager."""
+fresh random inputs (CPU: the twins, bit for bit), over bf16 and V4.1's packed pools
+(the same bits), `torch.library.opcheck` (schema, fake tensors, autograd registration,
+AOT dispatch), and a `torch.compile` of a decode layer's cache-side work through them
+(fullgraph) equal to eager. A whole stack assembled from the ops: test_ops_engine.py."""
 
 import pytest
 import torch
 
 import attnv41.ops  # noqa: F401  (registers torch.ops.attnv41.*)
+from attnv41.packed import pack, row_bytes, unpack
 from attnv41.reference import indexer as ref_idx
 from attnv41.reference.compressor import compress_pool as ref_pool
 from attnv41.reference.norm import rms_norm
-from attnv41.reference.qdq import fp4_e4m3_qdq
+from attnv41.reference.qdq import fp4_e4m3_qdq, fp4_e8m0_qdq, fp8_qdq
 from attnv41.reference.rope import apply_rope, rope_freqs, rope_table
 from attnv41.reference.sparse_attn import sparse_attn as ref_attn
 from helpers import paged_table
@@ -106,6 +108,119 @@ def test_compressor_ops_equal_the_reference():
     assert not cache[[0, 1, 2, 3, 4, 7, 8, 10, 11]].any()
 
 
+def _packed_attn_args(seed=0, m=3, H=4, D=64, n_win=10, n_comp=20, K=24):
+    """`_attn_args` with rows on V4.1's grids (window fp8, compressed fp4), and their packed
+    pools."""
+    q, win, comp, sel, off, sink, scale = _attn_args(seed, m, H, D, n_win, n_comp, K)
+    win, comp = fp8_qdq(win), fp4_e4m3_qdq(comp)
+    return (q, win, comp, sel, off, sink, scale), (pack(win, "fp8_e8m0"), pack(comp, "fp4_e4m3"))
+
+
+def test_sparse_attn_over_packed_pools_gives_the_bf16_pools_bits():
+    (q, win, comp, sel, off, sink, scale), (pw, pc) = _packed_attn_args(5)
+    exp = OPS.sparse_attn(q, win, comp, sel, off, sink, scale)
+    assert torch.equal(exp, ref_attn(q, torch.cat([win, comp]), sel, sink, scale))
+    got = OPS.sparse_attn(q, pw, pc, sel, off, sink, scale)
+    assert torch.equal(got.view(torch.int16), exp.view(torch.int16)), "o over packed pools"
+    # a window-only layer: an empty compressed pool of the packed width
+    only_win = torch.where(sel < off, sel, -1)
+    assert torch.equal(
+        OPS.sparse_attn(q, pw, pc[:0], only_win, off, sink, scale),
+        OPS.sparse_attn(q, win, comp[:0], only_win, off, sink, scale),
+    )
+
+
+def test_index_topk_over_packed_keys_gives_the_bf16_keys_bits():
+    iq, w, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(6)
+    keys = fp4_e8m0_qdq(keys)
+    packed = pack(keys, "fp4_e8m0")
+    for fn, extra in ((OPS.index_scores, ()), (OPS.index_topk, (k, 3))):
+        a = fn(iq, w, keys, table, tok_slot, vis, B, width, *extra)
+        b = fn(iq, w, packed, table, tok_slot, vis, B, width, *extra)
+        assert torch.equal(a.view(torch.int16) if a.dtype == BF else a, b.view(torch.int16) if b.dtype == BF else b)
+
+
+def _chain_args(seed, m=4, D=64, n_pool=6):
+    g = _gen(seed)
+    x = torch.randn(m, D, generator=g).to(BF) * 3
+    norm_w = 1 + 0.1 * torch.randn(D, generator=g)
+    cos, sin = rope_table(64, rope_freqs(16, 10000.0))
+    pos = torch.tensor([3, 17, 40, 63][:m])
+    slots = torch.tensor([4, -1, 0, 2][:m])
+    return x, norm_w, cos, sin, pos, slots, n_pool
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_kv_rows_and_index_key_rows_write_by_slot_mapping(packed):
+    """The window rows (§4.3) and index keys (§6.1), the reference's values at their slots,
+    −1 writing nothing; packed pools hold the same values."""
+    x, norm_w, cos, sin, pos, slots, n = _chain_args(7)
+    D = x.shape[1]
+    for op, qdq, fmt, returns in (
+        (OPS.kv_rows, fp8_qdq, "fp8_e8m0", True),
+        (OPS.index_key_rows, fp4_e8m0_qdq, "fp4_e8m0", False),
+    ):
+        exp_rows = qdq(apply_rope(rms_norm(x, norm_w, 1e-6), cos, sin, pos))
+        pool = torch.full((n, row_bytes(fmt, D)), 7, dtype=torch.uint8) if packed else torch.full((n, D), 7.0).to(BF)
+        before = pool.clone()
+        got = op(x, norm_w, 1e-6, cos, sin, pos, slots, pool)
+        if returns:
+            assert torch.equal(got, exp_rows), f"{fmt}: the returned rows"
+        else:
+            assert got is None
+        kept = slots >= 0
+        rows = pool[slots[kept]]
+        assert torch.equal(unpack(rows, fmt, D) if packed else rows, exp_rows[kept]), f"{fmt}: rows at their slots"
+        untouched = [r for r in range(n) if r not in set(slots[kept].tolist())]
+        assert torch.equal(pool[untouched], before[untouched]), f"{fmt}: rows no token maps to"
+
+
+def test_compress_rows_into_a_packed_pool_and_minus_one():
+    a, gate, norm_w, cos, sin, row_pos, row, cache = _compress_args(2)
+    pooled = OPS.compress_pool(a, gate).to(BF)
+    row = torch.tensor([5, -1, 9])
+    packed = torch.zeros(12, row_bytes("fp4_e4m3", cache.shape[1]), dtype=torch.uint8)
+    lat_a = OPS.compress_rows(pooled, norm_w, 1e-6, cos, sin, row_pos, row, cache)
+    lat_b = OPS.compress_rows(pooled, norm_w, 1e-6, cos, sin, row_pos, row, packed)
+    assert torch.equal(lat_a, lat_b)
+    exp = fp4_e4m3_qdq(apply_rope(rms_norm(pooled, norm_w, 1e-6), cos, sin, row_pos))
+    assert torch.equal(cache[[5, 9]], exp[[0, 2]])
+    assert torch.equal(unpack(packed[[5, 9]], "fp4_e4m3", cache.shape[1]), exp[[0, 2]])
+    assert not cache[[r for r in range(12) if r not in (5, 9)]].any(), "row −1 writes nothing"
+    assert not packed[[r for r in range(12) if r not in (5, 9)]].any()
+
+
+def test_index_queries_rms_norm_and_rope_equal_the_reference():
+    g = _gen(8)
+    iq = torch.randn(3, 2, 32, generator=g).to(BF)
+    cos, sin = rope_table(64, rope_freqs(16, 10000.0))
+    pos = torch.tensor([0, 9, 63])
+    assert torch.equal(OPS.index_queries(iq, cos, sin, pos), fp4_e8m0_qdq(apply_rope(iq, cos, sin, pos)))
+    x = torch.randn(5, 48, generator=g).to(BF)
+    w = 1 + 0.1 * torch.randn(48, generator=g)
+    assert torch.equal(OPS.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    q = torch.randn(3, 4, 32, generator=g).to(BF)
+    for inverse in (False, True):
+        assert torch.equal(OPS.rope(q, cos, sin, pos, inverse), apply_rope(q, cos, sin, pos, inverse=inverse))
+
+
+def test_candidate_mask_and_masked_topk_equal_the_reference():
+    """§6.5-§6.6 on held scores, ties included (scores drawn from a few values)."""
+    g = _gen(9)
+    m, L = 4, 37
+    scores = torch.randint(-3, 4, (m, L), generator=g).to(BF)
+    vis = torch.tensor([37, 20, 1, 0])
+    scores[torch.arange(L)[None, :] >= vis[:, None]] = float("-inf")
+    mask = OPS.candidate_mask(scores, vis, 3, 4)
+    assert torch.equal(mask, ref_idx.candidate_mask(scores, vis, 3, 4))
+    for k, msk in ((5, None), (5, mask), (37, mask)):
+        got = OPS.topk(scores, vis, k, 11, msk)
+        masked = scores if msk is None else scores.masked_fill(~msk, float("-inf"))
+        assert torch.equal(got, ref_idx.topk_select(masked, vis, k, 11)), f"k = {k}, mask: {msk is not None}"
+    with pytest.raises(ValueError, match="topk: mask must be None or torch.bool of shape \\[4, 37\\]"):
+        OPS.topk(scores, vis, 5, 0, mask[:, :3])
+
+
 def _opcheck(op, args):
     torch.library.opcheck(op, args)
 
@@ -120,6 +235,23 @@ def test_opcheck_every_op():
     a, gate, norm_w, cos, sin, row_pos, row, cache = _compress_args(1)
     _opcheck(OPS.compress_pool.default, (a, gate))
     _opcheck(OPS.compress_rows.default, (ref_pool(a, gate).to(BF), norm_w, 1e-6, cos, sin, row_pos, row, cache))
+    packed = torch.zeros(cache.shape[0], row_bytes("fp4_e4m3", cache.shape[1]), dtype=torch.uint8)
+    _opcheck(OPS.compress_rows.default, (ref_pool(a, gate).to(BF), norm_w, 1e-6, cos, sin, row_pos, row, packed))
+    (q, *_), (pw, pc) = _packed_attn_args(1)
+    _opcheck(OPS.sparse_attn.default, (q, pw, pc, sel, off, sink, scale))
+    x, cw, cos, sin, pos, slots, n = _chain_args(1)
+    D = x.shape[1]
+    for pool in (torch.zeros(n, D, dtype=BF), torch.zeros(n, row_bytes("fp8_e8m0", D), dtype=torch.uint8)):
+        _opcheck(OPS.kv_rows.default, (x, cw, 1e-6, cos, sin, pos, slots, pool))
+    _opcheck(OPS.index_key_rows.default, (x, cw, 1e-6, cos, sin, pos, slots, torch.zeros(n, D, dtype=BF)))
+    _opcheck(OPS.index_queries.default, (x.view(4, 2, 32), cos, sin, pos))
+    _opcheck(OPS.rms_norm.default, (x, cw, 1e-6))
+    _opcheck(OPS.rope.default, (x.view(4, 2, 32), cos, sin, pos, True))
+    scores = torch.randn(3, 10).to(BF)
+    vis = torch.tensor([10, 4, 0])
+    _opcheck(OPS.candidate_mask.default, (scores, vis, 2, 3))
+    _opcheck(OPS.topk.default, (scores, vis, 4, 1, scores > 0))
+    _opcheck(OPS.topk.default, (scores, vis, 4, 1))
 
 
 def test_torch_compile_fullgraph_equals_eager():

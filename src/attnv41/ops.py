@@ -24,8 +24,30 @@ one).
   (the ring, compressed-KV and index-key writes by slot mapping). Mutates `cache`.
 - `compress_pool(a, g)`: the compressor's pooling of groups of r tokens (fp32, softmax
   over r per channel), and `compress_rows(...)`: pooled rows → RMSNorm → RoPE at
-  `row_pos` → fp4 round trip, written into the compressed-KV pool at `row` (returns the
-  normed latent, the index key's input).
+  `row_pos` → fp4 round trip, written into the compressed-KV pool at `row` (a slot
+  mapping: −1 writes nothing; returns the normed latent, the index key's input).
+- `kv_rows(kv_pre, norm_w, eps, cos, sin, pos, slot_mapping, cache)`: the window rows
+  (attention-v41.md §4.3: RMSNorm → RoPE at `pos` → fp8 round trip, returned) written into
+  the window pool by slot mapping. `index_key_rows(...)`: the index keys (§6.1: RMSNorm →
+  RoPE at `row_pos` → fp4 e8m0 round trip) into the index-key pool. `index_queries(iq,
+  cos, sin, pos)`: §6.2's RoPE and fp4 e8m0 round trip per head.
+- `rms_norm(x, weight, eps)` and `rope(x, cos, sin, pos, inverse)`: §3's RMSNorm and RoPE,
+  for q's norm and rotation and o's inverse rotation before `wo_a`.
+- `candidate_mask(scores, visible, cand_blocks, cand_block)` and `topk(scores, visible, k,
+  offset, mask)`: §6.5-6.6 on scores an engine holds (a reindex layer's top-k restricted to
+  the candidate source's mask).
+
+Cache formats. Every pool is either bf16 rows on V4.1's grids or V4.1's packed rows
+(`attnv41.packed`, uint8 `[rows, row_bytes]`): window rows `fp8_e8m0` (528 B at D = 512),
+compressed rows `fp4_e4m3` (288 B), index keys `fp4_e8m0` (68 B at d = 128). The ops that
+write rows (`kv_rows`, `compress_rows`, `index_key_rows`) pack them when the pool is uint8;
+`sparse_attn` and `index_scores` / `index_topk` read either and give the same bits over
+both (the packing is lossless). `cache_write` copies rows of the pool's own dtype (packed
+rows as bytes).
+
+Slot mappings (int32/int64 `[m]`): token i writes pool row `slot_mapping[i]`; −1 writes
+nothing (padding). The rows ≥ 0 must be distinct and inside the pool: not checked (that
+would be a host sync).
 """
 
 from __future__ import annotations
@@ -34,10 +56,26 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
-from .kernels import compressor, fused, indexer, ring, select, sparse_attn_split, topk
+from .kernels import compressor, fused, indexer, norm, ring, select, sparse_attn_split
+from .kernels import rope as _rope
+from .kernels import topk as _topk
 from .kernels._triton import on_device
 
-__all__ = ["sparse_attn", "index_scores", "index_topk", "cache_write", "compress_pool", "compress_rows"]
+__all__ = [
+    "sparse_attn",
+    "index_scores",
+    "index_topk",
+    "cache_write",
+    "compress_pool",
+    "compress_rows",
+    "kv_rows",
+    "index_key_rows",
+    "index_queries",
+    "rms_norm",
+    "rope",
+    "candidate_mask",
+    "topk",
+]
 
 
 def _cuda(t: Tensor) -> bool:
@@ -46,8 +84,9 @@ def _cuda(t: Tensor) -> bool:
 
 @custom_op("attnv41::sparse_attn", mutates_args=())
 def sparse_attn(q: Tensor, win: Tensor, comp: Tensor, sel: Tensor, offset: int, sink: Tensor, scale: float) -> Tensor:
-    """o = bf16 `[m, H, D]` (module doc). q bf16 `[m, H, D]`; win, comp bf16 `[*, D]`
-    (comp may have 0 rows); sel int32 `[m, K]`; sink fp32 `[H]`; scale = head_dim^-½."""
+    """o = bf16 `[m, H, D]` (module doc). q bf16 `[m, H, D]`; win, comp bf16 `[*, D]`, or
+    both packed (uint8: win `fp8_e8m0` `[*, D + D/32]`, comp `fp4_e4m3` `[*, D/2 + D/16]`;
+    comp may have 0 rows); sel int32 `[m, K]`; sink fp32 `[H]`; scale = head_dim^-½."""
     fn = sparse_attn_split.sparse_attn_split if _cuda(q) else sparse_attn_split.sparse_attn_split_torch
     with on_device(q.device):
         return fn(q, win, comp, sel, offset, sink, scale)
@@ -69,7 +108,8 @@ def index_scores(
     block_rows: int,
     width: int,
 ) -> Tensor:
-    """bf16 `[m, width]` (module doc; `kernels.indexer.index_scores_paged`)."""
+    """bf16 `[m, width]` (module doc; `kernels.indexer.index_scores_paged`). keys: the pool,
+    bf16 `[rows, d]` or packed `fp4_e8m0` uint8 `[rows, d/2 + d/32]`."""
     fn = indexer.index_scores_paged if _cuda(iq) else indexer.index_scores_paged_torch
     with on_device(iq.device):
         return fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
@@ -102,7 +142,7 @@ def index_topk(
     with on_device(iq.device):
         scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
         out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
-        (topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out)
+        (_topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out)
     return out
 
 
@@ -147,14 +187,150 @@ def compress_rows(
     compress_kv: Tensor,
 ) -> Tensor:
     """Pooled rows (bf16 `[n, D]`) → RMSNorm → RoPE at `row_pos` → fp4 e4m3 round trip,
-    written at `compress_kv[row]`; returns the normed latent (bf16 `[n, D]`)."""
+    written at `compress_kv[row]` (a slot mapping; the pool bf16 `[rows, D]` or packed
+    uint8 `[rows, D/2 + D/16]`); returns the normed latent (bf16 `[n, D]`)."""
     latent = torch.empty_like(pooled)
     fn = fused.compress_kv_chain if _cuda(pooled) else fused.compress_kv_chain_torch
     with on_device(pooled.device):
-        fn(pooled, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv)
+        fn(pooled, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, mapped=True)
     return latent
 
 
 @compress_rows.register_fake
 def _(pooled, norm_w, eps, cos, sin, row_pos, row, compress_kv):
     return torch.empty_like(pooled)
+
+
+@custom_op("attnv41::kv_rows", mutates_args=("cache",))
+def kv_rows(
+    kv_pre: Tensor,
+    norm_w: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    pos: Tensor,
+    slot_mapping: Tensor,
+    cache: Tensor,
+) -> Tensor:
+    """The window rows of m tokens: `fp8_qdq(rope(rms_norm(kv_pre) at pos))` (bf16 `[m, D]`,
+    returned; kv_pre is `x · W_kvᵀ`), each written at `cache[slot_mapping[i]]` (−1: none).
+    cache: the window pool, bf16 `[rows, D]` or packed uint8 `[rows, D + D/32]`. One launch
+    on CUDA (`kernels.fused.kv_chain`)."""
+    kv = torch.empty_like(kv_pre)
+    fn = fused.kv_chain if _cuda(kv_pre) else fused.kv_chain_torch
+    with on_device(kv_pre.device):
+        fn(kv_pre, norm_w, eps, cos, sin, pos, kv, cache, slot=slot_mapping, mapped=True)
+    return kv
+
+
+@kv_rows.register_fake
+def _(kv_pre, norm_w, eps, cos, sin, pos, slot_mapping, cache):
+    return torch.empty_like(kv_pre)
+
+
+@custom_op("attnv41::index_key_rows", mutates_args=("index_k",))
+def index_key_rows(
+    kp: Tensor,
+    norm_w: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    row_pos: Tensor,
+    slot_mapping: Tensor,
+    index_k: Tensor,
+) -> None:
+    """The index keys of n new compressed rows: `fp4_e8m0_qdq(rope(rms_norm(kp) at row_pos))`
+    (kp bf16 `[n, d]`: the latent times the indexer's `wk`), each written at
+    `index_k[slot_mapping[i]]` (−1: none); index_k bf16 `[rows, d]` or packed uint8
+    `[rows, d/2 + d/32]`."""
+    fn = fused.index_k_chain if _cuda(kp) else fused.index_k_chain_torch
+    with on_device(kp.device):
+        fn(kp, norm_w, eps, cos, sin, row_pos, slot_mapping, index_k, mapped=True)
+
+
+@index_key_rows.register_fake
+def _(kp, norm_w, eps, cos, sin, row_pos, slot_mapping, index_k):
+    return None
+
+
+@custom_op("attnv41::index_queries", mutates_args=())
+def index_queries(iq: Tensor, cos: Tensor, sin: Tensor, pos: Tensor) -> Tensor:
+    """`fp4_e8m0_qdq(rope(iq at pos))` per head: iq bf16 `[m, index_heads, d]` (the q latent
+    times the indexer's `wq_b`), the same shape back."""
+    out = torch.empty_like(iq)
+    fn = fused.index_q_chain if _cuda(iq) else fused.index_q_chain_torch
+    with on_device(iq.device):
+        fn(iq, cos, sin, pos, out)
+    return out
+
+
+@index_queries.register_fake
+def _(iq, cos, sin, pos):
+    return torch.empty_like(iq)
+
+
+@custom_op("attnv41::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`bf16(w ⊙ v / sqrt(mean(v²) + eps))` per row of bf16 `x [rows, width]` (§3; weight
+    fp32 or bf16 `[width]`). CUDA within one bf16 ulp of the CPU's bits (`kernels/norm.py`)."""
+    with on_device(x.device):
+        return (norm.rms_norm if _cuda(x) else norm.rms_norm_torch)(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@custom_op("attnv41::rope", mutates_args=())
+def rope(x: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, inverse: bool = False) -> Tensor:
+    """§3's RoPE on the last `2·cos.shape[1]` values of each vector of bf16 `x` (`[m, width]`
+    or `[m, n_vec, width]`) at `pos` (int `[m]`), or its inverse: bit for bit the
+    reference's on CUDA too (`kernels/rope.py`)."""
+    with on_device(x.device):
+        return (_rope.apply_rope if _cuda(x) else _rope.apply_rope_torch)(x, cos, sin, pos, inverse=inverse)
+
+
+@rope.register_fake
+def _(x, cos, sin, pos, inverse=False):
+    return torch.empty_like(x)
+
+
+@custom_op("attnv41::candidate_mask", mutates_args=())
+def candidate_mask(scores: Tensor, visible: Tensor, cand_blocks: int, cand_block: int) -> Tensor:
+    """bool `[m, Lb]`: the candidate source's position mask (§6.5) over bf16 scores `[m, Lb]`
+    with `visible` (int `[m]`, each token's L_t); exact on every device."""
+    out = torch.empty(scores.shape, dtype=torch.bool, device=scores.device)
+    fn = _topk.candidate_mask_fixed if _cuda(scores) else select.candidate_mask_fixed
+    with on_device(scores.device):
+        fn(scores, visible, cand_blocks, cand_block, out)
+    return out
+
+
+@candidate_mask.register_fake
+def _(scores, visible, cand_blocks, cand_block):
+    return scores.new_empty(scores.shape, dtype=torch.bool)
+
+
+@custom_op("attnv41::topk", mutates_args=())
+def topk(scores: Tensor, visible: Tensor, k: int, offset: int, mask: Tensor | None = None) -> Tensor:
+    """int32 `[m, k]`: §6.6's fixed-width top-k of bf16 scores `[m, Lb]` (the k best
+    positions ascending, lower position first among equal scores, positions ≥ visible[t]
+    → −1, the others + offset); with `mask` (bool `[m, Lb]`, e.g. `candidate_mask`'s) the
+    scores where it is False count as −∞ (a reindex layer's restriction). Exact on every
+    device."""
+    out = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+    with on_device(scores.device):
+        if _cuda(scores):
+            _topk.topk_fixed(scores, visible, k, offset, out, mask=mask)
+        else:
+            if mask is not None:
+                _topk._check_mask("topk", mask, tuple(scores.shape), scores.device)
+                scores = scores.masked_fill(~mask, float("-inf"))
+            select.topk_fixed(scores, visible, k, offset, out)
+    return out
+
+
+@topk.register_fake
+def _(scores, visible, k, offset, mask=None):
+    return scores.new_empty((scores.shape[0], k), dtype=torch.int32)

@@ -85,3 +85,56 @@ def test_packed_cache_of_the_wrong_width_is_refused(device):
         ValueError, match="index_k.shape = \\(4, 33\\); allowed: \\[rows >= 1, 68\\] \\(packed fp4_e8m0\\)"
     ):
         F.index_k_chain(x, torch.ones(DK, device=device), 1e-6, cos, sin, z, z, bad)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["kernel", "twin"])
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+@pytest.mark.parametrize(
+    "chain,fmt,width", [("kv", "fp8_e8m0", D), ("compress", "fp4_e4m3", D), ("index", "fp4_e8m0", DK)]
+)
+def test_chains_write_by_slot_mapping(chain, fmt, width, packed, twin, device):
+    """mapped=True (`attnv41.ops`' pools): token t writes row slots[t] of the cache whatever
+    the pool's size (no `% rows`, every token, not only the last min(m, rows)), −1 writes
+    nothing; the rows are those the ring rule writes for the same tokens."""
+    dev = "cpu" if twin else device
+    gen = _gen("mapped", chain, packed)
+    m, n_cache, sentinel = 5, 4, 77
+    slots = torch.tensor([3, -1, 0, -1, 2], dtype=torch.int64, device=dev)
+    x = _rows(gen, m, width, "random").to(dev)
+    w = (1 + 0.3 * torch.randn(width, generator=gen)).to(dev)
+    rp = torch.tensor([7, 9, 12, 13, 20], dtype=torch.int32, device=dev)
+    cos, sin = _tables(dev, yarn=chain != "kv")
+    fn = {
+        "kv": (F.kv_chain_torch if twin else F.kv_chain),
+        "compress": (F.compress_kv_chain_torch if twin else F.compress_kv_chain),
+        "index": (F.index_k_chain_torch if twin else F.index_k_chain),
+    }[chain]
+
+    def run(cache, slot, mapped):
+        out = torch.empty(m, width, dtype=BF, device=dev)
+        if chain == "kv":
+            fn(x, w, 1e-6, cos, sin, rp, out, cache, slot=slot, mapped=mapped)
+        elif chain == "compress":
+            fn(x, w, 1e-6, cos, sin, rp, slot, out, cache, mapped=mapped)
+        else:
+            fn(x, w, 1e-6, cos, sin, rp, slot, cache, mapped=mapped)
+        return out
+
+    # the ring rule over m rows at slots 0..m−1 writes every token's row: the expected rows
+    every = torch.zeros(m, width, dtype=BF, device=dev)
+    exp_out = run(every, torch.arange(m, device=dev), False)
+    if packed:
+        cache = torch.full((n_cache, row_bytes(fmt, width)), sentinel, dtype=torch.uint8, device=dev)
+    else:
+        cache = torch.full((n_cache, width), float(sentinel), dtype=BF, device=dev)
+    out = run(cache, slots, True)
+    if chain != "index":
+        assert torch.equal(out.view(torch.int16), exp_out.view(torch.int16)), "the rows the chain returns"
+    kept = [(t, s) for t, s in enumerate(slots.tolist()) if s >= 0]
+    got = cache[[s for _, s in kept]].cpu()
+    if packed:
+        got = unpack(got, fmt, width)
+    exp = every[[t for t, _ in kept]].cpu()
+    assert torch.equal(got.view(torch.int16), exp.view(torch.int16)), f"{chain}: rows at their slots"
+    rest = [r for r in range(n_cache) if r not in {s for _, s in kept}]
+    assert (cache[rest].cpu() == sentinel).all(), "rows no token maps to stay as they were"

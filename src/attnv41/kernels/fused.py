@@ -267,6 +267,7 @@ if HAVE_TRITON:
         EXACT_CAST: tl.constexpr,  # as qdq's: e4m3 by bit arithmetic (interpreter) or the GPU's cast
         RN: tl.constexpr,  # rotation products through mul_rn (GPU)
         PDL: tl.constexpr = False,
+        MAPPED: tl.constexpr = False,  # slot[t] < 0: token t writes no cache row (a slot mapping's −1)
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -367,12 +368,16 @@ if HAVE_TRITON:
             tl.store(o_row + col_e, ye, mask=ok)
             tl.store(o_row + col_o, yo, mask=ok)
         if CACHE:
-            slot = tl.load(slot_ptr + t).to(tl.int64) % cache_rows
-            c_ok = ok & (t >= first)
+            raw = tl.load(slot_ptr + t).to(tl.int64)
+            slot = raw % cache_rows
+            keep_t = t >= first
+            if MAPPED:
+                keep_t = keep_t & (raw >= 0)
+            c_ok = ok & keep_t
             if PACKED:
                 # V4.1's byte formats (attnv41.packed): the codes, then one scale byte per block
                 row_b = cache_ptr + slot * s_cache
-                s_ok = (j < NB) & (t >= first)
+                s_ok = (j < NB) & keep_t
                 if MODE == 0:
                     tl.store(row_b + col_e, _e4m3_bits(ce), mask=c_ok)
                     tl.store(row_b + col_o, _e4m3_bits(co), mask=c_ok)
@@ -401,15 +406,18 @@ def _launch(
     cache=None,
     slot=None,
     nonfinite=None,
+    mapped=False,
 ) -> None:
-    """One program per (token, vector) of bf16 `x3 [m, n_vec, width]` (checked by the caller)."""
+    """One program per (token, vector) of bf16 `x3 [m, n_vec, width]` (checked by the caller).
+    mapped: `slot` is a slot mapping (every token with slot ≥ 0 writes at that row, −1 none),
+    not the ring rule (the last min(m, rows) tokens at slot % rows)."""
     m, n_vec, width = x3.shape
     if m == 0 or n_vec == 0:
         return
     nb = width // block
     bl = triton.next_power_of_2(width)
     any_t = x3
-    keep = 0 if cache is None else min(m, cache.shape[0])
+    keep = 0 if cache is None else (m if mapped else min(m, cache.shape[0]))
     _chain_kernel[(m, n_vec)](
         x3,
         any_t if norm_w is None else norm_w,
@@ -449,6 +457,7 @@ def _launch(
         COUNT=nonfinite is not None,
         EXACT_CAST=interpreting() or not _qdq._HW_E4M3,
         RN=not interpreting(),
+        MAPPED=bool(mapped),
         # with a norm: rms_norm's warps, so its sum reduces in the same order
         num_warps=(4 if bl <= 1024 else 8) if norm_w is not None else 1,
         **pdl_launch(x3),
@@ -458,7 +467,7 @@ def _launch(
 # ---------------------------------------------------------------------- kv_chain
 
 
-def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None) -> torch.Tensor:
+def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None, mapped=False) -> torch.Tensor:
     """The window row of m tokens in one launch: `kv_out = fp8_qdq(rope(rms_norm(kv_pre)))`, and
     `ring[pos % window] = kv_out` for the last `min(m, window)` rows.
 
@@ -469,8 +478,10 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, s
     (no ring write); nonfinite: None or the int64 `[1]` counter, += the
     non-finite values entering the fp8 round trip; slot: None (the ring row of token t is
     pos[t] % window) or int `[m]`, its ring row slot[t] % rows (a batched step's staging
-    rows). Returns kv_out. The same bytes as rms_norm → apply_rope → fp8_qdq → ring_write
-    (Triton), see the module docstring.
+    rows). mapped: slot (given) is a slot mapping instead: every token with slot[t] ≥ 0
+    writes ring row slot[t] (distinct, < rows: not checked, a host sync), −1 writes nothing
+    (`attnv41.ops.kv_rows`). Returns kv_out. The same bytes as rms_norm → apply_rope →
+    fp8_qdq → ring_write (Triton), see the module docstring.
     """
     _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
     require_triton("kv_chain", *(t for t in (kv_pre, kv_out, ring) if t is not None))
@@ -487,11 +498,14 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, s
         cache=ring,
         slot=slot,
         nonfinite=nonfinite,
+        mapped=mapped,
     )
     return kv_out
 
 
-def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None) -> torch.Tensor:
+def kv_chain_torch(
+    kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None, mapped=False
+) -> torch.Tensor:
     """`kv_chain` as the chain of the torch twins (any device); same contract."""
     _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
     m, D = kv_pre.shape
@@ -499,18 +513,24 @@ def kv_chain_torch(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=N
     _rope.apply_rope_torch(kv_out.view(m, 1, D), cos, sin, pos, out=kv_out.view(m, 1, D))
     _qdq.fp8_qdq_torch(kv_out, out=kv_out, nonfinite=nonfinite)
     if ring is not None:
-        _cache_write_torch(ring, kv_out, pos if slot is None else slot, "fp8_e8m0")
+        _cache_write_torch(ring, kv_out, pos if slot is None else slot, "fp8_e8m0", mapped)
     return kv_out
 
 
-def _cache_write_torch(cache, rows, slot, fmt: str) -> None:
+def _cache_write_torch(cache, rows, slot, fmt: str, mapped: bool = False) -> None:
     """`ring_write_torch`, or for a packed (uint8) cache the rows packed into it (same rule:
-    the last min(m, rows) rows, at slot % rows)."""
+    the last min(m, rows) rows, at slot % rows). mapped: every row with slot ≥ 0 at that
+    row, −1 nowhere (`ring.slot_write_torch`'s rule)."""
+    from ..packed import pack  # noqa: PLC0415
+
+    if mapped:
+        keep = slot >= 0
+        src = rows[keep]
+        cache.index_copy_(0, slot[keep].long(), pack(src, fmt, check=False) if cache.dtype == torch.uint8 else src)
+        return
     if cache.dtype != torch.uint8:
         _ring.ring_write_torch(cache, rows, slot)
         return
-    from ..packed import pack  # noqa: PLC0415
-
     m = rows.shape[0]
     keep = min(m, cache.shape[0])
     if keep:
@@ -520,7 +540,7 @@ def _cache_write_torch(cache, rows, slot, fmt: str) -> None:
 # ---------------------------------------------------------------------- compressed rows
 
 
-def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None):
+def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None, mapped=False):
     """A kv source's new compressed rows in one launch: `latent = rms_norm(lat_pre)`, and
     `compress_kv[row % rows] = fp4_e4m3_qdq(rope(latent at row_pos))` for the last
     `min(m, rows)` tokens.
@@ -529,7 +549,7 @@ def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, comp
     key's input; may be lat_pre); row_pos, row: int32/int64 `[m]` (RoPE position, cache
     row); compress_kv: bf16 `[rows, D]`, or uint8 `[rows, D/2 + D/16]` for V4.1's packed
     fp4_e4m3 rows (`attnv41.packed`: the codes and scales written instead of their bf16
-    products); other arguments as `kv_chain`. Returns latent.
+    products); other arguments (mapped: row a slot mapping) as `kv_chain`. Returns latent.
     The same bytes as rms_norm → apply_rope → fp4_e4m3_qdq → ring_write (Triton).
     """
     _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite)
@@ -547,28 +567,31 @@ def compress_kv_chain(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, comp
         cache=compress_kv,
         slot=row,
         nonfinite=nonfinite,
+        mapped=mapped,
     )
     return latent
 
 
-def compress_kv_chain_torch(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None):
+def compress_kv_chain_torch(
+    lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite=None, mapped=False
+):
     """`compress_kv_chain` as the chain of the torch twins (any device); same contract."""
     _check_compress_kv(lat_pre, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, nonfinite)
     m, D = lat_pre.shape
     _norm.rms_norm_torch(lat_pre, norm_w, eps, out=latent)
     rows = _rope.apply_rope_torch(latent.view(m, 1, D), cos, sin, row_pos)
     staged = _qdq.fp4_e4m3_qdq_torch(rows.view(m, D), nonfinite=nonfinite)
-    _cache_write_torch(compress_kv, staged, row, "fp4_e4m3")
+    _cache_write_torch(compress_kv, staged, row, "fp4_e4m3", mapped)
     return latent
 
 
-def index_k_chain(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None) -> torch.Tensor:
+def index_k_chain(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None, mapped=False) -> torch.Tensor:
     """A kv source's new index keys in one launch: `index_k[row % rows] =
     fp4_e8m0_qdq(rope(rms_norm(kp) at row_pos))` for the last `min(m, rows)` tokens.
 
     kp: bf16 `[m, d]`, d a multiple of 32, ≤ 4096; index_k: bf16 `[rows, d]` or packed
     fp4_e8m0 uint8 `[rows, d/2 + d/32]`; other
-    arguments as `compress_kv_chain`. Returns index_k. The same bytes as rms_norm →
+    arguments (mapped: row a slot mapping) as `compress_kv_chain`. Returns index_k. The same bytes as rms_norm →
     apply_rope → fp4_e8m0_qdq → ring_write (Triton).
     """
     _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite)
@@ -585,17 +608,18 @@ def index_k_chain(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=No
         cache=index_k,
         slot=row,
         nonfinite=nonfinite,
+        mapped=mapped,
     )
     return index_k
 
 
-def index_k_chain_torch(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None) -> torch.Tensor:
+def index_k_chain_torch(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite=None, mapped=False) -> torch.Tensor:
     """`index_k_chain` as the chain of the torch twins (any device); same contract."""
     _check_index_k(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfinite)
     m, d = kp.shape
     kr = _norm.rms_norm_torch(kp, norm_w, eps)
     _rope.apply_rope_torch(kr.view(m, 1, d), cos, sin, row_pos, out=kr.view(m, 1, d))
-    _cache_write_torch(index_k, _qdq.fp4_e8m0_qdq_torch(kr, nonfinite=nonfinite), row, "fp4_e8m0")
+    _cache_write_torch(index_k, _qdq.fp4_e8m0_qdq_torch(kr, nonfinite=nonfinite), row, "fp4_e8m0", mapped)
     return index_k
 
 
