@@ -281,6 +281,87 @@ def test_torch_compile_fullgraph_equals_eager():
     assert torch.equal(r_eager, r_comp)
 
 
+def _packed_layer(device="cpu", seed=12):
+    """A decode layer's work between its projections, over packed pools: q's RoPE, the
+    window rows, index queries, scores, the candidate mask, the masked top-k translated to
+    pool rows, the attention and o's inverse RoPE. Returns (layer, its pools, its inputs)."""
+    iq_in, hw, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(seed, rows=(7, 12, 3))
+    g = _gen(seed)
+    T, H, D, W = iq_in.shape[0], 4, 64, 4
+    cos, sin = rope_table(64, rope_freqs(16, 10000.0))
+    win = pack(fp8_qdq(torch.randn(3 * W, D, generator=g).to(BF)), "fp8_e8m0")
+    comp = pack(fp4_e4m3_qdq(torch.randn(keys.shape[0], D, generator=g).to(BF)), "fp4_e4m3")
+    keys = pack(fp4_e8m0_qdq(keys), "fp4_e8m0")
+    kv_norm = 1 + 0.1 * torch.randn(D, generator=g)
+    sink = torch.randn(H, generator=g)
+    tables = [t.to(device) for t in (cos, sin, table, tok_slot, vis, kv_norm, sink, comp, keys)]
+    cos, sin, table, tok_slot, vis, kv_norm, sink, comp, keys = tables
+    off = win.shape[0]
+
+    def layer(win, q_pre, kv_pre, iq_pre, hw, pos):
+        q = OPS.rope(q_pre, cos, sin, pos)
+        OPS.kv_rows(kv_pre, kv_norm, 1e-6, cos, sin, pos, tok_slot.long() * W + pos % W, win)
+        ring = (torch.arange(W, device=pos.device)[None, :] + pos[:, None] + 1) % W
+        win_sel = tok_slot.long()[:, None] * W + ring
+        iq = OPS.index_queries(iq_pre, cos, sin, pos)
+        scores = OPS.index_scores(iq, hw, keys, table, tok_slot, vis, B, width)
+        top = OPS.topk(scores, vis, k, 0, OPS.candidate_mask(scores, vis, 2, 2))
+        j = top.clamp_min(0).long()
+        phys = table[tok_slot.long()[:, None], j // B].long() * B + j % B + off
+        sel = torch.cat([win_sel, torch.where(top >= 0, phys, -1)], dim=1).to(torch.int32)
+        o = OPS.sparse_attn(q, win, comp, sel, off, sink, D**-0.5)
+        return OPS.rope(o, cos, sin, pos, True)
+
+    def inputs(seed):
+        gi = _gen(seed)
+        t = (
+            torch.randn(T, H, D, generator=gi).to(BF),
+            torch.randn(T, D, generator=gi).to(BF) * 2,
+            torch.randn(T, 2, 32, generator=gi).to(BF),
+            torch.randn(T, 2, generator=gi).to(BF),
+            torch.randint(5, 60, (T,), generator=gi),
+        )
+        return [x.to(device) for x in t]
+
+    return layer, win.to(device), inputs
+
+
+def test_torch_compile_fullgraph_of_a_layer_over_packed_pools():
+    layer, win, inputs = _packed_layer()
+    args = inputs(1)
+    w_eager, w_comp = win.clone(), win.clone()
+    eager = layer(w_eager, *args)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(w_comp, *args)
+    assert torch.equal(eager.view(torch.int16), compiled.view(torch.int16))
+    assert torch.equal(w_eager, w_comp), "the window pool's written rows"
+
+
+@pytest.mark.gpu
+def test_a_layer_over_packed_pools_as_a_cuda_graph():
+    """The same layer captured in a CUDA graph (after one eager warm-up call), its inputs
+    rewritten in place before each replay: replay == eager byte for byte, pools included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    layer, win, inputs = _packed_layer("cuda")
+    static = inputs(1)
+    w_graph = win.clone()
+    layer(w_graph.clone(), *static)  # warm-up: compiles and allocates outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(w_graph, *static)
+    w_eager = win.clone()
+    for seed in (2, 3, 4):
+        fresh = inputs(seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        exp = layer(w_eager, *fresh)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), exp.view(torch.int16)), f"inputs {seed}: o_rot"
+        assert torch.equal(w_graph, w_eager), f"inputs {seed}: the window pool"
+
+
 @pytest.mark.gpu
 def test_ops_on_cuda_match_the_cpu():
     """Each op on CUDA against its CPU twin: selections and cache writes exact (random
