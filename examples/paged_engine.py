@@ -119,7 +119,6 @@ class PagedV41:
                 table.to(self.device),
                 *part,
             )
-        self._empty_comp = self.win[0][:0]  # the compressed pool of a window-only layer: no rows
 
     def prefill(self, xs: list[torch.Tensor], seq: int, start: int) -> list[dict[str, torch.Tensor]]:
         """The m tokens of sequence `seq` at positions start … start+m−1 (1 ≤ m ≤ max_chunk;
@@ -139,9 +138,10 @@ class PagedV41:
         for pools in self.src.values():  # a new sequence: no partial group
             if pools.part_g is not None:
                 pools.part_g[seq] = float("-inf")
+        # the released prefill: each token's own chunk rows (indices into the chunk's kv rows)
         t = torch.arange(m, device=dev)[:, None]
         q = (t - W + 1).clamp_min(0) + torch.arange(min(m, W), device=dev)[None, :]
-        return self._layers(xs, s_t, p_t, torch.where(q <= t, seq * self.R + q % self.R, -1))
+        return self._layers(xs, s_t, p_t, torch.where(q <= t, q, -1), prompt=True)
 
     def step(self, xs: list[torch.Tensor], seqs: list[int], pos: list[int]) -> list[dict[str, torch.Tensor]]:
         """One decode token for each of the sequences `seqs` (distinct) at positions `pos`
@@ -164,8 +164,10 @@ class PagedV41:
         """Pool rows of logical rows j (≥ 0) of sequences seqs."""
         return table[seqs, j // self.B].long() * self.B + j % self.B
 
-    def _layers(self, xs, s_t, p_t, win_sel) -> list[dict[str, torch.Tensor]]:
-        """Every layer for the tokens (s_t[t], p_t[t]) with the window part `win_sel`."""
+    def _layers(self, xs, s_t, p_t, win_sel, prompt=False) -> list[dict[str, torch.Tensor]]:
+        """Every layer for the tokens (s_t[t], p_t[t]) with the window part `win_sel`: rows
+        of the window pool, or with `prompt` (a prompt from 0) of the call's own kv rows,
+        attended by the prefill regime's kernel."""
         cfg = self.cfg
         T, H, D = s_t.shape[0], cfg.n_heads, cfg.head_dim
         win_slot = s_t * self.R + p_t % self.R
@@ -178,8 +180,11 @@ class PagedV41:
             # §4: q, kv and the window
             c = OPS.rms_norm(project(w, "wq_a", x), w["q_norm.weight"], cfg.norm_eps)
             q = OPS.rope(project(w, "wq_b", c).view(T, H, D), cos, sin, p_t)
-            OPS.kv_rows(project(w, "wkv", x), w["kv_norm.weight"], cfg.norm_eps, cos, sin, p_t, win_slot, self.win[i])
-            offset = self.win[i].shape[0]
+            kv = OPS.kv_rows(
+                project(w, "wkv", x), w["kv_norm.weight"], cfg.norm_eps, cos, sin, p_t, win_slot, self.win[i]
+            )
+            win = kv if prompt else self.win[i]
+            offset = win.shape[0]
             sel = win_sel
             if r > 0:
                 vis = (p_t + 1) // r  # L_t: the rows a token sees
@@ -191,9 +196,10 @@ class PagedV41:
                 # the compressed part: logical rows → pool rows of the latest kv source, + offset
                 phys = self._phys(comp.table, s_t[:, None], top.clamp_min(0).long())
                 sel = torch.cat([win_sel, torch.where(top >= 0, phys + offset, -1)], dim=1)
-            pool = comp.comp if r > 0 else self._empty_comp
+            pool = comp.comp if r > 0 else win[:0]  # a window-only layer: no compressed rows
             # §7: sparse attention with the sink over the pools, read in place
-            o = OPS.sparse_attn(q, self.win[i], pool, sel.to(torch.int32), offset, w["attn_sink"], D**-0.5)
+            attend = OPS.sparse_attn_prefill if prompt else OPS.sparse_attn
+            o = attend(q, win, pool, sel.to(torch.int32), offset, w["attn_sink"], D**-0.5)
             # §8: inverse RoPE, the grouped wo_a, wo_b
             u = self._wo_a(w, OPS.rope(o, cos, sin, p_t, inverse=True))
             outs.append({"o": o, "out": project(w, "wo_b", u)})

@@ -130,6 +130,21 @@ def test_sparse_attn_over_packed_pools_gives_the_bf16_pools_bits():
     )
 
 
+def test_sparse_attn_prefill_equals_the_reference_over_either_compressed_pool():
+    """The prefill regime's op: a prompt's own bf16 rows and a bf16 or packed compressed
+    pool; on the CPU the reference's bits (as `sparse_attn`'s)."""
+    (q, win, comp, sel, off, sink, scale), (_, pc) = _packed_attn_args(6)
+    exp = ref_attn(q, torch.cat([win, comp]), sel, sink, scale)
+    for c in (comp, pc):
+        got = OPS.sparse_attn_prefill(q, win, c, sel, off, sink, scale)
+        assert torch.equal(got.view(torch.int16), exp.view(torch.int16)), f"comp {c.dtype}"
+    only_win = torch.where(sel < off, sel, -1)
+    assert torch.equal(
+        OPS.sparse_attn_prefill(q, win, win[:0], only_win, off, sink, scale),
+        ref_attn(q, win, only_win, sink, scale),
+    )
+
+
 def test_index_topk_over_packed_keys_gives_the_bf16_keys_bits():
     iq, w, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(6)
     keys = fp4_e8m0_qdq(keys)
@@ -239,6 +254,7 @@ def test_opcheck_every_op():
     _opcheck(OPS.compress_rows.default, (ref_pool(a, gate).to(BF), norm_w, 1e-6, cos, sin, row_pos, row, packed))
     (q, *_), (pw, pc) = _packed_attn_args(1)
     _opcheck(OPS.sparse_attn.default, (q, pw, pc, sel, off, sink, scale))
+    _opcheck(OPS.sparse_attn_prefill.default, (q, win, pc, sel, off, sink, scale))
     x, cw, cos, sin, pos, slots, n = _chain_args(1)
     D = x.shape[1]
     for pool in (torch.zeros(n, D, dtype=BF), torch.zeros(n, row_bytes("fp8_e8m0", D), dtype=torch.uint8)):
@@ -376,6 +392,11 @@ def test_ops_on_cuda_match_the_cpu():
         *(t.cuda() if isinstance(t, torch.Tensor) else t for t in (q, win, comp, sel, off, sink)), scale
     )
     c = compare_bf16("sparse_attn", gpu.cpu(), cpu)
+    assert c.ok, c
+    gpu = OPS.sparse_attn_prefill(
+        *(t.cuda() if isinstance(t, torch.Tensor) else t for t in (q, win, comp, sel, off, sink)), scale
+    )
+    c = compare_bf16("sparse_attn_prefill", gpu.cpu(), cpu)
     assert c.ok, c
     args = _paged_args(4)[:9]
     dev = [t.cuda() if isinstance(t, torch.Tensor) else t for t in args]

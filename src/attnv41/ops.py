@@ -14,7 +14,8 @@ one).
   `< offset` index `win`, the others `comp` at `entry − offset`. With `win` an engine's
   window-ring pool and `comp` its compressed-KV pool, `sel` holds physical rows: paged
   caches read in place. The decode regime's kernel (split over 64-entry blocks), whose
-  bits do not depend on m or on the other tokens.
+  bits do not depend on m or on the other tokens. `sparse_attn_prefill(...)`: the same for
+  a prompt from position 0 over its own rows, on the prefill regime's kernel.
 - `index_scores(iq, weights, keys, block_table, tok_slot, visible, block_rows, width)`:
   index scores `[m, width]` of every token over its own sequence's keys in a paged pool
   (−∞ past each token's visible rows). `index_topk(...)` adds the fixed-width top-k: the
@@ -58,11 +59,13 @@ from torch.library import custom_op
 
 from .kernels import compressor, fused, indexer, norm, ring, select, sparse_attn_split
 from .kernels import rope as _rope
+from .kernels import sparse_attn as sparse_attn_fused
 from .kernels import topk as _topk
 from .kernels._triton import on_device
 
 __all__ = [
     "sparse_attn",
+    "sparse_attn_prefill",
     "index_scores",
     "index_topk",
     "cache_write",
@@ -93,6 +96,27 @@ def sparse_attn(q: Tensor, win: Tensor, comp: Tensor, sel: Tensor, offset: int, 
 
 
 @sparse_attn.register_fake
+def _(q, win, comp, sel, offset, sink, scale):
+    return torch.empty_like(q)
+
+
+@custom_op("attnv41::sparse_attn_prefill", mutates_args=())
+def sparse_attn_prefill(
+    q: Tensor, win: Tensor, comp: Tensor, sel: Tensor, offset: int, sink: Tensor, scale: float
+) -> Tensor:
+    """`sparse_attn` in the prefill regime: a prompt's tokens from position 0, each over its
+    own chunk rows (`win`: bf16, e.g. `kv_rows`' return, entries `< offset`) and the
+    compressed pool (`comp`: bf16 or packed fp4_e4m3). One program per token (the kernel
+    the runtimes prefill with, fast for many tokens); a token's bits are the runtime's
+    prefill's, which may differ from the decode kernel's within the bf16 tolerance: choose
+    the op by regime (a prompt from 0 here; continuations and decode `sparse_attn`), never
+    by the number of tokens."""
+    fn = sparse_attn_fused.sparse_attn if _cuda(q) else sparse_attn_fused.sparse_attn_torch
+    with on_device(q.device):
+        return fn(q, win, comp, sel, offset, sink, scale)
+
+
+@sparse_attn_prefill.register_fake
 def _(q, win, comp, sel, offset, sink, scale):
     return torch.empty_like(q)
 
