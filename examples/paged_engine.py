@@ -19,11 +19,12 @@ Run it: `python examples/paged_engine.py [--kv-format packed] [--weights fp8] [-
 cuda]`: three sequences served side by side (`schedule`) and checked against the
 reference (on CUDA within the bf16 tolerance: the kernels sum in other orders).
 
-Layouts that decide bits: a prompt from 0 takes the released prefill's window selection
-(each token's own chunk rows, min(m, window) wide, −1 past the token), a continuation and
-decode the ring's (positions p−window+1 … p, −1 where negative); the attention's 64-entry
-blocks then hold what the reference's hold. Appending −1 entries at the end moves no bit,
-inserting them does.
+Layouts that decide bits: a prompt from 0 attends over its own kv rows in the released
+prefill's window selection (each token's chunk rows, min(m, window) wide, −1 past the
+token; `sparse_attn_prefill`, the runtimes' prefill kernel on CUDA), a continuation and
+decode over the ring in its order (positions p−window+1 … p, −1 where negative;
+`sparse_attn`); the attention's 64-entry blocks then hold what the reference's hold.
+Appending −1 entries at the end moves no bit, inserting them does.
 
 Scope: the index keys a Full layer scores are its own (the project's default;
 `index_keys="own"`). The host plans the compressor's groups and the chunk sizes here (an
