@@ -166,8 +166,10 @@ def _check_norm_chain(x_name: str, x, norm_w, eps, cos, sin, pos_name: str, pos,
     _check_positions(pos_name, pos, m, x.device)
 
 
-def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot=None) -> None:
+def _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot=None, mapped=False) -> None:
     _check_norm_chain("kv_pre", kv_pre, norm_w, eps, cos, sin, "pos", pos, _qdq.FP8_BLOCK)
+    if mapped and slot is None:
+        raise ValueError("slot = None with mapped = True; allowed: the slot mapping, int [m]")
     if slot is not None:
         _check_positions("slot", slot, kv_pre.shape[0], kv_pre.device)
     _check_out("kv_out", kv_out, kv_pre, "kv_pre")
@@ -483,7 +485,7 @@ def kv_chain(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, s
     (`attnv41.ops.kv_rows`). Returns kv_out. The same bytes as rms_norm → apply_rope →
     fp8_qdq → ring_write (Triton), see the module docstring.
     """
-    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot, mapped)
     require_triton("kv_chain", *(t for t in (kv_pre, kv_out, ring) if t is not None))
     _launch(
         kv_pre[:, None],
@@ -507,7 +509,7 @@ def kv_chain_torch(
     kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite=None, slot=None, mapped=False
 ) -> torch.Tensor:
     """`kv_chain` as the chain of the torch twins (any device); same contract."""
-    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot)
+    _check_kv(kv_pre, norm_w, eps, cos, sin, pos, kv_out, ring, nonfinite, slot, mapped)
     m, D = kv_pre.shape
     _norm.rms_norm_torch(kv_pre, norm_w, eps, out=kv_out)
     _rope.apply_rope_torch(kv_out.view(m, 1, D), cos, sin, pos, out=kv_out.view(m, 1, D))
