@@ -135,24 +135,33 @@ class PagedV41:
         s_t = torch.full((m,), seq, device=dev)
         p_t = torch.arange(start, start + m, device=dev)
         if start > 0:
-            return self._layers(xs, s_t, p_t, self._decode_window(s_t, p_t))
+            return self._layers(xs, s_t, p_t, self._decode_window(s_t, p_t), "chunk")
         for pools in self.src.values():  # a new sequence: no partial group
             if pools.part_g is not None:
                 pools.part_g[seq] = float("-inf")
         # the released prefill: each token's own chunk rows (indices into the chunk's kv rows)
         t = torch.arange(m, device=dev)[:, None]
         q = (t - W + 1).clamp_min(0) + torch.arange(min(m, W), device=dev)[None, :]
-        return self._layers(xs, s_t, p_t, torch.where(q <= t, q, -1), prompt=True)
+        return self._layers(xs, s_t, p_t, torch.where(q <= t, q, -1), "prompt")
 
-    def step(self, xs: list[torch.Tensor], seqs: list[int], pos: list[int]) -> list[dict[str, torch.Tensor]]:
+    def step(self, xs: list[torch.Tensor], seqs, pos) -> list[dict[str, torch.Tensor]]:
         """One decode token for each of the sequences `seqs` (distinct) at positions `pos`
         (≥ 1: a sequence's first tokens go through `prefill`); `xs[i]` bf16 `[T, dim]`.
-        Returns what `prefill` returns, for these T tokens."""
-        if len(set(seqs)) != len(seqs) or min(pos) < 1:
-            raise ValueError(f"seqs = {seqs}, pos = {pos}; allowed: distinct sequences, positions ≥ 1")
-        s_t = torch.tensor(seqs, device=self.device)
-        p_t = torch.tensor(pos, device=self.device)
-        return self._layers(xs, s_t, p_t, self._decode_window(s_t, p_t))
+        Returns what `prefill` returns, for these T tokens.
+
+        seqs, pos: lists (checked), or int64 tensors on the engine's device (not checked:
+        that would read them back). With tensors nothing here reads the device: the step
+        can be captured in a CUDA graph and replayed with new inputs, positions advanced
+        on the device (`tests/test_ops_engine.py`; bf16 weights: the reference's FP8 linear
+        checks its scale bytes on the host)."""
+        if isinstance(seqs, torch.Tensor):
+            s_t, p_t = seqs, pos
+        else:
+            if len(set(seqs)) != len(seqs) or min(pos) < 1:
+                raise ValueError(f"seqs = {seqs}, pos = {pos}; allowed: distinct sequences, positions ≥ 1")
+            s_t = torch.tensor(seqs, device=self.device)
+            p_t = torch.tensor(pos, device=self.device)
+        return self._layers(xs, s_t, p_t, self._decode_window(s_t, p_t), "decode")
 
     def _decode_window(self, s_t: torch.Tensor, p_t: torch.Tensor) -> torch.Tensor:
         """The decode layout (attention-v41.md §4.5): positions p−W+1 … p oldest first, as
@@ -165,10 +174,12 @@ class PagedV41:
         """Pool rows of logical rows j (≥ 0) of sequences seqs."""
         return table[seqs, j // self.B].long() * self.B + j % self.B
 
-    def _layers(self, xs, s_t, p_t, win_sel, prompt=False) -> list[dict[str, torch.Tensor]]:
+    def _layers(self, xs, s_t, p_t, win_sel, mode: str) -> list[dict[str, torch.Tensor]]:
         """Every layer for the tokens (s_t[t], p_t[t]) with the window part `win_sel`: rows
-        of the window pool, or with `prompt` (a prompt from 0) of the call's own kv rows,
-        attended by the prefill regime's kernel."""
+        of the window pool, or in mode "prompt" (from position 0) of the call's own kv rows,
+        attended by the prefill regime's kernel; "chunk" (a continuation) and "decode" (one
+        token per sequence: its compressor read from nothing on the host)."""
+        prompt = mode == "prompt"
         cfg = self.cfg
         T, H, D = s_t.shape[0], cfg.n_heads, cfg.head_dim
         win_slot = s_t * self.R + p_t % self.R
@@ -190,7 +201,8 @@ class PagedV41:
             if r > 0:
                 vis = (p_t + 1) // r  # L_t: the rows a token sees
                 if role.is_kv_source:
-                    self._compress(i, role, w, x, s_t, p_t)
+                    compress = self._compress_decode if mode == "decode" else self._compress
+                    compress(i, role, w, x, s_t, p_t)
                     comp = self.src[i]
                 if role.is_index_source:
                     top, cand = self._select(i, role, w, x, c, s_t, p_t, vis, cand)
@@ -205,6 +217,31 @@ class PagedV41:
             u = self._wo_a(w, OPS.rope(o, cos, sin, p_t, inverse=True))
             outs.append({"o": o, "out": project(w, "wo_b", u)})
         return outs
+
+    def _compress_decode(self, i, role, w, x, s_t, p_t) -> None:
+        """`_compress` for one token per sequence, read from nothing on the host: every
+        token's group as it stands is pooled and written at its row ⌊p/r⌋ with its index key
+        (until the group completes, past the visible rows: never read); the completed
+        group's row has the r members' values in slot order, so `_compress`'s bits."""
+        pools, r = self.src[i], role.ratio
+        a, g = compress_project(x, w["compressor.wkv.weight"], w.get("compressor.wgate.weight") if r >= 2 else None)
+        if r >= 2:
+            pools.part_a[s_t, p_t % r] = a
+            pools.part_g[s_t, p_t % r] = g
+            pooled = OPS.compress_pool(pools.part_a[s_t], pools.part_g[s_t]).to(BF)
+        else:
+            pooled = a
+        self._write_rows(w, pools, pooled, s_t, p_t // r, r)
+
+    def _write_rows(self, w, pools, pooled, s_t, j, r) -> None:
+        """§5's compressed rows j (logical, per sequence s_t) from pooled rows, and §6.1's
+        index keys, into the kv source's pools."""
+        cfg = self.cfg
+        row = self._phys(pools.table, s_t, j)
+        cos, sin = self.tables.yarn_cos, self.tables.yarn_sin
+        latent = OPS.compress_rows(pooled, w["compressor.norm.weight"], cfg.norm_eps, cos, sin, j * r, row, pools.comp)
+        kp = linear(latent, w["indexer.wk.weight"])
+        OPS.index_key_rows(kp, w["indexer.k_norm.weight"], cfg.norm_eps, cos, sin, j * r, row, pools.keys)
 
     def _compress(self, i, role, w, x, s_t, p_t) -> None:
         """§5-§6.1: feed the tokens to layer i's compressor; rows that complete a group go to
@@ -242,12 +279,7 @@ class PagedV41:
         else:
             pooled = a  # r = 1: one row per token, its bf16 projection
         done_t = torch.tensor(done, device=self.device)
-        j = (p_t[done_t] + 1) // r - 1  # the completed rows' logical index
-        row = self._phys(pools.table, s_t[done_t], j)
-        cos, sin = self.tables.yarn_cos, self.tables.yarn_sin
-        latent = OPS.compress_rows(pooled, w["compressor.norm.weight"], cfg.norm_eps, cos, sin, j * r, row, pools.comp)
-        kp = linear(latent, w["indexer.wk.weight"])
-        OPS.index_key_rows(kp, w["indexer.k_norm.weight"], cfg.norm_eps, cos, sin, j * r, row, pools.keys)
+        self._write_rows(w, pools, pooled, s_t[done_t], (p_t[done_t] + 1) // r - 1, r)
 
     def _select(self, i, role, w, x, c, s_t, p_t, vis, cand):
         """§6.2-§6.6 on index source layer i: the scores over the index keys published last,

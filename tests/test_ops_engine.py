@@ -95,3 +95,49 @@ def test_engine_assembled_stack_on_cuda():
             for name in ("o", "out"):
                 same = torch.equal(bf[i][name].view(torch.int16), pk[i][name].view(torch.int16))
                 assert same, f"call {n} ({kind}), layer {i}: {name} over packed pools"
+
+
+@pytest.mark.gpu
+def test_engine_decode_step_as_a_cuda_graph():
+    """The example's decode step over packed pools, given device tensors (bf16 weights),
+    captured once after the prompts: replays with new inputs and positions advanced on the
+    device equal eager steps of a twin engine byte for byte, outputs and every pool."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg, w = _setup("golden")
+    graphed, eager = (paged_engine.PagedV41(cfg, w, n_seqs=3, kv_format="packed", device="cuda") for _ in range(2))
+    gen = torch.Generator().manual_seed(5)
+
+    def inputs(m):
+        return [torch.randn(m, cfg.dim, generator=gen).to(BF).cuda() for _ in range(cfg.n_layers)]
+
+    for s, m in ((0, 5), (1, 11), (2, 3)):
+        xs = inputs(m)
+        graphed.prefill(xs, s, 0)
+        eager.prefill(xs, s, 0)
+    seqs = torch.tensor([0, 1, 2], device="cuda")
+    pos = torch.tensor([5, 11, 3], device="cuda")
+    xs = inputs(3)
+    graphed.step(xs, seqs, pos)  # warm-up outside the capture (both engines take the step)
+    eager.step(xs, seqs, pos.clone())
+    pos += 1
+    static = inputs(3)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = graphed.step(static, seqs, pos)
+    for n in range(20):
+        fresh = inputs(3)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        exp = eager.step(fresh, seqs, pos.clone())
+        torch.cuda.synchronize()
+        for i in range(cfg.n_layers):
+            for name in ("o", "out"):
+                assert torch.equal(outs[i][name].view(torch.int16), exp[i][name].view(torch.int16)), f"{n}: {i} {name}"
+        pos += 1
+    pools = [(a, b) for a, b in zip(graphed.win, eager.win)]
+    for i in graphed.src:
+        pools += [(graphed.src[i].comp, eager.src[i].comp), (graphed.src[i].keys, eager.src[i].keys)]
+    assert all(torch.equal(a, b) for a, b in pools), "the pools after the replays"
