@@ -141,3 +141,43 @@ def test_engine_decode_step_as_a_cuda_graph():
     for i in graphed.src:
         pools += [(graphed.src[i].comp, eager.src[i].comp), (graphed.src[i].keys, eager.src[i].keys)]
     assert all(torch.equal(a, b) for a, b in pools), "the pools after the replays"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_engine_random_geometry_and_schedule(seed):
+    """Random windows, top-k widths, candidate blocks, block sizes, pool formats and chunk
+    schedules (prompts and continuations of random lengths between decode steps): the
+    reference's bits on the CPU."""
+    import random
+
+    rng = random.Random(seed)
+    geometry = dict(
+        window=rng.choice([4, 8, 16, 24]),
+        index_topk=rng.choice([3, 6, 16]),
+        cand_blocks=rng.choice([1, 2, 4]),
+        cand_block=rng.choice([1, 2, 5]),
+        max_seq=rng.choice([48, 64]),
+        max_tokens=48,
+    )
+    cfg, w = _setup(rng.choice(["golden", "fp8"]), **geometry)
+    max_chunk = rng.choice([4, 12, 20])
+    chunks: dict[int, list] = {}
+    for s in range(3):
+        chunks.setdefault(rng.randrange(6), []).append((s, rng.randint(1, max_chunk)))  # the prompt
+        for _ in range(2):
+            chunks.setdefault(rng.randrange(8, 30), []).append((s, rng.randint(1, max_chunk)))
+    for step in chunks:  # one chunk per sequence and step; a prompt before the sequence's later chunks
+        seen, kept = set(), []
+        for s, m in chunks[step]:
+            if s not in seen:
+                seen.add(s)
+                kept.append((s, m))
+        chunks[step] = kept
+    kv_format = rng.choice(["bf16", "packed"])
+    where = f"{geometry}, max_chunk {max_chunk}, {kv_format}, chunks {chunks}"
+    try:
+        paged_engine.compare_with_reference(
+            cfg, w, kv_format, steps=34, block_rows=rng.choice([1, 3, 4]), chunks=chunks, max_chunk=max_chunk
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{where}: {e}") from None
