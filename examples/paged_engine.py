@@ -211,11 +211,15 @@ class PagedV41:
                 sel = torch.cat([win_sel, torch.where(top >= 0, phys + offset, -1)], dim=1)
             pool = comp.comp if r > 0 else win[:0]  # a window-only layer: no compressed rows
             # §7: sparse attention with the sink over the pools, read in place
-            attend = OPS.sparse_attn_prefill if prompt else OPS.sparse_attn
-            o = attend(q, win, pool, sel.to(torch.int32), offset, w["attn_sink"], D**-0.5)
-            # §8: inverse RoPE, the grouped wo_a, wo_b
-            u = self._wo_a(w, OPS.rope(o, cos, sin, p_t, inverse=True))
-            outs.append({"o": o, "out": project(w, "wo_b", u)})
+            # and §8's inverse RoPE (in the attention's epilogue past a prompt), wo_a, wo_b
+            sel, sink = sel.to(torch.int32), w["attn_sink"]
+            if prompt:
+                o = OPS.sparse_attn_prefill(q, win, pool, sel, offset, sink, D**-0.5)
+                o_rot = OPS.rope(o, cos, sin, p_t, inverse=True)
+            else:
+                o, o_rot = torch.empty_like(q), torch.empty_like(q)
+                OPS.sparse_attn_out(q, win, pool, sel, offset, sink, D**-0.5, cos, sin, p_t, o, o_rot)
+            outs.append({"o": o, "out": project(w, "wo_b", self._wo_a(w, o_rot))})
         return outs
 
     def _compress_decode(self, i, role, w, x, s_t, p_t) -> None:

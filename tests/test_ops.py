@@ -130,6 +130,21 @@ def test_sparse_attn_over_packed_pools_gives_the_bf16_pools_bits():
     )
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_sparse_attn_out_writes_o_and_its_inverse_rope(packed):
+    """Into the caller's buffers: `sparse_attn`'s o and `rope(o, inverse=True)`, bit for bit."""
+    (q, win, comp, sel, off, sink, scale), (pw, pc) = _packed_attn_args(8)
+    if packed:
+        win, comp = pw, pc
+    cos, sin = rope_table(64, rope_freqs(16, 10000.0))
+    pos = torch.tensor([4, 0, 63])
+    out, out_rot = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    assert OPS.sparse_attn_out(q, win, comp, sel, off, sink, scale, cos, sin, pos, out, out_rot) is None
+    o = OPS.sparse_attn(q, win, comp, sel, off, sink, scale)
+    assert torch.equal(out.view(torch.int16), o.view(torch.int16)), "out"
+    assert torch.equal(out_rot, apply_rope(o, cos, sin, pos, inverse=True)), "out_rot"
+
+
 def test_sparse_attn_prefill_equals_the_reference_over_either_compressed_pool():
     """The prefill regime's op: a prompt's own bf16 rows and a bf16 or packed compressed
     pool; on the CPU the reference's bits (as `sparse_attn`'s)."""
@@ -255,6 +270,13 @@ def test_opcheck_every_op():
     (q, *_), (pw, pc) = _packed_attn_args(1)
     _opcheck(OPS.sparse_attn.default, (q, pw, pc, sel, off, sink, scale))
     _opcheck(OPS.sparse_attn_prefill.default, (q, win, pc, sel, off, sink, scale))
+    ct, st = rope_table(64, rope_freqs(16, 10000.0))
+    pos3 = torch.tensor([1, 9, 30])
+    for wp, cp in ((win, comp), (pw, pc)):
+        _opcheck(
+            OPS.sparse_attn_out.default,
+            (q, wp, cp, sel, off, sink, scale, ct, st, pos3, torch.empty_like(q), torch.empty_like(q)),
+        )
     x, cw, cos, sin, pos, slots, n = _chain_args(1)
     D = x.shape[1]
     for pool in (torch.zeros(n, D, dtype=BF), torch.zeros(n, row_bytes("fp8_e8m0", D), dtype=torch.uint8)):
@@ -300,7 +322,8 @@ def test_torch_compile_fullgraph_equals_eager():
 def _packed_layer(device="cpu", seed=12):
     """A decode layer's work between its projections, over packed pools: q's RoPE, the
     window rows, index queries, scores, the candidate mask, the masked top-k translated to
-    pool rows, the attention and o's inverse RoPE. Returns (layer, its pools, its inputs)."""
+    pool rows, the attention into buffers with o's inverse RoPE. Returns (layer, its
+    window pool, a maker of its inputs)."""
     iq_in, hw, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(seed, rows=(7, 12, 3))
     g = _gen(seed)
     T, H, D, W = iq_in.shape[0], 4, 64, 4
@@ -325,8 +348,9 @@ def _packed_layer(device="cpu", seed=12):
         j = top.clamp_min(0).long()
         phys = table[tok_slot.long()[:, None], j // B].long() * B + j % B + off
         sel = torch.cat([win_sel, torch.where(top >= 0, phys, -1)], dim=1).to(torch.int32)
-        o = OPS.sparse_attn(q, win, comp, sel, off, sink, D**-0.5)
-        return OPS.rope(o, cos, sin, pos, True)
+        o, o_rot = torch.empty_like(q), torch.empty_like(q)
+        OPS.sparse_attn_out(q, win, comp, sel, off, sink, D**-0.5, cos, sin, pos, o, o_rot)
+        return o_rot
 
     def inputs(seed):
         gi = _gen(seed)

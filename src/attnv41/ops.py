@@ -14,8 +14,10 @@ one).
   `< offset` index `win`, the others `comp` at `entry − offset`. With `win` an engine's
   window-ring pool and `comp` its compressed-KV pool, `sel` holds physical rows: paged
   caches read in place. The decode regime's kernel (split over 64-entry blocks), whose
-  bits do not depend on m or on the other tokens. `sparse_attn_prefill(...)`: the same for
-  a prompt from position 0 over its own rows, on the prefill regime's kernel.
+  bits do not depend on m or on the other tokens. `sparse_attn_out(..., cos, sin, pos, out,
+  out_rot)`: the same into the caller's buffers, with o's inverse RoPE (what `wo_a` reads)
+  from the same launch. `sparse_attn_prefill(...)`: a prompt from position 0 over its own
+  rows, on the prefill regime's kernel.
 - `index_scores(iq, weights, keys, block_table, tok_slot, visible, block_rows, width)`:
   index scores `[m, width]` of every token over its own sequence's keys in a paged pool
   (−∞ past each token's visible rows). `index_topk(...)` adds the fixed-width top-k: the
@@ -65,6 +67,7 @@ from .kernels._triton import on_device
 
 __all__ = [
     "sparse_attn",
+    "sparse_attn_out",
     "sparse_attn_prefill",
     "index_scores",
     "index_topk",
@@ -98,6 +101,36 @@ def sparse_attn(q: Tensor, win: Tensor, comp: Tensor, sel: Tensor, offset: int, 
 @sparse_attn.register_fake
 def _(q, win, comp, sel, offset, sink, scale):
     return torch.empty_like(q)
+
+
+@custom_op("attnv41::sparse_attn_out", mutates_args=("out", "out_rot"))
+def sparse_attn_out(
+    q: Tensor,
+    win: Tensor,
+    comp: Tensor,
+    sel: Tensor,
+    offset: int,
+    sink: Tensor,
+    scale: float,
+    cos: Tensor,
+    sin: Tensor,
+    pos: Tensor,
+    out: Tensor,
+    out_rot: Tensor,
+) -> None:
+    """`sparse_attn` into the caller's buffers, for engines that hand the layer its output
+    (vLLM's `forward_mqa(..., output)`): `out` = o (bf16 `[m, H, D]`) and `out_rot` = o's
+    inverse RoPE at `pos` (§8, what `wo_a` reads; bf16 `[m, H, D]`, a buffer of its own),
+    on CUDA in the attention's epilogue (one launch: the runtimes' decode form). The same
+    bits as `sparse_attn` followed by `rope(o, cos, sin, pos, inverse=True)`."""
+    fn = sparse_attn_split.sparse_attn_split if _cuda(q) else sparse_attn_split.sparse_attn_split_torch
+    with on_device(q.device):
+        fn(q, win, comp, sel, offset, sink, scale, out=out, rot=(cos, sin, pos, out_rot))
+
+
+@sparse_attn_out.register_fake
+def _(q, win, comp, sel, offset, sink, scale, cos, sin, pos, out, out_rot):
+    return None
 
 
 @custom_op("attnv41::sparse_attn_prefill", mutates_args=())
