@@ -205,6 +205,29 @@ def test_kv_rows_and_index_key_rows_write_by_slot_mapping(packed):
         assert torch.equal(pool[untouched], before[untouched]), f"{fmt}: rows no token maps to"
 
 
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("width", "cache.shape = \\(6, 60\\); allowed: \\[rows >= 1, 66\\] \\(packed fp8_e8m0\\)"),
+        ("dtype", "cache.dtype = torch.float32; allowed: torch.bfloat16 or torch.uint8"),
+        ("slots", "slot_mapping.dtype = torch.float32; allowed: torch.int32 or torch.int64"),
+        ("count", "slot_mapping.shape = \\(3,\\); allowed: \\[4\\] \\(one per token\\)"),
+    ],
+)
+def test_row_writers_refuse_bad_pools_by_their_own_names_and_write_nothing(bad, message):
+    x, norm_w, cos, sin, pos, slots, n = _chain_args(10)
+    D = x.shape[1]
+    pool = {
+        "width": torch.full((n, 60), 7, dtype=torch.uint8),
+        "dtype": torch.full((n, D), 7.0),
+    }.get(bad, torch.full((n, row_bytes("fp8_e8m0", D)), 7, dtype=torch.uint8))
+    slots = {"slots": slots.float(), "count": slots[:3]}.get(bad, slots)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=message):
+        OPS.kv_rows(x, norm_w, 1e-6, cos, sin, pos, slots, pool)
+    assert torch.equal(pool, before), "a refused call writes nothing"
+
+
 def test_compress_rows_into_a_packed_pool_and_minus_one():
     a, gate, norm_w, cos, sin, row_pos, row, cache = _compress_args(2)
     pooled = OPS.compress_pool(a, gate).to(BF)

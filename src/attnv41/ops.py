@@ -55,6 +55,9 @@ would be a host sync).
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 from torch.library import custom_op
@@ -86,6 +89,19 @@ __all__ = [
 
 def _cuda(t: Tensor) -> bool:
     return t.device.type == "cuda"
+
+
+@contextmanager
+def _arg_names(names: dict[str, str]):
+    """A ValueError from the kernel's checks, naming its arguments (`ring`, `slot`) by the
+    op's (`cache`, `slot_mapping`): the same message otherwise."""
+    try:
+        yield
+    except ValueError as e:
+        msg = str(e)
+        for inner, outer in names.items():
+            msg = re.sub(rf"\b{inner}\b", outer, msg)
+        raise ValueError(msg) from None
 
 
 @custom_op("attnv41::sparse_attn", mutates_args=())
@@ -248,7 +264,7 @@ def compress_rows(
     uint8 `[rows, D/2 + D/16]`); returns the normed latent (bf16 `[n, D]`)."""
     latent = torch.empty_like(pooled)
     fn = fused.compress_kv_chain if _cuda(pooled) else fused.compress_kv_chain_torch
-    with on_device(pooled.device):
+    with on_device(pooled.device), _arg_names({"lat_pre": "pooled"}):
         fn(pooled, norm_w, eps, cos, sin, row_pos, row, latent, compress_kv, mapped=True)
     return latent
 
@@ -275,7 +291,7 @@ def kv_rows(
     on CUDA (`kernels.fused.kv_chain`)."""
     kv = torch.empty_like(kv_pre)
     fn = fused.kv_chain if _cuda(kv_pre) else fused.kv_chain_torch
-    with on_device(kv_pre.device):
+    with on_device(kv_pre.device), _arg_names({"ring": "cache", "slot": "slot_mapping"}):
         fn(kv_pre, norm_w, eps, cos, sin, pos, kv, cache, slot=slot_mapping, mapped=True)
     return kv
 
@@ -301,7 +317,7 @@ def index_key_rows(
     `index_k[slot_mapping[i]]` (−1: none); index_k bf16 `[rows, d]` or packed uint8
     `[rows, d/2 + d/32]`."""
     fn = fused.index_k_chain if _cuda(kp) else fused.index_k_chain_torch
-    with on_device(kp.device):
+    with on_device(kp.device), _arg_names({"row": "slot_mapping"}):
         fn(kp, norm_w, eps, cos, sin, row_pos, slot_mapping, index_k, mapped=True)
 
 
