@@ -351,7 +351,7 @@ def _packed_layer(device="cpu", seed=12):
     g = _gen(seed)
     T, H, D, W = iq_in.shape[0], 4, 64, 4
     cos, sin = rope_table(64, rope_freqs(16, 10000.0))
-    win = pack(fp8_qdq(torch.randn(3 * W, D, generator=g).to(BF)), "fp8_e8m0")
+    win = pack(fp8_qdq(torch.randn(T * W, D, generator=g).to(BF)), "fp8_e8m0")  # a ring of W rows per token
     comp = pack(fp4_e4m3_qdq(torch.randn(keys.shape[0], D, generator=g).to(BF)), "fp4_e4m3")
     keys = pack(fp4_e8m0_qdq(keys), "fp4_e8m0")
     kv_norm = 1 + 0.1 * torch.randn(D, generator=g)
@@ -362,9 +362,11 @@ def _packed_layer(device="cpu", seed=12):
 
     def layer(win, q_pre, kv_pre, iq_pre, hw, pos):
         q = OPS.rope(q_pre, cos, sin, pos)
-        OPS.kv_rows(kv_pre, kv_norm, 1e-6, cos, sin, pos, tok_slot.long() * W + pos % W, win)
+        # each token its own ring (distinct slots: two tokens writing one row would race)
+        t = torch.arange(pos.shape[0], device=pos.device)
+        OPS.kv_rows(kv_pre, kv_norm, 1e-6, cos, sin, pos, t * W + pos % W, win)
         ring = (torch.arange(W, device=pos.device)[None, :] + pos[:, None] + 1) % W
-        win_sel = tok_slot.long()[:, None] * W + ring
+        win_sel = t[:, None] * W + ring
         iq = OPS.index_queries(iq_pre, cos, sin, pos)
         scores = OPS.index_scores(iq, hw, keys, table, tok_slot, vis, B, width)
         top = OPS.topk(scores, vis, k, 0, OPS.candidate_mask(scores, vis, 2, 2))
