@@ -113,6 +113,20 @@ VARIANTS = {
     "index paged packed sub 4 stages 3": {"index_paged": dict(sub_packed=4, num_stages=3)},
     "index paged packed sub 4 uncapped": {"index_paged": dict(sub_packed=4, maxnreg_packed=None)},
     "index scale tile": {"index": dict(scale_word=False), "index_paged": dict(scale_word=False)},
+    # (thirty-third entry) packed keys by the table-lookup PTX (`packed_rows`, WORDS = 4) and
+    # the index epilogue in bf16 pairs (`epi2`), alone and together; the attention's packed
+    # rows by the table lookup
+    "index lut": {"index": dict(lut=True), "index_paged": dict(lut=True)},
+    "index epi2": {"index": dict(epi2=True), "index_paged": dict(epi2=True)},
+    "index lut epi2": {"index": dict(lut=True, epi2=True), "index_paged": dict(lut=True, epi2=True)},
+    "attn lut": {"batch": dict(lut=True), "batch_small": dict(bh=16, lut=True), "single": dict(lut=True)},
+    "index lut epi2, attn lut": {
+        "index": dict(lut=True, epi2=True),
+        "index_paged": dict(lut=True, epi2=True),
+        "batch": dict(lut=True),
+        "batch_small": dict(bh=16, lut=True),
+        "single": dict(lut=True),
+    },
     "attn scale word": {
         "batch": dict(scale_word=True),
         "batch_small": dict(scale_word=True),

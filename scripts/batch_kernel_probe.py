@@ -173,6 +173,18 @@ INDEX_SETS["inner"] = [
 ]
 
 
+# `--index-set lut` (thirty-third entry): packed keys by the table-lookup PTX, the epilogue
+# in bf16 pairs, both, and both with other register caps
+INDEX_SETS["lut"] = [
+    ("production", {}),
+    ("lut", dict(lut=True)),
+    ("epi2", dict(epi2=True)),
+    ("lut epi2", dict(lut=True, epi2=True)),
+    ("lut epi2 cap 88", dict(lut=True, epi2=True, maxnreg_packed=88)),
+    ("lut epi2 uncapped", dict(lut=True, epi2=True, maxnreg_packed=None)),
+]
+
+
 def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) and v.numel() < (1 << 24) else v
 

@@ -30,6 +30,8 @@ CAPS = [
     pytest.param({"maxnreg_packed": 64}, id="cap64"),
     pytest.param({"maxnreg_packed": None}, id="uncapped"),
     pytest.param({"scale_word": False}, id="scale-tile"),
+    pytest.param({"lut": True}, id="lut"),
+    pytest.param({"lut": True, "epi2": True}, id="lut-epi2"),
 ]
 
 

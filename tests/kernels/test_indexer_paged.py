@@ -62,6 +62,9 @@ def test_paged_equals_each_sequence_alone(seed, device):
         dict(inner_cvt=False),
         dict(sub_packed=4),
         dict(scale_word=False),
+        dict(lut=True),
+        dict(epi2=True),
+        dict(lut=True, epi2=True, sub_packed=2),
     ],
     ids=[
         "sub4",
@@ -75,6 +78,9 @@ def test_paged_equals_each_sequence_alone(seed, device):
         "nan-select",
         "sub-packed4",
         "scale-tile",
+        "lut",
+        "epi2",
+        "lut-epi2-sub2",
     ],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
@@ -98,17 +104,25 @@ def test_launch_shapes_keep_the_bits(tune, packed, device):
     assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"contiguous {tune}"
 
 
+@pytest.mark.parametrize("form", [{}, {"epi2": True}, {"epi2": True, "lut": True}], ids=["inner", "epi2", "epi2-lut"])
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
-def test_inner_roundings_keep_the_bits_with_nan_and_inf(packed, device):
-    """The epilogue's inner roundings without the NaN select (`inner_cvt`, production) store
-    the bytes of the select form (`inner_cvt=False`) where the dots overflow to ±inf, where
-    inf meets a zero weight (NaN products), where a weight is NaN or ±inf, and on −0 dots."""
+def test_inner_roundings_keep_the_bits_with_nan_and_inf(packed, form, device):
+    """The epilogue's inner roundings without the NaN select (`inner_cvt`, production) and
+    in bf16 pairs (`epi2`) store the bytes of the select form (`inner_cvt=False`) where the
+    dots overflow to ±inf, where inf meets a zero weight (NaN products), where a weight is
+    NaN or ±inf, on −0 dots, and on dots of 2^-140 and −2^-140 (below bf16's smallest
+    subnormal: they round to ±0 before the max with 0)."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 5, d=64, width=16)
     iq, w, pool = iq.cpu(), w.cpu(), pool.cpu()
+    pool[2, :] = 0.0
+    pool[2, 0] = -(2.0**-70)  # dots of −2^-140 (fp32 subnormals) with iq[·, ·, 0] = 2^-70
+    pool[3, :] = 0.0
+    pool[3, 0] = 2.0**-70
     pool = fp4_e8m0_qdq(pool)
     pool[0] = fp4_e8m0_qdq(torch.full((64,), 1.0e38).to(BF))  # overflowing dots with large queries
     pool[1] = -0.0  # −0 dots
     iq = fp4_e8m0_qdq(iq)
+    iq[:, :, 0] = 2.0**-70  # every token: its dots with pool rows 2 and 3 are ∓2^-140
     iq[0, 0] = fp4_e8m0_qdq(torch.full((64,), 1.0e38).to(BF))
     iq[1, 1] = fp4_e8m0_qdq(torch.full((64,), -1.0e38).to(BF))
     w[0, 0] = 0.0  # inf · 0
@@ -120,7 +134,7 @@ def test_inner_roundings_keep_the_bits_with_nan_and_inf(packed, device):
     iq, w, pool = iq.to(device), w.to(device), pool.to(device)
     vis = vis.clamp_min(2)
     base = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, inner_cvt=False)
-    got = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width)
+    got = I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, **form)
     assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
     assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16))
 
@@ -129,7 +143,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'fp4_asm', 'inner_cvt', 'keys_m', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -136,3 +136,57 @@ def test_scale_word_form_equals_unpack_on_every_code(device, fmt, D, C):
     got = out.cpu()
     assert not torch.isnan(got.float()).any()
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "fmt,D,C",
+    [
+        ("fp4_e4m3", 512, 64),
+        ("fp4_e4m3", 512, 128),
+        ("fp4_e4m3", 64, 64),
+        ("fp4_e8m0", 128, 128),
+        ("fp4_e8m0", 256, 256),
+    ],
+    ids=["e4m3-512-64", "e4m3-512-128", "e4m3-64-64", "e8m0-128", "e8m0-256"],
+)
+def test_lut_form_equals_unpack_on_every_code_and_scale(device, fmt, D, C):
+    """`fp4_rows_bf16` at WORDS = 4 (`fp4_words_mode(..., lut=True)`: each code word's eight
+    values by table lookups into bf16, its scale byte picked from a scale word; tiles of one
+    and of two scale words): every nibble pair under every e8m0 scale 1..254 (values that
+    overflow to inf and that are bf16 subnormals included) and every positive finite e4m3
+    scale, bit for bit as `unpack`; under the interpreter WORDS is 1 (the fp32 form, over
+    the scales `_rows` draws: the interpreter's bf16 cast flushes subnormals)."""
+    n = 254
+    p = _rows(fmt, D, n, seed=D + C + 1)
+    if fmt == "fp4_e8m0" and not interpreting():
+        ns = D // 32
+        p[:, D // 2 :] = ((torch.arange(n * ns) % 254) + 1).reshape(n, ns).to(torch.uint8)
+    p = p.to(device)
+    words = fp4_words_mode(p, lut=True, d=D, block=FORMATS[fmt].block)
+    assert words == (1 if interpreting() else 4)
+    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
+    _read_kernel[(triton.cdiv(n, 16),)](
+        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
+        WORDS=words, BF16=True,
+    )  # fmt: skip
+    want = unpack(p.cpu(), fmt, D)
+    want[torch.arange(n) % 7 == 3] = 0.0
+    got = out.cpu()
+    assert not torch.isnan(got.float()).any()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_lut_mode_needs_whole_scale_words(monkeypatch):
+    """WORDS = 4 only where the rows' values make whole words of four scales (d a multiple
+    of 4 · block), else the scale-word or pair form; never under the interpreter."""
+    import attnv41.kernels.packed_rows as pr
+
+    rows = torch.zeros(8, 68, dtype=torch.uint8)
+    monkeypatch.setattr(pr, "interpreting", lambda: False)
+    assert pr.fp4_words_mode(rows, lut=True, d=128, block=32) == 4
+    assert pr.fp4_words_mode(rows, lut=True, d=96, block=32) == 2
+    assert pr.fp4_words_mode(rows, scale_word=True, lut=True, d=96, block=32) == 3
+    assert pr.fp4_words_mode(rows, lut=True, d=128, block=32, asm=False) == 1
+    assert pr.fp4_words_mode(rows[:, 1:], lut=True, d=128, block=32) == 0  # rows not 4-byte aligned
+    monkeypatch.setattr(pr, "interpreting", lambda: True)
+    assert pr.fp4_words_mode(rows, lut=True, d=128, block=32) == 1

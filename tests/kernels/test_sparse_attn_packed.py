@@ -78,6 +78,9 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(BATCH_TUNE, scale_word=True),
         dict(combine="loop", dk=64, comb_d=64, scale_word=True),
         dict(combine="blocks", early_rows=False),
+        dict(BATCH_TUNE, lut=True),
+        dict(combine="blocks", lut=True),
+        dict(combine="loop", lut=True, keys_m=True),
     ],
     ids=[
         "loop",
@@ -99,6 +102,9 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "batch-scale-word",  # (the e4m3 scales' word form on the GPU: the logits kernel's chunks of 64)
         "loop-64-scale-word",  # (and the combine's 64-column slices)
         "blocks-without-early-rows",
+        "batch-lut",  # (the table-lookup PTX over scale words, on the GPU)
+        "blocks-lut",
+        "loop-lut-keys-m",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

@@ -44,6 +44,8 @@ _TUNE = dict(
     inner_cvt=True,
     sub_packed=None,
     scale_word=True,
+    lut=False,
+    epi2=False,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
@@ -199,13 +201,22 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
-        WORDS=fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"]) if keys.dtype == torch.uint8 else 0,
+        WORDS=_words(cfg, keys, d),
+        EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
         **pdl_launch(iq),
     )
     return out
+
+
+def _words(cfg: dict, keys: torch.Tensor, d: int) -> int:
+    """The kernel's WORDS (`packed_rows.fp4_words_mode`) over packed keys of d values; 0
+    over bf16 keys."""
+    if keys.dtype != torch.uint8:
+        return 0
+    return fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"], cfg["lut"], d, 32)
 
 
 def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
@@ -289,7 +300,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"]) if keys.dtype == torch.uint8 else 0, num_warps=cfg["num_warps"],
+        WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
     return out
@@ -317,6 +328,22 @@ def index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_row
 
 
 if HAVE_TRITON:
+    # `_relu_weighted`'s PTX, two values per instance: the dots $1, $2 (fp32) rounded to a
+    # bf16 pair, their max with 0, times the weights' pair $3, rounded (the product of two
+    # bf16 values is exact in fp32, so one bf16x2 multiply gives round_bf16 of it).
+    _RELU_W = tl.constexpr(
+        "{\n.reg .b32 t, z;\nmov.b32 z, 0;\ncvt.rn.bf16x2.f32 t, $2, $1;\nmax.bf16x2 t, t, z;\n"
+        "mul.rn.bf16x2 $0, t, $3;\n}"
+    )
+
+    @triton.jit
+    def _relu_weighted(dots, w):
+        """[same shape] bf16: round_bf16(max(round_bf16(dots), 0) · w) (w bf16, dots fp32)
+        in three instructions per two values (CUDA only: EPI2); the epilogue's INNER form
+        in fp32 gives the same bits, except the sign of a zero (a dot in (−2^-134, 0)
+        rounds to −0, whose max with 0 the two forms may order alike or not: the GPU test
+        compares them)."""
+        return tl.inline_asm_elementwise(_RELU_W, "=r,r,r,r", [dots, w], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
     def _index_scores_kernel(
@@ -350,6 +377,7 @@ if HAVE_TRITON:
         SKIP: tl.constexpr = False,
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
+        EPI2: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -414,7 +442,9 @@ if HAVE_TRITON:
                 # INNER (production): round_bf16_inner, the same bits (a NaN dot becomes 0 in
                 # the max either way, and a NaN product reaches memory only through the
                 # sum's round_bf16, which makes it canonical)
-                if INNER:
+                if EPI2:
+                    prod = _relu_weighted(dots, tl.broadcast_to(w_b.to(tl.bfloat16), dots.shape)).to(tl.float32)
+                elif INNER:
                     dots = tl.maximum(round_bf16_inner(dots), 0.0)
                     prod = round_bf16_inner(dots * w_b)
                 else:

@@ -47,17 +47,24 @@ def fp4_words_ok(rows: torch.Tensor) -> bool:
     return rows.data_ptr() % 4 == 0 and (rows.shape[0] <= 1 or rows.stride(0) % 4 == 0)
 
 
-def fp4_words_mode(rows: torch.Tensor, asm: bool = True, scale_word: bool = False) -> int:
+def fp4_words_mode(
+    rows: torch.Tensor, asm: bool = True, scale_word: bool = False, lut: bool = False, d: int = 0, block: int = 0
+) -> int:
     """The loaders' WORDS for packed fp4 rows: 0 byte by byte (rows not 4-byte aligned), 1
     as words, 2 as words with `fp4_rows_bf16`'s PTX (asm, compiled kernels: not under the
     interpreter, whose Triton has no inline assembly), 3 as 2 with a tile's four scale
-    bytes read as one word where a tile has four (scale_word; `fp4_rows_bf16`)."""
+    bytes read as one word where a tile has four (scale_word; `fp4_rows_bf16`), 4 the
+    table-lookup PTX over scale words (lut, where the rows' d values make whole scale
+    words of 4 blocks of `block`: d a multiple of 4 · block; else as without lut). The
+    kernels' tiles must then be multiples of 4 · block columns (their callers' shapes)."""
     if not fp4_words_ok(rows):
         return 0
     if not asm or interpreting():
         return 1
     if rows.device.type == "cuda" and device_capability(rows.device) < PACKED_MIN_CAPABILITY:
         check_kernel_device(rows.device, "packed rows", packed=True)  # the PTX below multiplies bf16 pairs
+    if lut and block > 0 and d > 0 and d % (4 * block) == 0:
+        return 4
     return 3 if scale_word else 2
 
 
@@ -167,9 +174,11 @@ if HAVE_TRITON:
         (`fp4_words_mode`; CUDA only): the words' values built in bf16 by `_FP4_ASM`, at 3
         with the scales as one word per row where C = 4 · BLOCK (`_fp4_rows_bf16_sw`; c0
         then a multiple of C); else the fp32 form."""
-        if WORDS == 3 and C == 4 * BLOCK:
+        if WORDS == 4 and C % (4 * BLOCK) == 0:  # (c0 a multiple of C: the callers' chunks)
+            v = _fp4_rows_bf16_lut(base, ok, c0, D, C, BLOCK, E8M0)
+        elif WORDS == 3 and C == 4 * BLOCK:
             v = _fp4_rows_bf16_sw(base, ok, c0, D, C, BLOCK, E8M0)
-        elif WORDS >= 2:
+        elif WORDS >= 2:  # (4 with a tile of other shape: as 2)
             R: tl.constexpr = base.shape[0]
             w = c0 // 8 + tl.arange(0, C // 8)
             m = ok[:, None] & (w * 8 < D)[None, :]
@@ -207,6 +216,82 @@ if HAVE_TRITON:
         else:
             v = fp4_rows(base, ok, c0, D, C, BLOCK, E8M0, WORDS).to(tl.bfloat16)
         return v
+
+    # `_fp4_rows_bf16_lut`'s PTX, one word per instance: $8 the word (nibble j: value j), $9
+    # the scale word holding its block's scale byte, $10 the byte's selector (below); out
+    # $0 … $7 the eight values as bf16 in column order. A nibble's magnitude index (its
+    # low three bits) selects its bf16 value's high and low bytes from two 8-byte tables
+    # (prmt: four lookups per instruction, the values 0, 0.5, 1, 1.5, 2, 3, 4, 6 exactly);
+    # the sign bits (nibble j's bit 3, word bit 4j + 3) reach bit 7 of high byte j by one
+    # prmt per four values over the word and the word << 4 (bit 7 of their bytes: word
+    # bits 8i + 7 and 8i + 3); one prmt interleaves the low and high bytes of two values
+    # into a bf16 pair, and one exact bf16x2 multiply applies the scale.
+    # The scale pair s from the scale word: e8m0 byte e at bits 8-15 and 24-31 (prmt), >> 1
+    # (bf16's exponent field e: 2^(e − 127)); e4m3 at bits 0-7 and 16-23, << 4 and its sign
+    # dropped (the value · 2^-120, subnormals too), times 2^120 (exact).
+    _FP4_LUT_HEAD = (
+        "{\n.reg .b32 m, mh, ws, h0, h1, l0, l1, s0, s1, r, s, z, ta, tb, tc, td;\n"
+        "mov.b32 z, 0;\nmov.b32 ta, 0x3F3F3F00;\nmov.b32 tb, 0x40404040;\n"
+        "mov.b32 tc, 0xC0800000;\nmov.b32 td, 0xC0804000;\n"
+        "prmt.b32 s, $9, z, $10;\n"
+    )
+    _FP4_LUT_BODY = (
+        "and.b32 m, $8, 0x77777777;\nshr.b32 mh, m, 16;\n"
+        "prmt.b32 h0, ta, tb, m;\nprmt.b32 h1, ta, tb, mh;\nprmt.b32 l0, tc, td, m;\nprmt.b32 l1, tc, td, mh;\n"
+        "shl.b32 ws, $8, 4;\nprmt.b32 s0, ws, $8, 0x5140;\nprmt.b32 s1, ws, $8, 0x7362;\n"
+        "and.b32 s0, s0, 0x80808080;\nand.b32 s1, s1, 0x80808080;\nor.b32 h0, h0, s0;\nor.b32 h1, h1, s1;\n"
+        + "".join(
+            f"prmt.b32 r, {lo}, {hi}, {sel};\nmul.rn.bf16x2 r, r, s;\nmov.b32 {{${2 * k}, ${2 * k + 1}}}, r;\n"
+            for k, (lo, hi, sel) in enumerate(
+                [("l0", "h0", "0x5140"), ("l0", "h0", "0x7362"), ("l1", "h1", "0x5140"), ("l1", "h1", "0x7362")]
+            )
+        )
+        + "}"
+    )
+    _FP4_LUT_E8M0 = tl.constexpr(_FP4_LUT_HEAD + "shr.b32 s, s, 1;\n" + _FP4_LUT_BODY)
+    _FP4_LUT_E4M3 = tl.constexpr(
+        _FP4_LUT_HEAD
+        + "shl.b32 s, s, 4;\nand.b32 s, s, 0x07F007F0;\nmov.b32 r, 0x7B807B80;\nmul.rn.bf16x2 s, s, r;\n"
+        + _FP4_LUT_BODY
+    )
+
+    @triton.jit
+    def _fp4_rows_bf16_lut(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
+        """`fp4_rows_bf16` at WORDS = 4 (`fp4_words_mode`: D a multiple of 4 · BLOCK; C too,
+        and c0): each row's scales as 32-bit words (four scales each, every one within the
+        row), each code word's eight values built by `_FP4_LUT_*` straight into bf16 in
+        column order (no pairs of words to regroup). The same values, so the same bits."""
+        R: tl.constexpr = base.shape[0]
+        NW: tl.constexpr = C // (4 * BLOCK)  # scale words in the tile
+        tl.static_assert(NW * 4 * BLOCK == C)
+        w = c0 // 8 + tl.arange(0, C // 8)
+        m = ok[:, None] & (w * 8 < D)[None, :]
+        words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
+        si = c0 // (4 * BLOCK) + tl.arange(0, NW)
+        sw = tl.load(
+            (base + D // 2).to(tl.pointer_type(tl.int32))[:, None] + si[None, :],
+            mask=ok[:, None] & (si * (4 * BLOCK) < D)[None, :],
+            other=0,
+        )
+        # [R, C/8] each code word's scale word, and the selector of its byte b in it
+        sw = tl.reshape(tl.broadcast_to(sw[:, :, None], (R, NW, BLOCK // 2)), (R, C // 8))
+        b = (w * 8 // BLOCK) % 4
+        if E8M0:
+            sel = 0x0404 | (b << 4) | (b << 12)
+        else:
+            sel = 0x4040 | b | (b << 8)
+        sel = tl.broadcast_to(sel[None, :], (R, C // 8))
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            _FP4_LUT_E8M0 if E8M0 else _FP4_LUT_E4M3,
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
+            [words, sw, sel],
+            dtype=(tl.bfloat16,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        v = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+        v = tl.reshape(v, (R, C))
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
     def _fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):

@@ -153,6 +153,7 @@ _TUNE = dict(
     scale_word=False,
     early_rows=True,
     counter_release=False,
+    lut=False,
 )
 # counter_release (twenty-ninth entry, a tuning option, off; untimed): the block combine's
 # arrival counter with release / acquire split as `gemv._SPLIT_FORM = "release"` (no L1
@@ -421,7 +422,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(_TUNE)} and 'only_logits'")
     cfg = dict(_TUNE)
     cfg.update(tune)
-    words = fp4_words_mode(comp, cfg["fp4_asm"], cfg["scale_word"]) if packed else 0
+    words = fp4_words_mode(comp, cfg["fp4_asm"], cfg["scale_word"], cfg["lut"], D, 16) if packed else 0
     combine = cfg["combine"]
     if combine not in ("auto", "blocks", "loop"):
         raise ValueError(f"combine = {combine!r}; allowed: 'auto', 'blocks', 'loop'")
