@@ -228,11 +228,16 @@ if HAVE_TRITON:
     # into a bf16 pair, and one exact bf16x2 multiply applies the scale.
     # The scale pair s from the scale word: e8m0 byte e at bits 8-15 and 24-31 (prmt), >> 1
     # (bf16's exponent field e: 2^(e − 127)); e4m3 at bits 0-7 and 16-23, << 4 and its sign
-    # dropped (the value · 2^-120, subnormals too), times 2^120 (exact).
+    # dropped (the value · 2^-120, subnormals too), times 2^120 (exact). $11: 0x3210 in its
+    # low half (prmt's identity selector) and a runtime value in its high half, which prmt
+    # ignores: the tables' first halves pass through one prmt each, so that ptxas holds
+    # them in registers instead of copying them out of uniform registers before every
+    # lookup (offline sm_90, the paged index launch at B = 64: 26 such copies per loop).
     _FP4_LUT_HEAD = (
         "{\n.reg .b32 m, mh, ws, h0, h1, l0, l1, s0, s1, r, s, z, ta, tb, tc, td;\n"
         "mov.b32 z, 0;\nmov.b32 ta, 0x3F3F3F00;\nmov.b32 tb, 0x40404040;\n"
         "mov.b32 tc, 0xC0800000;\nmov.b32 td, 0xC0804000;\n"
+        "prmt.b32 ta, ta, z, $11;\nprmt.b32 tc, tc, z, $11;\n"
         "prmt.b32 s, $9, z, $10;\n"
     )
     _FP4_LUT_BODY = (
@@ -281,10 +286,12 @@ if HAVE_TRITON:
         else:
             sel = 0x4040 | b | (b << 8)
         sel = tl.broadcast_to(sel[None, :], (R, C // 8))
+        # (the high half: a runtime value prmt ignores, see `_FP4_LUT_HEAD`)
+        ident = tl.broadcast_to((0x3210 | (ok.to(tl.int32) << 16))[:, None], (R, C // 8))
         o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
             _FP4_LUT_E8M0 if E8M0 else _FP4_LUT_E4M3,
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
-            [words, sw, sel],
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+            [words, sw, sel, ident],
             dtype=(tl.bfloat16,) * 8,
             is_pure=True,
             pack=1,
