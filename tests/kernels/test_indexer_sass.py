@@ -56,3 +56,18 @@ def test_scale_word_skips_the_words_round_trip():
     assert old["ops"].get("LDS.128", 0) > 0 and new["ops"].get("LDS.128", 0) == 0, (new["ops"], old["ops"])
     assert _count(new, "LDG.E.U8") == 0, "the scales as words, not bytes"
     assert sum(new["ops"].values()) < sum(old["ops"].values())
+
+
+def test_lut_and_bf16_pair_epilogue_take_fewer_instructions():
+    """Packed keys by the table-lookup PTX (`lut`: one bf16x2 multiply per two values, the
+    scale's, instead of two) and the epilogue in bf16 pairs (`epi2`: round, max with 0 and
+    the weight's multiply two values per instruction) compile to fewer instructions than
+    the pair-of-words PTX and the fp32 epilogue, with no local memory, at the batched
+    launch (B = 64, paged) and at m = 1 over 1M keys."""
+    for args in (("--m", "64", "--L", "32768", "--paged", "64"), ("--m", "1")):
+        off = compiled("index", "--packed", *args, "--tune", '{"lut": false, "epi2": false}')["_index_scores_kernel"]
+        on = compiled("index", "--packed", *args, "--tune", '{"lut": true, "epi2": true}')["_index_scores_kernel"]
+        assert on["local"] == 0, on["ops"]
+        assert _count(on, "HMUL2") < _count(off, "HMUL2") * 3 // 4, (on["ops"], off["ops"])
+        assert _count(on, "HMNMX2") > 0 and _count(on, "FMNMX") == 0, on["ops"]
+        assert sum(on["ops"].values()) < sum(off["ops"].values()) - 40, (on["ops"], off["ops"])
