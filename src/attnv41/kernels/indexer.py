@@ -58,6 +58,13 @@ _TUNE = dict(
 # ratio-1 call (32K keys each) 138.8 against 146.5 and 150.7; whole B = 64, 32K steps
 # (ab_steps.py) 8.291 against 8.332 ms. Production: 80.
 # sub_packed: blocks per program over packed keys (None: `sub`).
+# lut (thirty-third entry): packed keys by `packed_rows`' table-lookup PTX (WORDS = 4: each
+# code word's eight values in column order, no pairs of words to regroup, one bf16x2
+# multiply per two values instead of two). epi2: the epilogue's round, max with 0 and
+# weight multiply on bf16 pairs (`_relu_weighted`, three instructions per two values; CUDA
+# only). Offline sm_90, the paged launch at B = 64 over packed keys: 457 → 374 instructions
+# per loop iteration (a block of 64 keys) with both; at m = 1 over 1M keys 556 → 478. The
+# same bytes (the GPU tests: every code and scale; −0, ±2^-140, NaN and inf dots).
 # scale_word (twelfth entry): packed keys through `packed_rows.fp4_words_mode`'s WORDS = 3,
 # each row's four e8m0 scales as one word (no shared round trip of the code words; offline
 # sm_90, the paged launch at B = 64: 720 → 680 instructions). H200: 1M keys at m = 1 67.6 µs

@@ -17,7 +17,9 @@ gather: one byte load per value and one per scale, 16x the bf16 tile's instructi
 The values are code · scale, exact in fp32 and in bf16 (`attnv41.packed`), so a kernel
 that rounds them to bf16 sees the unpacked rows' values bit for bit.
 
-`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words (WORDS = 2 or 3, compiled):
+`fp4_rows_bf16` gives the bf16 tile a dot reads straight from the words (WORDS = 2, 3 or 4, compiled;
+4: `_fp4_rows_bf16_lut`, each word's eight values by prmt table lookups in column order, one
+bf16x2 multiply per two values, the scales as whole words of four):
 PTX that builds two bf16 values per 32-bit register with integer ops and two exact bf16x2
 multiplies, about 3 instructions per value where the fp32 form takes about 9 (nibble
 extraction, the e2m1 bit trick, the scale multiply, the cvt to bf16). The same values,
