@@ -14,4 +14,4 @@ grep -E "FAILED|ERROR" "$OUT/pytest_quick.log" | head -20
 echo "tier done at $(($(date +%s) - T0)) s"
 timeout -k 5 "${AB_S:-180}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
   --weights fp8 --rounds 2 --variants "new;index lut epi2;index lut epi2, attn lut" > "$OUT/ab_b64.log" 2>&1
-echo "ab rc $? at $(($(date +%s) - T0)) s"; grep "^|" "$OUT/ab_b64.log"
+echo "ab rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]| ms$" "$OUT/ab_b64.log"
