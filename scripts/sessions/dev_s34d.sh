@@ -14,5 +14,5 @@ timeout -k 5 "${TEST_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8
   tests/kernels/test_sparse_attn_packed.py > "$OUT/tests.log" 2>&1
 echo "tests rc $? at $(($(date +%s) - T0)) s"; grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -12
 timeout -k 5 "${AB_S:-200}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
-  --weights fp8 --rounds 2 --variants "new;index lut epi2;index lut epi2, attn lut" > "$OUT/ab_b64.log" 2>&1
+  --weights fp8 --rounds "${ROUNDS:-2}" --variants "${VARIANTS:-new;index lut epi2;index lut epi2, attn lut}" > "$OUT/ab_b64.log" 2>&1
 echo "ab rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]| ms$" "$OUT/ab_b64.log"
