@@ -308,7 +308,7 @@ def main() -> int:
             index_scores_paged=keep("index", bt.ops.index_scores_paged),
         )
         xs = unit_rms_bf16(torch.randn(cfg.n_layers, B, cfg.dim, generator=gen, device=dev))
-        bt.step(weights, xs, list(range(B)), [ctx] * B, [1] * B, keep=False)
+        bt.step(weights, list(xs), list(range(B)), [ctx] * B, [1] * B, keep=False)  # one input per layer
         timer.sync()
         print(f"{kvf}: recorded {sorted(rec)}", flush=True)
 
