@@ -4,6 +4,8 @@
 # the index epilogue in bf16 pairs (`epi2`). Their GPU tests (the same bytes as the forms
 # before), the index kernel alone on a B = 64 step's own ratio-1 call and at m = 1 over 1M
 # keys, then whole B = 64 steps at 32K. About 420 s. carry: [".golden"]; timeout_s ≥ 480.
+# (Not run in its session: no machine started until 300 s of device time were left;
+# `dev_s34d.sh` ran instead, on an H100. For an H200 session: the same questions there.)
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)

@@ -346,10 +346,10 @@ if HAVE_TRITON:
     @triton.jit
     def _relu_weighted(dots, w):
         """[same shape] bf16: round_bf16(max(round_bf16(dots), 0) · w) (w bf16, dots fp32)
-        in three instructions per two values (CUDA only: EPI2); the epilogue's INNER form
-        in fp32 gives the same bits, except the sign of a zero (a dot in (−2^-134, 0)
-        rounds to −0, whose max with 0 the two forms may order alike or not: the GPU test
-        compares them)."""
+        in three instructions per two values (CUDA only: EPI2); the same bits as the
+        epilogue's fp32 forms (INNER and the select form), −0 dots and dots in (−2^-134, 0)
+        (they round to −0 before the max with 0) included: the GPU tests compare them
+        (H100, thirty-third entry: equal)."""
         return tl.inline_asm_elementwise(_RELU_W, "=r,r,r,r", [dots, w], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit

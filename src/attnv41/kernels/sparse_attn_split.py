@@ -155,6 +155,11 @@ _TUNE = dict(
     counter_release=False,
     lut=False,
 )
+# lut (thirty-third entry, a tuning option, off): the compressed rows by `packed_rows`'
+# table-lookup PTX (WORDS = 4; D a multiple of 64). Offline sm_90: the logits kernel's
+# fp4-only branch 155 → 126 instructions per chunk, the loop combine's 148 → 138; the same
+# bytes (tests/kernels/test_sparse_attn_packed.py, H100). Not timed alone; the index scores'
+# lut (indexer.py) was not faster in the B = 64 step (BENCHMARKS.md, thirty-third entry).
 # counter_release (twenty-ninth entry, a tuning option, off; untimed): the block combine's
 # arrival counter with release / acquire split as `gemv._SPLIT_FORM = "release"` (no L1
 # invalidation in the programs that are not last); the same bytes.
