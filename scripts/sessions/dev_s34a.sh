@@ -5,7 +5,8 @@
 # before), the index kernel alone on a B = 64 step's own ratio-1 call and at m = 1 over 1M
 # keys, then whole B = 64 steps at 32K. About 420 s. carry: [".golden"]; timeout_s ≥ 480.
 # (Not run in its session: no machine started until 300 s of device time were left;
-# `dev_s34d.sh` ran instead, on an H100. For an H200 session: the same questions there.)
+# `dev_s34d.sh` ran instead, on an H100. For an H200 session: the same questions there,
+# and `prefetch` (the index loop's next block loaded ahead), built after the H100 call.)
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -19,5 +20,5 @@ timeout -k 5 "${PROBE_S:-110}" python3 scripts/batch_kernel_probe.py --index-set
   --index-call 3 --single-keys 1048000 > "$OUT/probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"; grep "^|" "$OUT/probe.log" | head -40
 timeout -k 5 "${AB_S:-240}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
-  --weights fp8 --rounds 2 --variants "new;index lut epi2;index lut;attn lut" > "$OUT/ab_b64.log" 2>&1
+  --weights fp8 --rounds 2 --variants "new;index lut epi2;index lut epi2 prefetch;attn lut" > "$OUT/ab_b64.log" 2>&1
 echo "ab rc $? at $(($(date +%s) - T0)) s"; grep "^|" "$OUT/ab_b64.log"
