@@ -456,22 +456,23 @@ if HAVE_TRITON:
                 # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
                 # scores are −∞ whatever they hold), so a wide L costs no key traffic
                 k_ok = j_ok & (j64 < vis)
-                if PREFETCH:  # (the rows were read with the words, an iteration ago)
-                    rows = j64
-                elif PAGED:
-                    # logical row j of the token's sequence: block table[slot, j // B], row j % B
-                    blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-                    rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
-                else:
-                    rows = j64
-                if PREFETCH:
+                if PREFETCH:  # (its rows and words were read an iteration ago)
                     k = fp4_lut_convert(wd, sw, k_ok, 0, D_P, 32, True)
-                elif PACKED:
-                    # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-                    # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                    k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
                 else:
-                    k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                    if PAGED:
+                        # logical row j of the token's sequence: block table[slot, j // B], row j % B
+                        blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                        rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+                    else:
+                        rows = j64
+                    if PACKED:
+                        # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+                        # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+                        k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
+                    else:
+                        k = tl.load(
+                            k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0
+                        )
                 # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over
                 # heads in fp32. KEYS_M: [BLOCK_L, H_P], the keys as the MMA's rows (64: a
                 # warpgroup MMA at 4 warps), the heads as its columns, so the sum over heads
