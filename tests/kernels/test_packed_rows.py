@@ -112,6 +112,22 @@ def test_loaders_equal_unpack_on_every_code(device, fmt, D, words, bf16):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+def _assert_bf16_read_equals_unpack(p, fmt, D, C, words, device):
+    """`fp4_rows_bf16` over rows p (n, on device) in slices of C columns at WORDS = words:
+    no NaN, and bit for bit `unpack` (the kernel's masked rows, r % 7 == 3, as +0)."""
+    n = p.shape[0]
+    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
+    _read_kernel[(triton.cdiv(n, 16),)](
+        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
+        WORDS=words, BF16=True,
+    )  # fmt: skip
+    want = unpack(p.cpu(), fmt, D)
+    want[torch.arange(n) % 7 == 3] = 0.0
+    got = out.cpu()
+    assert not torch.isnan(got.float()).any()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.parametrize(
     "fmt,D,C",
     [("fp4_e4m3", 512, 64), ("fp4_e4m3", 64, 64), ("fp4_e8m0", 128, 128)],
@@ -126,16 +142,7 @@ def test_scale_word_form_equals_unpack_on_every_code(device, fmt, D, C):
     p = _rows(fmt, D, n, seed=D + C).to(device)
     words = fp4_words_mode(p, scale_word=True)
     assert words == (1 if interpreting() else 3)
-    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
-    _read_kernel[(triton.cdiv(n, 16),)](
-        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
-        WORDS=words, BF16=True,
-    )  # fmt: skip
-    want = unpack(p.cpu(), fmt, D)
-    want[torch.arange(n) % 7 == 3] = 0.0
-    got = out.cpu()
-    assert not torch.isnan(got.float()).any()
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    _assert_bf16_read_equals_unpack(p, fmt, D, C, words, device)
 
 
 @pytest.mark.parametrize(
@@ -164,16 +171,7 @@ def test_lut_form_equals_unpack_on_every_code_and_scale(device, fmt, D, C):
     p = p.to(device)
     words = fp4_words_mode(p, lut=True, d=D, block=FORMATS[fmt].block)
     assert words == (1 if interpreting() else 4)
-    out = torch.full((n, D), float("nan"), dtype=torch.bfloat16, device=device)
-    _read_kernel[(triton.cdiv(n, 16),)](
-        p, out, n, p.stride(0), D, C=C, R=16, FMT=["fp8_e8m0", "fp4_e4m3", "fp4_e8m0"].index(fmt),
-        WORDS=words, BF16=True,
-    )  # fmt: skip
-    want = unpack(p.cpu(), fmt, D)
-    want[torch.arange(n) % 7 == 3] = 0.0
-    got = out.cpu()
-    assert not torch.isnan(got.float()).any()
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    _assert_bf16_read_equals_unpack(p, fmt, D, C, words, device)
 
 
 def test_lut_mode_needs_whole_scale_words(monkeypatch):

@@ -183,6 +183,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     cfg = _tune(tune)
     sub = _sub(cfg, keys)
     grid = (m, triton.cdiv(L, cfg["block_l"] * sub))
+    words = _words(cfg, keys, d)
     _index_scores_kernel[grid](
         iq,
         weights,
@@ -214,9 +215,9 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
-        WORDS=_words(cfg, keys, d),
+        WORDS=words,
         EPI2=cfg["epi2"] and not interpreting(),
-        PREFETCH=cfg["prefetch"] and _words(cfg, keys, d) == 4,
+        PREFETCH=cfg["prefetch"] and words == 4,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
@@ -308,13 +309,14 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
     cfg = _tune(tune, _PAGED_TUNE)
     sub = _sub(cfg, keys)
     grid = (m, triton.cdiv(width, cfg["block_l"] * sub))
+    words = _words(cfg, keys, d)
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, width,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(), PREFETCH=cfg["prefetch"] and _words(cfg, keys, d) == 4,
+        WORDS=words, EPI2=cfg["epi2"] and not interpreting(), PREFETCH=cfg["prefetch"] and words == 4,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
