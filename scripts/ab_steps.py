@@ -119,10 +119,6 @@ VARIANTS = {
     "index lut": {"index": dict(lut=True), "index_paged": dict(lut=True)},
     "index epi2": {"index": dict(epi2=True), "index_paged": dict(epi2=True)},
     "index lut epi2": {"index": dict(lut=True, epi2=True), "index_paged": dict(lut=True, epi2=True)},
-    "index lut epi2 prefetch": {
-        "index": dict(lut=True, epi2=True, prefetch=True),
-        "index_paged": dict(lut=True, epi2=True, prefetch=True),
-    },
     "index pairs fp32 epilogue": {"index": dict(lut=False, epi2=False), "index_paged": dict(lut=False, epi2=False)},
     "attn lut": {"batch": dict(lut=True), "batch_small": dict(bh=16, lut=True), "single": dict(lut=True)},
     "index lut epi2, attn lut": {

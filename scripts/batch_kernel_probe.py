@@ -182,8 +182,6 @@ INDEX_SETS["lut"] = [
     ("lut epi2", dict(lut=True, epi2=True)),
     ("lut epi2 cap 88", dict(lut=True, epi2=True, maxnreg_packed=88)),
     ("lut epi2 uncapped", dict(lut=True, epi2=True, maxnreg_packed=None)),
-    ("lut epi2 prefetch", dict(lut=True, epi2=True, prefetch=True)),
-    ("lut epi2 prefetch uncapped", dict(lut=True, epi2=True, prefetch=True, maxnreg_packed=None)),
 ]
 
 

@@ -7,6 +7,8 @@
 # (Not run in its session: no machine started until 300 s of device time were left;
 # `dev_s34d.sh` ran instead, on an H100. For an H200 session: the same questions there,
 # and `prefetch` (the index loop's next block loaded ahead), built after the H100 call.)
+# Ran 2026-12-06 (thirty-fourth entry, H100): prefetch slower, removed afterwards, so its
+# A/B variant and probe rows no longer exist (ab_steps.py rejects the variant name).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)

@@ -65,8 +65,6 @@ def test_paged_equals_each_sequence_alone(seed, device):
         dict(lut=True),
         dict(epi2=True),
         dict(lut=True, epi2=True, sub_packed=2),
-        dict(lut=True, prefetch=True),
-        dict(lut=True, epi2=True, prefetch=True, sub_packed=3),
     ],
     ids=[
         "sub4",
@@ -83,8 +81,6 @@ def test_paged_equals_each_sequence_alone(seed, device):
         "lut",
         "epi2",
         "lut-epi2-sub2",
-        "lut-prefetch",
-        "lut-epi2-prefetch-sub3",
     ],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
@@ -147,7 +143,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'prefetch', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -71,13 +71,3 @@ def test_lut_and_bf16_pair_epilogue_take_fewer_instructions():
         assert _count(on, "HMUL2") < _count(off, "HMUL2") * 3 // 4, (on["ops"], off["ops"])
         assert _count(on, "HMNMX2") > 0 and _count(on, "FMNMX") == 0, on["ops"]
         assert sum(on["ops"].values()) < sum(off["ops"].values()) - 40, (on["ops"], off["ops"])
-
-
-def test_prefetch_holds_the_next_block_in_registers():
-    """`prefetch` (with lut): the next block's code words loaded an iteration ahead stay in
-    registers under the packed launches' cap of 80 (no local memory), at the batched paged
-    launch and at m = 1."""
-    for args in (("--m", "64", "--L", "32768", "--paged", "64"), ("--m", "1")):
-        rep = compiled("index", "--packed", *args, "--tune", '{"lut": true, "epi2": true, "prefetch": true}')
-        rep = rep["_index_scores_kernel"]
-        assert rep["local"] == 0 and rep["regs"] <= 80, (rep["regs"], rep["local"])

@@ -14,7 +14,7 @@ from .packed_rows import fp4_words_mode
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16, round_bf16_inner
-    from .packed_rows import fp4_lut_convert, fp4_lut_load, fp4_rows_bf16
+    from .packed_rows import fp4_rows_bf16
 
 __all__ = ["index_scores", "index_scores_torch", "index_scores_paged", "index_scores_paged_torch"]
 
@@ -46,7 +46,6 @@ _TUNE = dict(
     scale_word=True,
     lut=False,
     epi2=False,
-    prefetch=False,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
@@ -66,11 +65,11 @@ _TUNE = dict(
 # only). Offline sm_90, the paged launch at B = 64 over packed keys: 457 → 374 instructions
 # per loop iteration (a block of 64 keys) with both; at m = 1 over 1M keys 556 → 478. The
 # same bytes (the GPU tests: every code and scale; −0, ±2^-140, NaN and inf dots).
-# prefetch (thirty-third entry, untimed): with lut, each block's code words and scale words
-# loaded one block ahead (`fp4_lut_load` in the loop's previous iteration; the first before
-# the loop), so that their latency overlaps the previous block's conversion, dot and
-# epilogue: the loop's loads otherwise wait at its top (Triton's pipeliner prefetches the
-# loads feeding a dot through shared memory, not these). The same loads and arithmetic.
+# prefetch (thirty-third entry; removed after its run): with lut, each block's code and scale
+# words loaded one block ahead, in registers (80, no local memory). Slower on an H100
+# (2026-12-06, batch_kernel_probe, L2 flushed, lut + epi2 without / with it): 1M keys at
+# m = 1 66.2 / 83.2 µs (uncapped 75.8), a B = 64 step's ratio-1 call 127.5 / 132.2; whole
+# B = 64, 32K FP8 steps over packed caches (ab_steps.py) 9.041 / 9.116 ms.
 # scale_word (twelfth entry): packed keys through `packed_rows.fp4_words_mode`'s WORDS = 3,
 # each row's four e8m0 scales as one word (no shared round trip of the code words; offline
 # sm_90, the paged launch at B = 64: 720 → 680 instructions). H200: 1M keys at m = 1 67.6 µs
@@ -217,7 +216,6 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PACKED=keys.dtype == torch.uint8,
         WORDS=words,
         EPI2=cfg["epi2"] and not interpreting(),
-        PREFETCH=cfg["prefetch"] and words == 4,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
@@ -316,7 +314,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=words, EPI2=cfg["epi2"] and not interpreting(), PREFETCH=cfg["prefetch"] and words == 4,
+        WORDS=words, EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
@@ -363,21 +361,6 @@ if HAVE_TRITON:
         return tl.inline_asm_elementwise(_RELU_W, "=r,r,r,r", [dots, w], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
-    def _block_rows(
-        j0, L, vis, slot, tbl_ptr, s_tbl, BLOCK_L: tl.constexpr, PAGED: tl.constexpr, BLOCK_ROWS: tl.constexpr
-    ):
-        """A block's ([BLOCK_L] key rows, [BLOCK_L] mask) for `PREFETCH`: keys j0 … j0 +
-        BLOCK_L − 1, read where below L and the token's visible count (as the loop's own)."""
-        j64 = (j0 + tl.arange(0, BLOCK_L)).to(tl.int64)
-        k_ok = (j64 < L) & (j64 < vis)
-        if PAGED:
-            blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-            rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
-        else:
-            rows = j64
-        return rows, k_ok
-
-    @triton.jit
     def _index_scores_kernel(
         iq_ptr,
         w_ptr,
@@ -410,7 +393,6 @@ if HAVE_TRITON:
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
         EPI2: tl.constexpr = False,
-        PREFETCH: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -436,9 +418,6 @@ if HAVE_TRITON:
             slot = tl.load(slot_ptr + t).to(tl.int64)
         else:
             slot = 0
-        if PREFETCH:  # (packed keys, WORDS = 4) the first block's words, loaded ahead
-            rows_n, ok_n = _block_rows(lb * SUB * BLOCK_L, L, vis, slot, tbl_ptr, s_tbl, BLOCK_L, PAGED, BLOCK_ROWS)
-            wd_n, sw_n = fp4_lut_load(k_ptr + rows_n * s_k, ok_n, 0, D, D_P, 32)
         for sb in range(SUB):
             # [BLOCK_L] key row j
             j0 = (lb * SUB + sb) * BLOCK_L
@@ -449,32 +428,22 @@ if HAVE_TRITON:
                 live = j0 < vis
             else:
                 live = True
-            if PREFETCH:  # this block's words (loaded an iteration ago); the next block's now
-                wd, sw = wd_n, sw_n
-                j0n = tl.where(sb + 1 < SUB, j0 + BLOCK_L, L)  # past the program's blocks: none
-                rows_n, ok_n = _block_rows(j0n, L, vis, slot, tbl_ptr, s_tbl, BLOCK_L, PAGED, BLOCK_ROWS)
-                wd_n, sw_n = fp4_lut_load(k_ptr + rows_n * s_k, ok_n, 0, D, D_P, 32)
             if live:
                 # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
                 # scores are −∞ whatever they hold), so a wide L costs no key traffic
                 k_ok = j_ok & (j64 < vis)
-                if PREFETCH:  # (its rows and words were read an iteration ago)
-                    k = fp4_lut_convert(wd, sw, k_ok, 0, D_P, 32, True)
+                if PAGED:
+                    # logical row j of the token's sequence: block table[slot, j // B], row j % B
+                    blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                    rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
                 else:
-                    if PAGED:
-                        # logical row j of the token's sequence: block table[slot, j // B], row j % B
-                        blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-                        rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
-                    else:
-                        rows = j64
-                    if PACKED:
-                        # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-                        # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                        k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
-                    else:
-                        k = tl.load(
-                            k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0
-                        )
+                    rows = j64
+                if PACKED:
+                    # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+                    # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+                    k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
+                else:
+                    k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
                 # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over
                 # heads in fp32. KEYS_M: [BLOCK_L, H_P], the keys as the MMA's rows (64: a
                 # warpgroup MMA at 4 warps), the heads as its columns, so the sum over heads

@@ -46,8 +46,6 @@ __all__ = [
     "fp8_e8m0_rows",
     "fp4_rows",
     "fp4_rows_bf16",
-    "fp4_lut_load",
-    "fp4_lut_convert",
 ]
 
 
@@ -272,9 +270,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def fp4_lut_load(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr):
-        """The loads of `_fp4_rows_bf16_lut` alone: ([R, C/8] code words, [R, C/8] each
-        word's scale word), for a caller that issues them a block ahead of their conversion
-        (`fp4_lut_convert`). Conditions as WORDS = 4 (`fp4_words_mode`)."""
+        """The loads of `_fp4_rows_bf16_lut`: ([R, C/8] code words, [R, C/8] each word's
+        scale word), converted by `fp4_lut_convert` (apart so that a caller may load a block
+        ahead: the index loop's `prefetch`, measured slower and removed, indexer.py).
+        Conditions as WORDS = 4 (`fp4_words_mode`)."""
         R: tl.constexpr = base.shape[0]
         NW: tl.constexpr = C // (4 * BLOCK)  # scale words in the tile
         tl.static_assert(NW * 4 * BLOCK == C)
