@@ -135,6 +135,20 @@ ATTN_SETS["keysm"] = [
     ("m=1 shape keys_m", dict(_SMALL, keys_m=True)),
     ("m=1 shape keys_m fp4_asm", dict(_SMALL, keys_m=True, fp4_asm=True)),
 ]
+# `--attn-set lut` (thirty-fourth entry): the packed fp4 rows by the table-lookup PTX
+# (`lut`, the same bytes), the whole attention and the logits kernel alone
+ATTN_SETS["lut"] = [
+    ("production", {}),
+    ("lut", dict(lut=True)),
+    ("logits only", {"only_logits": True}),
+    ("logits only, lut", {"only_logits": True, "lut": True}),
+]
+
+
+class _Skip(Exception):
+    """A row that does not apply to this cache format."""
+
+
 # The index scores' launch shapes (2026-12-03): production against the keys-major
 # orientation (`keys_m`: keys as the MMA's 64 rows, a warpgroup MMA at 4 warps, the heads'
 # sum within a thread and its quad) at several tiles. The earlier heads-major sweeps
@@ -346,7 +360,9 @@ def main() -> int:
                 r = dict(kv=kvf, kernel="sparse_attn_batch", config=name, error=f"{type(ex).__name__}: {str(ex)[:160]}")
             rows.append(r)
             print(r, flush=True)
-        try:  # the prefill regime's fused kernel on the same inputs
+        try:  # the prefill regime's fused kernel on the same inputs (bf16 rows: it reads no packed ones)
+            if kvf == "packed":
+                raise _Skip
             out = torch.empty_like(q)
 
             fused = partial(sparse_attn, q, win, comp, sel, offset, sink, scale, out=out)
@@ -354,6 +370,8 @@ def main() -> int:
             fused()
             t = timed(fused)
             rows.append(dict(kv=kvf, kernel="sparse_attn (fused)", config="prefill regime", us=t.median_ms * 1e3))
+        except _Skip:
+            pass
         except Exception as ex:
             rows.append(dict(kv=kvf, kernel="sparse_attn (fused)", config="prefill regime", error=str(ex)[:160]))
         print(rows[-1], flush=True)
