@@ -10,6 +10,9 @@
 #   bash scripts/dev_full_tier.sh replays  # the two 10k-step replays, one per worker (each
 #                                          # ~550 s at 10,000 steps: REPLAY_STEPS, LIMIT=590)
 #                                          # 2026-12-04 (eighteenth entry): neither ended in 585 s
+#                                          # 2026-12-06 (H100): 2,500 steps 152 s each, so 10,000
+#                                          # need ~610 s: split them, REPLAY_START=1000, 3500,
+#                                          # 6000, 8500 with REPLAY_STEPS=2500 (four calls, ~170 s)
 #   bash scripts/dev_full_tier.sh own      # one replay alone, no xdist, its per-1,000-step
 #   bash scripts/dev_full_tier.sh released # progress printed live (-s): one call each
 # (the quick tier: scripts/dev_tier.sh)
@@ -22,6 +25,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 export ATTNV41_STACK_STEPS="${STACK_STEPS:-100}" ATTNV41_REPLAY_STEPS="${REPLAY_STEPS:-10000}"
+export ATTNV41_REPLAY_START="${REPLAY_START:-1000}"
 part="${1:-long}"
 case "$part" in
   long) sel=(-m gpu_full -n 2 --dist loadfile --ignore tests/runtime/test_gpu.py tests) ;;

@@ -5,7 +5,8 @@
 # slower memory hides; `lut` cuts the attention's fp4 instructions (logits 155 → 126 per
 # chunk, combine 148 → 138) and `epi2` the index epilogue's. The kernels alone on a B = 64
 # step's inputs, then whole B = 64 steps at 32K (FP8 weights) over bf16 and packed caches.
-# About 160 s. carry: [".golden"]; timeout_s ≥ 240.
+# About 160 s. carry: [".golden"]; timeout_s ≥ 240. Ran 2026-12-06 on an H100 only (thirty-
+# fourth entry: no gain there); not yet on an H200.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
