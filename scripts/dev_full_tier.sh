@@ -10,9 +10,10 @@
 #   bash scripts/dev_full_tier.sh replays  # the two 10k-step replays, one per worker (each
 #                                          # ~550 s at 10,000 steps: REPLAY_STEPS, LIMIT=590)
 #                                          # 2026-12-04 (eighteenth entry): neither ended in 585 s
-#                                          # 2026-12-06 (H100): 2,500 steps 152 s each, so 10,000
-#                                          # need ~610 s: split them, REPLAY_START=1000, 3500,
-#                                          # 6000, 8500 with REPLAY_STEPS=2500 (four calls, ~170 s)
+#                                          # 2026-12-06 (H100): 2,500 steps 152 s each (the two at
+#                                          # once), so 10,000 need ~610 s: split them,
+#                                          # REPLAY_START=1000, 3500, 6000, 8500 with
+#                                          # REPLAY_STEPS=2500 (four calls of ~170 s)
 #   bash scripts/dev_full_tier.sh own      # one replay alone, no xdist, its per-1,000-step
 #   bash scripts/dev_full_tier.sh released # progress printed live (-s): one call each
 # (the quick tier: scripts/dev_tier.sh)
