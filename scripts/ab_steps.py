@@ -137,6 +137,18 @@ VARIANTS = {
         "batch_small": dict(bh=16, lut=True),
         "single": dict(lut=True),
     },
+    # (thirty-fourth entry) the logits kernel's chunk loop per row format (packed rows: their
+    # loads pipelined), at the cap of 96 registers and at 128 (no spills offline)
+    "attn fmt loops": {
+        "batch": dict(fmt_loops=True),
+        "batch_small": dict(bh=16, fmt_loops=True),
+        "single": dict(fmt_loops=True),
+    },
+    "attn fmt loops 128": {
+        "batch": dict(fmt_loops=True, maxnreg_a_packed=128),
+        "batch_small": dict(bh=16, fmt_loops=True),
+        "single": dict(fmt_loops=True),
+    },
     "attn scale word": {
         "batch": dict(scale_word=True),
         "batch_small": dict(scale_word=True),

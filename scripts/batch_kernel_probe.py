@@ -145,6 +145,19 @@ ATTN_SETS["lut"] = [
 ]
 
 
+# `--attn-set loops` (thirty-fourth entry): the logits kernel's chunk loop per row format
+# (`fmt_loops`: packed rows' loads pipelined), the whole attention and the logits alone
+ATTN_SETS["loops"] = [
+    ("production", {}),
+    ("fmt_loops", dict(fmt_loops=True)),
+    ("fmt_loops cap 128", dict(fmt_loops=True, maxnreg_a_packed=128)),
+    ("fmt_loops 3 stages", dict(fmt_loops=True, stages_a=3)),
+    ("logits only", {"only_logits": True}),
+    ("logits only, fmt_loops", {"only_logits": True, "fmt_loops": True}),
+    ("logits only, fmt_loops cap 128", {"only_logits": True, "fmt_loops": True, "maxnreg_a_packed": 128}),
+]
+
+
 class _Skip(Exception):
     """A row that does not apply to this cache format."""
 

@@ -81,6 +81,9 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(BATCH_TUNE, lut=True),
         dict(combine="blocks", lut=True),
         dict(combine="loop", lut=True, keys_m=True),
+        dict(BATCH_TUNE, fmt_loops=True),
+        dict(combine="blocks", fmt_loops=True),
+        dict(BATCH_TUNE, fmt_loops=True, lut=True, dk_packed=128),
     ],
     ids=[
         "loop",
@@ -105,6 +108,9 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "batch-lut",  # (the table-lookup PTX over scale words, on the GPU)
         "blocks-lut",
         "loop-lut-keys-m",
+        "batch-fmt-loops",  # (a chunk loop per row format: its row loads pipelined on the GPU)
+        "blocks-fmt-loops",
+        "batch-fmt-loops-lut-dk128",
     ],
 )
 def test_packed_rows_give_the_same_bytes(device, tune, layout):

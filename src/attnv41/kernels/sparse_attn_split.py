@@ -154,7 +154,16 @@ _TUNE = dict(
     early_rows=True,
     counter_release=False,
     lut=False,
+    fmt_loops=False,
 )
+# fmt_loops (thirty-fourth entry, a tuning option, off; packed rows, untimed): the logits
+# kernel picks a block's format once and runs that format's chunk loop, with no branch
+# inside, so Triton's pipeliner turns its row loads into asynchronous copies stages ahead,
+# as it does for the q chunks and for bf16 rows (in the branch of `_load_rows` they are
+# synchronous loads: each of the D / DK chunks waits for its rows). Offline sm_90 (B = 64,
+# BATCH_TUNE): 8 → 52 asynchronous copies, 1,584 → 2,296 instructions (three loops), 4 → 8
+# spill stores under the cap of 96 registers (none at 128); m = 1 (`_TUNE`): 24 → 144. The
+# same loads and arithmetic per chunk: the same bytes (test_sparse_attn_packed.py).
 # lut (thirty-third entry, a tuning option, off): the compressed rows by `packed_rows`'
 # table-lookup PTX (WORDS = 4; D a multiple of 64). Offline sm_90: the logits kernel's
 # fp4-only branch 155 → 126 instructions per chunk, the loop combine's 148 → 138; the same
@@ -260,6 +269,15 @@ if HAVE_TRITON:
         return s
 
     @triton.jit
+    def _q_chunk(q_ptr, t, cols, D, offs_h64, mask_h, stride_qt, stride_qh, stride_qd):
+        """[BLOCK_H, DK] columns `cols` of token t's queries (0 past D and past H)."""
+        return tl.load(
+            q_ptr + t * stride_qt + offs_h64[:, None] * stride_qh + cols.to(tl.int64)[None, :] * stride_qd,
+            mask=mask_h[:, None] & (cols < D)[None, :],
+            other=0.0,
+        )
+
+    @triton.jit
     def _logits_kernel(
         q_ptr,
         win_ptr,
@@ -294,6 +312,7 @@ if HAVE_TRITON:
         KEYS_M: tl.constexpr = False,
         RSPLIT: tl.constexpr = 1,
         LATE_RELEASE: tl.constexpr = False,
+        FMT_LOOPS: tl.constexpr = False,
     ):
         """Grid (m, blocks · RSPLIT, head blocks): each program the logits of BLOCK_K /
         RSPLIT rows of one block (sub-block r of block kb) for BLOCK_H heads, and their max
@@ -338,7 +357,32 @@ if HAVE_TRITON:
             from_comp = ok & ~from_win
             any_win = tl.sum(from_win.to(tl.int32), axis=0) > 0
             any_comp = tl.sum(from_comp.to(tl.int32), axis=0) > 0
-        for c in range(0, D_CHUNKS):
+        if FMT_LOOPS:
+            # (a tuning option, packed rows) the block's format chosen once, each format's
+            # chunk loop without a branch inside, so that its row loads may be pipelined as
+            # the q chunks are; the same loads and arithmetic per chunk
+            n_w = tl.sum(from_win.to(tl.int32), axis=0)
+            n_c = tl.sum((ok & ~from_win).to(tl.int32), axis=0)
+            if n_c == 0:
+                for c in range(0, D_CHUNKS):
+                    q_c = _q_chunk(q_ptr, t, c * DK + offs_c, D, offs_h64, mask_h, stride_qt, stride_qh, stride_qd)
+                    r_c = fp8_e8m0_rows(w_base, from_win, c * DK, D, DK).to(tl.bfloat16)
+                    s = _logits_dot(q_c, r_c, s, DOT_FP32, KEYS_M)
+            elif n_w == 0:
+                for c in range(0, D_CHUNKS):
+                    q_c = _q_chunk(q_ptr, t, c * DK + offs_c, D, offs_h64, mask_h, stride_qt, stride_qh, stride_qd)
+                    r_c = fp4_rows_bf16(c_base, ok & ~from_win, c * DK, D, DK, 16, False, WORDS)
+                    s = _logits_dot(q_c, r_c, s, DOT_FP32, KEYS_M)
+            else:
+                for c in range(0, D_CHUNKS):
+                    cols = c * DK + offs_c
+                    q_c = _q_chunk(q_ptr, t, cols, D, offs_h64, mask_h, stride_qt, stride_qh, stride_qd)
+                    r_c = _load_rows(
+                        w_base, c_base, from_win, ok, cols.to(tl.int64), cols < D, stride_wd, stride_cd, D, c * DK,
+                        DK, PACKED, WORDS,
+                    )  # fmt: skip
+                    s = _logits_dot(q_c, r_c, s, DOT_FP32, KEYS_M)
+        for c in range(0, 0 if FMT_LOOPS else D_CHUNKS):
             cols = c * DK + offs_c
             cm = cols < D
             cols64 = cols.to(tl.int64)
@@ -476,6 +520,7 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
         KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
         RSPLIT=rsplit,
         LATE_RELEASE=blocks and bool(cfg["early_rows"]),
+        FMT_LOOPS=packed and bool(cfg["fmt_loops"]),
         num_warps=cfg["warps_a"],
         num_stages=cfg["stages_a"],
         **({"maxnreg": cfg["maxnreg_a_packed"]} if packed and cfg["maxnreg_a_packed"] else {}),
