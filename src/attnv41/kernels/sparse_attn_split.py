@@ -163,7 +163,9 @@ _TUNE = dict(
 # synchronous loads: each of the D / DK chunks waits for its rows). Offline sm_90 (B = 64,
 # BATCH_TUNE): 8 → 52 asynchronous copies, 1,584 → 2,296 instructions (three loops), 4 → 8
 # spill stores under the cap of 96 registers (none at 128); m = 1 (`_TUNE`): 24 → 144. The
-# same loads and arithmetic per chunk: the same bytes (test_sparse_attn_packed.py).
+# same loads and arithmetic per chunk: the same bytes (test_sparse_attn_packed.py). The loop
+# combine's analogue (both formats' loads outside the branch) was tried offline and dropped:
+# nothing pipelined at its single stage; at 2 stages 2 more copies, spills 37 → 54.
 # lut (thirty-third entry, a tuning option, off): the compressed rows by `packed_rows`'
 # table-lookup PTX (WORDS = 4; D a multiple of 64). Offline sm_90: the logits kernel's
 # fp4-only branch 155 → 126 instructions per chunk, the loop combine's 148 → 138; the same
