@@ -57,6 +57,18 @@ OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
 }
 # (the ninth entry's runs had `_TUNE` at bh = 16 as "new", without `_BATCH_SMALL_TUNE`, and
 # "new, batch dk=128 one dot" as today's production over packed rows)
+
+
+def _index(**kw) -> dict:
+    """A variant's index-score options, for both of its launches."""
+    return {"index": dict(kw), "index_paged": dict(kw)}
+
+
+def _attn(**kw) -> dict:
+    """A variant's attention options, for the batched shapes (m = 1 with its 16-head blocks) and the single-sequence one."""
+    return {"batch": dict(kw), "batch_small": dict(bh=16, **kw), "single": dict(kw)}
+
+
 VARIANTS = {
     "new": {},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
@@ -121,34 +133,17 @@ VARIANTS = {
     "index lut epi2": {"index": dict(lut=True, epi2=True), "index_paged": dict(lut=True, epi2=True)},
     "index pairs fp32 epilogue": {"index": dict(lut=False, epi2=False), "index_paged": dict(lut=False, epi2=False)},
     "attn lut": {"batch": dict(lut=True), "batch_small": dict(bh=16, lut=True), "single": dict(lut=True)},
-    "index lut epi2, attn lut": {
-        "index": dict(lut=True, epi2=True),
-        "index_paged": dict(lut=True, epi2=True),
-        "batch": dict(lut=True),
-        "batch_small": dict(bh=16, lut=True),
-        "single": dict(lut=True),
-    },
+    "index lut epi2, attn lut": {**_index(lut=True, epi2=True), **_attn(lut=True)},
     # (thirty-fourth entry) the per-kernel winners on packed data together: the bf16-pair
     # epilogue alone (4-5 % faster over packed keys on an H100) and the attention's lut
-    "index epi2, attn lut": {
-        "index": dict(epi2=True),
-        "index_paged": dict(epi2=True),
-        "batch": dict(lut=True),
-        "batch_small": dict(bh=16, lut=True),
-        "single": dict(lut=True),
-    },
+    "index epi2, attn lut": {**_index(epi2=True), **_attn(lut=True)},
     # (thirty-fourth entry) the logits kernel's chunk loop per row format (packed rows: their
     # loads pipelined), at the cap of 96 registers and at 128 (no spills offline)
-    "attn fmt loops": {
-        "batch": dict(fmt_loops=True),
-        "batch_small": dict(bh=16, fmt_loops=True),
-        "single": dict(fmt_loops=True),
-    },
-    "attn fmt loops 128": {
-        "batch": dict(fmt_loops=True, maxnreg_a_packed=128),
-        "batch_small": dict(bh=16, fmt_loops=True),
-        "single": dict(fmt_loops=True),
-    },
+    "attn fmt loops": _attn(fmt_loops=True),
+    "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},
+    # (thirty-fourth entry) the index scores' key loads pipelined: no per-block branch
+    "index skip program": _index(skip=False, skip_program=True),
+    "index skip program, attn fmt loops": {**_index(skip=False, skip_program=True), **_attn(fmt_loops=True)},
     "attn scale word": {
         "batch": dict(scale_word=True),
         "batch_small": dict(scale_word=True),

@@ -210,6 +210,15 @@ INDEX_SETS["lut"] = [
     ("lut epi2 cap 88", dict(lut=True, epi2=True, maxnreg_packed=88)),
     ("lut epi2 uncapped", dict(lut=True, epi2=True, maxnreg_packed=None)),
 ]
+# `--index-set pipe` (thirty-fourth entry): the key loads pipelined (no per-block branch:
+# skip=False, or skip_program), with more stages, and with the bf16-pair epilogue
+INDEX_SETS["pipe"] = [
+    ("production", {}),
+    ("noskip", dict(skip=False)),
+    ("skip program", dict(skip=False, skip_program=True)),
+    ("skip program 3 stages", dict(skip=False, skip_program=True, num_stages=3)),
+    ("skip program epi2", dict(skip=False, skip_program=True, epi2=True)),
+]
 
 
 def _clone(v):

@@ -46,6 +46,7 @@ _TUNE = dict(
     scale_word=True,
     lut=False,
     epi2=False,
+    skip_program=False,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
@@ -87,6 +88,15 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4)
 # seventh entry), a 64-token tile in the 1M bucket at 55 % visible: 2.55 ms against 4.24
 # (bf16 keys), 3.45 against 6.03 (packed); at 90 %: 4.00 against 4.24, 5.48 against 6.05;
 # a 2,048-token chunk in the 32K bucket: 4.04 against 4.21. Every score's bytes equal.
+# skip_program (thirty-fourth entry, a tuning option, off; untimed): a program whose blocks
+# all lie past the token's visible rows stores −∞ alone, and the blocks of the others run
+# with no branch inside the loop (with skip=False; partly visible blocks' loads are masked).
+# The per-block branch of skip=True hides the key loads from Triton's pipeliner: offline
+# sm_90 production issues no asynchronous copy, with skip=False or skip_program 16-32 (B = 64
+# paged, packed keys: 20; m = 1 over packed keys: 32), at the same register counts. So the
+# loop's next block is loaded while this one is converted, multiplied and reduced (the
+# `prefetch` above tried it by hand in registers and lost). The same bytes (the tests:
+# programs wholly past the visible rows included).
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
@@ -216,6 +226,7 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PACKED=keys.dtype == torch.uint8,
         WORDS=words,
         EPI2=cfg["epi2"] and not interpreting(),
+        SKIP_PROG=cfg["skip_program"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
@@ -314,7 +325,7 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=words, EPI2=cfg["epi2"] and not interpreting(),
+        WORDS=words, EPI2=cfg["epi2"] and not interpreting(), SKIP_PROG=cfg["skip_program"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
@@ -393,6 +404,7 @@ if HAVE_TRITON:
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
         EPI2: tl.constexpr = False,
+        SKIP_PROG: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -418,7 +430,19 @@ if HAVE_TRITON:
             slot = tl.load(slot_ptr + t).to(tl.int64)
         else:
             slot = 0
-        for sb in range(SUB):
+        if SKIP_PROG:  # (a tuning option) the program's blocks all past the visible rows: −∞ only
+            prog_live = lb * SUB * BLOCK_L < vis
+        else:
+            prog_live = True
+        if not prog_live:
+            for sb in range(SUB):
+                j64 = ((lb * SUB + sb) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
+                tl.store(
+                    out_ptr + t * s_out + j64,
+                    tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16),
+                    mask=j64 < L,
+                )
+        for sb in range(SUB if prog_live else 0):
             # [BLOCK_L] key row j
             j0 = (lb * SUB + sb) * BLOCK_L
             j = j0 + tl.arange(0, BLOCK_L)
