@@ -25,6 +25,6 @@ V="new;attn fmt loops;attn fmt loops 128;index skip program;index skip program, 
 timeout -k 5 "${AB_S:-150}" python3 scripts/ab_steps.py --batches 1,64 --context 32768 --kv bf16,packed \
   --weights fp8 --rounds "${ROUNDS:-3}" --variants "${VARIANTS:-$V}" > "$OUT/ab_batch.log" 2>&1
 echo "ab batch rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]" "$OUT/ab_batch.log"
-timeout -k 5 "${SINGLE_S:-80}" python3 scripts/ab_steps.py --single 32768 --kv bf16,packed --weights fp8 --rounds 2 \
+timeout -k 5 "${SINGLE_S:-110}" python3 scripts/ab_steps.py --single 32768 --kv bf16,packed --weights fp8 --rounds 2 \
   --variants "new;attn fmt loops;index skip program, attn fmt loops" > "$OUT/ab_single.log" 2>&1
 echo "ab single rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]" "$OUT/ab_single.log"
