@@ -40,13 +40,7 @@ from ._triton import (
     triton,
 )
 
-__all__ = [
-    "fp4_words_ok",
-    "fp4_words_mode",
-    "fp8_e8m0_rows",
-    "fp4_rows",
-    "fp4_rows_bf16",
-]
+__all__ = ["fp4_words_ok", "fp4_words_mode", "fp8_e8m0_rows", "fp4_rows", "fp4_rows_bf16"]
 
 
 def fp4_words_ok(rows: torch.Tensor) -> bool:
@@ -269,11 +263,11 @@ if HAVE_TRITON:
     )
 
     @triton.jit
-    def fp4_lut_load(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr):
-        """The loads of `_fp4_rows_bf16_lut`: ([R, C/8] code words, [R, C/8] each word's
-        scale word), converted by `fp4_lut_convert` (apart so that a caller may load a block
-        ahead: the index loop's `prefetch`, measured slower and removed, indexer.py).
-        Conditions as WORDS = 4 (`fp4_words_mode`)."""
+    def _fp4_rows_bf16_lut(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
+        """`fp4_rows_bf16` at WORDS = 4 (`fp4_words_mode`: D a multiple of 4 · BLOCK; C too,
+        and c0): each row's scales as 32-bit words (four scales each, every one within the
+        row), each code word's eight values built by `_FP4_LUT_*` straight into bf16 in
+        column order (no pairs of words to regroup). The same values, so the same bits."""
         R: tl.constexpr = base.shape[0]
         NW: tl.constexpr = C // (4 * BLOCK)  # scale words in the tile
         tl.static_assert(NW * 4 * BLOCK == C)
@@ -286,15 +280,9 @@ if HAVE_TRITON:
             mask=ok[:, None] & (si * (4 * BLOCK) < D)[None, :],
             other=0,
         )
-        # [R, C/8] each code word's scale word
-        return words, tl.reshape(tl.broadcast_to(sw[:, :, None], (R, NW, BLOCK // 2)), (R, C // 8))
-
-    @triton.jit
-    def fp4_lut_convert(words, sw, ok, c0, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
-        """[R, C] bf16 from `fp4_lut_load`'s words and scale words (ok: its rows' mask, R)."""
-        R: tl.constexpr = words.shape[0]
-        w = c0 // 8 + tl.arange(0, C // 8)
-        b = (w * 8 // BLOCK) % 4  # the word's scale byte in its scale word, and its selector
+        # [R, C/8] each code word's scale word, and the selector of its byte b in it
+        sw = tl.reshape(tl.broadcast_to(sw[:, :, None], (R, NW, BLOCK // 2)), (R, C // 8))
+        b = (w * 8 // BLOCK) % 4
         if E8M0:
             sel = 0x0404 | (b << 4) | (b << 12)
         else:
@@ -313,15 +301,6 @@ if HAVE_TRITON:
         v = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
         v = tl.reshape(v, (R, C))
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=2)
-
-    @triton.jit
-    def _fp4_rows_bf16_lut(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
-        """`fp4_rows_bf16` at WORDS = 4 (`fp4_words_mode`: D a multiple of 4 · BLOCK; C too,
-        and c0): each row's scales as 32-bit words (four scales each, every one within the
-        row), each code word's eight values built by `_FP4_LUT_*` straight into bf16 in
-        column order (no pairs of words to regroup). The same values, so the same bits."""
-        words, sw = fp4_lut_load(base, ok, c0, D, C, BLOCK)
-        return fp4_lut_convert(words, sw, ok, c0, C, BLOCK, E8M0)
 
     @triton.jit
     def _fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
