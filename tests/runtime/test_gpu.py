@@ -178,7 +178,8 @@ def test_flash_graph_replay_10k_steps(index_keys):
     graph count per bucket and no recapture asserted. Then a second sequence on the same
     states (same addresses: no recapture) and one on new state objects (recaptures).
     Alone a 10,000-step run takes about 500-530 s; the two modes at once on one GPU about
-    610 s (H100, 2026-12-06), past a device call's 10 minutes, so the run may be split: ATTNV41_REPLAY_START (the prompt, default 1,000) and ATTNV41_REPLAY_STEPS
+    610 s (H100, 2026-12-06), past a device call's 10 minutes, so the run may be split:
+    ATTNV41_REPLAY_START (the prompt, default 1,000) and ATTNV41_REPLAY_STEPS
     (`scripts/dev_full_tier.sh replays` with REPLAY_START / REPLAY_STEPS: four calls of
     2,500 steps from 1,000, 3,500, 6,000 and 8,500 cover the same positions; a segment
     need not cross a bucket boundary, the last lies within 16,384)."""
