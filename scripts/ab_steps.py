@@ -140,6 +140,7 @@ VARIANTS = {
     # (thirty-fourth entry) the logits kernel's chunk loop per row format (packed rows: their
     # loads pipelined), at the cap of 96 registers and at 128 (no spills offline)
     "attn fmt loops": _attn(fmt_loops=True),
+    "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},
     # (thirty-fourth entry) the index scores' key loads pipelined: no per-block branch
     "index skip program": _index(skip=False, skip_program=True),

@@ -154,9 +154,9 @@ _TUNE = dict(
     early_rows=True,
     counter_release=False,
     lut=False,
-    fmt_loops=False,
+    fmt_loops=True,
 )
-# fmt_loops (thirty-fourth entry, a tuning option, off; packed rows, untimed): the logits
+# fmt_loops (thirty-fourth entry; on in `_TUNE`, off in BATCH_TUNE): the logits
 # kernel picks a block's format once and runs that format's chunk loop, with no branch
 # inside, so Triton's pipeliner turns its row loads into asynchronous copies stages ahead,
 # as it does for the q chunks and for bf16 rows (in the branch of `_load_rows` they are
@@ -166,6 +166,13 @@ _TUNE = dict(
 # same loads and arithmetic per chunk: the same bytes (test_sparse_attn_packed.py). The loop
 # combine's analogue (both formats' loads outside the branch) was tried offline and dropped:
 # nothing pipelined at its single stage; at 2 stages 2 more copies, spills 37 → 54.
+# 2026-12-06 (thirty-fifth entry; H200, scripts/ab_steps.py, FP8 weights at 32K, ms/step,
+# median of 3 rounds, min-max apart): the single-sequence DecodeGraphs step over packed
+# caches 3.257 → 3.213 (bf16 caches 3.054 / 3.052, no packed rows to load): on in `_TUNE`.
+# BatchGraphs: B = 1 packed 5.596 → 5.617, B = 64 packed 8.773 → 8.765 (bf16 caches equal),
+# and with the cap of 128 registers B = 64 packed 9.081: BATCH_TUNE keeps it off. The
+# kernels alone on a B = 64 step's inputs (batch_kernel_probe.py --attn-set loops, L2
+# flushed): packed 62.8 → 63.1 µs, logits only 26.9 → 27.2.
 # lut (thirty-third entry, a tuning option, off): the compressed rows by `packed_rows`'
 # table-lookup PTX (WORDS = 4; D a multiple of 64). Offline sm_90: the logits kernel's
 # fp4-only branch 155 → 126 instructions per chunk, the loop combine's 148 → 138; the same
@@ -227,9 +234,10 @@ BATCH_TUNE = dict(
     stages_b=1,
     combine="loop",
     stages_a=2,
+    fmt_loops=False,
 )
 _BATCH_SMALL_M = 1  # `sparse_attn_batch` calls of at most this many tokens take `_BATCH_SMALL_TUNE` (same bytes)
-_BATCH_SMALL_TUNE = dict(bh=16)  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
+_BATCH_SMALL_TUNE = dict(bh=16, fmt_loops=False)  # over `_TUNE`: its 64-row blocks' logits in 4 head blocks
 # The one-pass Gluon kernel (`kernels/sparse_attn_gluon.py`): the same bytes as the two
 # kernels here (the GPU tests compare them at the Flash shapes, with the rope epilogue), so
 # a wrapper may choose it by m. Opt-in (`ATTNV41_GLUON_ATTN=1`, read at import, or
