@@ -88,7 +88,7 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4)
 # seventh entry), a 64-token tile in the 1M bucket at 55 % visible: 2.55 ms against 4.24
 # (bf16 keys), 3.45 against 6.03 (packed); at 90 %: 4.00 against 4.24, 5.48 against 6.05;
 # a 2,048-token chunk in the 32K bucket: 4.04 against 4.21. Every score's bytes equal.
-# skip_program (thirty-fourth entry, a tuning option, off; untimed): a program whose blocks
+# skip_program (thirty-fourth entry, a tuning option, off): a program whose blocks
 # all lie past the token's visible rows stores −∞ alone, and the blocks of the others run
 # with no branch inside the loop (with skip=False; partly visible blocks' loads are masked).
 # The per-block branch of skip=True hides the key loads from Triton's pipeliner: offline
@@ -96,7 +96,13 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4)
 # paged, packed keys: 20; m = 1 over packed keys: 32), at the same register counts. So the
 # loop's next block is loaded while this one is converted, multiplied and reduced (the
 # `prefetch` above tried it by hand in registers and lost). The same bytes (the tests:
-# programs wholly past the visible rows included).
+# programs wholly past the visible rows included). H200, 2026-12-06 (thirty-fifth entry;
+# scripts/batch_kernel_probe.py --index-set pipe, L2 flushed, µs): m = 1 over 1,048,000
+# keys, bf16 75.6 → 75.1, packed 67.7 → 152.8 (skip=False alone: 154.3); B = 64 paged at
+# 32K, bf16 140.2 → 141.6, packed 120.5 → 146.7. Pipelined packed loads lose to the
+# branch's synchronous ones by 2.3x here (the packed loop's conversion, not its loads,
+# is the bound, and the async copies' shared-memory round trip adds to it). The B = 64
+# FP8 step (ab_steps.py) over packed caches: 8.773 → 8.946 ms. Off.
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
