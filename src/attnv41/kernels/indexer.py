@@ -100,8 +100,8 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4)
 # scripts/batch_kernel_probe.py --index-set pipe, L2 flushed, µs): m = 1 over 1,048,000
 # keys, bf16 75.6 → 75.1, packed 67.7 → 152.8 (skip=False alone: 154.3); B = 64 paged at
 # 32K, bf16 140.2 → 141.6, packed 120.5 → 146.7. Pipelined packed loads lose to the
-# branch's synchronous ones by 2.3x here (the packed loop's conversion, not its loads,
-# is the bound, and the async copies' shared-memory round trip adds to it). The B = 64
+# branch's synchronous ones by 2.3x here (not profiled; a guess: the packed loop's
+# conversion bounds it, and the copies' shared-memory round trip adds to it). The B = 64
 # FP8 step (ab_steps.py) over packed caches: 8.773 → 8.946 ms. Off.
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
