@@ -82,7 +82,7 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         dict(combine="blocks", lut=True),
         dict(combine="loop", lut=True, keys_m=True),
         dict(BATCH_TUNE, fmt_loops=True),
-        dict(combine="blocks", fmt_loops=True),
+        dict(combine="blocks", bh=16, fmt_loops=False),
         dict(BATCH_TUNE, fmt_loops=True, lut=True, dk_packed=128),
     ],
     ids=[
@@ -109,7 +109,7 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
         "blocks-lut",
         "loop-lut-keys-m",
         "batch-fmt-loops",  # (a chunk loop per row format: its row loads pipelined on the GPU)
-        "blocks-fmt-loops",
+        "blocks-bh16-one-loop",  # (`_TUNE` has fmt_loops on: the batched m = 1 form, its one loop)
         "batch-fmt-loops-lut-dk128",
     ],
 )
