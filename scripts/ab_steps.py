@@ -142,9 +142,6 @@ VARIANTS = {
     "attn fmt loops": _attn(fmt_loops=True),
     "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},
-    # (thirty-fourth entry) the index scores' key loads pipelined: no per-block branch
-    "index skip program": _index(skip=False, skip_program=True),
-    "index skip program, attn fmt loops": {**_index(skip=False, skip_program=True), **_attn(fmt_loops=True)},
     "attn scale word": {
         "batch": dict(scale_word=True),
         "batch_small": dict(scale_word=True),

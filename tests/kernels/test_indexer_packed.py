@@ -32,7 +32,6 @@ CAPS = [
     pytest.param({"scale_word": False}, id="scale-tile"),
     pytest.param({"lut": True}, id="lut"),
     pytest.param({"lut": True, "epi2": True}, id="lut-epi2"),
-    pytest.param({"skip": False, "skip_program": True}, id="skip-program"),
 ]
 
 

@@ -65,9 +65,6 @@ def test_paged_equals_each_sequence_alone(seed, device):
         dict(lut=True),
         dict(epi2=True),
         dict(lut=True, epi2=True, sub_packed=2),
-        dict(skip=False, skip_program=True),
-        dict(skip=False, skip_program=True, sub=3, block_l=32),
-        dict(skip_program=True, sub=2, block_l=32),
     ],
     ids=[
         "sub4",
@@ -84,9 +81,6 @@ def test_paged_equals_each_sequence_alone(seed, device):
         "lut",
         "epi2",
         "lut-epi2-sub2",
-        "skip-program",  # (past the visible rows a program stores −∞ alone; its loop has no branch)
-        "skip-program-sub3-32",
-        "skip-program-and-blocks-32",
     ],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
@@ -96,7 +90,7 @@ def test_launch_shapes_keep_the_bits(tune, packed, device):
     heads as the MMA's rows, whose head sums may run in another fp32 order), paged and contiguous,
     bf16 and packed keys; widths that leave a program's last blocks past L; blocks wholly
     past a token's visible rows stored −∞ without the dot (production) or after it
-    (skip=False); programs wholly past them storing −∞ alone (skip_program)."""
+    (skip=False)."""
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 9, d=64, width=150)
     if packed:
         pool = pack(fp4_e8m0_qdq(pool.cpu()), "fp4_e8m0").to(device)
@@ -149,7 +143,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'skip_program', 'sub', 'sub_packed'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -46,7 +46,6 @@ _TUNE = dict(
     scale_word=True,
     lut=False,
     epi2=False,
-    skip_program=False,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
@@ -88,21 +87,14 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4)
 # seventh entry), a 64-token tile in the 1M bucket at 55 % visible: 2.55 ms against 4.24
 # (bf16 keys), 3.45 against 6.03 (packed); at 90 %: 4.00 against 4.24, 5.48 against 6.05;
 # a 2,048-token chunk in the 32K bucket: 4.04 against 4.21. Every score's bytes equal.
-# skip_program (thirty-fourth entry, a tuning option, off): a program whose blocks
-# all lie past the token's visible rows stores −∞ alone, and the blocks of the others run
-# with no branch inside the loop (with skip=False; partly visible blocks' loads are masked).
-# The per-block branch of skip=True hides the key loads from Triton's pipeliner: offline
-# sm_90 production issues no asynchronous copy, with skip=False or skip_program 16-32 (B = 64
-# paged, packed keys: 20; m = 1 over packed keys: 32), at the same register counts. So the
-# loop's next block is loaded while this one is converted, multiplied and reduced (the
-# `prefetch` above tried it by hand in registers and lost). The same bytes (the tests:
-# programs wholly past the visible rows included). H200, 2026-12-06 (thirty-fifth entry;
-# scripts/batch_kernel_probe.py --index-set pipe, L2 flushed, µs): m = 1 over 1,048,000
-# keys, bf16 75.6 → 75.1, packed 67.7 → 152.8 (skip=False alone: 154.3); B = 64 paged at
-# 32K, bf16 140.2 → 141.6, packed 120.5 → 146.7. Pipelined packed loads lose to the
-# branch's synchronous ones by 2.3x here (not profiled; a guess: the packed loop's
-# conversion bounds it, and the copies' shared-memory round trip adds to it). The B = 64
-# FP8 step (ab_steps.py) over packed caches: 8.773 → 8.946 ms. Off.
+# skip_program (thirty-fourth entry; removed after its run): a program whose blocks all lie
+# past the token's visible rows storing −∞ alone, the others' loop without the per-block
+# branch (with skip=False), so that Triton's pipeliner loads the keys ahead (offline sm_90:
+# 16-32 asynchronous copies, none in production). H200, 2026-12-06 (thirty-fifth entry;
+# scripts/batch_kernel_probe.py, L2 flushed, µs, production / skip_program): m = 1 over
+# 1,048,000 keys, bf16 75.6 / 75.1, packed 67.7 / 152.8 (skip=False alone: 154.3); B = 64
+# paged at 32K, bf16 140.2 / 141.6, packed 120.5 / 146.7; the B = 64 FP8 step over packed
+# caches (ab_steps.py) 8.773 / 8.946 ms. Not profiled.
 _MAX_HEADS = 64  # one [H_P, d] query tile per program (H_P · d · 2 bytes ≤ 32 KiB)
 _MAX_DIM = 256
 
@@ -198,7 +190,6 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     cfg = _tune(tune)
     sub = _sub(cfg, keys)
     grid = (m, triton.cdiv(L, cfg["block_l"] * sub))
-    words = _words(cfg, keys, d)
     _index_scores_kernel[grid](
         iq,
         weights,
@@ -230,9 +221,8 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         PAGED=False,
         BLOCK_ROWS=1,
         PACKED=keys.dtype == torch.uint8,
-        WORDS=words,
+        WORDS=_words(cfg, keys, d),
         EPI2=cfg["epi2"] and not interpreting(),
-        SKIP_PROG=cfg["skip_program"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
@@ -324,14 +314,13 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
     cfg = _tune(tune, _PAGED_TUNE)
     sub = _sub(cfg, keys)
     grid = (m, triton.cdiv(width, cfg["block_l"] * sub))
-    words = _words(cfg, keys, d)
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, width,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
-        WORDS=words, EPI2=cfg["epi2"] and not interpreting(), SKIP_PROG=cfg["skip_program"],
+        WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
     )  # fmt: skip
@@ -410,7 +399,6 @@ if HAVE_TRITON:
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
         EPI2: tl.constexpr = False,
-        SKIP_PROG: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -436,19 +424,7 @@ if HAVE_TRITON:
             slot = tl.load(slot_ptr + t).to(tl.int64)
         else:
             slot = 0
-        if SKIP_PROG:  # (a tuning option) the program's blocks all past the visible rows: −∞ only
-            prog_live = lb * SUB * BLOCK_L < vis
-        else:
-            prog_live = True
-        if not prog_live:
-            for sb in range(SUB):
-                j64 = ((lb * SUB + sb) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
-                tl.store(
-                    out_ptr + t * s_out + j64,
-                    tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16),
-                    mask=j64 < L,
-                )
-        for sb in range(SUB if prog_live else 0):
+        for sb in range(SUB):
             # [BLOCK_L] key row j
             j0 = (lb * SUB + sb) * BLOCK_L
             j = j0 + tl.arange(0, BLOCK_L)
