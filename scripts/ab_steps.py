@@ -142,6 +142,8 @@ VARIANTS = {
     "attn fmt loops": _attn(fmt_loops=True),
     "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},
+    # (thirty-sixth entry) both forms that cut the packed logits kernel's work per chunk, on the H200
+    "attn lut fmt loops": _attn(lut=True, fmt_loops=True),
     "attn scale word": {
         "batch": dict(scale_word=True),
         "batch_small": dict(scale_word=True),
