@@ -12,6 +12,6 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 timeout -k 5 "${AB_S:-120}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
   --weights fp8 --rounds "${ROUNDS:-3}" --variants "new;attn lut;attn fmt loops;attn lut fmt loops" > "$OUT/ab_batch.log" 2>&1
 echo "ab batch rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]" "$OUT/ab_batch.log"
-ATTNV41_PDL=0 timeout -k 5 "${NOPDL_S:-60}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
+ATTNV41_PDL=0 timeout -k 5 "${NOPDL_S:-90}" python3 scripts/ab_steps.py --batches 64 --context 32768 --kv bf16,packed \
   --weights fp8 --rounds "${ROUNDS:-3}" --variants "new" > "$OUT/ab_nopdl.log" 2>&1
 echo "ab no-pdl rc $? at $(($(date +%s) - T0)) s"; grep -E "^[|]" "$OUT/ab_nopdl.log"
