@@ -29,6 +29,7 @@ from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
 from attnv41.kernels import gemv, indexer, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
+from attnv41.runtime import ops as runtime_ops  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
 from attnv41.runtime.stack import RuntimeStack  # noqa: E402
 from attnv41.synthetic import PRESETS, random_weights  # noqa: E402
@@ -198,6 +199,8 @@ VARIANTS = {
     # (thirtieth entry) the batched products' split partials added by a launch of their own (same bits)
     "tc launch": {"tc": dict(split="launch")},
     "tc counter": {"tc": dict(split="counter")},
+    # (thirty-sixth entry) reindex layers over every visible row again (runtime/ops.compacts off)
+    "full reindex": {"compact": False},
 }
 
 
@@ -209,6 +212,7 @@ def apply(over: dict) -> None:
     tc = {**TC_BASE, **over.get("tc", {})}
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS, tc_mm._SPLIT_FORM = tc["target"], tc["min_seg"], tc["split"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
+    runtime_ops.COMPACT_REINDEX = over.get("compact", True)
     g = {**GEMV_BASE, **over.get("gemv", {})}
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
 

@@ -104,6 +104,36 @@ def _packed_width(d: int) -> int:
     return d // 2 + d // 32
 
 
+def _check_ids(ids, cand_block, m: int, device) -> int:
+    """The gathered form's `ids` / `cand_block` (`index_scores`' doc); returns its output
+    width (ids.shape[1] · cand_block)."""
+    if isinstance(cand_block, bool) or not isinstance(cand_block, int) or cand_block < 1:
+        raise ValueError(f"cand_block = {cand_block!r}; allowed: an int >= 1 (with ids)")
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int32 or ids.dim() != 2 or ids.shape[0] != m:
+        got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"ids = {got}; allowed: torch.int32 [m, blocks] with m = {m}")
+    if ids.device != device:
+        raise ValueError(f"ids.device = {ids.device}; allowed: iq.device = {device}")
+    if ids.shape[1] > 1 and ids.stride(1) != 1:
+        raise ValueError(f"ids.stride(1) = {ids.stride(1)}; allowed: 1")
+    return ids.shape[1] * cand_block
+
+
+def _gather_rows(ids: torch.Tensor, cand_block: int) -> torch.Tensor:
+    """int64 `[m, blocks · cand_block]`: the logical row each gathered entry scores."""
+    e = torch.arange(ids.shape[1] * cand_block, device=ids.device)
+    return ids.long()[:, e // cand_block] * cand_block + e % cand_block
+
+
+def _gathered(full: torch.Tensor, ids: torch.Tensor, cand_block: int, visible: torch.Tensor, nk: int) -> torch.Tensor:
+    """The gathered scores from full ones `[m, nk]`: entry e of token t is full[t, row(e)],
+    −∞ where row(e) ≥ min(visible[t], nk) (a padding id's rows included)."""
+    rows = _gather_rows(ids, cand_block)
+    live = rows < torch.clamp(visible.long(), max=nk)[:, None]
+    g = torch.gather(full, 1, torch.where(live, rows, 0)) if nk > 0 else torch.zeros_like(rows, dtype=full.dtype)
+    return torch.where(live, g, torch.full_like(g, float("-inf")))
+
+
 def _check(iq, weights, keys, visible, out) -> None:
     packed = keys.dtype == torch.uint8
     for name, t in (("iq", iq), ("weights", weights), ("keys", keys)):
@@ -145,11 +175,32 @@ def _check(iq, weights, keys, visible, out) -> None:
             raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
-def index_scores_torch(iq, weights, keys, visible, out: torch.Tensor | None = None) -> torch.Tensor:
+def index_scores_torch(
+    iq, weights, keys, visible, out: torch.Tensor | None = None, *, ids=None, cand_block: int = 0
+) -> torch.Tensor:
     """Fallback of `index_scores` (same contract), the reference twin."""
-    _check(iq, weights, keys, visible, out)
-    s = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible)
+    if ids is None:
+        _check(iq, weights, keys, visible, out)
+        s = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible)
+        return s if out is None else out.copy_(s)
+    _check(iq, weights, keys, visible, None)
+    n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
+    _check_out_width(out, iq.shape[0], n, iq.device)
+    L = keys.shape[0]
+    full = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible.clamp(max=L))
+    s = _gathered(full, ids, cand_block, visible, L)
     return s if out is None else out.copy_(s)
+
+
+def _check_out_width(out, m: int, n: int, device) -> None:
+    if out is None:
+        return
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (m, n) or out.device != device:
+        raise ValueError(
+            f"out = {out.dtype} {tuple(out.shape)} on {out.device}; allowed: torch.bfloat16 [{m}, {n}] on {device}"
+        )
+    if n > 1 and out.stride(1) != 1:
+        raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
 def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
@@ -161,7 +212,9 @@ def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
     return unpack(keys, "fp4_e8m0", d)
 
 
-def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **tune) -> torch.Tensor:
+def index_scores(
+    iq, weights, keys, visible, out: torch.Tensor | None = None, *, ids=None, cand_block: int = 0, **tune
+) -> torch.Tensor:
     """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
 
     iq: bf16 `[m, H, d]` (d = index_head_dim, a multiple of 32); weights: bf16 `[m, H]`;
@@ -178,25 +231,40 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
     out: None (allocate) or bf16 `[m, L]`; returned. No host synchronisation. `tune`
     (block_l, sub, num_warps, num_stages, skip, keys_m) is for the tuning script only: the launch shape
     is a constant (`_TUNE`) in the runtime.
+
+    ids, cand_block (the gathered form: a reindex layer scoring only its candidates): ids
+    int32 `[m, nc]`, the blocks of cand_block rows each token scores; the output is bf16
+    `[m, nc · cand_block]`, entry e of token t the score of row `ids[t, e // cand_block] ·
+    cand_block + e % cand_block` (−∞ where that row is ≥ min(L_t, L): a padding id such as
+    ⌈L / cand_block⌉ scores −∞ and reads nothing). Each entry has the bits of the same row
+    in the full form (the same per-row arithmetic).
     """
-    _check(iq, weights, keys, visible, out)
-    require_triton("index_scores", iq, weights, keys, visible)
+    if ids is None:
+        _check(iq, weights, keys, visible, out)
+        n = keys.shape[0]
+    else:
+        _check(iq, weights, keys, visible, None)
+        n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
+        _check_out_width(out, iq.shape[0], n, iq.device)
     m, H, d = iq.shape
     L = keys.shape[0]
+    require_triton("index_scores", iq, weights, keys, visible, *([] if ids is None else [ids]))
     if out is None:
-        out = torch.empty(m, L, dtype=torch.bfloat16, device=iq.device)
-    if m == 0 or L == 0:
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=iq.device)
+    if m == 0 or n == 0:
         return out
+    if L == 0:  # gathered over no keys: every entry −∞
+        return out.fill_(float("-inf"))
     cfg = _tune(tune)
     sub = _sub(cfg, keys)
-    grid = (m, triton.cdiv(L, cfg["block_l"] * sub))
+    grid = (m, triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq,
         weights,
         keys,
         visible,
         out,
-        L,
+        n,
         iq.stride(0),
         iq.stride(1),
         weights.stride(0),
@@ -226,9 +294,17 @@ def index_scores(iq, weights, keys, visible, out: torch.Tensor | None = None, **
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
+        **_gather(ids, cand_block, L),
         **pdl_launch(iq),
     )
     return out
+
+
+def _gather(ids, cand_block: int, nk: int) -> dict:
+    """The kernel's gathered-form arguments (none for the full form: its launch unchanged)."""
+    if ids is None:
+        return {}
+    return dict(ids_ptr=ids, s_ids=ids.stride(0), NK=nk, GATHER=True, CB=cand_block)
 
 
 def _words(cfg: dict, keys: torch.Tensor, d: int) -> int:
@@ -294,7 +370,9 @@ def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width,
         raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
-def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, **tune):
+def index_scores_paged(
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0, **tune
+):
     """`index_scores` for the tokens of many sequences in one launch, each over its own
     sequence's keys in a paged pool: token t scores logical rows j < width of sequence
     `tok_slot[t]`, whose row j lives at pool row `block_table[tok_slot[t], j // block_rows]
@@ -303,36 +381,54 @@ def index_scores_paged(iq, weights, keys, block_table, tok_slot, block_rows, vis
     int `[sequences, blocks]`; tok_slot, visible: int `[m]`; out: None or bf16 `[m,
     width]`. Rows j ≥ visible[t] are −∞ and neither their table entries nor their keys
     are read (a table entry of an unallocated block may hold anything, e.g. −1). Each
-    entry's bits are those of `index_scores` of the token over its sequence's keys."""
-    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
-    require_triton("index_scores_paged", iq, weights, keys, visible, block_table, tok_slot)
+    entry's bits are those of `index_scores` of the token over its sequence's keys.
+    ids, cand_block: the gathered form (`index_scores`' doc) over the logical rows < width;
+    out then bf16 `[m, ids.shape[1] · cand_block]`."""
+    if ids is None:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+        n = width
+    else:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
+        n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
+        _check_out_width(out, iq.shape[0], n, iq.device)
     m, H, d = iq.shape
+    extra = [] if ids is None else [ids]
+    require_triton("index_scores_paged", iq, weights, keys, visible, block_table, tok_slot, *extra)
     if out is None:
-        out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=iq.device)
     if m == 0:
         return out
     cfg = _tune(tune, _PAGED_TUNE)
     sub = _sub(cfg, keys)
-    grid = (m, triton.cdiv(width, cfg["block_l"] * sub))
+    grid = (m, triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
-        iq, weights, keys, visible, out, width,
+        iq, weights, keys, visible, out, n,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, D=d, H_P=max(16, triton.next_power_of_2(H)), D_P=triton.next_power_of_2(d), BLOCK_L=cfg["block_l"],
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **pdl_launch(iq),
+        num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **_gather(ids, cand_block, width), **pdl_launch(iq),
     )  # fmt: skip
     return out
 
 
-def index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None):
+def index_scores_paged_torch(
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0
+):
     """Twin of `index_scores_paged` (same contract): per run of tokens of one sequence,
     the reference scores over its first `width` logical key rows, gathered through the
     table (entries of unallocated blocks read as row 0: their scores are −∞ anyway)."""
-    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
     m = iq.shape[0]
+    if ids is not None:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
+        n = _check_ids(ids, cand_block, m, iq.device)
+        _check_out_width(out, m, n, iq.device)
+        full = index_scores_paged_torch(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
+        s = _gathered(full, ids, cand_block, visible, width)
+        return s if out is None else out.copy_(s)
+    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
     res = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device) if out is None else out
     slots = tok_slot.tolist()
     j = torch.arange(width, device=iq.device)
@@ -399,6 +495,11 @@ if HAVE_TRITON:
         KEYS_M: tl.constexpr = False,
         INNER: tl.constexpr = True,
         EPI2: tl.constexpr = False,
+        ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`_gather`)
+        s_ids=0,
+        NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
+        GATHER: tl.constexpr = False,
+        CB: tl.constexpr = 1,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -430,20 +531,32 @@ if HAVE_TRITON:
             j = j0 + tl.arange(0, BLOCK_L)
             j_ok = j < L
             j64 = j.to(tl.int64)
+            if GATHER:
+                # entry j scores logical row ids[t, j // CB] · CB + j % CB (a kept candidate
+                # block's rows; a block past the rows, e.g. the padding id, scores −∞)
+                cid = tl.load(ids_ptr + t * s_ids + j64 // CB, mask=j_ok, other=0).to(tl.int64)
+                jr = tl.where(j_ok, cid * CB + j64 % CB, NK)
+                vis_r = tl.minimum(vis, NK)
+            else:
+                jr = j64
+                vis_r = vis
             if SKIP:  # a block wholly past the visible rows: −∞, no dot (production: _TUNE, _PAGED_TUNE)
-                live = j0 < vis
+                if GATHER:
+                    live = tl.min(jr, 0) < vis_r
+                else:
+                    live = j0 < vis
             else:
                 live = True
             if live:
                 # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
                 # scores are −∞ whatever they hold), so a wide L costs no key traffic
-                k_ok = j_ok & (j64 < vis)
+                k_ok = j_ok & (jr < vis_r)
                 if PAGED:
                     # logical row j of the token's sequence: block table[slot, j // B], row j % B
-                    blk = tl.load(tbl_ptr + slot * s_tbl + j64 // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-                    rows = blk * BLOCK_ROWS + j64 % BLOCK_ROWS
+                    blk = tl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                    rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
                 else:
-                    rows = j64
+                    rows = jr
                 if PACKED:
                     # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
                     # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
@@ -475,7 +588,7 @@ if HAVE_TRITON:
                     prod = round_bf16(dots * w_b).to(tl.float32)
                 s = tl.sum(prod, axis=1 if KEYS_M else 0)
                 # −inf past the visible rows
-                s = tl.where(j64 < vis, s, float("-inf"))
+                s = tl.where(jr < vis_r, s, float("-inf"))
                 tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
             else:
                 tl.store(

@@ -174,7 +174,48 @@ def _check_out(fn: str, out: torch.Tensor, dtype: torch.dtype, shape: tuple[int,
         raise ValueError(f"{fn}: out is on {out.device}, scores on {device}; allowed: the same device")
 
 
-def topk_fixed(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int, out: torch.Tensor) -> torch.Tensor:
+def check_gather_ids(fn: str, ids, cand_block, m: int, Lb: int, device: torch.device) -> None:
+    """The gathered selections' `ids` / `cand_block` (`topk_fixed`'s doc), host checks only."""
+    _check_int(f"{fn}: cand_block", cand_block, 1, _MAX_LB)
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int32 or ids.dim() != 2 or ids.shape[0] != m:
+        got = f"{ids.dtype} of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{fn}: ids must be torch.int32 [m, blocks] with m = {m}; got {got}")
+    if ids.shape[1] * cand_block != Lb:
+        raise ValueError(
+            f"{fn}: ids.shape[1] · cand_block = {ids.shape[1]} · {cand_block}; allowed: Lb = {Lb} (the gathered width)"
+        )
+    if ids.device != device:
+        raise ValueError(f"{fn}: ids is on {ids.device}, scores on {device}; allowed: the same device")
+
+
+def gathered_rows(ids: torch.Tensor, cand_block: int, entries: torch.Tensor) -> torch.Tensor:
+    """int64, entries' shape: the row each entry (int, `[m, n]`) of a gathered form stands for,
+    `ids[t, e // cand_block] · cand_block + e % cand_block`."""
+    e = entries.long()
+    return torch.gather(ids.long(), 1, e // cand_block) * cand_block + e % cand_block
+
+
+def gathered_to_full(scores: torch.Tensor, ids: torch.Tensor, cand_block: int, width: int) -> torch.Tensor:
+    """bf16 `[m, width]`: a gathered form's scores (`indexer.index_scores(ids=)`) at their
+    positions, −∞ elsewhere: over a candidate source's kept blocks, the full scores with the
+    candidate mask applied. For records and checks (not capturable: a boolean index)."""
+    m, n = scores.shape
+    rows = gathered_rows(ids, cand_block, torch.arange(n, device=scores.device).expand(m, n))
+    full = torch.full((m, width + 1), float("-inf"), dtype=scores.dtype, device=scores.device)
+    full.scatter_(1, rows.clamp(max=width), scores)  # rows past the width land in the spare column
+    return full[:, :width]
+
+
+def topk_fixed(
+    scores: torch.Tensor,
+    visible: torch.Tensor,
+    k: int,
+    offset: int,
+    out: torch.Tensor,
+    *,
+    ids: torch.Tensor | None = None,
+    cand_block: int = 0,
+) -> torch.Tensor:
     """The compressed part of the selection at a fixed width: writes `out` and returns it.
 
     scores: bf16 `[m, Lb]`; visible: int32/int64 `[m]` (the `L_t`, any values: a row's
@@ -185,20 +226,39 @@ def topk_fixed(scores: torch.Tensor, visible: torch.Tensor, k: int, offset: int,
     → −1, the others + offset. For `visible[t] < k` the tail is −1 (the lowest-position
     −∞ entries fill it). Sync-free and CUDA-graph capturable; arguments are checked on
     host metadata only, before anything is written.
+
+    ids, cand_block (a gathered form, `indexer.index_scores(ids=)`): int32 `[m, Lb /
+    cand_block]`; entry e of row t stands for position `ids[t, e // cand_block] ·
+    cand_block + e % cand_block`. The top-k runs over the entries as above (lower entry
+    first among equals: the lower position where ids ascend) and each taken entry is
+    written as its position: −1 when ≥ visible[t], else + offset (which must stay below
+    2³¹ for the positions < visible[t]: the runtime's offsets are the window). Over a candidate
+    source's ascending kept blocks this equals the top-k of the full scores with the
+    candidate mask applied whenever at least k kept positions score above −∞.
     """
     m, Lb = _check_scores_visible("topk_fixed", scores, visible)
     _check_int("topk_fixed: k", k, 1, Lb)
+    if ids is not None:
+        check_gather_ids("topk_fixed", ids, cand_block, m, Lb, scores.device)
     _check_int("topk_fixed: offset", offset, 0, _MAX_LB - (Lb - 1))
     _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
     pos, _ = _packed_topk_positions(score_order_key(scores), k)
     pos = torch.sort(pos, dim=-1).values
+    if ids is not None:
+        pos = gathered_rows(ids, cand_block, pos)
     res = torch.where(pos >= visible[:, None], torch.full_like(pos, -1), pos + offset)
     out.copy_(res)
     return out
 
 
 def candidate_mask_fixed(
-    scores: torch.Tensor, visible: torch.Tensor, cand_blocks: int, cand_block: int, out: torch.Tensor
+    scores: torch.Tensor,
+    visible: torch.Tensor,
+    cand_blocks: int,
+    cand_block: int,
+    out: torch.Tensor,
+    *,
+    ids_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The candidate source's position mask at a fixed width: writes `out` and returns it.
 
@@ -210,11 +270,20 @@ def candidate_mask_fixed(
     n_blocks)` blocks (NaN above +∞, lower block first among equals) are kept whole when
     their score is above −∞ (a NaN block takes a place and is not kept, as in the
     reference). Sync-free and CUDA-graph capturable.
+
+    ids_out: None, or int32 `[m, min(cand_blocks, n_blocks)]`, also written: the top
+    blocks in ascending block order, each kept block as its index and a taken block that
+    is not kept (−∞ or NaN) as n_blocks (the kept blocks' ids for `indexer.index_scores(ids=)`
+    and `topk_fixed(ids=)`: with no NaN or −∞ block among the top they are the kept blocks
+    ascending, then n_blocks).
     """
     m, Lb = _check_scores_visible("candidate_mask_fixed", scores, visible)
     _check_int("candidate_mask_fixed: cand_blocks", cand_blocks, 1, _MAX_LB)
     _check_int("candidate_mask_fixed: cand_block", cand_block, 1, _MAX_LB)
     _check_out("candidate_mask_fixed", out, torch.bool, (m, Lb), scores.device)
+    if ids_out is not None:
+        keep_n = min(cand_blocks, -(-Lb // cand_block))
+        _check_out("candidate_mask_fixed: ids_out", ids_out, torch.int32, (m, keep_n), scores.device)
     dev = scores.device
     n_blocks = -(-Lb // cand_block)
     keys = score_order_key(scores)
@@ -225,7 +294,11 @@ def candidate_mask_fixed(
     block = torch.where(pin, torch.full_like(block, _KEY_POS_INF), block)
     idx, key = _packed_topk_positions(block, min(cand_blocks, n_blocks))
     kept = torch.zeros(m, n_blocks, dtype=torch.bool, device=dev)
-    kept.scatter_(1, idx, (key > _KEY_NEG_INF) & (key != _KEY_NAN))  # the reference's `> −∞`: False for NaN
+    good = (key > _KEY_NEG_INF) & (key != _KEY_NAN)  # the reference's `> −∞`: False for NaN
+    kept.scatter_(1, idx, good)
+    if ids_out is not None:
+        order = torch.sort(idx, dim=-1).indices
+        ids_out.copy_(torch.where(torch.gather(good, 1, order), torch.gather(idx, 1, order), n_blocks))
     # Column j belongs to block j // cand_block; expand + reshape (no repeat_interleave, whose
     # output size may be computed on the host).
     out.copy_(kept[:, :, None].expand(m, n_blocks, cand_block).reshape(m, n_blocks * cand_block)[:, :Lb])

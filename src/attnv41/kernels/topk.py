@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
-from .select import _MAX_LB, _check_int, _check_out, _check_scores_visible
+from .select import _MAX_LB, _check_int, _check_out, _check_scores_visible, check_gather_ids
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
@@ -89,6 +89,8 @@ def topk_fixed(
     tile: int | None = None,
     num_warps: int | None = None,
     neg_inf_past: bool = False,
+    ids: torch.Tensor | None = None,
+    cand_block: int = 0,
 ) -> torch.Tensor:
     """The compressed part of the selection at a fixed width: writes `out` and returns it.
 
@@ -112,11 +114,18 @@ def topk_fixed(
     prompt's early tokens in a wide context bucket). The result is that of
     `scores.masked_fill(position ≥ visible, −∞)`. Off in the runtime: not yet timed on a
     GPU.
+    ids, cand_block: a gathered form (`kernels.select.topk_fixed`'s doc): each taken entry
+    written as the position it stands for (the last pass reads its block id); not with
+    neg_inf_past.
     Four launches (a zeroing memset and three passes), no host sync: capturable.
     Arguments are checked on host metadata only, before anything is written.
     """
     m, Lb = _check_scores_visible("topk_fixed", scores, visible)
     _check_int("topk_fixed: k", k, 1, Lb)
+    if ids is not None:
+        check_gather_ids("topk_fixed", ids, cand_block, m, Lb, scores.device)
+        if neg_inf_past:
+            raise ValueError("topk_fixed: neg_inf_past = True with ids; allowed: False (visible counts positions)")
     _check_int("topk_fixed: offset", offset, 0, _MAX_LB - (Lb - 1))
     _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
     if mask is not None:
@@ -127,7 +136,8 @@ def topk_fixed(
     _check_warps("topk_fixed: num_warps", num_warps)
     if not isinstance(neg_inf_past, bool):
         raise ValueError(f"topk_fixed: neg_inf_past = {neg_inf_past!r}; allowed: True, False")
-    require_triton("topk_fixed", scores, visible, out, *([] if mask is None else [mask]))
+    extra = ([] if mask is None else [mask]) + ([] if ids is None else [ids])
+    require_triton("topk_fixed", scores, visible, out, *extra)
     if m == 0:
         return out
     dev = scores.device
@@ -163,6 +173,7 @@ def topk_fixed(
             PREFIX=_PREFIX,
             SKIP=neg_inf_past,
             **src,
+            **({} if ids is None else dict(ids_ptr=ids[r0:r1], s_ids=ids.stride(0), GATHER=True, CB=cand_block)),
             **pdl_launch(b),
         )
     return out
@@ -178,6 +189,7 @@ def candidate_mask_fixed(
     tile_blocks: int | None = None,
     tile_cols: int | None = None,
     num_warps: int | None = None,
+    ids_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The candidate source's position mask at a fixed width: writes `out` and returns it.
 
@@ -193,18 +205,23 @@ def candidate_mask_fixed(
     tile_blocks, tile_cols: tuning knobs for tests and benchmarks (powers of two: the most
     blocks per tile, the most entries per [blocks, columns] load, tile_cols ≥ tile_blocks);
     None takes the production constants. Four launches, no host sync: capturable.
+    ids_out: None, or int32 `[m, min(cand_blocks, n_blocks)]`, the top blocks ascending
+    (`kernels.select.candidate_mask_fixed`'s doc), written by the same last pass.
     """
     m, Lb = _check_scores_visible("candidate_mask_fixed", scores, visible)
     _check_int("candidate_mask_fixed: cand_blocks", cand_blocks, 1, _MAX_LB)
     _check_int("candidate_mask_fixed: cand_block", cand_block, 1, _MAX_LB)
     _check_out("candidate_mask_fixed", out, torch.bool, (m, Lb), scores.device)
+    if ids_out is not None:
+        keep_ids = min(cand_blocks, -(-Lb // cand_block))
+        _check_out("candidate_mask_fixed: ids_out", ids_out, torch.int32, (m, keep_ids), scores.device)
     tb_max = _MASK_BLOCKS if tile_blocks is None else tile_blocks
     cap = _MASK_COLS if tile_cols is None else tile_cols
     num_warps = _WARPS if num_warps is None else num_warps
     _check_pow2("candidate_mask_fixed: tile_blocks", tb_max, 1, 65536)
     _check_pow2("candidate_mask_fixed: tile_cols", cap, tb_max, 1 << 20)
     _check_warps("candidate_mask_fixed: num_warps", num_warps)
-    require_triton("candidate_mask_fixed", scores, visible, out)
+    require_triton("candidate_mask_fixed", scores, visible, out, *([] if ids_out is None else [ids_out]))
     if m == 0:
         return out
     dev = scores.device
@@ -258,6 +275,11 @@ def candidate_mask_fixed(
             CW=CW,
             PREFIX=_PREFIX,
             **opt,
+            **(
+                {}
+                if ids_out is None
+                else dict(ids_ptr=ids_out[r0:r1], i_row=ids_out.stride(0), i_col=ids_out.stride(1), IDS=True)
+            ),
             **pdl_launch(ky),
         )
     return out
@@ -482,6 +504,10 @@ if HAVE_TRITON:
         HAS_MASK: tl.constexpr,
         SKIP: tl.constexpr = False,
         PDL: tl.constexpr = False,
+        ids_ptr=None,  # GATHER: int32 [m, N / CB], the block each CB entries stand for
+        s_ids=0,
+        GATHER: tl.constexpr = False,
+        CB: tl.constexpr = 1,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -507,7 +533,12 @@ if HAVE_TRITON:
             take = ((key > thresh) | ((eq != 0) & (eq_rank < need))).to(tl.int32)
             slot = gt_before + tl.minimum(eq_before, need) + tl.cumsum(take, 0) - take
             vis = tl.load(vis_ptr + t * s_vis).to(tl.int64)
-            val = tl.where(idx >= vis, -1, idx + offset).to(tl.int32)
+            if GATHER:  # the position entry idx stands for
+                blk = tl.load(ids_ptr + t * s_ids + idx // CB, mask=take != 0, other=0).to(tl.int64)
+                pos = blk * CB + idx % CB
+            else:
+                pos = idx
+            val = tl.where(pos >= vis, -1, pos + offset).to(tl.int32)
             tl.store(out_ptr + t * o_row + slot.to(tl.int64) * o_col, val, mask=take != 0)
 
     @triton.jit
@@ -574,6 +605,10 @@ if HAVE_TRITON:
         CW: tl.constexpr,
         PREFIX: tl.constexpr,
         PDL: tl.constexpr = False,
+        ids_ptr=None,  # IDS: int32 [m, keep_n], the taken blocks ascending (n_blocks: not kept)
+        i_row=0,
+        i_col=0,
+        IDS: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -591,6 +626,11 @@ if HAVE_TRITON:
         eq_rank = eq_before + tl.cumsum(eq, 0) - eq
         take = (key > thresh) | ((eq != 0) & (eq_rank < need))
         kept = (take & (key > 0x7F) & (key != 0xFFC0)).to(tl.uint8)  # above −∞, not NaN
+        if IDS:  # the taken blocks at their ascending slots, as `_topk_write_kernel` places positions
+            tk = take.to(tl.int32)
+            slot = gt_before + tl.minimum(eq_before, need) + tl.cumsum(tk, 0) - tk
+            bid = tl.where(kept != 0, blk, n_blocks).to(tl.int32)
+            tl.store(ids_ptr + t * i_row + slot.to(tl.int64) * i_col, bid, mask=take)
         # [CW] column within one step over a block
         cc = tl.arange(0, CW)
         c0 = 0

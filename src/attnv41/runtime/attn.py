@@ -32,7 +32,7 @@ from ..weights import AttnV41LayerWeights
 from .checks import AttnChecks, not_an_int
 from .decode import AttnDecode, _dense_rows, _Ticket
 from .device import check_device, on_own_device
-from .ops import TORCH_OPS, TRITON_OPS, Ops, ops_for
+from .ops import TORCH_OPS, TRITON_OPS, Ops, compacts, ops_for
 from .plan import DEFAULT_BUCKET_MIN, DecodePlan
 
 __all__ = ["AttnV41", "AttnV41Run", "INDEX_KEY_MODES"]
@@ -565,7 +565,13 @@ class AttnV41(AttnChecks, AttnDecode):
             run_extra["compress_kv"] = st.compress_kv[:L]
             run_extra["index_k"] = st.index_k[:L]
         if role.is_index_source and L > 0:
-            run_extra["index_score"] = plan.scores[plan.sel_slot(role.layer), :, :L]
+            Lb = min(self.plan.bucket(p) // r, keys.shape[0])
+            if role.uses_candidates and compacts(self.ops, c, Lb):  # the candidates' scores at their positions
+                n = c.cand_blocks * c.cand_block
+                g = plan.scores[plan.sel_slot(role.layer), :, :n]
+                run_extra["index_score"] = select.gathered_to_full(g, plan.cand_ids[:1], c.cand_block, L)
+            else:
+                run_extra["index_score"] = plan.scores[plan.sel_slot(role.layer), :, :L]
             run_extra["index_k_owner"] = shared.index_k_owner
             if role.is_candidate_source:
                 run_extra["candidates"] = plan.cand[:1, :L]
@@ -742,11 +748,12 @@ class AttnV41(AttnChecks, AttnDecode):
         return iq, hw
 
     def _index_scores(
-        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False
+        self, w, cq, x, pos, vis, keys, cos, sin, out: torch.Tensor | None = None, hw_done: bool = False, **gather
     ) -> torch.Tensor:
-        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4)."""
+        """Index queries, head weights and scores `[m, L]` (§6.2–§6.4); with `ids=`,
+        `cand_block=` the gathered form over the candidates (`runtime.ops.compacts`)."""
         iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
-        return self.ops.index_scores(iq, hw, keys, vis, out=out)
+        return self.ops.index_scores(iq, hw, keys, vis, out=out, **gather)
 
     def _candidates(self, shared: SharedV41, t0: int, t1: int, L: int) -> torch.Tensor:
         """bool `[t1 − t0, L]`: the published candidate mask of tokens t0..t1−1, from the

@@ -143,6 +143,7 @@ class BatchV41(BatchParts):
         # the candidate source's mask [T, width] of this step, or its kept block ids [T, ≤ cand_blocks]
         # when the step was scored in tiles of tokens (`_select`); width: `_cand_width`
         self.cand_pub: torch.Tensor | None = None
+        self.cand_ids: torch.Tensor | None = None  # its kept blocks ascending, for reindex layers (ops.compacts)
         self._cand_width = 0
         # index_keys="released" (attention-v41.md §9): per slot, the layer whose index keys
         # its sequence published last (None before any); `_keys_plan` follows it through a step

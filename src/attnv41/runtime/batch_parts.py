@@ -13,6 +13,7 @@ import torch
 
 from ..kernels import select
 from ..weights import AttnV41LayerWeights
+from .ops import compacts
 from .pool import BatchStep, _cdiv
 
 __all__ = ["BatchParts"]
@@ -295,7 +296,7 @@ class BatchParts:
         Lw = max(widths) if step.bucket is None else step.bucket // r
         if Lw == 0:
             if w.role.is_candidate_source:
-                self.cand_pub = None
+                self.cand_pub = self.cand_ids = None
             return
         vis = torch.div(step.pos + 1, r, rounding_mode="floor")
         k = min(K, Lw)
@@ -303,6 +304,10 @@ class BatchParts:
         # context; every op is row-wise, so the bits do not depend on the tiling
         tile = max(1, attn.index_tile_entries // Lw)
         tiled = tile < T
+        # reindex layers over their candidates only (runtime/ops.compacts): the candidate source
+        # then also writes its kept blocks ascending; a reindex layer with its own keys scores them
+        compact = not tiled and compacts(ops, c, Lw)
+        gather = w.role.uses_candidates and compact and step.owners_dev is None and step.keys_plan is None
         if w.role.is_candidate_source:
             keep = min(c.cand_blocks, _cdiv(Lw, c.cand_block))
             self._cand_width = Lw
@@ -311,10 +316,14 @@ class BatchParts:
                 if tiled
                 else torch.empty(T, Lw, dtype=torch.bool, device=self.device)
             )
+            self.cand_ids = torch.empty(T, keep, dtype=torch.int32, device=self.device) if compact else None
         trace, pieces = None, []
         if self.trace_slot in step.slots:
             b = step.slots.index(self.trace_slot)
             trace = (step.offsets[b], step.lens[b], widths[b])
+        if gather:
+            self._select_candidates(iq, hw, step, vis, pool.index_k[keys_layer], pool.tables[r], Lw, pub, trace, i)
+            return
         owners = None  # released keys: the layer each token's sequence scores (host, per token)
         own_dev = None  # ... or on the device (a captured step)
         if step.owners_dev is not None:
@@ -344,7 +353,8 @@ class BatchParts:
                     ops.candidate_mask_fixed(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=mask)
                     _kept_blocks(mask, c.cand_block, out=self.cand_pub[t0:t1])
                 else:
-                    ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=self.cand_pub)
+                    ids = {} if self.cand_ids is None else {"ids_out": self.cand_ids}
+                    ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=self.cand_pub, **ids)
             if w.role.uses_candidates:
                 scores = torch.where(self._candidates(t0, t1, Lw), scores, attn.neg_inf)
             ops.topk_fixed(scores, vis[t0:t1], k, 0, out=pub[t0:t1, :k])
@@ -354,6 +364,22 @@ class BatchParts:
                     pieces.append(scores[a - t0 : e - t0, : trace[2]].clone())
         if pieces:
             self._scores[i] = torch.cat(pieces)
+
+    def _select_candidates(self, iq, hw, step: BatchStep, vis, keys, table, Lw: int, pub, trace, i: int) -> None:
+        """A reindex layer's scores over its candidates only (`runtime.ops.compacts`): the
+        gathered form over the kept blocks the candidate source wrote this step, and the
+        top-k of its entries written as positions; the bytes of the full form's selection."""
+        c, ops = self.cfg, self.ops
+        if self.cand_ids is None or self._cand_width != Lw:
+            raise RuntimeError(f"layer {i}: no candidate blocks of width {Lw} were written this step")
+        ids, cb = self.cand_ids, c.cand_block
+        scores = ops.index_scores_paged(
+            iq, hw, keys, table, step.tok_slot, self.pool.block_rows, vis, Lw, ids=ids, cand_block=cb
+        )
+        ops.topk_fixed(scores, vis, c.index_topk, 0, out=pub, ids=ids, cand_block=cb)
+        if trace is not None and trace[2] > 0:  # the traced sequence's scores at their positions
+            a, e = trace[0], trace[0] + trace[1]
+            self._scores[i] = select.gathered_to_full(scores[a:e], ids[a:e], cb, trace[2])
 
     def _candidates(self, t0: int, t1: int, width: int) -> torch.Tensor:
         """bool `[t1 − t0, width]`: the step's published candidate mask of tokens t0..t1−1

@@ -18,6 +18,7 @@ from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights
 from .checks import not_an_int
 from .device import on_own_device
+from .ops import compacts
 from .plan import ROW, ROW_POS, SLOT, VIS
 
 __all__ = ["AttnDecode"]
@@ -357,17 +358,29 @@ class AttnDecode:
             elif role.is_index_source:
                 vis = meta[VIS]
                 slot = plan.sel_slot(role.layer)
-                scores = self._index_scores(
-                    w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb], hw_done=hw_done
-                )
-                if role.is_candidate_source:
-                    ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb])
-                if role.uses_candidates:
-                    torch.where(plan.cand[:1, :Lb], scores, self.neg_inf, out=scores)  # one kernel
-                k = min(c.index_topk, Lb)
-                ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
-                if k < c.index_topk:
-                    sel[:, W + k :].fill_(-1)
+                compact = compacts(ops, c, Lb)  # the candidate source's ids, a reindex layer's candidates only
+                if role.uses_candidates and compact:
+                    n, ids = c.cand_blocks * c.cand_block, plan.cand_ids[:1]
+                    scores = self._index_scores(
+                        w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :n], hw_done=hw_done,
+                        ids=ids, cand_block=c.cand_block,
+                    )  # fmt: skip
+                    ops.topk_fixed(scores, vis, c.index_topk, W, out=sel[:, W:], ids=ids, cand_block=c.cand_block)
+                else:
+                    scores = self._index_scores(
+                        w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb], hw_done=hw_done
+                    )
+                    if role.is_candidate_source:
+                        ids = {"ids_out": plan.cand_ids[:1]} if compact else {}
+                        ops.candidate_mask_fixed(
+                            scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb], **ids
+                        )
+                    if role.uses_candidates:
+                        torch.where(plan.cand[:1, :Lb], scores, self.neg_inf, out=scores)  # one kernel
+                    k = min(c.index_topk, Lb)
+                    ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
+                    if k < c.index_topk:
+                        sel[:, W + k :].fill_(-1)
         # The decode regime's attention (split over the selection on CUDA): every decode
         # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
         rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue

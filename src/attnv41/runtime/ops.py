@@ -28,7 +28,7 @@ from ..kernels import (
 from ..kernels import sparse_attn as sparse
 from ..kernels import sparse_attn_split as sparse_split
 
-__all__ = ["Ops", "ops_for", "TORCH_OPS", "TRITON_OPS", "TRITON_BATCH_OPS"]
+__all__ = ["Ops", "ops_for", "compacts", "TORCH_OPS", "TRITON_OPS", "TRITON_BATCH_OPS"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class Ops:
     compress_kv_chain: Callable
     index_k_chain: Callable
     index_q_chain: Callable
+    # reindex layers score only their candidates (`compact_reindex`, below): the Triton tables
+    compact_reindex: bool = False
 
 
 TORCH_OPS = Ops(
@@ -120,7 +122,29 @@ TRITON_OPS = Ops(
     compress_kv_chain=fused.compress_kv_chain,
     index_k_chain=fused.index_k_chain,
     index_q_chain=fused.index_q_chain,
+    compact_reindex=True,
 )
+
+
+# Reindex layers over their candidates only ("compact reindex", 2026-12-06): once a bucket is
+# wider than the candidate mask (cand_blocks · cand_block positions: 16,384 on Flash), a layer
+# that applies the candidate source's mask scores only the rows of the kept blocks, named by
+# ascending block ids the candidate source writes with its mask (`candidate_mask_fixed(ids_out=)`),
+# and its top-k maps each taken entry back to its position (`topk_fixed(ids=)`). Every score has
+# the bytes of the full form (`index_scores(ids=)`), so the selection is the full form's
+# whenever at least index_topk candidates score above −∞, which `compacts` requires of the
+# geometry (index_topk ≤ cand_blocks · cand_block − cand_block + 1: the newest kept block may be
+# partly past the visible rows) and finite scores give: no NaN block, no −∞ score inside the
+# visible rows. On the CPU (TORCH_OPS) it is off: the CPU path stays the reference's own steps.
+# COMPACT_REINDEX = False turns it off everywhere (A/B runs, tests of the full form).
+COMPACT_REINDEX = True
+
+
+def compacts(ops: Ops, cfg, width: int) -> bool:
+    """Whether a reindex layer (and the candidate source, for its ids) of a step whose
+    index scores span `width` rows takes the compact form (the comment above)."""
+    C = cfg.cand_blocks * cfg.cand_block
+    return COMPACT_REINDEX and ops.compact_reindex and width > C and cfg.index_topk <= C - cfg.cand_block + 1
 
 
 # The batched runtime on CUDA (runtime/batch.py): the projections batch-invariant (cuBLAS

@@ -103,6 +103,8 @@ class DecodePlan:
         self.sel = torch.full((n_ix, B, W + c.index_topk), -1, dtype=torch.int32, device=dev)
         self.max_rows = max((c.max_seq // r for r in self.ratios), default=0)
         self.cand = torch.zeros(B, self.max_rows, dtype=torch.bool, device=dev)
+        # the kept blocks ascending, with the mask when reindex layers score their candidates only (runtime/ops.compacts)
+        self.cand_ids = torch.zeros(B, c.cand_blocks, dtype=torch.int32, device=dev)
         self.scores = torch.zeros(n_ix, B, self.max_rows, dtype=torch.bfloat16, device=dev)
         self.pos_at: int | None = 0 if pos is None else None  # what `pos` holds (host view); None: unknown
         self.derived_at: int | None = None  # the position the metadata was derived for

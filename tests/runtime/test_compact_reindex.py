@@ -1,0 +1,113 @@
+"""Reindex layers over their candidates only (`runtime.ops.compacts`): once a bucket is
+wider than the candidate mask, a reindex layer scores the rows of the kept blocks the
+candidate source wrote (ascending ids) and maps its top-k back to positions. On the CPU the
+torch twins run it when a table asks for it (TORCH_OPS does not): every traced value, the
+reindex layers' recorded scores (the gathered scores at their positions) included, equals
+the reference bit for bit, single-sequence (eager and device-driven decode) and batched."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnv41.reference.layer import RefStack
+from attnv41.runtime import RuntimeStack
+from attnv41.runtime import ops as runtime_ops
+from attnv41.runtime.batch import BatchV41
+from attnv41.runtime.ops import TORCH_OPS, compacts
+from helpers import assert_same_run, random_inputs, random_weights, small_cfg
+from runtime.test_batch import _run, _schedule, _setup
+
+COMPACT = dataclasses.replace(TORCH_OPS, name="torch-compact", compact_reindex=True)
+
+
+def _counting():
+    """COMPACT with a count of the top-k calls that took the gathered form."""
+    calls = []
+
+    def topk_fixed(*a, **kw):
+        calls.append(kw.get("ids") is not None)
+        return TORCH_OPS.topk_fixed(*a, **kw)
+
+    return dataclasses.replace(COMPACT, topk_fixed=topk_fixed), calls
+
+
+def test_which_geometries_and_widths_compact():
+    cfg = small_cfg(cand_blocks=4, cand_block=2, index_topk=6)  # 8 candidate positions
+    assert not compacts(TORCH_OPS, cfg, 100), "TORCH_OPS keeps the full form"
+    assert [compacts(COMPACT, cfg, w) for w in (7, 8, 9, 64)] == [False, False, True, True]
+    assert compacts(COMPACT, small_cfg(cand_blocks=4, cand_block=2, index_topk=7), 9)
+    assert not compacts(COMPACT, small_cfg(cand_blocks=4, cand_block=2, index_topk=8), 9), "top-k past the promise"
+    runtime_ops.COMPACT_REINDEX = False
+    try:
+        assert not compacts(COMPACT, cfg, 64)
+    finally:
+        runtime_ops.COMPACT_REINDEX = True
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    decode_steps=st.integers(1, 10),
+    cand=st.sampled_from([(4, 2, 6), (2, 4, 5), (3, 1, 3), (4, 2, 9)]),
+    ratios=st.sampled_from([(0, 2, 2, 1, 1, 1), (0, 1, 1, 1, 1, 1), (0, 4, 4, 2, 2, 2)]),
+    index_keys=st.sampled_from(["own", "released"]),
+    bucket_min=st.sampled_from([1, 4, 64]),
+    seed=st.integers(0, 10_000),
+)
+def test_compact_reindex_equals_the_reference_bit_for_bit(n, decode_steps, cand, ratios, index_keys, bucket_min, seed):
+    """(cand_blocks, cand_block, index_topk): the last case has a top-k wider than the
+    promise allows, so its reindex layers keep the full form (still equal)."""
+    cb_n, cb, topk = cand
+    cfg = small_cfg(cand_blocks=cb_n, cand_block=cb, index_topk=topk, compress_ratios=ratios, max_seq=56, max_tokens=56)
+    w = random_weights(cfg, seed)
+    xs = random_inputs(cfg, n + decode_steps, seed + 1)
+    ref = RefStack(cfg, w, index_keys=index_keys)
+    rt = RuntimeStack(cfg, w, index_keys=index_keys, bucket_min=bucket_min, ops=COMPACT)
+    for i in range(cfg.n_layers):
+        assert_same_run(ref.layer(i, xs[i][:n], 0), rt.layer(i, xs[i][:n], 0), f"prefill L{i}")
+    for p in range(n, n + decode_steps):
+        for i in range(cfg.n_layers):
+            assert_same_run(ref.layer(i, xs[i][p : p + 1], p), rt.layer(i, xs[i][p : p + 1], p), f"decode{p} L{i}")
+
+
+def test_compact_decode_steps_equal_the_full_form_bytes():
+    """Decode steps (the device-driven kernels a graph captures, run eagerly) with and
+    without the compact form, across buckets past the mask's width: the same outputs."""
+    cfg = small_cfg(max_seq=64, max_tokens=64)
+    w, xs = random_weights(cfg, 11), random_inputs(cfg, 60, 12)
+    ops, calls = _counting()
+    a, b = RuntimeStack(cfg, w, ops=ops, bucket_min=4), RuntimeStack(cfg, w, bucket_min=4)
+    a.step([x[:5] for x in xs], 0), b.step([x[:5] for x in xs], 0)
+    for p in range(5, 60):
+        ya, yb = a.step([x[p : p + 1] for x in xs], p, keep=True), b.step([x[p : p + 1] for x in xs], p, keep=True)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"p {p} L{i}"
+    assert sum(calls) >= 40, f"{sum(calls)} of {len(calls)} top-k calls gathered"  # layer 5 from p ≈ 8 on
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_batched_compact_reindex_equals_each_sequence_alone(seed):
+    """BatchV41 with the compact form against each sequence's own (full-form) run; the
+    traced slot's record equals the full-form batch's."""
+    sched = _schedule(random.Random(seed), 3, 10)
+    cfg, w, wts, xs, _ = _setup((0, 2, 2, 1, 1, 1), 8, seed, 3, 4)
+    ops, calls = _counting()
+    bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=ops)
+    _run(cfg, w, wts, xs, bt, sched)
+    assert sum(calls) > 0, "no step took the compact form"
+    bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=COMPACT)
+    full = BatchV41(cfg, n_slots=3, block_rows=4)
+    bt.trace_slot = full.trace_slot = 1
+    for slots, starts, lens in sched:
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)), f"{slots} L{i}"
+            if 1 in slots:
+                for k in full.trace:
+                    x, y = bt.trace[k], full.trace[k]
+                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
