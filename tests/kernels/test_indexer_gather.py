@@ -119,3 +119,37 @@ def test_bad_gather_arguments_are_refused(kw, match):
     for fn in (I.index_scores_torch, I.index_scores):
         with pytest.raises(ValueError, match=match):
             fn(iq, w, keys, vis, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_flash_reindex_over_candidates_equals_the_masked_full_form(packed):
+    """At the Flash index geometry over 40,000 keys (past the 16,384-position mask): the
+    candidate source's mask and ids from real scores, a reindex layer's gathered scores
+    (the full scores' bytes at their rows) and its mapped top-k (the masked full top-k)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    from attnv41.kernels import topk
+    from attnv41.synthetic import PRESETS
+
+    cfg = PRESETS["flash"](max_tokens=8, max_seq=65536)
+    H, d, C, cb, K = cfg.index_heads, cfg.index_head_dim, cfg.cand_blocks, cfg.cand_block, cfg.index_topk
+    gen = torch.Generator().manual_seed(9)
+    m, L = 3, 40000
+    keys, _ = _keys(gen, L, d, packed)
+    iq = fp4_e8m0_qdq(torch.randn(2, m, H, d, generator=gen).to(BF))
+    w = torch.randn(2, m, H, generator=gen).to(BF)
+    vis = torch.tensor([40000, 39999, 20001], dtype=torch.int32)
+    keys, iq, w, vis = keys.cuda(), iq.cuda(), w.cuda(), vis.cuda()
+    src = I.index_scores(iq[0], w[0], keys, vis)  # the candidate source's scores
+    mask = torch.empty(m, L, dtype=torch.bool, device="cuda")
+    ids = torch.empty(m, C, dtype=torch.int32, device="cuda")
+    topk.candidate_mask_fixed(src, vis, C, cb, mask, ids_out=ids)
+    full = I.index_scores(iq[1], w[1], keys, vis)  # the reindex layer's, full form
+    got = I.index_scores(iq[1], w[1], keys, vis, ids=ids, cand_block=cb)
+    _same(got, _expected(full.cpu(), ids.cpu(), cb, vis.cpu(), L), "gathered == full at each entry's row")
+    want = torch.empty(m, K, dtype=torch.int32, device="cuda")
+    topk.topk_fixed(full.masked_fill(~mask, float("-inf")), vis, K, 128, want)
+    sel = torch.empty(m, K, dtype=torch.int32, device="cuda")
+    topk.topk_fixed(got, vis, K, 128, sel, ids=ids, cand_block=cb)
+    assert torch.equal(sel, want)

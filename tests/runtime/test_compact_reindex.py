@@ -17,6 +17,8 @@ from attnv41.reference.layer import RefStack
 from attnv41.runtime import RuntimeStack
 from attnv41.runtime import ops as runtime_ops
 from attnv41.runtime.batch import BatchV41
+from attnv41.runtime.batch_graphs import BatchGraphs
+from attnv41.runtime.graphs import DecodeGraphs
 from attnv41.runtime.ops import TORCH_OPS, compacts
 from helpers import assert_same_run, random_inputs, random_weights, small_cfg
 from runtime.test_batch import _run, _schedule, _setup
@@ -111,3 +113,85 @@ def test_batched_compact_reindex_equals_each_sequence_alone(seed):
                 for k in full.trace:
                     x, y = bt.trace[k], full.trace[k]
                     assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
+
+
+def test_decode_driver_with_the_compact_form_passes_its_oracle():
+    """DecodeGraphs (on the CPU the whole step eagerly) over the compact form: its oracle
+    (eager forward on saved state: outputs, caches, scores, selections, mask, kept ids)
+    passes at every step, and the outputs equal the full form's driver."""
+    cfg = small_cfg(max_seq=48, max_tokens=48)
+    w, xs = random_weights(cfg, 41), random_inputs(cfg, 40, 42)
+    ops, calls = _counting()
+    a, b = RuntimeStack(cfg, w, bucket_min=4, ops=ops), RuntimeStack(cfg, w, bucket_min=4)
+    for s in (a, b):
+        s.step([x[:11] for x in xs], 0)
+    da, db = DecodeGraphs(a, oracle=True), DecodeGraphs(b)
+    for p in range(11, 40):
+        ya, yb = da.step([x[p : p + 1] for x in xs], p), db.step([x[p : p + 1] for x in xs], p)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"p{p} L{i}"
+    assert da.oracle_checks == 29 and any(calls)
+
+
+def _batched_graph_steps(cfg, wts, xs, device, kv_format="bf16", ops=None):
+    """12 BatchGraphs decode steps of 3 sequences prefilled to 30, 45 and 60 tokens."""
+    bt = BatchV41(cfg, device=device, n_slots=3, block_rows=4, kv_format=kv_format, ops=ops)
+    lens = [30, 45, 60]
+    for sl, n in enumerate(lens):
+        bt.step(wts, [x[:n] for x in xs], [sl], [0], [n])
+    g = BatchGraphs(bt, wts, sizes=(3,))
+    got = []
+    for k in range(12):
+        xb = torch.stack([xs[i][[lens[0] + k, lens[1] + k, lens[2] + k]] for i in range(cfg.n_layers)])
+        got.append(g.step(xb, [0, 1, 2]).clone())
+    return torch.stack(got)
+
+
+def test_batched_graph_steps_with_the_compact_form_equal_the_full_form():
+    """BatchGraphs (on the CPU its steps eagerly) with the compact form: the full form's bytes."""
+    cfg = small_cfg(max_seq=96, max_tokens=96)
+    w, xs = random_weights(cfg, 7), random_inputs(cfg, 90, 8)
+    wts = RuntimeStack(cfg, w).weights
+    ops, calls = _counting()
+    assert torch.equal(_batched_graph_steps(cfg, wts, xs, "cpu", ops=ops), _batched_graph_steps(cfg, wts, xs, "cpu"))
+    assert any(calls)
+
+
+def _flip(on: bool):
+    runtime_ops.COMPACT_REINDEX = on
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["bf16", "packed"])
+def test_cuda_graphs_with_the_compact_form_give_the_full_form_bytes(kv_format):
+    """On CUDA (the Triton kernels: gathered scores, kept ids, mapped top-k): DecodeGraphs
+    replays with the compact form, its oracle on, equal the full form's replays byte for
+    byte across buckets past the mask's width; BatchGraphs steps likewise."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    cfg = small_cfg(max_seq=96, max_tokens=96)
+    w, xs = random_weights(cfg, 7), random_inputs(cfg, 90, 8)
+    xs = [x.cuda() for x in xs]
+    a = RuntimeStack(cfg, w, device="cuda", bucket_min=16, kv_format=kv_format)
+    b = RuntimeStack(cfg, w, device="cuda", bucket_min=16, kv_format=kv_format)
+    for s in (a, b):
+        s.step([x[:20] for x in xs], 0)
+    da, db = DecodeGraphs(a, oracle=True), DecodeGraphs(b)
+    assert da.use_graphs
+    try:
+        for p in range(20, 90):
+            _flip(True)
+            ya = da.step([x[p : p + 1] for x in xs], p)
+            _flip(False)
+            yb = db.step([x[p : p + 1] for x in xs], p)
+            for i in range(cfg.n_layers):
+                assert torch.equal(ya[i], yb[i]), f"p{p} L{i}"
+        da.oracle_flush()
+        # batched: 3 sequences at mixed positions, graph steps, compact against full
+        _flip(True)
+        ya = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format)
+        _flip(False)
+        yb = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format)
+        assert torch.equal(ya, yb)
+    finally:
+        _flip(True)

@@ -182,5 +182,6 @@ class DecodePlan:
             "sel0": self.sel0,
             "sel": self.sel,
             "cand": self.cand,
+            "cand_ids": self.cand_ids,
             "scores": self.scores,
         }
