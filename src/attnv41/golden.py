@@ -232,7 +232,7 @@ class _SplitDecode:
         y = self.graphs.step(xs, start_pos)
         out = []
         for i in range(self.cfg.n_layers):
-            cap = _Captured.of(self.cfg, self.stack, i, start_pos, self.graphs.key_owner[i])
+            cap = _Captured.of(self.cfg, self.stack, i, start_pos, self.graphs.key_owner[i], self.graphs._keys[i])
             cap.out = y[i].clone()
             out.append(cap)
         return out
@@ -252,7 +252,9 @@ class _Captured:
         self.errors: dict[str, str] = {}
 
     @classmethod
-    def of(cls, cfg: AttnV41Cfg, stack, i: int, pos: int, key_owner: int) -> _Captured:
+    def of(cls, cfg: AttnV41Cfg, stack, i: int, pos: int, key_owner: int, keys=None) -> _Captured:
+        """What layer i's decode step at pos left observable; `keys`: the index-key cache it
+        scored (the driver's; default the sequence's published one)."""
         from .compare import _kv_source
 
         c = cls()
@@ -277,7 +279,8 @@ class _Captured:
             c.index_k = st.values("index_k", L).detach().cpu().clone()
             c.observed_from.update(compress_kv=src, index_k=src)
             if role.is_index_source and L > 0:
-                c.index_score = plan.scores[plan.sel_slot(i), :, :L].detach().cpu().clone()
+                keys = stack.shared.index_k if keys is None else keys
+                c.index_score = stack.attn.decode_index_score(role, keys, pos).detach().cpu().clone()
                 c.index_k_owner = key_owner
             cand = cfg.candidate_source_layer
             cand_ratio = cfg.roles[cand].ratio if cand is not None else 0

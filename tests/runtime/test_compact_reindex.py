@@ -130,6 +130,11 @@ def test_decode_driver_with_the_compact_form_passes_its_oracle():
         ya, yb = da.step([x[p : p + 1] for x in xs], p), db.step([x[p : p + 1] for x in xs], p)
         for i in range(cfg.n_layers):
             assert torch.equal(ya[i], yb[i]), f"p{p} L{i}"
+            role = cfg.roles[i]
+            if role.is_index_source and (p + 1) // role.ratio > 0:  # what the golden split replay records
+                sa = a.attn.decode_index_score(role, da._keys[i], p)
+                sb = b.attn.decode_index_score(role, db._keys[i], p)
+                assert torch.equal(sa.view(torch.int16), sb.view(torch.int16)), f"p{p} L{i} scores"
     assert da.oracle_checks == 29 and any(calls)
 
 

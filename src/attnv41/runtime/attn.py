@@ -544,6 +544,21 @@ class AttnV41(AttnChecks, AttnDecode):
         self._ticket = None
         shared.prepared = None
 
+    def decode_index_score(self, role, keys: torch.Tensor, p: int) -> torch.Tensor:
+        """bf16 `[1, L]`: the index scores the decode step at p of index source `role` left
+        in the plan, over positions (L = (p + 1) // ratio), scored against `keys` (the
+        index-key cache it used): a reindex layer's candidates at their positions and −∞
+        elsewhere when it took the compact form (`runtime.ops.compacts`), as the full form
+        leaves them. A view in the full form, a new tensor in the compact one."""
+        c, plan = self.cfg, self.plan
+        r = role.ratio
+        L = (p + 1) // r
+        scores = plan.scores[plan.sel_slot(role.layer)]
+        if role.uses_candidates and compacts(self.ops, c, min(plan.bucket(p) // r, keys.shape[0])):
+            n = c.cand_blocks * c.cand_block
+            return select.gathered_to_full(scores[:, :n], plan.cand_ids[:1], c.cand_block, L)
+        return scores[:, :L]
+
     def _forward_decode(
         self, w: AttnV41LayerWeights, st: AttnV41LayerState, shared: SharedV41, x: torch.Tensor, p: int
     ) -> AttnV41Run:
@@ -565,13 +580,7 @@ class AttnV41(AttnChecks, AttnDecode):
             run_extra["compress_kv"] = st.compress_kv[:L]
             run_extra["index_k"] = st.index_k[:L]
         if role.is_index_source and L > 0:
-            Lb = min(self.plan.bucket(p) // r, keys.shape[0])
-            if role.uses_candidates and compacts(self.ops, c, Lb):  # the candidates' scores at their positions
-                n = c.cand_blocks * c.cand_block
-                g = plan.scores[plan.sel_slot(role.layer), :, :n]
-                run_extra["index_score"] = select.gathered_to_full(g, plan.cand_ids[:1], c.cand_block, L)
-            else:
-                run_extra["index_score"] = plan.scores[plan.sel_slot(role.layer), :, :L]
+            run_extra["index_score"] = self.decode_index_score(role, keys, p)
             run_extra["index_k_owner"] = shared.index_k_owner
             if role.is_candidate_source:
                 run_extra["candidates"] = plan.cand[:1, :L]
