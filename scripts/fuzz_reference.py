@@ -420,7 +420,14 @@ def run_single(spec: dict) -> dict:
     xs = make_stream(cfg, S, spec["x"])
     ds = make_stream(cfg, S, spec["drafts"])
     ref = RefStack(cfg, w, index_keys=spec["index_keys"])
-    rt = RuntimeStack(cfg, w, index_keys=spec["index_keys"], bucket_min=spec["bucket_min"], kv_format=spec["kv_format"])
+    rt = RuntimeStack(
+        cfg,
+        w,
+        index_keys=spec["index_keys"],
+        bucket_min=spec["bucket_min"],
+        kv_format=spec["kv_format"],
+        ops=_ops(spec),
+    )
     if spec.get("index_tile_entries"):
         rt.attn.index_tile_entries = spec["index_tile_entries"]
     g = DecodeGraphs(rt)
@@ -514,7 +521,9 @@ def run_multi(spec: dict) -> dict:
     cfg = make_cfg(spec["cfg"])
     w = random_weights(cfg, spec["wseed"], weights=spec["weights"])
     S = cfg.max_seq
-    attn = AttnV41(cfg, index_keys=spec["index_keys"], kv_format=spec["kv_format"], bucket_min=spec["bucket_min"])
+    attn = AttnV41(
+        cfg, index_keys=spec["index_keys"], kv_format=spec["kv_format"], bucket_min=spec["bucket_min"], ops=_ops(spec)
+    )
     if spec.get("index_tile_entries"):
         attn.index_tile_entries = spec["index_tile_entries"]
     wts = [AttnV41LayerWeights.from_state_dict(cfg.roles[i], w[i], cfg=cfg) for i in range(cfg.n_layers)]
@@ -989,6 +998,7 @@ def run_batch(spec: dict) -> dict:
         block_rows=spec["block_rows"],
         kv_format=spec["kv_format"],
         index_keys=spec["index_keys"],
+        ops=_ops(spec),
     )
     pool = bt.pool
     g = BatchGraphs(bt, wts, sizes=spec["sizes"], bucket_min=spec["bucket_min"]) if spec["graphs"] else None
@@ -1368,6 +1378,18 @@ def run_spec(spec: dict) -> dict:
     return RUN[spec["mode"]](spec)
 
 
+def _ops(spec: dict):
+    """The runtime's op table: the CPU default, or with `spec["compact"]` TORCH_OPS with the
+    compact reindex form (`runtime.ops.compacts`) that the CUDA tables take."""
+    if not spec.get("compact"):
+        return None
+    import dataclasses  # noqa: PLC0415
+
+    from attnv41.runtime.ops import TORCH_OPS  # noqa: PLC0415
+
+    return dataclasses.replace(TORCH_OPS, name="torch-compact", compact_reindex=True)
+
+
 def run_trial(spec: dict) -> tuple[str, str]:
     """(result, message): ok, REFUSED, MISMATCH or EXC."""
     try:
@@ -1400,6 +1422,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path.cwd() / "fuzz_out", help="output directory (default ./fuzz_out)")
     ap.add_argument("--replay", type=Path, help="run one saved spec and print its result")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument(
+        "--compact",
+        action="store_true",
+        help="the runtime's reindex layers over their candidates only (the CUDA tables' form, by the torch twins)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.replay:
@@ -1421,6 +1448,8 @@ def main(argv=None) -> int:
             if args.trials is not None and seed - args.seed >= args.trials:
                 break
             spec = gen_spec(seed, args.mode)
+            if args.compact:
+                spec["compact"] = True
             t1 = time.time()
             res, msg = run_trial(spec)
             key = "|".join((spec["mode"], spec["kv_format"], spec["weights"], spec["index_keys"], res))
