@@ -138,9 +138,12 @@ def test_decode_driver_with_the_compact_form_passes_its_oracle():
     assert da.oracle_checks == 29 and any(calls)
 
 
-def _batched_graph_steps(cfg, wts, xs, device, kv_format="bf16", ops=None):
-    """12 BatchGraphs decode steps of 3 sequences prefilled to 30, 45 and 60 tokens."""
+def _batched_graph_steps(cfg, wts, xs, device, kv_format="bf16", ops=None, tile_entries=None):
+    """12 BatchGraphs decode steps of 3 sequences prefilled to 30, 45 and 60 tokens (the
+    prompts' index scores in tiles of tile_entries when given)."""
     bt = BatchV41(cfg, device=device, n_slots=3, block_rows=4, kv_format=kv_format, ops=ops)
+    if tile_entries:
+        bt.attn.index_tile_entries = tile_entries
     lens = [30, 45, 60]
     for sl, n in enumerate(lens):
         bt.step(wts, [x[:n] for x in xs], [sl], [0], [n])
@@ -193,10 +196,39 @@ def test_cuda_graphs_with_the_compact_form_give_the_full_form_bytes(kv_format):
                 assert torch.equal(ya[i], yb[i]), f"p{p} L{i}"
         da.oracle_flush()
         # batched: 3 sequences at mixed positions, graph steps, compact against full
-        _flip(True)
-        ya = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format)
-        _flip(False)
-        yb = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format)
-        assert torch.equal(ya, yb)
+        for tiles in (None, 40):  # 40 entries: the prompts scored a token or two at a time
+            _flip(True)
+            ya = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format, tile_entries=tiles)
+            _flip(False)
+            yb = _batched_graph_steps(cfg, a.weights, xs, "cuda", kv_format, tile_entries=tiles)
+            assert torch.equal(ya, yb), f"tiles {tiles}"
     finally:
         _flip(True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(tile_entries=st.sampled_from([1, 7, 60, 1 << 26]), seed=st.integers(0, 10_000))
+def test_batched_compact_reindex_in_tiles_equals_each_sequence_alone(tile_entries, seed):
+    """With the step's tokens scored in tiles (a long chunk at a 1M context), the candidate
+    source publishes kept block ids, which the reindex layers gather from, tile by tile:
+    every sequence's outputs equal its own run's, and the traced record the full form's."""
+    sched = _schedule(random.Random(seed), 3, 8)
+    cfg, w, wts, xs, _ = _setup((0, 2, 2, 1, 1, 1), 8, seed, 3, 4)
+    ops, calls = _counting()
+    bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=ops)
+    bt.attn.index_tile_entries = tile_entries
+    _run(cfg, w, wts, xs, bt, sched)
+    assert any(calls), "no step took the compact form"
+    bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=ops)
+    full = BatchV41(cfg, n_slots=3, block_rows=4)
+    bt.attn.index_tile_entries = full.attn.index_tile_entries = tile_entries
+    bt.trace_slot = full.trace_slot = 1
+    for slots, starts, lens in sched:
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)), f"{slots} L{i}"
+            if 1 in slots:
+                for k in full.trace:
+                    x, y = bt.trace[k], full.trace[k]
+                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"

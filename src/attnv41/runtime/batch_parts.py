@@ -304,9 +304,10 @@ class BatchParts:
         # context; every op is row-wise, so the bits do not depend on the tiling
         tile = max(1, attn.index_tile_entries // Lw)
         tiled = tile < T
-        # reindex layers over their candidates only (runtime/ops.compacts): the candidate source
-        # then also writes its kept blocks ascending; a reindex layer with its own keys scores them
-        compact = not tiled and compacts(ops, c, Lw)
+        # reindex layers over their candidates only (runtime/ops.compacts): the candidate source's
+        # kept blocks ascending (in tiles its published ids, else written with its mask); a
+        # reindex layer with its own keys scores them
+        compact = compacts(ops, c, Lw)
         gather = w.role.uses_candidates and compact and step.owners_dev is None and step.keys_plan is None
         if w.role.is_candidate_source:
             keep = min(c.cand_blocks, _cdiv(Lw, c.cand_block))
@@ -316,7 +317,8 @@ class BatchParts:
                 if tiled
                 else torch.empty(T, Lw, dtype=torch.bool, device=self.device)
             )
-            self.cand_ids = torch.empty(T, keep, dtype=torch.int32, device=self.device) if compact else None
+            ids_own = self.cand_pub if tiled else torch.empty(T, keep, dtype=torch.int32, device=self.device)
+            self.cand_ids = ids_own if compact else None
         trace, pieces = None, []
         if self.trace_slot in step.slots:
             b = step.slots.index(self.trace_slot)
@@ -372,14 +374,24 @@ class BatchParts:
         c, ops = self.cfg, self.ops
         if self.cand_ids is None or self._cand_width != Lw:
             raise RuntimeError(f"layer {i}: no candidate blocks of width {Lw} were written this step")
-        ids, cb = self.cand_ids, c.cand_block
-        scores = ops.index_scores_paged(
-            iq, hw, keys, table, step.tok_slot, self.pool.block_rows, vis, Lw, ids=ids, cand_block=cb
-        )
-        ops.topk_fixed(scores, vis, c.index_topk, 0, out=pub, ids=ids, cand_block=cb)
-        if trace is not None and trace[2] > 0:  # the traced sequence's scores at their positions
-            a, e = trace[0], trace[0] + trace[1]
-            self._scores[i] = select.gathered_to_full(scores[a:e], ids[a:e], cb, trace[2])
+        ids, cb, T = self.cand_ids, c.cand_block, step.T
+        # tokens at a time as the full form tiles them (no [T, C] buffer past index_tile_entries)
+        tile = max(1, self.attn.index_tile_entries // (ids.shape[1] * cb))
+        pieces = []
+        for t0 in range(0, T, tile):
+            t1 = min(T, t0 + tile)
+            sl = slice(t0, t1)
+            scores = ops.index_scores_paged(
+                iq[sl], hw[sl], keys, table, step.tok_slot[sl], self.pool.block_rows, vis[sl], Lw,
+                ids=ids[sl], cand_block=cb,
+            )  # fmt: skip
+            ops.topk_fixed(scores, vis[sl], c.index_topk, 0, out=pub[sl], ids=ids[sl], cand_block=cb)
+            if trace is not None and trace[2] > 0:  # the traced sequence's scores at their positions
+                a, e = max(t0, trace[0]), min(t1, trace[0] + trace[1])
+                if a < e:
+                    pieces.append(select.gathered_to_full(scores[a - t0 : e - t0], ids[a:e], cb, trace[2]))
+        if pieces:
+            self._scores[i] = torch.cat(pieces)
 
     def _candidates(self, t0: int, t1: int, width: int) -> torch.Tensor:
         """bool `[t1 − t0, width]`: the step's published candidate mask of tokens t0..t1−1
