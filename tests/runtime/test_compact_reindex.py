@@ -182,8 +182,15 @@ def test_cuda_graphs_with_the_compact_form_give_the_full_form_bytes(kv_format):
     xs = [x.cuda() for x in xs]
     a = RuntimeStack(cfg, w, device="cuda", bucket_min=16, kv_format=kv_format)
     b = RuntimeStack(cfg, w, device="cuda", bucket_min=16, kv_format=kv_format)
-    for s in (a, b):
-        s.step([x[:20] for x in xs], 0)
+    try:  # the prompt: the reindex layer's prefill over its candidates (a) against the full form (b)
+        _flip(True)
+        ya = a.step([x[:20] for x in xs], 0, keep=True)
+        _flip(False)
+        yb = b.step([x[:20] for x in xs], 0, keep=True)
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"prompt L{i}"
+    finally:
+        _flip(True)
     da, db = DecodeGraphs(a, oracle=True), DecodeGraphs(b)
     assert da.use_graphs
     try:
@@ -232,3 +239,57 @@ def test_batched_compact_reindex_in_tiles_equals_each_sequence_alone(tile_entrie
                 for k in full.trace:
                     x, y = bt.trace[k], full.trace[k]
                     assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(2, 48),
+    sizes=st.lists(st.integers(1, 24), min_size=1, max_size=4),
+    tile_entries=st.sampled_from([1, 5, 40, 200, 1 << 26]),
+    ratios=st.sampled_from([(0, 2, 2, 1, 1, 1), (0, 1, 1, 1, 1, 1)]),
+    index_keys=st.sampled_from(["own", "released"]),
+    seed=st.integers(0, 10_000),
+)
+def test_compact_prefill_and_continuations_equal_the_reference(n, sizes, tile_entries, ratios, index_keys, seed):
+    """Prompts and continuations of one sequence in chunks, with the index scores in tiles or
+    not (the candidate source then publishes its mask or its kept block ids): the reindex
+    layers' compact form gives every traced value of the reference bit for bit."""
+    from helpers import split_sizes  # noqa: PLC0415
+
+    cfg = small_cfg(compress_ratios=ratios, max_seq=48, max_tokens=48)
+    w, xs = random_weights(cfg, seed), random_inputs(cfg, n, seed + 1)
+    ref = RefStack(cfg, w, index_keys=index_keys)
+    ops, calls = _counting()
+    rt = RuntimeStack(cfg, w, index_keys=index_keys, bucket_min=4, ops=ops)
+    rt.attn.index_tile_entries = tile_entries
+    s = 0
+    for c in split_sizes(sizes, n):
+        for i in range(cfg.n_layers):
+            a, b = ref.layer(i, xs[i][s : s + c], s), rt.layer(i, xs[i][s : s + c], s)
+            if tile_entries < 1 << 26:  # tiled runs record no scores and no mask (as the full form)
+                a.index_score = a.index_score if b.index_score is not None else None
+                a.candidates = a.candidates if b.candidates is not None else None
+            assert_same_run(a, b, f"[{s}, {s + c}) L{i}")
+        s += c
+
+
+@pytest.mark.parametrize("tile_entries", [1, 40, 1 << 26], ids=["tiles-of-1", "tiles", "untiled"])
+def test_compact_prefill_takes_the_gathered_form(tile_entries):
+    """A 40-token prompt then a 6-token continuation: the reindex layer's top-k takes the
+    gathered form, and every traced value (selections, outputs) equals the reference's."""
+    cfg = small_cfg(max_seq=48, max_tokens=48)
+    w, xs = random_weights(cfg, 21), random_inputs(cfg, 46, 22)
+    ref = RefStack(cfg, w)
+    ops, calls = _counting()
+    rt = RuntimeStack(cfg, w, ops=ops)
+    rt.attn.index_tile_entries = tile_entries
+    for s, m in ((0, 40), (40, 6)):
+        for i in range(cfg.n_layers):
+            a, b = ref.layer(i, xs[i][s : s + m], s), rt.layer(i, xs[i][s : s + m], s)
+            if tile_entries < 1 << 26:
+                a.index_score = a.index_score if b.index_score is not None else None
+                a.candidates = a.candidates if b.candidates is not None else None
+            assert_same_run(a, b, f"[{s}, {s + m}) L{i}")
+    # only layer 5 (reindex) takes a fixed top-k in a prompt: gathered, once per tile of each call
+    tile = max(1, tile_entries // (cfg.cand_blocks * cfg.cand_block))
+    assert all(calls) and len(calls) == -(-40 // tile) + -(-6 // tile), calls

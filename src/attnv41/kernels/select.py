@@ -303,3 +303,17 @@ def candidate_mask_fixed(
     # output size may be computed on the host).
     out.copy_(kept[:, :, None].expand(m, n_blocks, cand_block).reshape(m, n_blocks * cand_block)[:, :Lb])
     return out
+
+
+def kept_block_ids(mask: torch.Tensor, cand_block: int, out: torch.Tensor) -> torch.Tensor:
+    """A candidate mask (whole blocks of `cand_block` columns marked) as kept block ids,
+    int32 `out` `[m, keep]` (ascending, n_blocks where fewer blocks were kept):
+    `candidate_mask_of_blocks` gives the mask back bit for bit, and they are the ids the
+    gathered forms take (`indexer.index_scores(ids=)`, `topk_fixed(ids=)`)."""
+    m, width = mask.shape
+    n_blocks = -(-width // cand_block)
+    flag = mask[:, ::cand_block]  # a block's first column: marked iff the block was kept
+    order = torch.sort(flag.to(torch.int8), dim=1, descending=True, stable=True).indices[:, : out.shape[1]]
+    kept = torch.gather(flag, 1, order)
+    out.copy_(torch.where(kept, order, torch.full_like(order, n_blocks)))
+    return out

@@ -380,7 +380,14 @@ class AttnV41(AttnChecks, AttnDecode):
                 if L > 0:
                     kk = min(c.index_topk, L)
                     tile = max(1, self.index_tile_entries // L)  # tokens scored at a time
-                    if tile >= m:
+                    if role.uses_candidates and compacts(ops, c, L) and not role.is_candidate_source:
+                        # the record only where the full form keeps one (no [m, L] buffer past the tile budget)
+                        rec = self._reindex_compact(
+                            w, shared, cq, x, pos, vis, L, kk, offset, cos, sin, hw_done, tile >= m
+                        )
+                        if rec is not None:
+                            run_extra["index_score"] = rec
+                    elif tile >= m:
                         scores = self._index_scores(w, cq, x, pos, vis, shared.index_k[:L], cos, sin, hw_done=hw_done)
                         if role.is_candidate_source:
                             shared.candidates = ops.candidate_mask(scores, vis, c.cand_blocks, c.cand_block)
@@ -771,6 +778,35 @@ class AttnV41(AttnChecks, AttnDecode):
         if cand.dtype == torch.bool:
             return cand
         return select.candidate_mask_of_blocks(cand, L, self.cfg.cand_block)
+
+    def _reindex_compact(self, w, shared, cq, x, pos, vis, L, kk, offset, cos, sin, hw_done, record: bool):
+        """A reindex layer's scores and top-k over its candidates only (`runtime.ops.compacts`)
+        in a prefill or continuation of m tokens: the kept blocks ascending (from the
+        published mask, or sorted from a tiled prefill's kept block ids), the gathered
+        scores tile by tile (`index_tile_entries` over cand_blocks · cand_block entries),
+        each tile's top-k written as positions into `topk_idxs`. The selection is the full
+        form's (`compacts`' condition). With `record`, returns the scores at their positions
+        for the run (`index_score`: the masked full scores); else None."""
+        c, ops = self.cfg, self.ops
+        m, cb = x.shape[0], c.cand_block
+        n = c.cand_blocks * cb
+        iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
+        keys = shared.index_k[:L]
+        cand = shared.candidates
+        tile = max(1, self.index_tile_entries // n)
+        record = [] if record else None
+        for t0 in range(0, m, tile):
+            t1 = min(m, t0 + tile)
+            ids = torch.empty(t1 - t0, c.cand_blocks, dtype=torch.int32, device=self.device)
+            if cand.dtype == torch.bool:
+                select.kept_block_ids(cand[t0:t1, :L], cb, out=ids)
+            else:  # a tiled prefill's kept block ids (reference order, n_blocks not kept): ascending
+                ids.copy_(torch.sort(cand[t0:t1], dim=1).values)
+            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1], ids=ids, cand_block=cb)
+            ops.topk_fixed(scores, vis[t0:t1], kk, offset, out=shared.topk_idxs[t0:t1, :kk], ids=ids, cand_block=cb)
+            if record is not None:
+                record.append(select.gathered_to_full(scores, ids, cb, L))
+        return None if record is None else torch.cat(record)
 
     def _index_tiled(self, w, shared, cq, x, pos, vis, L, kk, offset, cos, sin, hw_done, tile, s) -> None:
         """Scores, candidates and top-k of a prefill or continuation whose `[m, L]` scores

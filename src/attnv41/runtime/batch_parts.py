@@ -353,7 +353,7 @@ class BatchParts:
                 if tiled:
                     mask = torch.empty(t1 - t0, Lw, dtype=torch.bool, device=self.device)
                     ops.candidate_mask_fixed(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=mask)
-                    _kept_blocks(mask, c.cand_block, out=self.cand_pub[t0:t1])
+                    select.kept_block_ids(mask, c.cand_block, out=self.cand_pub[t0:t1])
                 else:
                     ids = {} if self.cand_ids is None else {"ids_out": self.cand_ids}
                     ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=self.cand_pub, **ids)
@@ -400,16 +400,3 @@ class BatchParts:
         if cand.dtype == torch.bool:
             return cand[:, :width]
         return select.candidate_mask_of_blocks(cand, width, self.cfg.cand_block)
-
-
-def _kept_blocks(mask: torch.Tensor, cand_block: int, out: torch.Tensor) -> torch.Tensor:
-    """A candidate mask (whole blocks of `cand_block` columns marked) as kept block ids,
-    int32 `out` `[m, keep]` (ascending, n_blocks where fewer blocks were kept):
-    `select.candidate_mask_of_blocks` gives the mask back bit for bit."""
-    m, width = mask.shape
-    n_blocks = _cdiv(width, cand_block)
-    flag = mask[:, ::cand_block]  # a block's first column: marked iff the block was kept
-    order = torch.sort(flag.to(torch.int8), dim=1, descending=True, stable=True).indices[:, : out.shape[1]]
-    kept = torch.gather(flag, 1, order)
-    out.copy_(torch.where(kept, order, torch.full_like(order, n_blocks)))
-    return out
