@@ -274,6 +274,41 @@ def test_candidate_mask_and_masked_topk_equal_the_reference():
         OPS.topk(scores, vis, 5, 0, mask[:, :3])
 
 
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_index_topk_over_candidates_equals_the_masked_index_topk(dev):
+    """A reindex layer's selection over its candidates only (`candidate_ids` →
+    `index_topk_candidates`) against the full form: `index_scores`, the candidate mask
+    from the candidate source's scores, the masked `topk`; bf16 and packed keys; on the
+    CPU (the twins) and on CUDA (the Triton kernels)."""
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    g = _gen(12)
+    lens, rows, B, H, d, width, k, cb, C = (2, 3), (37, 30), 4, 2, 32, 40, 5, 2, 6  # 12 candidate positions
+    table, n_blocks = paged_table(g, rows, B, width)
+    keys = fp4_e8m0_qdq(torch.randn(n_blocks * B, d, generator=g).to(BF))
+    T = sum(lens)
+    iq = [fp4_e8m0_qdq(torch.randn(T, H, d, generator=g).to(BF)) for _ in range(2)]
+    w = [torch.randn(T, H, generator=g).to(BF) for _ in range(2)]
+    tok_slot = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32)
+    vis = torch.tensor([37, 36, 30, 11, 29], dtype=torch.int32)
+    iq, w = [t.to(dev) for t in iq], [t.to(dev) for t in w]
+    keys, table, tok_slot, vis = keys.to(dev), table.to(dev), tok_slot.to(dev), vis.to(dev)
+    for pool in (keys, pack(keys, "fp4_e8m0")):
+        src = OPS.index_scores(iq[0], w[0], pool, table, tok_slot, vis, B, width)  # the candidate source's
+        ids = OPS.candidate_ids(src, vis, C, cb)
+        mask = OPS.candidate_mask(src, vis, C, cb)
+        assert ids.shape == (T, C)
+        for t in range(T):  # the kept blocks ascending, then n_blocks
+            kept = torch.nonzero(mask[t, ::cb].cpu()).flatten().to(torch.int32).to(dev)
+            assert torch.equal(ids[t, : kept.numel()], kept) and (ids[t, kept.numel() :] == -(-width // cb)).all()
+        full = OPS.index_scores(iq[1], w[1], pool, table, tok_slot, vis, B, width)
+        want = OPS.topk(full, vis, k, 9, mask)
+        got = OPS.index_topk_candidates(iq[1], w[1], pool, table, tok_slot, vis, B, width, ids, cb, k, 9)
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="k = 13; allowed: 1..12"):
+        OPS.index_topk_candidates(iq[1], w[1], keys, table, tok_slot, vis, B, width, ids, cb, 13, 0)
+
+
 def _opcheck(op, args):
     torch.library.opcheck(op, args)
 
@@ -313,6 +348,11 @@ def test_opcheck_every_op():
     _opcheck(OPS.candidate_mask.default, (scores, vis, 2, 3))
     _opcheck(OPS.topk.default, (scores, vis, 4, 1, scores > 0))
     _opcheck(OPS.topk.default, (scores, vis, 4, 1))
+    _opcheck(OPS.candidate_ids.default, (scores, vis, 2, 3))
+    ids = OPS.candidate_ids(scores, vis, 2, 3)
+    iq, w, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(1)
+    ids = torch.tensor([[0, 2], [1, 3], [0, 1], [2, 3], [1, 2], [0, 3]], dtype=torch.int32)[: iq.shape[0]]
+    _opcheck(OPS.index_topk_candidates.default, (iq, w, keys, table, tok_slot, vis, B, width, ids, 3, 4, 7))
 
 
 def test_torch_compile_fullgraph_equals_eager():

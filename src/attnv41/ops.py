@@ -39,6 +39,14 @@ one).
 - `candidate_mask(scores, visible, cand_blocks, cand_block)` and `topk(scores, visible, k,
   offset, mask)`: §6.5-6.6 on scores an engine holds (a reindex layer's top-k restricted to
   the candidate source's mask).
+- `candidate_ids(scores, visible, cand_blocks, cand_block)`: the candidate source's top
+  blocks as ids, ascending (int32 `[m, min(cand_blocks, n_blocks)]`, n_blocks for a block
+  that is not kept), and `index_topk_candidates(iq, weights, keys, block_table, tok_slot,
+  visible, block_rows, width, ids, cand_block, k, offset)`: a reindex layer's selection
+  scoring only those blocks' rows (cand_blocks · cand_block of them, not `width`), equal
+  to `index_topk` with the candidate mask applied whenever at least k kept positions
+  score above −∞ (with finite scores: whenever k ≤ cand_blocks · cand_block − cand_block
+  + 1 or every visible block is kept; the runtime's rule, `runtime.ops.compacts`).
 
 Cache formats. Every pool is either bf16 rows on V4.1's grids or V4.1's packed rows
 (`attnv41.packed`, uint8 `[rows, row_bytes]`): window rows `fp8_e8m0` (528 B at D = 512),
@@ -84,6 +92,8 @@ __all__ = [
     "rope",
     "candidate_mask",
     "topk",
+    "candidate_ids",
+    "index_topk_candidates",
 ]
 
 
@@ -407,3 +417,64 @@ def topk(scores: Tensor, visible: Tensor, k: int, offset: int, mask: Tensor | No
 @topk.register_fake
 def _(scores, visible, k, offset, mask=None):
     return scores.new_empty((scores.shape[0], k), dtype=torch.int32)
+
+
+@custom_op("attnv41::candidate_ids", mutates_args=())
+def candidate_ids(scores: Tensor, visible: Tensor, cand_blocks: int, cand_block: int) -> Tensor:
+    """int32 `[m, min(cand_blocks, n_blocks)]`: the candidate source's top blocks (§6.5, as
+    `candidate_mask` keeps them) in ascending order, a block among them that is not kept
+    (−∞ or NaN) named n_blocks = ⌈Lb / cand_block⌉: the ids `index_topk_candidates` takes."""
+    m, Lb = scores.shape
+    mask = torch.empty(scores.shape, dtype=torch.bool, device=scores.device)
+    out = torch.empty(m, min(cand_blocks, -(-Lb // max(cand_block, 1))), dtype=torch.int32, device=scores.device)
+    fn = _topk.candidate_mask_fixed if _cuda(scores) else select.candidate_mask_fixed
+    with on_device(scores.device):
+        fn(scores, visible, cand_blocks, cand_block, mask, ids_out=out)
+    return out
+
+
+@candidate_ids.register_fake
+def _(scores, visible, cand_blocks, cand_block):
+    m, Lb = scores.shape
+    return scores.new_empty((m, min(cand_blocks, -(-Lb // max(cand_block, 1)))), dtype=torch.int32)
+
+
+@custom_op("attnv41::index_topk_candidates", mutates_args=())
+def index_topk_candidates(
+    iq: Tensor,
+    weights: Tensor,
+    keys: Tensor,
+    block_table: Tensor,
+    tok_slot: Tensor,
+    visible: Tensor,
+    block_rows: int,
+    width: int,
+    ids: Tensor,
+    cand_block: int,
+    k: int,
+    offset: int,
+) -> Tensor:
+    """int32 `[m, k]`: a reindex layer's selection over its candidates only (module doc):
+    each token scores the rows of its blocks `ids` (`candidate_ids`) among its sequence's
+    first `width` logical key rows, and the k best of them are written as logical rows
+    ascending (−1 past visible[t], the others + offset; lower position first among equal
+    scores)."""
+    n = ids.shape[1] * cand_block if ids.dim() == 2 else 0
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= max(n, 1):
+        raise ValueError(f"k = {k!r}; allowed: 1..{n} (ids.shape[1] · cand_block)")
+    cuda = _cuda(iq)
+    fn = indexer.index_scores_paged if cuda else indexer.index_scores_paged_torch
+    with on_device(iq.device):
+        scores = fn(
+            iq, weights, keys, block_table, tok_slot, block_rows, visible, width, ids=ids, cand_block=cand_block
+        )
+        out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
+        (_topk.topk_fixed if cuda else select.topk_fixed)(
+            scores, visible, k, offset, out, ids=ids, cand_block=cand_block
+        )
+    return out
+
+
+@index_topk_candidates.register_fake
+def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, ids, cand_block, k, offset):
+    return iq.new_empty((iq.shape[0], k), dtype=torch.int32)
