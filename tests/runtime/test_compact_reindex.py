@@ -37,6 +37,21 @@ def _counting():
     return dataclasses.replace(COMPACT, topk_fixed=topk_fixed), calls
 
 
+def _same_traced_steps(cfg, wts, xs, sched, bt, full):
+    """The schedule's steps through two batches layer by layer: the same outputs, and slot
+    1's trace (scores at their positions, candidates, selections) the same."""
+    bt.trace_slot = full.trace_slot = 1
+    for slots, starts, lens in sched:
+        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
+        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
+        for i in range(cfg.n_layers):
+            assert torch.equal(bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)), f"{slots} L{i}"
+            if 1 in slots:
+                for k in full.trace:
+                    x, y = bt.trace[k], full.trace[k]
+                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
+
+
 def test_which_geometries_and_widths_compact():
     cfg = small_cfg(cand_blocks=4, cand_block=2, index_topk=6)  # 8 candidate positions
     assert not compacts(TORCH_OPS, cfg, 100), "TORCH_OPS keeps the full form"
@@ -103,16 +118,7 @@ def test_batched_compact_reindex_equals_each_sequence_alone(seed):
     assert sum(calls) > 0, "no step took the compact form"
     bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=COMPACT)
     full = BatchV41(cfg, n_slots=3, block_rows=4)
-    bt.trace_slot = full.trace_slot = 1
-    for slots, starts, lens in sched:
-        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
-        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
-        for i in range(cfg.n_layers):
-            assert torch.equal(bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)), f"{slots} L{i}"
-            if 1 in slots:
-                for k in full.trace:
-                    x, y = bt.trace[k], full.trace[k]
-                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
+    _same_traced_steps(cfg, wts, xs, sched, bt, full)
 
 
 def test_decode_driver_with_the_compact_form_passes_its_oracle():
@@ -229,16 +235,7 @@ def test_batched_compact_reindex_in_tiles_equals_each_sequence_alone(tile_entrie
     bt = BatchV41(cfg, n_slots=3, block_rows=4, ops=ops)
     full = BatchV41(cfg, n_slots=3, block_rows=4)
     bt.attn.index_tile_entries = full.attn.index_tile_entries = tile_entries
-    bt.trace_slot = full.trace_slot = 1
-    for slots, starts, lens in sched:
-        bx = [torch.cat([xs[sl][i][s : s + m] for sl, s, m in zip(slots, starts, lens)]) for i in range(cfg.n_layers)]
-        sa, sb = bt.begin(slots, starts, lens), full.begin(slots, starts, lens)
-        for i in range(cfg.n_layers):
-            assert torch.equal(bt.forward(wts[i], bx[i], sa), full.forward(wts[i], bx[i], sb)), f"{slots} L{i}"
-            if 1 in slots:
-                for k in full.trace:
-                    x, y = bt.trace[k], full.trace[k]
-                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f"trace {k} L{i}"
+    _same_traced_steps(cfg, wts, xs, sched, bt, full)
 
 
 @settings(max_examples=15, deadline=None)

@@ -11,6 +11,7 @@ import torch
 from ..reference import indexer as _ref
 from ._triton import HAVE_TRITON, interpreting, pdl_launch, require_triton, tl, triton
 from .packed_rows import fp4_words_mode
+from .select import gathered_rows
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait, round_bf16, round_bf16_inner
@@ -119,16 +120,11 @@ def _check_ids(ids, cand_block, m: int, device) -> int:
     return ids.shape[1] * cand_block
 
 
-def _gather_rows(ids: torch.Tensor, cand_block: int) -> torch.Tensor:
-    """int64 `[m, blocks · cand_block]`: the logical row each gathered entry scores."""
-    e = torch.arange(ids.shape[1] * cand_block, device=ids.device)
-    return ids.long()[:, e // cand_block] * cand_block + e % cand_block
-
-
 def _gathered(full: torch.Tensor, ids: torch.Tensor, cand_block: int, visible: torch.Tensor, nk: int) -> torch.Tensor:
     """The gathered scores from full ones `[m, nk]`: entry e of token t is full[t, row(e)],
     −∞ where row(e) ≥ min(visible[t], nk) (a padding id's rows included)."""
-    rows = _gather_rows(ids, cand_block)
+    m, n = ids.shape[0], ids.shape[1] * cand_block
+    rows = gathered_rows(ids, cand_block, torch.arange(n, device=ids.device).expand(m, n))
     live = rows < torch.clamp(visible.long(), max=nk)[:, None]
     g = torch.gather(full, 1, torch.where(live, rows, 0)) if nk > 0 else torch.zeros_like(rows, dtype=full.dtype)
     return torch.where(live, g, torch.full_like(g, float("-inf")))
