@@ -220,18 +220,19 @@ def index_topk(
     tie rule of the reference (lower position first)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= width:
         raise ValueError(f"k = {k!r}; allowed: 1..{width} (width)")
-    return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, {})
+    with on_device(iq.device):
+        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, {})
 
 
 def _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, gather: dict):
     """`index_topk`'s and `index_topk_candidates`' work: the paged scores (the gathered form
-    with `gather` = {ids, cand_block}), then the fixed-width top-k into a new int32 `[m, k]`."""
+    with `gather` = {ids, cand_block}), then the fixed-width top-k into a new int32 `[m, k]`;
+    the callers run it under `on_device`."""
     cuda = _cuda(iq)
     fn = indexer.index_scores_paged if cuda else indexer.index_scores_paged_torch
-    with on_device(iq.device):
-        scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **gather)
-        out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
-        (_topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out, **gather)
+    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **gather)
+    out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
+    (_topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out, **gather)
     return out
 
 
@@ -469,7 +470,8 @@ def index_topk_candidates(
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= max(n, 1):
         raise ValueError(f"k = {k!r}; allowed: 1..{n} (ids.shape[1] · cand_block)")
     gather = dict(ids=ids, cand_block=cand_block)
-    return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, gather)
+    with on_device(iq.device):
+        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, gather)
 
 
 @index_topk_candidates.register_fake
