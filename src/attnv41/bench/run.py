@@ -301,7 +301,8 @@ def _geometry(opts: BenchOptions, full: bool = False):
 
 def _kv_bytes(cfg) -> dict:
     """The whole model's cache bytes per token (`packed.kv_bytes_per_token`) in V4.1's
-    formats and in bf16, what the runtime's caches hold today, and the Hopper peers'
+    formats and in bf16, the runtimes' default cache format (`runtime`; the rows name the
+    format each ran with), and the Hopper peers'
     figure: compressed rows in the V4 584 B record plus 68-132 B index keys
     (research/peers-2026-12.md §0.5), for the same kv sources."""
     from ..packed import kv_bytes_per_token
@@ -359,7 +360,7 @@ def run_bench(
     kb = res["kv_bytes_per_token"]
     log(
         f"KV bytes per token, whole model: {kb['packed']:,.0f} in V4.1's formats, {kb['bf16']:,.0f} in bf16 "
-        f"(the caches today: {kb['runtime']}); peers on Hopper (V4 584 B record): {kb['peers_v4_record']}"
+        f"(the runtimes' default caches: {kb['runtime']}; each table row names its own); peers on Hopper (V4 584 B record): {kb['peers_v4_record']}"
     )
     held: dict = {}
     nonfinite: dict[int, int] = {}  # per stack built: its non-finite count (cumulative over its parts)
@@ -577,7 +578,7 @@ def write_outputs(res: dict, out_dir: str | Path, log: Callable[[str], None] = p
         kb = res["kv_bytes_per_token"]
         md.append(
             f"KV bytes per token, whole model: {kb['packed']:,.0f} in V4.1's formats, {kb['bf16']:,.0f} in bf16 "
-            f"(the caches today: {kb['runtime']}); Hopper peers (V4 584 B record): {kb['peers_v4_record']}"
+            f"(the runtimes' default caches: {kb['runtime']}; each table row names its own); Hopper peers (V4 584 B record): {kb['peers_v4_record']}"
         )
     if "peer_status" in res:
         md.append(f"Peer: {res['peer_status']}")
