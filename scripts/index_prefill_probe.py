@@ -14,7 +14,10 @@ timed `skip=True` (blocks wholly past a token's visible rows: −∞ without the
 (2.55 against 4.24 ms at 55 % visible) and became the production shape (seventh entry); it
 now times production against `skip=False`, and the top-k (k = 512) over each bf16
 shape's scores with and without `neg_inf_past=True` (not yet run: tiles wholly past a
-token's visible rows counted without a read). Prints two Markdown tables; writes JSON to
+token's visible rows counted without a read). 2026-12-06 (thirty-seventh entry): one
+token per program against the `tokens` launch option (a group's keys loaded once into
+shared memory, its tokens' query loads pipelined; no branch in the token loop), the form
+the sixth entry's prefill form led to with 77-128 registers instead of 255. Prints two Markdown tables; writes JSON to
 $OUT/index_prefill_probe.json when OUT is set.
 
     python scripts/index_prefill_probe.py
@@ -39,12 +42,12 @@ SHAPES = (
     ("32K chunk, 90 % visible", 2048, 32768, 29490),
 )
 TUNES = [
-    ("production", {}),
-    ("no skip", dict(skip=False)),
-    ("sub=2", dict(sub=2)),
-    ("w4", dict(num_warps=4)),
-    ("keys_m", dict(keys_m=True)),
-    ("keys_m w4", dict(keys_m=True, num_warps=4)),
+    ("one token per program", {}),
+    ("tokens=2", dict(tokens=2)),
+    ("tokens=4", dict(tokens=4)),
+    ("tokens=8", dict(tokens=8)),
+    ("tokens=16", dict(tokens=16)),
+    ("tokens=4, sub=1", dict(tokens=4, sub=1, sub_packed=1)),
 ]
 
 

@@ -108,8 +108,8 @@ def _scaled_head_factor_runtime(factor: float):
     """The runtime with the head weights' fixed factor (index_head_dim^-1/2 · index_heads^-1/2)
     off by `factor`: the scores kernel receives the scaled weights times it."""
 
-    def scores(iq, hw, keys, vis, out=None):
-        return TORCH_OPS.index_scores(iq, (hw.float() * factor).to(hw.dtype), keys, vis, out=out)
+    def scores(iq, hw, keys, vis, out=None, **launch):
+        return TORCH_OPS.index_scores(iq, (hw.float() * factor).to(hw.dtype), keys, vis, out=out, **launch)
 
     ops = dataclasses.replace(TORCH_OPS, name="broken-scale", index_scores=scores)
     return lambda cfg, w, ik, dev: RuntimeStack(cfg, w, device=dev, index_keys=ik, ops=ops)

@@ -105,6 +105,19 @@ def _packed_width(d: int) -> int:
     return d // 2 + d // 32
 
 
+_TOKENS_MAX = 16
+
+
+def _check_tokens(tokens, ids) -> None:
+    """The `tokens` launch option: a power of two 1.._TOKENS_MAX, and 1 with ids."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1 or tokens > _TOKENS_MAX:
+        raise ValueError(f"tokens = {tokens!r}; allowed: 1, 2, 4, 8 or {_TOKENS_MAX}")
+    if tokens & (tokens - 1):
+        raise ValueError(f"tokens = {tokens!r}; allowed: 1, 2, 4, 8 or {_TOKENS_MAX} (a power of two)")
+    if tokens > 1 and ids is not None:
+        raise ValueError(f"tokens = {tokens} with ids; allowed: 1 (the gathered form scores each token's own rows)")
+
+
 def _check_ids(ids, cand_block, m: int, device) -> int:
     """The gathered form's `ids` / `cand_block` (`index_scores`' doc); returns its output
     width (ids.shape[1] · cand_block)."""
@@ -172,9 +185,11 @@ def _check(iq, weights, keys, visible, out) -> None:
 
 
 def index_scores_torch(
-    iq, weights, keys, visible, out: torch.Tensor | None = None, *, ids=None, cand_block: int = 0
+    iq, weights, keys, visible, out: torch.Tensor | None = None, *, ids=None, cand_block: int = 0, tokens: int = 1
 ) -> torch.Tensor:
-    """Fallback of `index_scores` (same contract), the reference twin."""
+    """Fallback of `index_scores` (same contract), the reference twin. `tokens` (a launch
+    option of the kernel, checked) does not change any result."""
+    _check_tokens(tokens, ids)
     if ids is None:
         _check(iq, weights, keys, visible, out)
         s = _ref.index_scores(iq, weights, _unpacked(keys, iq.shape[2]), visible)
@@ -209,7 +224,16 @@ def _unpacked(keys: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def index_scores(
-    iq, weights, keys, visible, out: torch.Tensor | None = None, *, ids=None, cand_block: int = 0, **tune
+    iq,
+    weights,
+    keys,
+    visible,
+    out: torch.Tensor | None = None,
+    *,
+    ids=None,
+    cand_block: int = 0,
+    tokens: int = 1,
+    **tune,
 ) -> torch.Tensor:
     """Scores `I[t, j] = Σ_h w[t,h] · ReLU(iq[t,h] · k_j)`, bf16 `[m, L]`.
 
@@ -234,7 +258,13 @@ def index_scores(
     cand_block + e % cand_block` (−∞ where that row is ≥ min(L_t, L): a padding id such as
     ⌈L / cand_block⌉ scores −∞ and reads nothing). Each entry has the bits of the same row
     in the full form (the same per-row arithmetic).
+
+    tokens (a launch option: the same bits for any value; 1 with ids): one program scores
+    this many consecutive tokens over the same keys, each block of keys loaded (and
+    dequantized) once for all of them, where one would load it per token. For a prompt's
+    tokens (one sequence's keys, the prefill regime); a decode step keeps 1.
     """
+    _check_tokens(tokens, ids)
     if ids is None:
         _check(iq, weights, keys, visible, out)
         n = keys.shape[0]
@@ -253,7 +283,7 @@ def index_scores(
         return out.fill_(float("-inf"))
     cfg = _tune(tune)
     sub = _sub(cfg, keys)
-    grid = (m, triton.cdiv(n, cfg["block_l"] * sub))
+    grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq,
         weights,
@@ -291,9 +321,15 @@ def index_scores(
         num_stages=cfg["num_stages"],
         **_maxnreg(cfg, keys),
         **_gather(ids, cand_block, L),
+        **_tokens(tokens, m),
         **pdl_launch(iq),
     )
     return out
+
+
+def _tokens(tokens: int, m: int) -> dict:
+    """The kernel's tokens-per-program arguments (none at 1: its launch unchanged)."""
+    return {} if tokens == 1 else dict(M=m, TM=tokens)
 
 
 def _gather(ids, cand_block: int, nk: int) -> dict:
@@ -367,7 +403,20 @@ def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width,
 
 
 def index_scores_paged(
-    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0, **tune
+    iq,
+    weights,
+    keys,
+    block_table,
+    tok_slot,
+    block_rows,
+    visible,
+    width,
+    out=None,
+    *,
+    ids=None,
+    cand_block=0,
+    tokens: int = 1,
+    **tune,
 ):
     """`index_scores` for the tokens of many sequences in one launch, each over its own
     sequence's keys in a paged pool: token t scores logical rows j < width of sequence
@@ -379,7 +428,10 @@ def index_scores_paged(
     are read (a table entry of an unallocated block may hold anything, e.g. −1). Each
     entry's bits are those of `index_scores` of the token over its sequence's keys.
     ids, cand_block: the gathered form (`index_scores`' doc) over the logical rows < width;
-    out then bf16 `[m, ids.shape[1] · cand_block]`."""
+    out then bf16 `[m, ids.shape[1] · cand_block]`. tokens: `index_scores`' launch option;
+    a group of consecutive tokens shares its key loads when they are of one slot (each
+    scores alone otherwise: a decode step's tokens of many sequences keep 1)."""
+    _check_tokens(tokens, ids)
     if ids is None:
         _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
         n = width
@@ -396,7 +448,7 @@ def index_scores_paged(
         return out
     cfg = _tune(tune, _PAGED_TUNE)
     sub = _sub(cfg, keys)
-    grid = (m, triton.cdiv(n, cfg["block_l"] * sub))
+    grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, n,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
@@ -405,17 +457,20 @@ def index_scores_paged(
         SUB=sub, SKIP=cfg["skip"], KEYS_M=cfg["keys_m"], INNER=cfg["inner_cvt"], DOT_F32=interpreting(), PAGED=True, BLOCK_ROWS=block_rows, PACKED=keys.dtype == torch.uint8,
         WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **_gather(ids, cand_block, width), **pdl_launch(iq),
+        num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **_gather(ids, cand_block, width), **_tokens(tokens, m),
+        **pdl_launch(iq),
     )  # fmt: skip
     return out
 
 
 def index_scores_paged_torch(
-    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0, tokens=1
 ):
     """Twin of `index_scores_paged` (same contract): per run of tokens of one sequence,
     the reference scores over its first `width` logical key rows, gathered through the
-    table (entries of unallocated blocks read as row 0: their scores are −∞ anyway)."""
+    table (entries of unallocated blocks read as row 0: their scores are −∞ anyway).
+    `tokens` (the kernel's launch option, checked) does not change any result."""
+    _check_tokens(tokens, ids)
     m = iq.shape[0]
     if ids is not None:
         _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
@@ -459,6 +514,133 @@ if HAVE_TRITON:
         return tl.inline_asm_elementwise(_RELU_W, "=r,r,r,r", [dots, w], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
+    def _key_rows(tbl_ptr, slot, s_tbl, jr, k_ok, PAGED: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+        """[BLOCK_L] pool rows of logical key rows jr (int64) of the sequence in `slot`
+        (PAGED: block table[slot, jr // B], row jr % B; else jr); table entries are read
+        only where k_ok."""
+        if PAGED:
+            blk = tl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+            rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
+        else:
+            rows = jr
+        return rows
+
+    @triton.jit
+    def _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr):
+        """[BLOCK_L, D_P] bf16 index keys of pool rows `rows` (0 where not k_ok)."""
+        if PACKED:
+            # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
+            # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
+            k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
+        else:
+            k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        return k
+
+    @triton.jit
+    def _block_scores(k, q, w, DOT_F32: tl.constexpr, KEYS_M: tl.constexpr, INNER: tl.constexpr, EPI2: tl.constexpr):
+        """[BLOCK_L] fp32: Σ_h w_h · ReLU(q_h · k_j) of one token over a block of keys k
+        [BLOCK_L, D_P] (q [H_P, D_P] bf16, w [H_P] fp32), before the −∞ of rows past the
+        token's visible count and the final rounding. Every caller runs this same code, so
+        a score's bits do not depend on which launch form computed it."""
+        # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over
+        # heads in fp32. KEYS_M: [BLOCK_L, H_P], the keys as the MMA's rows (64: a
+        # warpgroup MMA at 4 warps), the heads as its columns, so the sum over heads
+        # stays within a thread and its quad; else [H_P, BLOCK_L] (across warps)
+        if KEYS_M:
+            a_op, b_op, w_b = k, q, w[None, :]
+        else:
+            a_op, b_op, w_b = q, k, w[:, None]
+        if DOT_F32:
+            dots = tl.dot(a_op.to(tl.float32), tl.trans(b_op.to(tl.float32)), input_precision="ieee")
+        else:
+            dots = tl.dot(a_op, tl.trans(b_op), out_dtype=tl.float32)
+        # INNER (production): round_bf16_inner, the same bits (a NaN dot becomes 0 in
+        # the max either way, and a NaN product reaches memory only through the
+        # sum's round_bf16, which makes it canonical)
+        if EPI2:
+            prod = _relu_weighted(dots, tl.broadcast_to(w_b.to(tl.bfloat16), dots.shape)).to(tl.float32)
+        elif INNER:
+            dots = tl.maximum(round_bf16_inner(dots), 0.0)
+            prod = round_bf16_inner(dots * w_b)
+        else:
+            dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
+            prod = round_bf16(dots * w_b).to(tl.float32)
+        return tl.sum(prod, axis=1 if KEYS_M else 0)
+
+    @triton.jit
+    def _token_qw(iq_ptr, w_ptr, t, s_iq_m, s_iq_h, s_w_m, s_w_h, H: tl.constexpr, D: tl.constexpr,
+                  H_P: tl.constexpr, D_P: tl.constexpr):  # fmt: skip
+        """Token t's index queries [H_P, D_P] bf16 and head weights [H_P] fp32 (padded heads 0,
+        so they add 0)."""
+        # [H_P] head h, [D_P] channel c
+        h = tl.arange(0, H_P)
+        c = tl.arange(0, D_P)
+        h_ok = h < H
+        h64 = h.to(tl.int64)
+        q = tl.load(
+            iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & (c < D)[None, :], other=0.0
+        )
+        w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
+        return q, w
+
+    @triton.jit
+    def _token_blocks(
+        iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, t, lb, L, s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out,
+        tbl_ptr, slot_ptr, s_tbl, ids_ptr, s_ids, NK,
+        H: tl.constexpr, D: tl.constexpr, H_P: tl.constexpr, D_P: tl.constexpr, BLOCK_L: tl.constexpr,
+        SUB: tl.constexpr, DOT_F32: tl.constexpr, PAGED: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+        PACKED: tl.constexpr, WORDS: tl.constexpr, SKIP: tl.constexpr, KEYS_M: tl.constexpr,
+        INNER: tl.constexpr, EPI2: tl.constexpr, GATHER: tl.constexpr, CB: tl.constexpr,
+    ):  # fmt: skip
+        """Token t (int64), keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of BLOCK_L (a
+        loop: the token's queries and weights loaded once, the blocks' key loads
+        pipelined), all heads; each block's bits are those of a program of one."""
+        vis = tl.load(vis_ptr + t).to(tl.int64)
+        c = tl.arange(0, D_P)
+        c_ok = c < D
+        q, w = _token_qw(iq_ptr, w_ptr, t, s_iq_m, s_iq_h, s_w_m, s_w_h, H, D, H_P, D_P)
+        if PAGED:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+        else:
+            slot = 0
+        for sb in range(SUB):
+            # [BLOCK_L] key row j
+            j0 = (lb * SUB + sb) * BLOCK_L
+            j = j0 + tl.arange(0, BLOCK_L)
+            j_ok = j < L
+            j64 = j.to(tl.int64)
+            if GATHER:
+                # entry j scores logical row ids[t, j // CB] · CB + j % CB (a kept candidate
+                # block's rows; a block past the rows, e.g. the padding id, scores −∞)
+                cid = tl.load(ids_ptr + t * s_ids + j64 // CB, mask=j_ok, other=0).to(tl.int64)
+                jr = tl.where(j_ok, cid * CB + j64 % CB, NK)
+                vis_r = tl.minimum(vis, NK)
+            else:
+                jr = j64
+                vis_r = vis
+            if SKIP:  # a block wholly past the visible rows: −∞, no dot (production: _TUNE, _PAGED_TUNE)
+                if GATHER:
+                    live = tl.min(jr, 0) < vis_r
+                else:
+                    live = j0 < vis
+            else:
+                live = True
+            if live:
+                # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
+                # scores are −∞ whatever they hold), so a wide L costs no key traffic
+                k_ok = j_ok & (jr < vis_r)
+                rows = _key_rows(tbl_ptr, slot, s_tbl, jr, k_ok, PAGED, BLOCK_ROWS)
+                k = _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P, PACKED, WORDS)
+                s = _block_scores(k, q, w, DOT_F32, KEYS_M, INNER, EPI2)
+                # −inf past the visible rows
+                s = tl.where(jr < vis_r, s, float("-inf"))
+                tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
+            else:
+                tl.store(
+                    out_ptr + t * s_out + j64, tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16), mask=j_ok
+                )
+
+    @triton.jit
     def _index_scores_kernel(
         iq_ptr,
         w_ptr,
@@ -496,97 +678,83 @@ if HAVE_TRITON:
         NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
         GATHER: tl.constexpr = False,
         CB: tl.constexpr = 1,
+        M=1,  # TM > 1: the tokens
+        TM: tl.constexpr = 1,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
-        # program (t, lb): token t, keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of
-        # BLOCK_L (a loop: the token's queries and weights loaded once, the blocks' key
-        # loads pipelined), all heads; each block's bits are those of a program of one
-        t = tl.program_id(0).to(tl.int64)
         lb = tl.program_id(1)
-        vis = tl.load(vis_ptr + t).to(tl.int64)
-        # [H_P] head h, [D_P] channel c
-        h = tl.arange(0, H_P)
-        c = tl.arange(0, D_P)
-        h_ok = h < H
-        c_ok = c < D
-        h64 = h.to(tl.int64)
-        # [H_P, D_P] the token's index queries (padded heads are 0)
-        q = tl.load(
-            iq_ptr + t * s_iq_m + h64[:, None] * s_iq_h + c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0
-        )
-        # [H_P] head weights (padded heads are 0, so they add 0)
-        w = tl.load(w_ptr + t * s_w_m + h64 * s_w_h, mask=h_ok, other=0.0).to(tl.float32)
-        if PAGED:
-            slot = tl.load(slot_ptr + t).to(tl.int64)
+        if TM == 1:
+            # program (t, lb): token t (`_token_blocks`)
+            _token_blocks(
+                iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, tl.program_id(0).to(tl.int64), lb, L,
+                s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl, ids_ptr, s_ids, NK,
+                H, D, H_P, D_P, BLOCK_L, SUB, DOT_F32, PAGED, BLOCK_ROWS, PACKED, WORDS, SKIP, KEYS_M, INNER,
+                EPI2, GATHER, CB,
+            )  # fmt: skip
         else:
-            slot = 0
-        for sb in range(SUB):
-            # [BLOCK_L] key row j
-            j0 = (lb * SUB + sb) * BLOCK_L
-            j = j0 + tl.arange(0, BLOCK_L)
-            j_ok = j < L
-            j64 = j.to(tl.int64)
-            if GATHER:
-                # entry j scores logical row ids[t, j // CB] · CB + j % CB (a kept candidate
-                # block's rows; a block past the rows, e.g. the padding id, scores −∞)
-                cid = tl.load(ids_ptr + t * s_ids + j64 // CB, mask=j_ok, other=0).to(tl.int64)
-                jr = tl.where(j_ok, cid * CB + j64 % CB, NK)
-                vis_r = tl.minimum(vis, NK)
+            # program (g, lb): tokens g·TM … g·TM + TM − 1 (< M) over the same keys. When they
+            # are one sequence's (one slot), each block's keys are loaded (and dequantized)
+            # once for all of them, up to their widest visible count, and each token's scores
+            # are `_block_scores` of those keys (its own row's keys, the same code: the bits of
+            # TM = 1; a key row past its visible count only moves its own −∞ score). Tokens of
+            # several slots: each alone, as TM = 1. Not the gathered form (the wrapper).
+            g0 = tl.program_id(0).to(tl.int64) * TM
+            # [TM] the group's tokens
+            tg = g0 + tl.arange(0, TM)
+            tg_ok = tg < M
+            vis_max = tl.max(tl.load(vis_ptr + tg, mask=tg_ok, other=0).to(tl.int64), 0)
+            if PAGED:
+                slot0 = tl.load(slot_ptr + g0).to(tl.int64)
+                sl = tl.load(slot_ptr + tg, mask=tg_ok, other=0).to(tl.int64)
+                mixed = tl.sum((tg_ok & (sl != slot0)).to(tl.int32), 0) > 0
             else:
-                jr = j64
-                vis_r = vis
-            if SKIP:  # a block wholly past the visible rows: −∞, no dot (production: _TUNE, _PAGED_TUNE)
-                if GATHER:
-                    live = tl.min(jr, 0) < vis_r
-                else:
-                    live = j0 < vis
+                slot0 = g0 * 0
+                mixed = False
+            if mixed:
+                for tt in range(TM):
+                    t = g0 + tt
+                    if t < M:
+                        _token_blocks(
+                            iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, t, lb, L,
+                            s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl, ids_ptr, s_ids, NK,
+                            H, D, H_P, D_P, BLOCK_L, SUB, DOT_F32, PAGED, BLOCK_ROWS, PACKED, WORDS, SKIP, KEYS_M,
+                            INNER, EPI2, False, 1,
+                        )  # fmt: skip
             else:
-                live = True
-            if live:
-                # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
-                # scores are −∞ whatever they hold), so a wide L costs no key traffic
-                k_ok = j_ok & (jr < vis_r)
-                if PAGED:
-                    # logical row j of the token's sequence: block table[slot, j // B], row j % B
-                    blk = tl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-                    rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
-                else:
-                    rows = jr
-                if PACKED:
-                    # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
-                    # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-                    k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
-                else:
-                    k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-                # dots in fp32, rounded to bf16, ReLU; weighted, rounded to bf16; summed over
-                # heads in fp32. KEYS_M: [BLOCK_L, H_P], the keys as the MMA's rows (64: a
-                # warpgroup MMA at 4 warps), the heads as its columns, so the sum over heads
-                # stays within a thread and its quad; else [H_P, BLOCK_L] (across warps)
-                if KEYS_M:
-                    a_op, b_op, w_b = k, q, w[None, :]
-                else:
-                    a_op, b_op, w_b = q, k, w[:, None]
-                if DOT_F32:
-                    dots = tl.dot(a_op.to(tl.float32), tl.trans(b_op.to(tl.float32)), input_precision="ieee")
-                else:
-                    dots = tl.dot(a_op, tl.trans(b_op), out_dtype=tl.float32)
-                # INNER (production): round_bf16_inner, the same bits (a NaN dot becomes 0 in
-                # the max either way, and a NaN product reaches memory only through the
-                # sum's round_bf16, which makes it canonical)
-                if EPI2:
-                    prod = _relu_weighted(dots, tl.broadcast_to(w_b.to(tl.bfloat16), dots.shape)).to(tl.float32)
-                elif INNER:
-                    dots = tl.maximum(round_bf16_inner(dots), 0.0)
-                    prod = round_bf16_inner(dots * w_b)
-                else:
-                    dots = tl.maximum(round_bf16(dots).to(tl.float32), 0.0)
-                    prod = round_bf16(dots * w_b).to(tl.float32)
-                s = tl.sum(prod, axis=1 if KEYS_M else 0)
-                # −inf past the visible rows
-                s = tl.where(jr < vis_r, s, float("-inf"))
-                tl.store(out_ptr + t * s_out + j64, round_bf16(s), mask=j_ok)
-            else:
-                tl.store(
-                    out_ptr + t * s_out + j64, tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16), mask=j_ok
-                )
+                c = tl.arange(0, D_P)
+                c_ok = c < D
+                for sb in range(SUB):
+                    # [BLOCK_L] key row j
+                    j0 = (lb * SUB + sb) * BLOCK_L
+                    j = j0 + tl.arange(0, BLOCK_L)
+                    j_ok = j < L
+                    j64 = j.to(tl.int64)
+                    if SKIP:
+                        live = j0 < vis_max
+                    else:
+                        live = True
+                    if live:
+                        # [BLOCK_L, D_P] the keys of the group's widest visible count
+                        k_ok = j_ok & (j64 < vis_max)
+                        rows = _key_rows(tbl_ptr, slot0, s_tbl, j64, k_ok, PAGED, BLOCK_ROWS)
+                        k = _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P, PACKED, WORDS)
+                        # no branch in this loop (a token past M reloads token M − 1 and
+                        # stores nothing), so that its query loads may be pipelined
+                        for tt in range(TM):
+                            t = g0 + tt
+                            tc = tl.minimum(t, M - 1)
+                            vis = tl.load(vis_ptr + tc).to(tl.int64)
+                            q, w = _token_qw(iq_ptr, w_ptr, tc, s_iq_m, s_iq_h, s_w_m, s_w_h, H, D, H_P, D_P)
+                            s = _block_scores(k, q, w, DOT_F32, KEYS_M, INNER, EPI2)
+                            s = tl.where(j64 < vis, s, float("-inf"))
+                            tl.store(out_ptr + tc * s_out + j64, round_bf16(s), mask=j_ok & (t < M))
+                    else:
+                        for tt in range(TM):
+                            t = g0 + tt
+                            if t < M:
+                                tl.store(
+                                    out_ptr + t * s_out + j64,
+                                    tl.full([BLOCK_L], float("-inf"), tl.float32).to(tl.bfloat16),
+                                    mask=j_ok,
+                                )

@@ -32,7 +32,7 @@ from ..weights import AttnV41LayerWeights
 from .checks import AttnChecks, not_an_int
 from .decode import AttnDecode, _dense_rows, _Ticket
 from .device import check_device, on_own_device
-from .ops import TORCH_OPS, TRITON_OPS, Ops, compacts, ops_for
+from .ops import TORCH_OPS, TRITON_OPS, Ops, compacts, ops_for, prompt_tokens
 from .plan import DEFAULT_BUCKET_MIN, DecodePlan
 
 __all__ = ["AttnV41", "AttnV41Run", "INDEX_KEY_MODES"]
@@ -769,7 +769,8 @@ class AttnV41(AttnChecks, AttnDecode):
         """Index queries, head weights and scores `[m, L]` (§6.2–§6.4); with `ids=`,
         `cand_block=` the gathered form over the candidates (`runtime.ops.compacts`)."""
         iq, hw = self._index_queries(w, cq, x, pos, cos, sin, hw_done=hw_done)
-        return self.ops.index_scores(iq, hw, keys, vis, out=out, **gather)
+        tokens = {} if gather else prompt_tokens(iq.shape[0])
+        return self.ops.index_scores(iq, hw, keys, vis, out=out, **gather, **tokens)
 
     def _candidates(self, shared: SharedV41, t0: int, t1: int, L: int) -> torch.Tensor:
         """bool `[t1 − t0, L]`: the published candidate mask of tokens t0..t1−1, from the
@@ -825,7 +826,7 @@ class AttnV41(AttnChecks, AttnDecode):
             ids = torch.empty(m, min(c.cand_blocks, -(-L // c.cand_block)), dtype=torch.int32, device=self.device)
         for t0 in range(0, m, tile):
             t1 = min(m, t0 + tile)
-            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1])
+            scores = ops.index_scores(iq[t0:t1], hw[t0:t1], keys, vis[t0:t1], **prompt_tokens(t1 - t0))
             if ids is not None:
                 select.candidate_blocks(scores, vis[t0:t1], c.cand_blocks, c.cand_block, out=ids[t0:t1])
                 if role.uses_candidates:  # its own mask (as the untiled path: published first)

@@ -13,7 +13,7 @@ import torch
 
 from ..kernels import select
 from ..weights import AttnV41LayerWeights
-from .ops import compacts
+from .ops import compacts, prompt_tokens
 from .pool import BatchStep, _cdiv
 
 __all__ = ["BatchParts"]
@@ -346,6 +346,7 @@ class BatchParts:
                     pool.block_rows,
                     vis[t0:t1],
                     Lw,
+                    **({} if step.decode_only else prompt_tokens(t1 - t0)),
                 )
             else:
                 scores = self._released_scores(iq, hw, step, vis, owners, t0, t1, Lw)

@@ -140,6 +140,19 @@ TRITON_OPS = Ops(
 COMPACT_REINDEX = True
 
 
+# A prompt's index scores (prefills, continuations, steps with prompt chunks; not the gathered
+# form, not a decode step's tokens of many sequences) take the kernels' `tokens` launch option
+# (`kernels.indexer.index_scores`): this many consecutive tokens per program share each block
+# of keys. The same bits for any value (tests/kernels/test_indexer_tokens.py); 1 launches as
+# before it existed. The torch twins take it and ignore it.
+PROMPT_TOKENS = 4
+
+
+def prompt_tokens(m: int) -> dict:
+    """The index scores' `tokens` keyword for a prompt call of m tokens ({} for one token)."""
+    return {"tokens": PROMPT_TOKENS} if m > 1 and PROMPT_TOKENS > 1 else {}
+
+
 def compacts(ops: Ops, cfg, width: int) -> bool:
     """Whether a reindex layer (and the candidate source, for its ids) of a step whose
     index scores span `width` rows takes the compact form (the comment above)."""
