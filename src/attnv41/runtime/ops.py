@@ -143,14 +143,26 @@ COMPACT_REINDEX = True
 # A prompt's index scores (prefills, continuations, steps with prompt chunks; not the gathered
 # form, not a decode step's tokens of many sequences) take the kernels' `tokens` launch option
 # (`kernels.indexer.index_scores`): this many consecutive tokens per program share each block
-# of keys. The same bits for any value (tests/kernels/test_indexer_tokens.py); 1 launches as
-# before it existed. The torch twins take it and ignore it.
-PROMPT_TOKENS = 4
+# of keys. The same bits for any value (tests/kernels/test_indexer_tokens.py, on the GPU too);
+# 1 launches as before it existed. The torch twins take it and ignore it. Only calls of at least
+# PROMPT_MIN tokens (and batched steps with a sequence of that many) take it: a program runs its
+# tokens one after another, so a few tokens over a short context would lose parallelism, and
+# a group of several sequences' tokens (a verify step's) shares nothing.
+# H100, 2026-12-06 (thirty-seventh entry; scripts/index_prefill_probe.py, the Flash index shapes,
+# paged, µs, one token per program → tokens 4 / 16): a 64-token tile at a 1M context, 90 %
+# visible, bf16 keys 3,043 → 2,351 / 1,869, packed 3,074 → 2,615 / 2,017; a 2,048-token chunk
+# over 29,490 keys, bf16 2,885 → 2,269 / 1,899, packed 3,070 → 2,789 / 2,158 (tokens 2: slower
+# than 1). A 131,072-token prompt (bench --parts long, FP8 weights) with 4: last chunk 229.7 →
+# 223.8 ms.
+PROMPT_TOKENS = 16
+PROMPT_MIN = 64
 
 
-def prompt_tokens(m: int) -> dict:
-    """The index scores' `tokens` keyword for a prompt call of m tokens ({} for one token)."""
-    return {"tokens": PROMPT_TOKENS} if m > 1 and PROMPT_TOKENS > 1 else {}
+def prompt_tokens(m: int, longest: int | None = None) -> dict:
+    """The index scores' `tokens` keyword for a call of m tokens whose longest run of one
+    sequence's tokens is `longest` (None: m, one sequence): {} below PROMPT_MIN."""
+    run = m if longest is None else min(m, longest)
+    return {"tokens": PROMPT_TOKENS} if run >= PROMPT_MIN and PROMPT_TOKENS > 1 else {}
 
 
 def compacts(ops: Ops, cfg, width: int) -> bool:
