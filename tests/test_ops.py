@@ -309,6 +309,26 @@ def test_index_topk_over_candidates_equals_the_masked_index_topk(dev):
         OPS.index_topk_candidates(iq[1], w[1], keys, table, tok_slot, vis, B, width, ids, cb, 13, 0)
 
 
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_index_ops_take_the_tokens_launch_option(dev):
+    """`tokens` (consecutive tokens per program) leaves every score and selection as they
+    are; a value the kernels do not take is refused."""
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA (run on the device machine)")
+    iq, w, keys, table, tok_slot, vis, B, width, k, *_ = (
+        a.to(dev) if isinstance(a, torch.Tensor) else a for a in _paged_args(1)
+    )
+    args = (iq, w, keys, table, tok_slot, vis, B, width)
+    base, top = OPS.index_scores(*args), OPS.index_topk(*args, k, 5)
+    for tokens in (2, 16):
+        assert torch.equal(OPS.index_scores(*args, tokens).view(torch.int16), base.view(torch.int16)), tokens
+        assert torch.equal(OPS.index_topk(*args, k, 5, tokens), top), tokens
+    with pytest.raises(ValueError, match="tokens = 3; allowed: 1, 2, 4, 8 or 16"):
+        OPS.index_scores(*args, 3)
+    with pytest.raises(ValueError, match="tokens = 0; allowed"):
+        OPS.index_topk(*args, k, 5, 0)
+
+
 def _opcheck(op, args):
     torch.library.opcheck(op, args)
 
@@ -319,6 +339,8 @@ def test_opcheck_every_op():
     iq, w, keys, table, tok_slot, vis, B, width, k, *_ = _paged_args(1)
     _opcheck(OPS.index_scores.default, (iq, w, keys, table, tok_slot, vis, B, width))
     _opcheck(OPS.index_topk.default, (iq, w, keys, table, tok_slot, vis, B, width, k, 7))
+    _opcheck(OPS.index_scores.default, (iq, w, keys, table, tok_slot, vis, B, width, 16))
+    _opcheck(OPS.index_topk.default, (iq, w, keys, table, tok_slot, vis, B, width, k, 7, 4))
     _opcheck(OPS.cache_write.default, (torch.zeros(6, 8, dtype=BF), torch.ones(2, 8, dtype=BF), torch.tensor([4, -1])))
     a, gate, norm_w, cos, sin, row_pos, row, cache = _compress_args(1)
     _opcheck(OPS.compress_pool.default, (a, gate))

@@ -190,16 +190,20 @@ def index_scores(
     visible: Tensor,
     block_rows: int,
     width: int,
+    tokens: int = 1,
 ) -> Tensor:
     """bf16 `[m, width]` (module doc; `kernels.indexer.index_scores_paged`). keys: the pool,
-    bf16 `[rows, d]` or packed `fp4_e8m0` uint8 `[rows, d/2 + d/32]`."""
+    bf16 `[rows, d]` or packed `fp4_e8m0` uint8 `[rows, d/2 + d/32]`. tokens: the kernel's
+    launch option for a prompt's tokens (1, 2, 4, 8 or 16 consecutive tokens per program,
+    sharing each block of keys when they are one sequence's; the same bits for any value;
+    the runtimes use 16 for runs of at least 64 tokens, `runtime.ops.PROMPT_TOKENS`)."""
     fn = indexer.index_scores_paged if _cuda(iq) else indexer.index_scores_paged_torch
     with on_device(iq.device):
-        return fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width)
+        return fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, tokens=tokens)
 
 
 @index_scores.register_fake
-def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width):
+def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, tokens=1):
     return iq.new_empty((iq.shape[0], width))
 
 
@@ -215,29 +219,32 @@ def index_topk(
     width: int,
     k: int,
     offset: int,
+    tokens: int = 1,
 ) -> Tensor:
     """int32 `[m, k]`: the fixed-width top-k of `index_scores` (module doc), exact, the
-    tie rule of the reference (lower position first)."""
+    tie rule of the reference (lower position first). tokens: `index_scores`' option."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= width:
         raise ValueError(f"k = {k!r}; allowed: 1..{width} (width)")
     with on_device(iq.device):
-        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, {})
+        launch = {"tokens": tokens}
+        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, launch)
 
 
-def _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, gather: dict):
-    """`index_topk`'s and `index_topk_candidates`' work: the paged scores (the gathered form
-    with `gather` = {ids, cand_block}), then the fixed-width top-k into a new int32 `[m, k]`;
-    the callers run it under `on_device`."""
+def _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, kw: dict):
+    """`index_topk`'s and `index_topk_candidates`' work: the paged scores (`kw`: the gathered
+    form's {ids, cand_block}, or the {tokens} launch option), then the fixed-width top-k into
+    a new int32 `[m, k]`; the callers run it under `on_device`."""
     cuda = _cuda(iq)
     fn = indexer.index_scores_paged if cuda else indexer.index_scores_paged_torch
-    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **gather)
+    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **kw)
     out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
+    gather = {key: v for key, v in kw.items() if key != "tokens"}
     (_topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out, **gather)
     return out
 
 
 @index_topk.register_fake
-def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset):
+def _(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, tokens=1):
     return iq.new_empty((iq.shape[0], k), dtype=torch.int32)
 
 
