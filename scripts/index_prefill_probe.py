@@ -8,16 +8,19 @@ the 1M context bucket (2²⁶ / 1M tokens per launch) with visible counts at 90 
 width; (b) a 2,048-token chunk in the 32K bucket at 90 %. Per launch shape: µs, the score
 bytes equal to production's, and the token × key bytes over the time.
 
+Timed now: one token per program against the `tokens` launch option (2-16 consecutive
+tokens per program sharing each block of keys), and the top-k (k = 512) over each bf16
+shape's scores under other tiles and warps and with `neg_inf_past` (the same selection in
+every case; the tiles are not yet timed: on 2026-12-06 a 64-token tile's top-k over 1M
+positions took 826 µs on an H100, 0.46 TB/s of its three passes' reads).
+
 History: on 2026-12-03 (sixth entry) this script timed a prefill form (8 tokens per program
-sharing each key tile), which lost (6.8 against 4.3 ms on the 1M tile) and was removed; it
-timed `skip=True` (blocks wholly past a token's visible rows: −∞ without the dot), which won
-(2.55 against 4.24 ms at 55 % visible) and became the production shape (seventh entry); it
-now times production against `skip=False`, and the top-k (k = 512) over each bf16
-shape's scores with and without `neg_inf_past=True` (not yet run: tiles wholly past a
-token's visible rows counted without a read). 2026-12-06 (thirty-seventh entry): one
-token per program against the `tokens` launch option (a group's keys loaded once into
-shared memory, its tokens' query loads pipelined; no branch in the token loop), the form
-the sixth entry's prefill form led to with 77-128 registers instead of 255. Prints two Markdown tables; writes JSON to
+sharing each key tile, 255 registers), which lost (6.8 against 4.3 ms on the 1M tile) and
+was removed; and `skip=True` (blocks wholly past a token's visible rows: −∞ without the
+dot), which won (2.55 against 4.24 ms at 55 % visible) and became the production shape
+(seventh entry). On 2026-12-06 (thirty-seventh entry) the `tokens` option (its keys loaded
+once into shared memory, its tokens' query loads pipelined; 77-128 registers) won: 1.5-1.6x
+at 16 (H100). Prints two Markdown tables; writes JSON to
 $OUT/index_prefill_probe.json when OUT is set.
 
     python scripts/index_prefill_probe.py
@@ -48,6 +51,16 @@ TUNES = [
     ("tokens=8", dict(tokens=8)),
     ("tokens=16", dict(tokens=16)),
     ("tokens=4, sub=1", dict(tokens=4, sub=1, sub_packed=1)),
+]
+
+
+# the top-k's tile (positions per program) and warps: the same selection for any (exact)
+TOPK_TUNES = [
+    ("production", {}),
+    ("neg_inf_past", dict(neg_inf_past=True)),
+    ("tile 2048, 4 warps", dict(tile=2048, num_warps=4)),
+    ("tile 8192, 8 warps", dict(tile=8192, num_warps=8)),
+    ("tile 16384, 16 warps", dict(tile=16384, num_warps=16)),
 ]
 
 
@@ -93,7 +106,7 @@ def main() -> None:
             if kvf == "bf16" and base is not None:  # the top-k over these scores (k = 512)
                 sel = torch.empty(T, 512, dtype=torch.int32, device=dev)
                 first = None
-                for label, kw in (("production", {}), ("neg_inf_past", dict(neg_inf_past=True))):
+                for label, kw in TOPK_TUNES:
                     r = dict(shape=name, tokens=T, keys=L, config=label)
                     try:
 

@@ -238,15 +238,20 @@ def index_launches(
     return launches
 
 
-def topk_launches(m: int = 64, Lb: int = 1 << 20, k: int = 512, neg_inf_past: bool = False) -> list:
+def topk_launches(
+    m: int = 64, Lb: int = 1 << 20, k: int = 512, neg_inf_past: bool = False, tile=None, warps=None
+) -> list:
     """The radix top-k (`topk.topk_fixed`, with and without a candidate mask) and the
     candidate mask (`topk.candidate_mask_fixed`, blocks of 64) over m rows of Lb scores,
-    compiled: [(name, kernel)] (a kernel compiled twice appears twice)."""
+    compiled: [(name, kernel)] (a kernel compiled twice appears twice). tile, warps: the
+    top-k's tuning knobs (None: production)."""
     from ..kernels.topk import candidate_mask_fixed, topk_fixed  # noqa: PLC0415
 
     scores, vis = torch.zeros(m, Lb, dtype=torch.bfloat16), torch.zeros(m, dtype=torch.int32)
     out, keep = torch.zeros(m, k, dtype=torch.int32), torch.zeros(m, Lb, dtype=torch.bool)
     opt = dict(neg_inf_past=True) if neg_inf_past else {}  # (a tree from before the option compiles too)
+    if tile is not None or warps is not None:
+        opt.update(tile=tile, num_warps=warps)
     with compile_only() as launches:
         topk_fixed(scores, vis, k, 0, out, **opt)
         topk_fixed(scores, vis, k, 0, out, keep, **opt)
@@ -334,6 +339,8 @@ def main(argv=None) -> None:
     k.add_argument("--m", type=int, default=64)
     k.add_argument("--Lb", type=int, default=1 << 20)
     k.add_argument("--neg-inf-past", action="store_true", help="topk_fixed's neg_inf_past=True")
+    k.add_argument("--tile", type=int, default=None, help="topk_fixed's positions per tile (default: production)")
+    k.add_argument("--warps", type=int, default=None, help="topk_fixed's warps per program (default: production)")
     for p in (g, a, i, t, f8, k):
         p.add_argument("--dump", help="write each kernel's SASS (no addresses) and TTGIR into this folder")
         p.add_argument("--ttgir", action="store_true", help="include the TTGIR in the printed JSON")
@@ -348,7 +355,7 @@ def main(argv=None) -> None:
     elif args.what == "tcfp8":
         launches = tcfp8_launches(args.N, args.K, args.m, args.tune, args.rope)
     elif args.what == "topk":
-        launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past)
+        launches = topk_launches(args.m, args.Lb, neg_inf_past=args.neg_inf_past, tile=args.tile, warps=args.warps)
     else:
         launches = attn_launches(
             args.m, args.combine, rot=not args.no_rot, packed=args.packed, tune=args.tune, pdl=args.pdl,
