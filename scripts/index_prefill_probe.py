@@ -50,7 +50,9 @@ TUNES = [
     ("tokens=4", dict(tokens=4)),
     ("tokens=8", dict(tokens=8)),
     ("tokens=16", dict(tokens=16)),
-    ("tokens=4, sub=1", dict(tokens=4, sub=1, sub_packed=1)),
+    ("tokens=16, sub=1", dict(tokens=16, sub=1, sub_packed=1)),
+    ("tokens=16, block_l=128", dict(tokens=16, block_l=128)),
+    ("tokens=16, block_l=128, 8 warps", dict(tokens=16, block_l=128, num_warps=8)),
 ]
 
 
