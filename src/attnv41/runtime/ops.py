@@ -152,8 +152,8 @@ COMPACT_REINDEX = True
 # paged, µs, one token per program → tokens 4 / 16): a 64-token tile at a 1M context, 90 %
 # visible, bf16 keys 3,043 → 2,351 / 1,869, packed 3,074 → 2,615 / 2,017; a 2,048-token chunk
 # over 29,490 keys, bf16 2,885 → 2,269 / 1,899, packed 3,070 → 2,789 / 2,158 (tokens 2: slower
-# than 1). A 131,072-token prompt (bench --parts long, FP8 weights) with 4: last chunk 229.7 →
-# 223.8 ms.
+# than 1). A 131,072-token prompt (bench --parts long, FP8 weights, last chunk): 229.7 → 223.8
+# ms with 4, 229.8 → 219.2 with 16 (there the index scores are a small part of a chunk).
 PROMPT_TOKENS = 16
 PROMPT_MIN = 64
 
