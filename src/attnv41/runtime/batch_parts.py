@@ -346,7 +346,7 @@ class BatchParts:
                     pool.block_rows,
                     vis[t0:t1],
                     Lw,
-                    **prompt_tokens(t1 - t0, max(step.lens)),  # {} in a decode step (runs of 1)
+                    **prompt_tokens(t1 - t0, max(step.lens, default=0)),  # {} in a decode step (runs of 1)
                 )
             else:
                 scores = self._released_scores(iq, hw, step, vis, owners, t0, t1, Lw)
