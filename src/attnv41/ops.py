@@ -226,19 +226,19 @@ def index_topk(
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= width:
         raise ValueError(f"k = {k!r}; allowed: 1..{width} (width)")
     with on_device(iq.device):
-        launch = {"tokens": tokens}
-        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, launch)
+        return _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, {}, tokens)
 
 
-def _scores_topk(iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, kw: dict):
-    """`index_topk`'s and `index_topk_candidates`' work: the paged scores (`kw`: the gathered
-    form's {ids, cand_block}, or the {tokens} launch option), then the fixed-width top-k into
-    a new int32 `[m, k]`; the callers run it under `on_device`."""
+def _scores_topk(
+    iq, weights, keys, block_table, tok_slot, visible, block_rows, width, k, offset, gather: dict, tokens: int = 1
+):
+    """`index_topk`'s and `index_topk_candidates`' work: the paged scores (the gathered form
+    with `gather` = {ids, cand_block}; `tokens`: the scores' launch option), then the
+    fixed-width top-k into a new int32 `[m, k]`; the callers run it under `on_device`."""
     cuda = _cuda(iq)
     fn = indexer.index_scores_paged if cuda else indexer.index_scores_paged_torch
-    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **kw)
+    scores = fn(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, **gather, tokens=tokens)
     out = torch.empty(iq.shape[0], k, dtype=torch.int32, device=iq.device)
-    gather = {key: v for key, v in kw.items() if key != "tokens"}
     (_topk.topk_fixed if cuda else select.topk_fixed)(scores, visible, k, offset, out, **gather)
     return out
 
