@@ -11,8 +11,10 @@ bytes equal to production's, and the token × key bytes over the time.
 Timed now: one token per program against the `tokens` launch option (2-16 consecutive
 tokens per program sharing each block of keys), and the top-k (k = 512) over each bf16
 shape's scores under other tiles and warps and with `neg_inf_past` (the same selection in
-every case; the tiles are not yet timed: on 2026-12-06 a 64-token tile's top-k over 1M
-positions took 826 µs on an H100, 0.46 TB/s of its three passes' reads).
+every case; on 2026-12-06 a 64-token tile's top-k over 1M positions took 826 µs on an H100,
+0.46 TB/s of its three passes' reads; tile 2048 at 4 warps 784), and batched steps that mix
+a prompt chunk with decode tokens: one launch with tokens 16, the runtime's cut
+(`runtime.ops.prompt_segments`) and one launch of one token per program.
 
 History: on 2026-12-03 (sixth entry) this script timed a prefill form (8 tokens per program
 sharing each key tile, 255 registers), which lost (6.8 against 4.3 ms on the 1M tile) and
@@ -38,6 +40,7 @@ from attnv41.kernels import indexer as I
 from attnv41.kernels.topk import topk_fixed
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e8m0_qdq
+from attnv41.runtime.ops import prompt_segments
 
 SHAPES = (
     ("1M tile, 90 % visible", 64, 1048576, 943000),
@@ -46,14 +49,23 @@ SHAPES = (
 )
 TUNES = [
     ("one token per program", {}),
-    ("tokens=2", dict(tokens=2)),
     ("tokens=4", dict(tokens=4)),
-    ("tokens=8", dict(tokens=8)),
     ("tokens=16", dict(tokens=16)),
-    ("tokens=16, sub=1", dict(tokens=16, sub=1, sub_packed=1)),
+    ("tokens=16, sub 2", dict(tokens=16, sub_tokens=2)),
+    ("tokens=16, sub 4", dict(tokens=16, sub_tokens=4)),
+    ("tokens=8", dict(tokens=8)),
     ("tokens=16, block_l=128", dict(tokens=16, block_l=128)),
-    ("tokens=16, block_l=128, 8 warps", dict(tokens=16, block_l=128, num_warps=8)),
+    ("tokens=16, 8 warps", dict(tokens=16, num_warps=8)),
+    ("tokens=16, 3 stages", dict(tokens=16, num_stages=3)),
 ]
+# a batched step mixing a prompt chunk with decode tokens (one each of many sequences): the
+# rows as one launch with tokens 16 (the thirty-seventh entry's rule), as the runtime cuts them
+# now (`runtime.ops.prompt_segments`), and as one launch of one token per program
+MIXED = (
+    ("64 decode at 4K + 256-token chunk", 4096, 64, 256),
+    ("64 decode at 32K + 512-token chunk", 32768, 64, 512),
+    ("8 decode at 32K + 2,048-token chunk", 32768, 8, 2048),
+)
 
 
 # the top-k's tile (positions per program) and warps: the same selection for any (exact)
@@ -62,7 +74,11 @@ TOPK_TUNES = [
     ("neg_inf_past", dict(neg_inf_past=True)),
     ("tile 2048, 4 warps", dict(tile=2048, num_warps=4)),
     ("tile 8192, 8 warps", dict(tile=8192, num_warps=8)),
-    ("tile 16384, 16 warps", dict(tile=16384, num_warps=16)),
+    ("tile 2048, 2 warps", dict(tile=2048, num_warps=2)),
+    ("tile 1024, 2 warps", dict(tile=1024, num_warps=2)),
+    ("tile 1024, 4 warps", dict(tile=1024, num_warps=4)),
+    ("tile 4096, 4 warps", dict(tile=4096, num_warps=4)),
+    ("tile 2048, 4 warps, neg_inf_past", dict(tile=2048, num_warps=4, neg_inf_past=True)),
 ]
 
 
@@ -127,6 +143,7 @@ def main() -> None:
                     print(r, flush=True)
             keys = out = base = None
             torch.cuda.empty_cache()
+    mixed_rows = mixed(timer, gen)
     print("\n| kv | shape | config | µs | same bits | token-key bytes / time (TB/s) |\n|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
@@ -136,9 +153,71 @@ def main() -> None:
     print("\n| top-k over | config | µs | same selection |\n|---|---|---|---|")
     for r in topk_rows:
         print(f"| {r['shape']} | {r['config']} | {r.get('us', float('nan')):.1f} | {r.get('same', r.get('error'))} |")
+    print("\n| kv | mixed step | one launch, tokens 16 | prompt_segments | one launch, tokens 1 | same bits |")
+    print("|---|---|---|---|---|---|")
+    for r in mixed_rows:
+        us = [r.get(k, float("nan")) for k in ("all16", "segments", "all1")]
+        print(
+            f"| {r['kv']} | {r['shape']} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {r.get('same', r.get('error'))} |"
+        )
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "index_prefill_probe.json"), "w") as f:
-            json.dump(dict(scores=rows, topk=topk_rows), f, indent=1)
+            json.dump(dict(scores=rows, topk=topk_rows, mixed=mixed_rows), f, indent=1)
+
+
+def mixed(timer, gen) -> list[dict]:
+    """The MIXED steps' index scores (Flash index shapes, paged 64-row blocks): decode tokens
+    first (one slot each, visible at 97 % of the context), then the chunk (slot 0)."""
+    dev = timer.device
+    H, d, B = 32, 128, 64
+    out_rows = []
+    for kvf in ("bf16", "packed"):
+        for name, ctx, n_dec, n_chunk in MIXED:
+            r = dict(kv=kvf, shape=name)
+            try:
+                S, nb = n_dec + 1, ctx // B
+                table = torch.randperm(S * nb, device=dev, generator=gen).to(torch.int32).view(S, nb)
+                keys = torch.randn(S * nb * B, d, device=dev, generator=gen).to(torch.bfloat16)
+                if kvf == "packed":
+                    keys = pack(fp4_e8m0_qdq(keys), "fp4_e8m0")
+                T = n_dec + n_chunk
+                iq = torch.randn(T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+                w = torch.randn(T, H, device=dev, generator=gen).to(torch.bfloat16)
+                slots = torch.tensor(list(range(1, S)) + [0] * n_chunk, dtype=torch.int32, device=dev)
+                v0 = int(ctx * 0.9)
+                vis = torch.tensor([int(ctx * 0.97)] * n_dec + [v0 + i for i in range(n_chunk)], device=dev)
+                vis = vis.clamp_max(ctx).to(torch.int32)
+                out = torch.empty(T, ctx, dtype=torch.bfloat16, device=dev)
+                segs = prompt_segments(list(range(n_dec + 1)), [1] * n_dec + [n_chunk], 0, T)
+
+                def one(tokens):
+                    I.index_scores_paged(iq, w, keys, table, slots, B, vis, ctx, out=out, tokens=tokens)
+
+                def cut():
+                    for a, e, kw in segs:
+                        I.index_scores_paged(
+                            iq[a:e], w[a:e], keys, table, slots[a:e], B, vis[a:e], ctx, out=out[a:e], **kw
+                        )
+
+                same = True
+                base = None
+                for key, fn in (("all1", lambda: one(1)), ("all16", lambda: one(16)), ("segments", cut)):
+                    fn()
+                    timer.sync()
+                    if base is None:
+                        base = out.clone()
+                    same = same and bool(torch.equal(out.view(torch.int16), base.view(torch.int16)))
+                    r[key] = timer.time(fn, warmup=2, reps=10).median_ms * 1e3
+                r["same"] = same
+                r["launches"] = len(segs)
+            except Exception as ex:  # one shape failing must not stop the probe
+                r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+            out_rows.append(r)
+            print(r, flush=True)
+            keys = out = None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return out_rows
 
 
 if __name__ == "__main__":

@@ -49,8 +49,8 @@ def test_contiguous_tokens_keep_the_bits(tokens, m, packed, device):
 
 @pytest.mark.parametrize(
     "tune",
-    [dict(sub=3, block_l=32), dict(skip=False), dict(keys_m=False), dict(sub_packed=2, num_warps=2)],
-    ids=["sub3-32", "noskip", "hm", "subp2-w2"],
+    [dict(sub_tokens=3, block_l=32), dict(skip=False), dict(keys_m=False), dict(sub_tokens=2, num_warps=2)],
+    ids=["sub3-32", "noskip", "hm", "sub2-w2"],
 )
 @pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
 def test_tokens_under_other_launch_shapes(tune, packed, device):

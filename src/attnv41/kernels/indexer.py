@@ -44,6 +44,7 @@ _TUNE = dict(
     maxnreg_packed=80,
     inner_cvt=True,
     sub_packed=None,
+    sub_tokens=1,
     scale_word=True,
     lut=False,
     epi2=False,
@@ -58,7 +59,12 @@ _TUNE = dict(
 # 1M keys at m = 1 71.4 µs at 80 against 74.3 uncapped and 78.3 at 64; a B = 64 step's
 # ratio-1 call (32K keys each) 138.8 against 146.5 and 150.7; whole B = 64, 32K steps
 # (ab_steps.py) 8.291 against 8.332 ms. Production: 80.
-# sub_packed: blocks per program over packed keys (None: `sub`).
+# sub_packed: blocks per program over packed keys (None: `sub`). sub_tokens: blocks per program
+# under the `tokens` option, either key format: a prompt's launch has programs enough, and one
+# block each keeps more of them on the SMs. H100, 2026-12-06 (index_prefill_probe, paged, µs,
+# tokens 16, sub 2 (packed 4) → 1): a 64-token tile at a 1M context, 90 % visible, bf16
+# 1,869 → 1,679, packed 1,989 → 1,977; 55 % visible 1,177 → 1,054 and 1,326 → 1,237; a
+# 2,048-token chunk over 29,490 keys 1,904 → 1,729 and 2,160 → 2,061. The same bytes.
 # lut (thirty-third entry): packed keys by `packed_rows`' table-lookup PTX (WORDS = 4: each
 # code word's eight values in column order, no pairs of words to regroup, one bf16x2
 # multiply per two values instead of two). epi2: the epilogue's round, max with 0 and
@@ -282,7 +288,7 @@ def index_scores(
     if L == 0:  # gathered over no keys: every entry −∞
         return out.fill_(float("-inf"))
     cfg = _tune(tune)
-    sub = _sub(cfg, keys)
+    sub = _sub(cfg, keys, tokens)
     grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq,
@@ -354,9 +360,12 @@ def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
     return {"maxnreg": cap} if cap and keys.dtype == torch.uint8 else {}
 
 
-def _sub(cfg: dict, keys: torch.Tensor) -> int:
-    """Blocks per program: `sub_packed` over packed keys when set, else `sub` (a loop over
-    blocks computed alone: the same bits either way)."""
+def _sub(cfg: dict, keys: torch.Tensor, tokens: int) -> int:
+    """Blocks per program: `sub_tokens` under the `tokens` option (tokens > 1), else
+    `sub_packed` over packed keys when set, else `sub` (a loop over blocks computed alone:
+    the same bits either way)."""
+    if tokens > 1:
+        return cfg["sub_tokens"]
     sp = cfg["sub_packed"]
     return sp if sp is not None and keys.dtype == torch.uint8 else cfg["sub"]
 
@@ -447,7 +456,7 @@ def index_scores_paged(
     if m == 0:
         return out
     cfg = _tune(tune, _PAGED_TUNE)
-    sub = _sub(cfg, keys)
+    sub = _sub(cfg, keys, tokens)
     grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](
         iq, weights, keys, visible, out, n,
