@@ -13,8 +13,10 @@ tokens per program sharing each block of keys), and the top-k (k = 512) over eac
 shape's scores under other tiles and warps and with `neg_inf_past` (the same selection in
 every case; on 2026-12-06 a 64-token tile's top-k over 1M positions took 826 µs on an H100,
 0.46 TB/s of its three passes' reads; tile 2048 at 4 warps 784), and batched steps that mix
-a prompt chunk with decode tokens: one launch with tokens 16, the runtime's cut
-(`runtime.ops.prompt_segments`) and one launch of one token per program.
+a prompt chunk with decode tokens: one launch with tokens 16 (the runtime's rule) and one
+token per program. On 2026-12-06 (thirty-eighth entry) a third form, a launch per prompt run
+with the option and one for the other rows, lost to its extra launch's host cost (4K: 180
+against 79 µs) and was removed with its column.
 
 History: on 2026-12-03 (sixth entry) this script timed a prefill form (8 tokens per program
 sharing each key tile, 255 registers), which lost (6.8 against 4.3 ms on the 1M tile) and
@@ -40,7 +42,6 @@ from attnv41.kernels import indexer as I
 from attnv41.kernels.topk import topk_fixed
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e8m0_qdq
-from attnv41.runtime.ops import prompt_segments
 
 SHAPES = (
     ("1M tile, 90 % visible", 64, 1048576, 943000),
@@ -59,8 +60,7 @@ TUNES = [
     ("tokens=16, 3 stages", dict(tokens=16, num_stages=3)),
 ]
 # a batched step mixing a prompt chunk with decode tokens (one each of many sequences): the
-# rows as one launch with tokens 16 (the thirty-seventh entry's rule), as the runtime cuts them
-# now (`runtime.ops.prompt_segments`), and as one launch of one token per program
+# rows as one launch with tokens 16 (the runtime's rule) and with one token per program
 MIXED = (
     ("64 decode at 4K + 256-token chunk", 4096, 64, 256),
     ("64 decode at 32K + 512-token chunk", 32768, 64, 512),
@@ -153,13 +153,10 @@ def main() -> None:
     print("\n| top-k over | config | µs | same selection |\n|---|---|---|---|")
     for r in topk_rows:
         print(f"| {r['shape']} | {r['config']} | {r.get('us', float('nan')):.1f} | {r.get('same', r.get('error'))} |")
-    print("\n| kv | mixed step | one launch, tokens 16 | prompt_segments | one launch, tokens 1 | same bits |")
-    print("|---|---|---|---|---|---|")
+    print("\n| kv | mixed step | one launch, tokens 16 | one launch, tokens 1 | same bits |\n|---|---|---|---|---|")
     for r in mixed_rows:
-        us = [r.get(k, float("nan")) for k in ("all16", "segments", "all1")]
-        print(
-            f"| {r['kv']} | {r['shape']} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {r.get('same', r.get('error'))} |"
-        )
+        us = [r.get(k, float("nan")) for k in ("all16", "all1")]
+        print(f"| {r['kv']} | {r['shape']} | {us[0]:.1f} | {us[1]:.1f} | {r.get('same', r.get('error'))} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "index_prefill_probe.json"), "w") as f:
             json.dump(dict(scores=rows, topk=topk_rows, mixed=mixed_rows), f, indent=1)
@@ -188,20 +185,13 @@ def mixed(timer, gen) -> list[dict]:
                 vis = torch.tensor([int(ctx * 0.97)] * n_dec + [v0 + i for i in range(n_chunk)], device=dev)
                 vis = vis.clamp_max(ctx).to(torch.int32)
                 out = torch.empty(T, ctx, dtype=torch.bfloat16, device=dev)
-                segs = prompt_segments(list(range(n_dec + 1)), [1] * n_dec + [n_chunk], 0, T)
 
                 def one(tokens):
                     I.index_scores_paged(iq, w, keys, table, slots, B, vis, ctx, out=out, tokens=tokens)
 
-                def cut():
-                    for a, e, kw in segs:
-                        I.index_scores_paged(
-                            iq[a:e], w[a:e], keys, table, slots[a:e], B, vis[a:e], ctx, out=out[a:e], **kw
-                        )
-
                 same = True
                 base = None
-                for key, fn in (("all1", lambda: one(1)), ("all16", lambda: one(16)), ("segments", cut)):
+                for key, fn in (("all1", lambda: one(1)), ("all16", lambda: one(16))):
                     fn()
                     timer.sync()
                     if base is None:
@@ -209,7 +199,6 @@ def mixed(timer, gen) -> list[dict]:
                     same = same and bool(torch.equal(out.view(torch.int16), base.view(torch.int16)))
                     r[key] = timer.time(fn, warmup=2, reps=10).median_ms * 1e3
                 r["same"] = same
-                r["launches"] = len(segs)
             except Exception as ex:  # one shape failing must not stop the probe
                 r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
             out_rows.append(r)

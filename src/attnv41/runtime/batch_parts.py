@@ -13,7 +13,7 @@ import torch
 
 from ..kernels import select
 from ..weights import AttnV41LayerWeights
-from .ops import compacts, prompt_segments
+from .ops import compacts, prompt_tokens
 from .pool import BatchStep, _cdiv
 
 __all__ = ["BatchParts"]
@@ -337,22 +337,17 @@ class BatchParts:
             if own_dev is not None:
                 scores = self._released_scores_dev(iq, hw, step, vis, own_dev, t0, t1, Lw)
             elif owners is None:
-                segs = prompt_segments(step.offsets, step.lens, t0, t1)  # one ({}) in a decode step
-                scores = None if len(segs) == 1 else torch.empty(t1 - t0, Lw, dtype=torch.bfloat16, device=self.device)
-                for a, e, kw in segs:
-                    got = ops.index_scores_paged(
-                        iq[a:e],
-                        hw[a:e],
-                        pool.index_k[keys_layer],
-                        pool.tables[r],
-                        step.tok_slot[a:e],
-                        pool.block_rows,
-                        vis[a:e],
-                        Lw,
-                        out=None if scores is None else scores[a - t0 : e - t0],
-                        **kw,
-                    )
-                scores = got if scores is None else scores
+                scores = ops.index_scores_paged(
+                    iq[t0:t1],
+                    hw[t0:t1],
+                    pool.index_k[keys_layer],
+                    pool.tables[r],
+                    step.tok_slot[t0:t1],
+                    pool.block_rows,
+                    vis[t0:t1],
+                    Lw,
+                    **prompt_tokens(t1 - t0, max(step.lens, default=0)),  # {} in a decode step (runs of 1)
+                )
             else:
                 scores = self._released_scores(iq, hw, step, vis, owners, t0, t1, Lw)
             if w.role.is_candidate_source:

@@ -147,8 +147,14 @@ COMPACT_REINDEX = True
 # 1 launches as before it existed. The torch twins take it and ignore it. Only calls of at least
 # PROMPT_MIN tokens (and batched steps with a sequence of that many) take it: a program runs its
 # tokens one after another, so a few tokens over a short context would lose parallelism, and
-# a group of several sequences' tokens (a verify step's) shares nothing: a batched step cuts its
-# rows into launches with and without it (`prompt_segments`).
+# a group of several sequences' tokens (a verify step's) shares nothing. A batched step with a
+# prompt chunk passes it for all its rows, its decode tokens (one per slot) then in groups of
+# several slots, each program scoring its tokens one after another: H100, 2026-12-06
+# (thirty-eighth entry, index_prefill_probe's mixed steps, µs, with the option / without):
+# 64 decode tokens and a 256-token chunk at 4K 79.0 / 79.2; 64 and 512 at 32K 582 / 852 bf16,
+# 686 / 865 packed: those groups run among the chunk's programs. A launch per prompt run and
+# one for the other rows (tried that session: 180, 614 and 624 µs) lost to the extra launch's
+# host cost except over packed keys at 32K, and was not kept.
 # H100, 2026-12-06 (thirty-seventh entry; scripts/index_prefill_probe.py, the Flash index shapes,
 # paged, µs, one token per program → tokens 4 / 16): a 64-token tile at a 1M context, 90 %
 # visible, bf16 keys 3,043 → 2,351 / 1,869, packed 3,074 → 2,615 / 2,017; a 2,048-token chunk
@@ -159,38 +165,11 @@ PROMPT_TOKENS = 16
 PROMPT_MIN = 64
 
 
-def prompt_tokens(m: int) -> dict:
-    """The index scores' `tokens` keyword for a call of m tokens of one sequence: {} below
-    PROMPT_MIN."""
-    return {"tokens": PROMPT_TOKENS} if m >= PROMPT_MIN and PROMPT_TOKENS > 1 else {}
-
-
-def prompt_segments(offsets, lens, t0: int, t1: int) -> list[tuple[int, int, dict]]:
-    """A batched step's index-score launches over its rows t0 … t1 − 1 (sequence b's rows
-    offsets[b] … offsets[b] + lens[b] − 1): [(first row, end row, keyword)], covering them in
-    order. The rows of runs of at least PROMPT_MIN in the range (prompt chunks; adjacent ones
-    together) launch with the `tokens` option, their groups counted from their first row, so
-    at most the one group across two runs' boundary holds two sequences; the rows between
-    (decode and verify tokens of many sequences, padding rows) launch without it, one token
-    per program: in one launch with the option they would fall in groups of several slots,
-    whose tokens a program scores one after another. The bits do not depend on the cut (the
-    option's contract: each token's scores are those of one token per program)."""
-    segs: list[tuple[int, int, dict]] = []
-    a = t0
-    for off, n in sorted(zip(offsets, lens)):
-        lo, hi = max(t0, off), min(t1, off + n)
-        kw = prompt_tokens(hi - lo)
-        if not kw:
-            continue
-        if lo > a:
-            segs.append((a, lo, {}))
-        if segs and segs[-1][1] == lo and segs[-1][2]:  # adjacent prompt rows: one launch
-            lo = segs.pop()[0]
-        segs.append((lo, hi, kw))
-        a = hi
-    if a < t1:
-        segs.append((a, t1, {}))
-    return segs
+def prompt_tokens(m: int, longest: int | None = None) -> dict:
+    """The index scores' `tokens` keyword for a call of m tokens whose longest run of one
+    sequence's tokens is `longest` (None: m, one sequence): {} below PROMPT_MIN."""
+    run = m if longest is None else min(m, longest)
+    return {"tokens": PROMPT_TOKENS} if run >= PROMPT_MIN and PROMPT_TOKENS > 1 else {}
 
 
 def compacts(ops: Ops, cfg, width: int) -> bool:
