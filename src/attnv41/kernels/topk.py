@@ -45,6 +45,9 @@ __all__ = ["topk_fixed", "candidate_mask_fixed"]
 # shrink them (the keyword arguments, or by patching these names) to cross tile edges.
 _BLOCK = 4096  # top-k: positions per tile (Lb = 1M → 256 tiles per row)
 _WARPS = 8  # warps per program, both selections
+# H100, 2026-12-06 (thirty-eighth entry, scripts/topk_tune.py, µs): one row wants 8 warps
+# (1M: 22.8 against 24.2 at 4) and up to 128K positions tile 2048 (32K: 11.4 against 14.5);
+# 64 rows want 4 warps (32K 32.3 against 35.0, 1M 743 against 812). Not yet a launch rule.
 _MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
 # candidate mask: the most score entries one [blocks, columns] tensor holds. Registers grow
 # with entries per thread (int64 addresses): 4096 over 8 warps compile (sm_90) to ~150 at
