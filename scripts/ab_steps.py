@@ -29,6 +29,7 @@ from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
 from attnv41.kernels import gemv, indexer, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
+from attnv41.kernels import topk as topk_mod  # noqa: E402
 from attnv41.runtime import ops as runtime_ops  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
 from attnv41.runtime.stack import RuntimeStack  # noqa: E402
@@ -49,6 +50,8 @@ TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS, s
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
+# the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
+TOPK_BASE = dict(narrow_lb=topk_mod._NARROW_LB, many_warps=topk_mod._MANY_WARPS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -201,6 +204,8 @@ VARIANTS = {
     "tc counter": {"tc": dict(split="counter")},
     # (thirty-sixth entry) reindex layers over every visible row again (runtime/ops.compacts off)
     "full reindex": {"compact": False},
+    # (thirty-ninth entry) the top-k's shape before the rule by rows and width: tile 4096, 8 warps
+    "topk fixed shape": {"topk": dict(narrow_lb=0, many_warps=8)},
 }
 
 
@@ -215,6 +220,8 @@ def apply(over: dict) -> None:
     runtime_ops.COMPACT_REINDEX = over.get("compact", True)
     g = {**GEMV_BASE, **over.get("gemv", {})}
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
+    tk = {**TOPK_BASE, **over.get("topk", {})}
+    topk_mod._NARROW_LB, topk_mod._MANY_WARPS = tk["narrow_lb"], tk["many_warps"]
 
 
 def _table(title: str, col: str, res: dict) -> None:

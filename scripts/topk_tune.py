@@ -14,6 +14,11 @@ still run. Prints one Markdown table; writes JSON to $OUT/topk_tune.json when OU
 
     python scripts/topk_tune.py [--tiles 2048,4096] [--warps 4,8] [--mask-tiles 256,512]
                                 [--mask-warps 4,8] [--lbs 4096,1048576] [--ms 1,64]
+                                [--lean] [--budget 110]
+
+"rule" in the cfg column is the production launch shape for (m, Lb) (`topk._topk_shape`),
+timed next to the asked tiles and warps. --lean skips timing the torch twins and the
+candidate mask (the twins still give the references every variant is checked against).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ K_SEL = 512
 CAND_BLOCKS, CAND_BLOCK = 2048, 8
 CALLS = 20  # calls per captured graph
 COPY_BYTES = 1 << 30  # the most bytes of score copies per shape
-BUDGET_S = 110.0  # rows not started by then are skipped (the whole run must stay under 2 minutes)
+BUDGET_S = 110.0  # default --budget: rows not started by then are skipped
 
 
 def _ints(text: str | None, default: list[int]) -> list[int]:
@@ -50,6 +55,8 @@ def main() -> int:
     ap.add_argument("--mask-warps", help="candidate-mask warps per program; default the production count")
     ap.add_argument("--lbs", help="bucket widths; default 4096,32768,131072,1048576")
     ap.add_argument("--ms", help="rows (tokens); default 1,64")
+    ap.add_argument("--lean", action="store_true", help="time only the Triton top-k variants")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which shapes are skipped")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("topk_tune: needs CUDA", file=sys.stderr)
@@ -63,11 +70,11 @@ def main() -> int:
     rows: list[dict] = []
     for Lb in lbs:
         for m in ms:
-            if time.monotonic() - t_start > BUDGET_S:
-                rows.append(dict(Lb=Lb, m=m, variant="*", error=f"skipped: past the {BUDGET_S:.0f} s budget"))
+            if time.monotonic() - t_start > a.budget:
+                rows.append(dict(Lb=Lb, m=m, variant="*", error=f"skipped: past the {a.budget:.0f} s budget"))
                 continue
             try:
-                rows += _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps)
+                rows += _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, a.lean)
             except Exception as e:  # the shape's set-up failed (memory, the twins): the next shape still runs
                 traceback.print_exc()
                 rows.append(dict(Lb=Lb, m=m, variant="*", error=f"{type(e).__name__}: {e}"[:300]))
@@ -81,7 +88,7 @@ def main() -> int:
     return 0
 
 
-def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps) -> list[dict]:
+def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, lean=False) -> list[dict]:
     gen = torch.Generator(device=dev).manual_seed(Lb + m)
     L = (3 * Lb) // 4
     copies = max(1, min(CALLS, COPY_BYTES // (m * Lb * 2)))
@@ -103,57 +110,34 @@ def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps) -> list[dict
     nbytes = m * Lb * 2  # the scores, read once: the floor every variant shares
 
     variants = []  # (name, cfg, call(i), check() -> bool or None)
-    for tile in tiles:
-        for w in warps:
-            kw = dict(tile=tile, num_warps=w)
-            variants.append(
-                (
-                    "triton topk",
-                    f"tile={tile} warps={w}",
-                    lambda i, kw=kw: K.topk_fixed(scores[i % copies], vis, K_SEL, 0, tops[i % copies], **kw),
-                    lambda: torch.equal(tops[0], want_top),
-                )
+    rule = K._topk_shape(m, Lb)
+    shapes = [(None, None)] + [(t, w) for t in tiles for w in warps if (t, w) != rule]
+    for tile, w in shapes:
+        kw = dict(tile=tile, num_warps=w)
+        label = f"rule: tile={rule[0]} warps={rule[1]}" if tile is None else f"tile={tile} warps={w}"
+        variants.append(
+            (
+                "triton topk",
+                label,
+                lambda i, kw=kw: K.topk_fixed(scores[i % copies], vis, K_SEL, 0, tops[i % copies], **kw),
+                lambda: torch.equal(tops[0], want_top),
             )
-            variants.append(
-                (
-                    "triton topk+mask",
-                    f"tile={tile} warps={w}",
-                    lambda i, kw=kw: K.topk_fixed(
-                        scores[i % copies], vis, K_SEL, 0, tops[i % copies], masks[i % copies], **kw
-                    ),
-                    lambda: torch.equal(tops[0], want_fused),
-                )
+        )
+        variants.append(
+            (
+                "triton topk+mask",
+                label,
+                lambda i, kw=kw: K.topk_fixed(
+                    scores[i % copies], vis, K_SEL, 0, tops[i % copies], masks[i % copies], **kw
+                ),
+                lambda: torch.equal(tops[0], want_fused),
             )
+        )
     variants.append(("torch.topk fp32", "", lambda i: torch.topk(scores[i % copies].float(), K_SEL, dim=-1), None))
-    variants.append(
-        (
-            "select.topk_fixed",
-            "",
-            lambda i: select.topk_fixed(scores[i % copies], vis, K_SEL, 0, tops[i % copies]),
-            lambda: torch.equal(tops[0], want_top),
+    if not lean:
+        variants += _twin_and_mask_variants(
+            scores, vis, tops, masks, copies, want_top, want_mask, mask_tiles, mask_warps
         )
-    )
-    for tb in mask_tiles:
-        for w in mask_warps:
-            kw = dict(tile_blocks=tb, tile_cols=max(tb, K._MASK_COLS), num_warps=w)
-            variants.append(
-                (
-                    "triton cand_mask",
-                    f"blocks={tb} warps={w}",
-                    lambda i, kw=kw: K.candidate_mask_fixed(
-                        scores[i % copies], vis, CAND_BLOCKS, CAND_BLOCK, masks[i % copies], **kw
-                    ),
-                    lambda: torch.equal(masks[0], want_mask),
-                )
-            )
-    variants.append(
-        (
-            "select.cand_mask",
-            "",
-            lambda i: select.candidate_mask_fixed(scores[i % copies], vis, CAND_BLOCKS, CAND_BLOCK, masks[i % copies]),
-            lambda: torch.equal(masks[0], want_mask),
-        )
-    )
 
     rows = []
     for name, cfg, call, check in variants:
@@ -181,6 +165,40 @@ def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps) -> list[dict
         if base and "us" in r:
             r["x_torch_topk"] = r["us"] / base
     return rows
+
+
+def _twin_and_mask_variants(scores, vis, tops, masks, copies, want_top, want_mask, mask_tiles, mask_warps):
+    """The torch twin of the top-k, then the candidate masks (Triton per tile and warps, torch)."""
+    out = [
+        (
+            "select.topk_fixed",
+            "",
+            lambda i: select.topk_fixed(scores[i % copies], vis, K_SEL, 0, tops[i % copies]),
+            lambda: torch.equal(tops[0], want_top),
+        )
+    ]
+    for tb in mask_tiles:
+        for w in mask_warps:
+            kw = dict(tile_blocks=tb, tile_cols=max(tb, K._MASK_COLS), num_warps=w)
+            out.append(
+                (
+                    "triton cand_mask",
+                    f"blocks={tb} warps={w}",
+                    lambda i, kw=kw: K.candidate_mask_fixed(
+                        scores[i % copies], vis, CAND_BLOCKS, CAND_BLOCK, masks[i % copies], **kw
+                    ),
+                    lambda: torch.equal(masks[0], want_mask),
+                )
+            )
+    out.append(
+        (
+            "select.cand_mask",
+            "",
+            lambda i: select.candidate_mask_fixed(scores[i % copies], vis, CAND_BLOCKS, CAND_BLOCK, masks[i % copies]),
+            lambda: torch.equal(masks[0], want_mask),
+        )
+    )
+    return out
 
 
 def _print(rows: list[dict]) -> None:

@@ -196,6 +196,37 @@ def test_topk_patched_block_is_used(device, monkeypatch):
     _equal("topk patched", got, _twin_topk(scores, vis, 30, 1))
 
 
+def test_topk_launch_shape_is_a_function_of_rows_and_width(monkeypatch):
+    """The production (tile, warps) by (m, Lb): one row takes 8 warps and 2,048-position
+    tiles up to 131,072 positions, more rows 4 warps and 4,096-position tiles; the narrow
+    tile never exceeds a patched `_BLOCK`."""
+    assert T._topk_shape(1, 1) == (2048, 8)
+    assert T._topk_shape(1, 131072) == (2048, 8)
+    assert T._topk_shape(1, 131073) == (4096, 8)
+    assert T._topk_shape(1, 1 << 20) == (4096, 8)
+    assert T._topk_shape(2, 32768) == (4096, 4)
+    assert T._topk_shape(64, 1 << 20) == (4096, 4)
+    monkeypatch.setattr(T, "_BLOCK", 16)
+    assert T._topk_shape(1, 50) == (16, 8)
+    assert T._topk_shape(1, 1 << 20) == (16, 8)
+    assert T._topk_shape(3, 50) == (16, 4)
+
+
+def test_topk_production_shapes_agree(device, monkeypatch):
+    """One row under the narrow rule and the same row among others (the wide rule) select the
+    same positions: the shape rule keeps a token's result independent of m."""
+    monkeypatch.setattr(T, "_NARROW_TILE", 64)
+    monkeypatch.setattr(T, "_BLOCK", 128)
+    gen = torch.Generator().manual_seed(9)
+    scores, vis = _scores(gen, 3, 300, "ties"), torch.tensor([300, 123, 7])
+    assert T._topk_shape(1, 300) == (64, 8) and T._topk_shape(3, 300) == (128, 4)
+    many, _ = _topk_in_view(scores, vis, 40, 5, device)
+    for t in range(3):
+        one, _ = _topk_in_view(scores[t : t + 1], vis[t : t + 1], 40, 5, device)
+        _equal(f"topk row {t} alone vs among 3", one, many[t : t + 1])
+    _equal("topk rule", many, _twin_topk(scores, vis, 40, 5))
+
+
 def test_topk_no_rows(device):
     out = torch.empty(0, 4, dtype=torch.int32, device=device)
     scores = torch.empty(0, 10, dtype=torch.bfloat16, device=device)

@@ -45,9 +45,15 @@ __all__ = ["topk_fixed", "candidate_mask_fixed"]
 # shrink them (the keyword arguments, or by patching these names) to cross tile edges.
 _BLOCK = 4096  # top-k: positions per tile (Lb = 1M → 256 tiles per row)
 _WARPS = 8  # warps per program, both selections
-# H100, 2026-12-06 (thirty-eighth entry, scripts/topk_tune.py, µs): one row wants 8 warps
-# (1M: 22.8 against 24.2 at 4) and up to 128K positions tile 2048 (32K: 11.4 against 14.5);
-# 64 rows want 4 warps (32K 32.3 against 35.0, 1M 743 against 812). Not yet a launch rule.
+# The top-k's launch shape by rows and width (`_topk_shape`): the selection is exact, the
+# same for every tile and warp count, so a shape chosen from (m, Lb) keeps every result
+# batch-invariant. H100, 2026-12-06 (thirty-eighth entry, scripts/topk_tune.py, µs): one row
+# wants 8 warps (1M: 22.8 against 24.2 at 4) and up to 128K positions tile 2048 (32K: 11.4
+# against 14.5); 64 rows want 4 warps (32K 32.3 against 35.0, 1M 743 against 812).
+_FEW_ROWS = 1  # rows up to this many take `_WARPS`, more take `_MANY_WARPS`
+_MANY_WARPS = 4
+_NARROW_TILE = 2048  # a few rows no wider than `_NARROW_LB` take tiles of this many positions
+_NARROW_LB = 131072
 _MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
 # candidate mask: the most score entries one [blocks, columns] tensor holds. Registers grow
 # with entries per thread (int64 addresses): 4096 over 8 warps compile (sm_90) to ~150 at
@@ -73,6 +79,15 @@ def _check_warps(name: str, value) -> None:
 
 def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+def _topk_shape(m: int, Lb: int) -> tuple[int, int]:
+    """The top-k's production (tile, warps) for m rows of width Lb, from the module's
+    constants read at call time (tests patch `_BLOCK` to cross tile edges; the narrow tile
+    never exceeds it)."""
+    if m <= _FEW_ROWS:
+        return (min(_BLOCK, _NARROW_TILE) if Lb <= _NARROW_LB else _BLOCK), _WARPS
+    return _BLOCK, _MANY_WARPS
 
 
 def _row_chunks(m: int):
@@ -110,7 +125,8 @@ def topk_fixed(
     reindex layer, fused into the key computation; `scores` is not written).
 
     tile, num_warps: tuning knobs for tests and benchmarks (a power of two 16..65536
-    positions per tile, warps per program); None takes the production constants.
+    positions per tile, warps per program); None takes the production shape for (m, Lb)
+    (`_topk_shape`: the result is the same for every shape).
     neg_inf_past: every score at a position ≥ visible[t] counts as −∞ and is not read (the
     index scores store −∞ there, so the result is the same as without it); the histogram
     passes count a tile wholly past visible[t] without reading or sorting it (a long
@@ -133,8 +149,9 @@ def topk_fixed(
     _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
     if mask is not None:
         _check_mask("topk_fixed", mask, (m, Lb), scores.device)
-    tile = _BLOCK if tile is None else tile
-    num_warps = _WARPS if num_warps is None else num_warps
+    auto_tile, auto_warps = _topk_shape(m, Lb)
+    tile = auto_tile if tile is None else tile
+    num_warps = auto_warps if num_warps is None else num_warps
     _check_pow2("topk_fixed: tile", tile, 16, 65536)
     _check_warps("topk_fixed: num_warps", num_warps)
     if not isinstance(neg_inf_past, bool):
