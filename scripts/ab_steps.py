@@ -51,7 +51,7 @@ FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
 # the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
-TOPK_BASE = dict(narrow_lb=topk_mod._NARROW_LB, many_warps=topk_mod._MANY_WARPS)
+TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -205,7 +205,7 @@ VARIANTS = {
     # (thirty-sixth entry) reindex layers over every visible row again (runtime/ops.compacts off)
     "full reindex": {"compact": False},
     # (thirty-ninth entry) the top-k's shape before the rule by rows and width: tile 4096, 8 warps
-    "topk fixed shape": {"topk": dict(narrow_lb=0, many_warps=8)},
+    "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
 }
 
 
@@ -221,7 +221,7 @@ def apply(over: dict) -> None:
     g = {**GEMV_BASE, **over.get("gemv", {})}
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
     tk = {**TOPK_BASE, **over.get("topk", {})}
-    topk_mod._NARROW_LB, topk_mod._MANY_WARPS = tk["narrow_lb"], tk["many_warps"]
+    topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
 
 
 def _table(title: str, col: str, res: dict) -> None:

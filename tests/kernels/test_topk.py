@@ -197,19 +197,20 @@ def test_topk_patched_block_is_used(device, monkeypatch):
 
 
 def test_topk_launch_shape_is_a_function_of_rows_and_width(monkeypatch):
-    """The production (tile, warps) by (m, Lb): one row takes 8 warps and 2,048-position
-    tiles up to 131,072 positions, more rows 4 warps and 4,096-position tiles; the narrow
-    tile never exceeds a patched `_BLOCK`."""
+    """The production (tile, warps) by the call's positions m·Lb: up to 128K tiles of 2,048
+    at 8 warps, up to 1M tiles of 2,048 at 4 warps, beyond 4,096 at 4 warps; the narrow tile
+    never exceeds a patched `_BLOCK`."""
     assert T._topk_shape(1, 1) == (2048, 8)
     assert T._topk_shape(1, 131072) == (2048, 8)
-    assert T._topk_shape(1, 131073) == (4096, 8)
-    assert T._topk_shape(1, 1 << 20) == (4096, 8)
-    assert T._topk_shape(2, 32768) == (4096, 4)
-    assert T._topk_shape(64, 1 << 20) == (4096, 4)
+    assert T._topk_shape(4, 32768) == (2048, 8)
+    assert T._topk_shape(1, 131073) == (2048, 4)
+    assert T._topk_shape(1, 1 << 20) == (2048, 4)
+    assert T._topk_shape(64, 4096) == (2048, 4)
+    assert T._topk_shape(2, 1 << 20) == (4096, 4)
+    assert T._topk_shape(64, 32768) == (4096, 4)
     monkeypatch.setattr(T, "_BLOCK", 16)
     assert T._topk_shape(1, 50) == (16, 8)
-    assert T._topk_shape(1, 1 << 20) == (16, 8)
-    assert T._topk_shape(3, 50) == (16, 4)
+    assert T._topk_shape(64, 1 << 20) == (16, 4)
 
 
 def test_topk_production_shapes_agree(device, monkeypatch):
@@ -217,6 +218,8 @@ def test_topk_production_shapes_agree(device, monkeypatch):
     same positions: the shape rule keeps a token's result independent of m."""
     monkeypatch.setattr(T, "_NARROW_TILE", 64)
     monkeypatch.setattr(T, "_BLOCK", 128)
+    monkeypatch.setattr(T, "_NARROW_POSITIONS", 300)
+    monkeypatch.setattr(T, "_FEW_POSITIONS", 300)
     gen = torch.Generator().manual_seed(9)
     scores, vis = _scores(gen, 3, 300, "ties"), torch.tensor([300, 123, 7])
     assert T._topk_shape(1, 300) == (64, 8) and T._topk_shape(3, 300) == (128, 4)

@@ -45,15 +45,16 @@ __all__ = ["topk_fixed", "candidate_mask_fixed"]
 # shrink them (the keyword arguments, or by patching these names) to cross tile edges.
 _BLOCK = 4096  # top-k: positions per tile (Lb = 1M → 256 tiles per row)
 _WARPS = 8  # warps per program, both selections
-# The top-k's launch shape by rows and width (`_topk_shape`): the selection is exact, the
-# same for every tile and warp count, so a shape chosen from (m, Lb) keeps every result
-# batch-invariant. H100, 2026-12-06 (thirty-eighth entry, scripts/topk_tune.py, µs): one row
-# wants 8 warps (1M: 22.8 against 24.2 at 4) and up to 128K positions tile 2048 (32K: 11.4
-# against 14.5); 64 rows want 4 warps (32K 32.3 against 35.0, 1M 743 against 812).
-_FEW_ROWS = 1  # rows up to this many take `_WARPS`, more take `_MANY_WARPS`
+# The top-k's launch shape by the positions of the call, m·Lb (`_topk_shape`): the selection
+# is exact, the same for every tile and warp count, so a shape chosen from (m, Lb) keeps every
+# result batch-invariant. H100, 2026-12-06 (thirty-ninth entry, scripts/topk_tune.py, m 1-64,
+# Lb 4K-1M, µs): up to 128K positions tile 2048 at 8 warps is fastest (m = 1, 32K: 11.4
+# against 14.5 at 4096 / 8), up to 1M tile 2048 at 4 warps (m = 8, 128K: 21.7 against 22.8),
+# beyond tile 4096 at 4 warps (m = 64, 1M: 743 against 812); every other cell within 2 %.
+_NARROW_TILE = 2048  # positions per tile while m·Lb ≤ `_NARROW_POSITIONS` (never above `_BLOCK`)
+_NARROW_POSITIONS = 1 << 20
+_FEW_POSITIONS = 1 << 17  # m·Lb up to this take `_WARPS`, more take `_MANY_WARPS`
 _MANY_WARPS = 4
-_NARROW_TILE = 2048  # a few rows no wider than `_NARROW_LB` take tiles of this many positions
-_NARROW_LB = 131072
 _MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
 # candidate mask: the most score entries one [blocks, columns] tensor holds. Registers grow
 # with entries per thread (int64 addresses): 4096 over 8 warps compile (sm_90) to ~150 at
@@ -85,9 +86,9 @@ def _topk_shape(m: int, Lb: int) -> tuple[int, int]:
     """The top-k's production (tile, warps) for m rows of width Lb, from the module's
     constants read at call time (tests patch `_BLOCK` to cross tile edges; the narrow tile
     never exceeds it)."""
-    if m <= _FEW_ROWS:
-        return (min(_BLOCK, _NARROW_TILE) if Lb <= _NARROW_LB else _BLOCK), _WARPS
-    return _BLOCK, _MANY_WARPS
+    positions = m * Lb
+    tile = min(_BLOCK, _NARROW_TILE) if positions <= _NARROW_POSITIONS else _BLOCK
+    return tile, (_WARPS if positions <= _FEW_POSITIONS else _MANY_WARPS)
 
 
 def _row_chunks(m: int):
