@@ -204,7 +204,7 @@ VARIANTS = {
     "tc counter": {"tc": dict(split="counter")},
     # (thirty-sixth entry) reindex layers over every visible row again (runtime/ops.compacts off)
     "full reindex": {"compact": False},
-    # (thirty-ninth entry) the top-k's shape before the rule by rows and width: tile 4096, 8 warps
+    # (thirty-ninth entry) the top-k's shape before its rule by positions: tile 4096, 8 warps
     "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
 }
 

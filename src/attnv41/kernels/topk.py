@@ -44,7 +44,7 @@ __all__ = ["topk_fixed", "candidate_mask_fixed"]
 # Production tiling: fixed constants, never derived from values or the SM count. Tests
 # shrink them (the keyword arguments, or by patching these names) to cross tile edges.
 _BLOCK = 4096  # top-k: positions per tile (Lb = 1M → 256 tiles per row)
-_WARPS = 8  # warps per program, both selections
+_WARPS = 8  # warps per program: the candidate mask, and the top-k up to `_FEW_POSITIONS`
 # The top-k's launch shape by the positions of the call, m·Lb (`_topk_shape`): the selection
 # is exact, the same for every tile and warp count, so a shape chosen from (m, Lb) keeps every
 # result batch-invariant. H100, 2026-12-06 (thirty-ninth entry, scripts/topk_tune.py, m 1-64,
