@@ -30,6 +30,7 @@ from attnv41.kernels import gemv, indexer, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.kernels import topk as topk_mod  # noqa: E402
+from attnv41.runtime import decode as runtime_decode  # noqa: E402
 from attnv41.runtime import ops as runtime_ops  # noqa: E402
 from attnv41.runtime.batch_graphs import BatchGraphs  # noqa: E402
 from attnv41.runtime.stack import RuntimeStack  # noqa: E402
@@ -206,6 +207,8 @@ VARIANTS = {
     "full reindex": {"compact": False},
     # (thirty-ninth entry) the top-k's shape before its rule by positions: tile 4096, 8 warps
     "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
+    # (thirty-ninth entry, built untimed) the single-sequence step's second stream (`--single` only)
+    "side stream": {"side": True},
 }
 
 
@@ -218,6 +221,7 @@ def apply(over: dict) -> None:
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS, tc_mm._SPLIT_FORM = tc["target"], tc["min_seg"], tc["split"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
     runtime_ops.COMPACT_REINDEX = over.get("compact", True)
+    runtime_decode.SIDE_STREAM = over.get("side", False)
     g = {**GEMV_BASE, **over.get("gemv", {})}
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
     tk = {**TOPK_BASE, **over.get("topk", {})}

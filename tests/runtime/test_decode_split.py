@@ -99,3 +99,24 @@ def test_split_errors():
     other.attn.decode_body(w[0], other.states[0], xs[0][13:14], other.attn.decode_prep(w[0], other.shared, 13))
     with pytest.raises(ValueError, match="layer 1 is a kv source whose state was not prefilled in this sequence"):
         other.attn.decode_prep(w[1], other.shared, 13)
+
+
+def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
+    """`decode.SIDE_STREAM` acts only inside a CUDA graph capture: a CPU runtime has no second
+    stream, and its split steps stay equal to forward byte for byte with the flag on (the
+    CUDA form: tests/runtime/test_gpu.py::test_flash_graph_replay_side_stream)."""
+    from attnv41.runtime import decode
+
+    monkeypatch.setattr(decode, "SIDE_STREAM", True)
+    cfg = small_cfg(compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=32, max_tokens=32)
+    a, b = _pair(cfg, 41)
+    assert b.attn._side is None and b.attn._side_stream() is None
+    xs = random_inputs(cfg, 12, 42)
+    for s in (a, b):
+        s.step([x[:9] for x in xs], 0)
+    for p in range(9, 12):
+        for i in range(cfg.n_layers):
+            x = xs[i][p : p + 1]
+            ref = a.layer(i, x, p).out.clone()
+            got = b.attn.decode_body(b.weights[i], b.states[i], x, b.attn.decode_prep(b.weights[i], b.shared, p))
+            assert torch.equal(ref, got), f"p{p} L{i}"

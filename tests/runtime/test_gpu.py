@@ -170,6 +170,16 @@ def test_flash_graph_replay_short(index_keys):
     _replay_run(index_keys, 1016, 16, 4210, f"graphs_short_{index_keys}")
 
 
+def test_flash_graph_replay_side_stream(monkeypatch):
+    """Quick tier: the same replay with `decode.SIDE_STREAM` on (the window row's chain and
+    the kv sources' compressor steps captured on a second stream): every replayed step equal
+    byte for byte to eager forward, across the 1,024 bucket boundary."""
+    from attnv41.runtime import decode
+
+    monkeypatch.setattr(decode, "SIDE_STREAM", True)
+    _replay_run("own", 1020, 8, 4230, "graphs_side_stream")
+
+
 @pytest.mark.gpu_full
 @pytest.mark.parametrize("index_keys", ["own", "released"])
 def test_flash_graph_replay_10k_steps(index_keys):

@@ -239,6 +239,8 @@ class AttnV41(AttnChecks, AttnDecode):
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
         self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
+        # the single-token step's second stream under capture (`decode.SIDE_STREAM`)
+        self._side = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         # Decode steps run from device metadata: the position and everything derived from
         # it (window slots, visible rows, compressor slot and completion, the selections).
         if plan is None:
@@ -631,12 +633,25 @@ class AttnV41(AttnChecks, AttnDecode):
         inside the linear; what changes is who makes it, once."""
         return m <= gemv.DECODE_MAX_M and any(sc is not None for sc in scales)
 
-    def _qkv(self, w, x, pos, cos, sin, m: int, ring: torch.Tensor, ring_slot: torch.Tensor | None = None):
+    def _qkv(
+        self,
+        w,
+        x,
+        pos,
+        cos,
+        sin,
+        m: int,
+        ring: torch.Tensor,
+        ring_slot: torch.Tensor | None = None,
+        side: torch.cuda.Stream | None = None,
+    ):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
         counter as it enters the ring), written into ring[pos % W], and whether the indexer's
         head weights and queries were projected into `hw` and `iq` on the way (index
-        sources). The one copy of this path: prefill and decode."""
+        sources). The one copy of this path: prefill and decode. side: a second stream on
+        which the window row's chain runs beside q's norm and wq_b (forked after the first
+        projections, joined before the return; the same kernels, so the same bytes)."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
         # one pass over x: wq_a, wkv (bf16, or FP8 with their scales) and, on index sources, the head weights
@@ -648,6 +663,12 @@ class AttnV41(AttnChecks, AttnDecode):
             outs.append(self.hw[:m])
             scales.append(None)
         ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
+        main = None
+        if side is not None:
+            main = torch.cuda.current_stream(self.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
         q = self.q[:m]
         # one pass over cq: wq_b and, on index sources, the index queries (`hw_done` covers both)
         ws, outs, scales = [w["wq_b.weight"]], [q.view(m, H * D)], [w.get("wq_b.scale")]
@@ -662,14 +683,21 @@ class AttnV41(AttnChecks, AttnDecode):
         # q's RoPE as wq_b's output is stored (the decode GEMV's epilogue; else the rope op after)
         xq = dict(xq=pq["qdq_out"]) if pq else {}
         ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), rope=(0, D, cos, sin, pos), **xq)
-        kv = self.kv[:m]
-        # rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]: one kernel
-        # ring_slot: the row of ring each token goes to (a batched step's staging rows), else pos % window
+        if main is None:
+            self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
+        else:
+            main.wait_stream(side)
+        return cq, q, self.kv[:m], hw_done
+
+    def _kv_row(self, w, m: int, cos, sin, pos, ring: torch.Tensor, ring_slot: torch.Tensor | None) -> None:
+        """rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]:
+        one kernel, from `rows_tmp` into `kv`. ring_slot: the row of ring each token goes to
+        (a batched step's staging rows), else pos % window."""
         slot = {} if ring_slot is None else dict(slot=ring_slot)
-        ops.kv_chain(
-            self.rows_tmp[:m], w["kv_norm.weight"], c.norm_eps, cos, sin, pos, kv, ring, self.nonfinite, **slot
-        )
-        return cq, q, kv, hw_done
+        self.ops.kv_chain(
+            self.rows_tmp[:m], w["kv_norm.weight"], self.cfg.norm_eps, cos, sin, pos, self.kv[:m], ring,
+            self.nonfinite, **slot,
+        )  # fmt: skip
 
     def _output(
         self, w, o, pos, cos, sin, m: int, out: torch.Tensor | None = None, rotated: bool = False

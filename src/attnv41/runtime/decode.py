@@ -23,6 +23,15 @@ from .plan import ROW, ROW_POS, SLOT, VIS
 
 __all__ = ["AttnDecode"]
 
+# Inside a CUDA graph capture of single-token layer steps (`_decode_kernels`), independent
+# kernels on the runtime's second stream, forked and joined within the layer: the window
+# row's chain beside q's norm and wq_b, and a kv source's compressor step beside the layer's
+# first projections (it reads only x, the layer's state and the plan). The same kernels on
+# the same inputs and outputs, so the same bytes as one stream; eager steps keep one stream
+# (a fork and a join cost host time on every call). Off: built in the thirty-ninth entry
+# without device time left to measure it (scripts/ab_steps.py --single, "side stream").
+SIDE_STREAM = False
+
 
 @dataclass
 class _Ticket:
@@ -339,13 +348,20 @@ class AttnDecode:
         r, W = role.ratio, c.window
         pos = plan.pos
         cos, sin = self._tables(r)
-        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring)
+        side = self._side_stream()
+        early = side is not None and r > 0 and role.is_kv_source
+        if early:  # the compressor step on the second stream, joined with the window row's chain in _qkv
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._compress_step(w, st, x, r)
+        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring, side=side)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
             meta = plan.meta[r]
             if role.is_kv_source:
-                self._compress_step(w, st, x, r)
+                if not early:
+                    self._compress_step(w, st, x, r)
                 rows_b = st.compress_kv
             comp = rows_b
             sel = plan.sel_for(role.layer)
@@ -386,6 +402,12 @@ class AttnDecode:
         rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue
         o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot)
         return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
+
+    def _side_stream(self):
+        """The second stream of a captured single-token step (`SIDE_STREAM`), else None."""
+        if SIDE_STREAM and self._side is not None and torch.cuda.is_current_stream_capturing():
+            return self._side
+        return None
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
         """§5/§6.1 for one decode token from the device metadata: the token into compressor
