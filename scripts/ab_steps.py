@@ -207,7 +207,7 @@ VARIANTS = {
     "full reindex": {"compact": False},
     # (thirty-ninth entry) the top-k's shape before its rule by positions: tile 4096, 8 warps
     "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
-    # (thirty-ninth entry, built untimed) the single-sequence step's second stream (`--single` only)
+    # (thirty-ninth entry, built untimed) the decode steps' second stream under capture
     "side stream": {"side": True},
 }
 

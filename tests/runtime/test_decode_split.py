@@ -120,3 +120,27 @@ def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
             ref = a.layer(i, x, p).out.clone()
             got = b.attn.decode_body(b.weights[i], b.states[i], x, b.attn.decode_prep(b.weights[i], b.shared, p))
             assert torch.equal(ref, got), f"p{p} L{i}"
+
+
+def test_side_stream_refuses_counter_split_forms(monkeypatch):
+    """Under capture with `SIDE_STREAM` on, the second stream is refused (ValueError naming
+    the forms) while a split form other than "launch" is set: its arrival counters would be
+    shared by kernels running at once on two streams."""
+    from attnv41.kernels import gemv, tc_mm
+    from attnv41.runtime import decode
+
+    cfg = small_cfg()
+    rt, _ = _pair(cfg, 1)
+    side = object()  # stands for the CUDA stream a GPU runtime holds
+    monkeypatch.setattr(rt.attn, "_side", side)
+    monkeypatch.setattr(decode.torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert rt.attn._side_stream() is None  # the flag off
+    monkeypatch.setattr(decode, "SIDE_STREAM", True)
+    assert rt.attn._side_stream() is side
+    monkeypatch.setattr(gemv, "_SPLIT_FORM", "counter")
+    with pytest.raises(ValueError, match=r"split forms \{'gemv': 'counter', 'tc_mm': 'launch'\}; allowed: 'launch'"):
+        rt.attn._side_stream()
+    monkeypatch.setattr(gemv, "_SPLIT_FORM", "launch")
+    monkeypatch.setattr(tc_mm, "_SPLIT_FORM", "counter")
+    with pytest.raises(ValueError, match="'tc_mm': 'counter'"):
+        rt.attn._side_stream()

@@ -551,8 +551,16 @@ class BatchV41(BatchParts):
         pos = step.pos
         cos, sin = attn._tables(r)
         ring = pool.ring[i]
+        # captured decode-only steps under `decode.SIDE_STREAM`: the compressor and the window
+        # row's chain on the second stream (joined in `_qkv`)
+        side = attn._side_stream() if step.decode_only else None
+        early = side is not None and role.is_kv_source and r >= 2
+        if early:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._compress_decode(w, x, step)
         if step.decode_only:  # one token per sequence: its row straight into its ring row (`_derive_decode`)
-            cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, ring, ring_slot=step.ring_dst)
+            cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, ring, ring_slot=step.ring_dst, side=side)
         else:  # the step's window rows into the staging rows, copied into the ring after attention
             stage = ring[pool.ring_rows : pool.ring_rows + T]  # (packed there when the pool is)
             cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, stage, ring_slot=self._rows[:T])
@@ -560,7 +568,7 @@ class BatchV41(BatchParts):
         comp = attn._empty_rows
         if r > 0:
             src, keys_layer, isrc = self.wiring[i]
-            if role.is_kv_source:
+            if role.is_kv_source and not early:  # (early: on the second stream above)
                 if step.decode_only and r >= 2:
                     self._compress_decode(w, x, step)
                 elif step.cont and r >= 2:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels import gemv, tc_mm
 from ..state import AttnV41LayerState, SharedV41
 from ..weights import AttnV41LayerWeights
 from .checks import not_an_int
@@ -23,13 +24,16 @@ from .plan import ROW, ROW_POS, SLOT, VIS
 
 __all__ = ["AttnDecode"]
 
-# Inside a CUDA graph capture of single-token layer steps (`_decode_kernels`), independent
-# kernels on the runtime's second stream, forked and joined within the layer: the window
-# row's chain beside q's norm and wq_b, and a kv source's compressor step beside the layer's
+# Inside a CUDA graph capture of decode steps (the single-token layer step `_decode_kernels`,
+# the batched runtime's decode-only steps), independent kernels on the runtime's second
+# stream, forked and joined within the layer: the window row's chain beside q's norm and
+# wq_b, and a kv source's compressor step (ratio ≥ 2 in batched steps) beside the layer's
 # first projections (it reads only x, the layer's state and the plan). The same kernels on
 # the same inputs and outputs, so the same bytes as one stream; eager steps keep one stream
-# (a fork and a join cost host time on every call). Off: built in the thirty-ninth entry
-# without device time left to measure it (scripts/ab_steps.py --single, "side stream").
+# (a fork and a join cost host time on every call). Needs the split products' "launch"
+# form (the "counter" forms share arrival counters, which two streams must not). Off: built
+# in the thirty-ninth entry without device time left to measure it (scripts/ab_steps.py,
+# "side stream").
 SIDE_STREAM = False
 
 
@@ -404,10 +408,16 @@ class AttnDecode:
         return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
 
     def _side_stream(self):
-        """The second stream of a captured single-token step (`SIDE_STREAM`), else None."""
-        if SIDE_STREAM and self._side is not None and torch.cuda.is_current_stream_capturing():
-            return self._side
-        return None
+        """The second stream of a captured decode step (`SIDE_STREAM`), else None."""
+        if not (SIDE_STREAM and self._side is not None and torch.cuda.is_current_stream_capturing()):
+            return None
+        forms = {"gemv": gemv._SPLIT_FORM, "tc_mm": tc_mm._SPLIT_FORM}
+        if any(f != "launch" for f in forms.values()):
+            raise ValueError(
+                f"SIDE_STREAM with the split forms {forms}; allowed: 'launch' for both (the other forms' arrival "
+                "counters must not be shared by kernels running at once on two streams)"
+            )
+        return self._side
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
         """§5/§6.1 for one decode token from the device metadata: the token into compressor
