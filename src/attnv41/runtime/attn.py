@@ -239,7 +239,7 @@ class AttnV41(AttnChecks, AttnDecode):
         # Non-finite values that entered a cache write (ring, compressed KV, index keys),
         # counted on the device by the quantizers that write them: no host sync.
         self.nonfinite = torch.zeros(1, dtype=torch.int64, device=dev)
-        # the single-token step's second stream under capture (`decode.SIDE_STREAM`)
+        # the decode steps' second stream under capture (`decode.SIDE_STREAM`)
         self._side = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         # Decode steps run from device metadata: the position and everything derived from
         # it (window slots, visible rows, compressor slot and completion, the selections).
@@ -663,12 +663,8 @@ class AttnV41(AttnChecks, AttnDecode):
             outs.append(self.hw[:m])
             scales.append(None)
         ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
-        main = None
         if side is not None:
-            main = torch.cuda.current_stream(self.device)
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
+            self._beside(side, self._kv_row, w, m, cos, sin, pos, ring, ring_slot)
         q = self.q[:m]
         # one pass over cq: wq_b and, on index sources, the index queries (`hw_done` covers both)
         ws, outs, scales = [w["wq_b.weight"]], [q.view(m, H * D)], [w.get("wq_b.scale")]
@@ -683,10 +679,10 @@ class AttnV41(AttnChecks, AttnDecode):
         # q's RoPE as wq_b's output is stored (the decode GEMV's epilogue; else the rope op after)
         xq = dict(xq=pq["qdq_out"]) if pq else {}
         ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), rope=(0, D, cos, sin, pos), **xq)
-        if main is None:
+        if side is None:
             self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
         else:
-            main.wait_stream(side)
+            torch.cuda.current_stream(self.device).wait_stream(side)
         return cq, q, self.kv[:m], hw_done
 
     def _kv_row(self, w, m: int, cos, sin, pos, ring: torch.Tensor, ring_slot: torch.Tensor | None) -> None:

@@ -556,9 +556,7 @@ class BatchV41(BatchParts):
         side = attn._side_stream() if step.decode_only else None
         early = side is not None and role.is_kv_source and r >= 2
         if early:
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._compress_decode(w, x, step)
+            attn._beside(side, self._compress_decode, w, x, step)
         if step.decode_only:  # one token per sequence: its row straight into its ring row (`_derive_decode`)
             cq, q, kv, hw_done = attn._qkv(w, x, pos, cos, sin, T, ring, ring_slot=step.ring_dst, side=side)
         else:  # the step's window rows into the staging rows, copied into the ring after attention

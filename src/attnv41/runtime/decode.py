@@ -355,9 +355,7 @@ class AttnDecode:
         side = self._side_stream()
         early = side is not None and r > 0 and role.is_kv_source
         if early:  # the compressor step on the second stream, joined with the window row's chain in _qkv
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._compress_step(w, st, x, r)
+            self._beside(side, self._compress_step, w, st, x, r)
         cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring, side=side)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
@@ -418,6 +416,13 @@ class AttnDecode:
                 "counters must not be shared by kernels running at once on two streams)"
             )
         return self._side
+
+    def _beside(self, side: torch.cuda.Stream, fn, *args) -> None:
+        """`fn(*args)` enqueued on `side` after everything enqueued so far on the current
+        stream (the caller joins it back with `wait_stream`)."""
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            fn(*args)
 
     def _compress_step(self, w: AttnV41LayerWeights, st: AttnV41LayerState, x: torch.Tensor, r: int) -> None:
         """§5/§6.1 for one decode token from the device metadata: the token into compressor
