@@ -209,6 +209,8 @@ VARIANTS = {
     "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
     # (thirty-ninth entry, built untimed) the decode steps' second stream under capture
     "side stream": {"side": True},
+    # (fortieth entry) production captures decode steps with the second stream: one stream
+    "one stream": {"side": False},
 }
 
 
@@ -221,8 +223,9 @@ def apply(over: dict) -> None:
     tc_mm._TARGET_PROGRAMS, tc_mm._MIN_SEG_PRODUCTS, tc_mm._SPLIT_FORM = tc["target"], tc["min_seg"], tc["split"]
     tc_mm._FINE_PLAN = dict(over.get("fine", FINE_BASE))  # {weight kind: (target, min_seg)}: the fine split
     runtime_ops.COMPACT_REINDEX = over.get("compact", True)
-    runtime_decode.SIDE_STREAM = over.get("side", False)
     g = {**GEMV_BASE, **over.get("gemv", {})}
+    # the second stream needs both split forms "launch" (runtime/decode.py): off with the others
+    runtime_decode.SIDE_STREAM = over.get("side", g["split"] == "launch" and tc["split"] == "launch")
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]

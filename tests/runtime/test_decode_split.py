@@ -104,7 +104,7 @@ def test_split_errors():
 def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
     """`decode.SIDE_STREAM` acts only inside a CUDA graph capture: a CPU runtime has no second
     stream, and its split steps stay equal to forward byte for byte with the flag on (the
-    CUDA form: tests/runtime/test_gpu.py::test_flash_graph_replay_side_stream)."""
+    CUDA form: tests/runtime/test_gpu.py's graph replays)."""
     from attnv41.runtime import decode
 
     monkeypatch.setattr(decode, "SIDE_STREAM", True)
@@ -134,9 +134,10 @@ def test_side_stream_refuses_counter_split_forms(monkeypatch):
     side = object()  # stands for the CUDA stream a GPU runtime holds
     monkeypatch.setattr(rt.attn, "_side", side)
     monkeypatch.setattr(decode.torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert rt.attn._side_stream() is None  # the flag off
+    assert decode.SIDE_STREAM and rt.attn._side_stream() is side  # on by default
+    monkeypatch.setattr(decode, "SIDE_STREAM", False)
+    assert rt.attn._side_stream() is None
     monkeypatch.setattr(decode, "SIDE_STREAM", True)
-    assert rt.attn._side_stream() is side
     monkeypatch.setattr(gemv, "_SPLIT_FORM", "counter")
     with pytest.raises(ValueError, match=r"split forms \{'gemv': 'counter', 'tc_mm': 'launch'\}; allowed: 'launch'"):
         rt.attn._side_stream()

@@ -170,14 +170,15 @@ def test_flash_graph_replay_short(index_keys):
     _replay_run(index_keys, 1016, 16, 4210, f"graphs_short_{index_keys}")
 
 
-def test_flash_graph_replay_side_stream(monkeypatch):
-    """Quick tier: the same replay with `decode.SIDE_STREAM` on (the window row's chain and
-    the kv sources' compressor steps captured on a second stream): every replayed step equal
-    byte for byte to eager forward, across the 1,024 bucket boundary."""
+def test_flash_graph_replay_one_stream(monkeypatch):
+    """Quick tier: the same replay with `decode.SIDE_STREAM` off (production captures the
+    window row's chain and the kv sources' compressor steps on a second stream; the other
+    replay tests take that): every replayed step equal byte for byte to eager forward,
+    across the 1,024 bucket boundary."""
     from attnv41.runtime import decode
 
-    monkeypatch.setattr(decode, "SIDE_STREAM", True)
-    _replay_run("own", 1020, 8, 4230, "graphs_side_stream")
+    monkeypatch.setattr(decode, "SIDE_STREAM", False)
+    _replay_run("own", 1020, 8, 4230, "graphs_one_stream")
 
 
 @pytest.mark.gpu_full

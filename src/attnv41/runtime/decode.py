@@ -31,10 +31,10 @@ __all__ = ["AttnDecode"]
 # first projections (it reads only x, the layer's state and the plan). The same kernels on
 # the same inputs and outputs, so the same bytes as one stream; eager steps keep one stream
 # (a fork and a join cost host time on every call). Needs the split products' "launch"
-# form (the "counter" forms share arrival counters, which two streams must not). Off: built
-# in the thirty-ninth entry without device time left to measure it (scripts/ab_steps.py,
-# "side stream").
-SIDE_STREAM = False
+# form (the "counter" forms share arrival counters, which two streams must not; with those
+# forms set, a capture raises ValueError). On since the fortieth entry (BENCHMARKS.md; the
+# one-stream steps: scripts/ab_steps.py, "one stream").
+SIDE_STREAM = True
 
 
 @dataclass
