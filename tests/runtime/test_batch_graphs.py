@@ -632,18 +632,20 @@ def test_pdl_changes_no_byte_on_cuda(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("side", [True, False])
+@pytest.mark.parametrize("streams", ["side, wkv beside", "side", "one"])
 @pytest.mark.parametrize("ratios", RATIOS[:2])
-def test_side_stream_changes_no_byte_on_cuda(monkeypatch, ratios, side):
-    """Graph steps with `decode.SIDE_STREAM` on (production: a decode-only step's compressor
-    and window row's chain captured on a second stream) and off, against eager steps of a
-    twin batch (one stream): the same bytes in every output and in the pool. A kernel on
-    either stream that read before its producer finished would show here."""
+def test_side_stream_changes_no_byte_on_cuda(monkeypatch, ratios, streams):
+    """Graph steps with `decode.SIDE_STREAM` on (production: a decode-only step's compressor,
+    wkv's product (`SIDE_WKV`) and the window row's chain captured on a second stream), on
+    without `SIDE_WKV`, and off, against eager steps of a twin batch (one stream): the same
+    bytes in every output and in the pool. A kernel on either stream that read before its
+    producer finished would show here."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (run on the device machine)")
     from attnv41.runtime import decode
 
-    monkeypatch.setattr(decode, "SIDE_STREAM", side)
+    monkeypatch.setattr(decode, "SIDE_STREAM", streams != "one")
+    monkeypatch.setattr(decode, "SIDE_WKV", streams == "side, wkv beside")
     cfg, wts, a, b = _twins(ratios, 8, 23, 4, 4, device="cuda")
     g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
     _drive(cfg, wts, a, b, g, random.Random(23), 16, "cuda")

@@ -101,6 +101,17 @@ def test_split_errors():
         other.attn.decode_prep(w[1], other.shared, 13)
 
 
+def _split_matches_forward(a, b, xs, p0: int, p1: int) -> None:
+    """Positions p0 … p1 − 1: each layer's decode_prep / decode_body on stack b gives the
+    bytes of forward (`layer`) on stack a."""
+    for p in range(p0, p1):
+        for i in range(a.cfg.n_layers):
+            x = xs[i][p : p + 1]
+            ref = a.layer(i, x, p).out.clone()
+            got = b.attn.decode_body(b.weights[i], b.states[i], x, b.attn.decode_prep(b.weights[i], b.shared, p))
+            assert torch.equal(ref, got), f"p{p} L{i}"
+
+
 def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
     """`decode.SIDE_STREAM` acts only inside a CUDA graph capture: a CPU runtime has no second
     stream, and its split steps stay equal to forward byte for byte with the flag on (the
@@ -114,12 +125,44 @@ def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
     xs = random_inputs(cfg, 12, 42)
     for s in (a, b):
         s.step([x[:9] for x in xs], 0)
-    for p in range(9, 12):
-        for i in range(cfg.n_layers):
-            x = xs[i][p : p + 1]
-            ref = a.layer(i, x, p).out.clone()
-            got = b.attn.decode_body(b.weights[i], b.states[i], x, b.attn.decode_prep(b.weights[i], b.shared, p))
-            assert torch.equal(ref, got), f"p{p} L{i}"
+    _split_matches_forward(a, b, xs, 9, 12)
+
+
+class _NoStream:
+    """Stands for a CUDA stream on the CPU: joins are no-ops."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+@pytest.mark.parametrize("index_keys", ["own", "released"])
+@pytest.mark.parametrize("wkv, index", [(True, True), (False, True), (True, False)])
+def test_side_stream_forks_keep_the_bytes(monkeypatch, index_keys, wkv, index):
+    """The second stream's forks (`SIDE_WKV`: wkv's product alone before the window row's
+    chain; `SIDE_INDEX`: an index source's index queries projected alone and its index path
+    run from q's norm on; the kv sources' compressor step first) taken on the CPU, where a
+    fork runs at once on the one stream: the same bytes as forward at every layer and step.
+    This checks the forks' dataflow (what each computes and from what); whether two CUDA
+    streams keep their order is the GPU replay tests' part."""
+    from attnv41.runtime import decode
+
+    monkeypatch.setattr(decode, "SIDE_WKV", wkv)
+    monkeypatch.setattr(decode, "SIDE_INDEX", index)
+    cfg = small_cfg(compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=32, max_tokens=32)
+    w = random_weights(cfg, 43)
+    a, b = RuntimeStack(cfg, w, index_keys=index_keys), RuntimeStack(cfg, w, index_keys=index_keys)
+    side = _NoStream()
+    forks = []
+    monkeypatch.setattr(b.attn, "_side_stream", lambda: side)
+    monkeypatch.setattr(b.attn, "_beside", lambda s, fn, *args: (forks.append(fn), fn(*args)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: side)
+    xs = random_inputs(cfg, 14, 44)
+    for s in (a, b):
+        s.step([x[:9] for x in xs], 0)
+    _split_matches_forward(a, b, xs, 9, 14)
+    names = {getattr(f, "__name__", "") for f in forks}
+    assert ("_kv_proj_row" in names) == wkv and ("_kv_row" in names) != wkv
+    assert ("index" in names) == index and "_compress_step" in names
 
 
 def test_side_stream_refuses_counter_split_forms(monkeypatch):

@@ -29,6 +29,7 @@ from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
 from ..state import CACHE_FORMATS, AttnV41LayerState, SharedV41, cache_widths, check_kv_format
 from ..weights import AttnV41LayerWeights
+from . import decode as _decode
 from .checks import AttnChecks, not_an_int
 from .decode import AttnDecode, _dense_rows, _Ticket
 from .device import check_device, on_own_device
@@ -644,6 +645,7 @@ class AttnV41(AttnChecks, AttnDecode):
         ring: torch.Tensor,
         ring_slot: torch.Tensor | None = None,
         side: torch.cuda.Stream | None = None,
+        index=None,
     ):
         """§4 for m tokens at `pos`: the q latent `cq`, the rotated queries `q` and the
         window row `kv` (normed, rotated, fp8 round-tripped; counted by the non-finite
@@ -651,24 +653,34 @@ class AttnV41(AttnChecks, AttnDecode):
         head weights and queries were projected into `hw` and `iq` on the way (index
         sources). The one copy of this path: prefill and decode. side: a second stream on
         which the window row's chain runs beside q's norm and wq_b (forked after the first
-        projections, joined before the return; the same kernels, so the same bytes)."""
+        projections, joined before the return; the same kernels, so the same bytes), and
+        with `decode.SIDE_WKV` wkv's product before it, beside wq_a's (forked before it;
+        each output's bits are those of its weight alone). index (with side): `fn(cq, kw)`,
+        an index source's index path, run on side once cq is normed (kw: the keywords of
+        its index queries' product, `{"xq": cq's round trip}` or `{}`); the index queries
+        are then not in wq_b's pass."""
         c, ops = self.cfg, self.ops
         H, D = c.n_heads, c.head_dim
+        # wkv's product beside the others, with the window row's chain, on the second stream
+        kv_beside = side is not None and _decode.SIDE_WKV
         # one pass over x: wq_a, wkv (bf16, or FP8 with their scales) and, on index sources, the head weights
         ws, outs = [w["wq_a.weight"], w["wkv.weight"]], [self.c_pre[:m], self.rows_tmp[:m]]
         scales = [w.get("wq_a.scale"), w.get("wkv.scale")]
+        if kv_beside:
+            del ws[1], outs[1], scales[1]
+            self._beside(side, self._kv_proj_row, w, x, m, cos, sin, pos, ring, ring_slot)
         hw_done = w.role.is_index_source  # the indexer's head weights and queries projected here (into hw, iq)
         if hw_done:
             ws.append(w["indexer.weights_proj.weight"])
             outs.append(self.hw[:m])
             scales.append(None)
         ops.mm_many(x, tuple(ws), tuple(outs), tuple(scales))
-        if side is not None:
+        if side is not None and not kv_beside:
             self._beside(side, self._kv_row, w, m, cos, sin, pos, ring, ring_slot)
         q = self.q[:m]
         # one pass over cq: wq_b and, on index sources, the index queries (`hw_done` covers both)
         ws, outs, scales = [w["wq_b.weight"]], [q.view(m, H * D)], [w.get("wq_b.scale")]
-        if hw_done:
+        if hw_done and index is None:
             ws.append(w["indexer.wq_b.weight"])
             outs.append(self.iq[:m].view(m, -1))
             scales.append(w.get("indexer.wq_b.scale"))
@@ -678,12 +690,20 @@ class AttnV41(AttnChecks, AttnDecode):
         cq = ops.rms_norm(self.c_pre[:m], w["q_norm.weight"], c.norm_eps, out=self.c[:m], **pq)
         # q's RoPE as wq_b's output is stored (the decode GEMV's epilogue; else the rope op after)
         xq = dict(xq=pq["qdq_out"]) if pq else {}
+        if index is not None:
+            self._beside(side, index, cq, xq)
         ops.mm_many(cq, tuple(ws), tuple(outs), tuple(scales), rope=(0, D, cos, sin, pos), **xq)
         if side is None:
             self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
         else:
             torch.cuda.current_stream(self.device).wait_stream(side)
         return cq, q, self.kv[:m], hw_done
+
+    def _kv_proj_row(self, w, x, m: int, cos, sin, pos, ring: torch.Tensor, ring_slot: torch.Tensor | None) -> None:
+        """wkv's product of x into `rows_tmp` (alone: each output's bits are those of its
+        weight alone), then `_kv_row`."""
+        self.ops.mm_many(x, (w["wkv.weight"],), (self.rows_tmp[:m],), (w.get("wkv.scale"),))
+        self._kv_row(w, m, cos, sin, pos, ring, ring_slot)
 
     def _kv_row(self, w, m: int, cos, sin, pos, ring: torch.Tensor, ring_slot: torch.Tensor | None) -> None:
         """rms_norm → RoPE → fp8 round trip (counted by the non-finite counter) → ring[pos % W]:

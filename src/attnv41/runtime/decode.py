@@ -35,6 +35,12 @@ __all__ = ["AttnDecode"]
 # forms set, a capture raises ValueError). On since the fortieth entry (BENCHMARKS.md; the
 # one-stream steps: scripts/ab_steps.py, "one stream").
 SIDE_STREAM = True
+# With SIDE_STREAM: wkv's product too on the second stream (a launch of its own there,
+# before the window row's chain), beside wq_a's (and the index head weights') on the first.
+SIDE_WKV = True
+# With SIDE_STREAM: an index source's index path (its index queries' product, scores,
+# candidate mask, top-k) on the second stream from q's norm on, beside wq_b's product.
+SIDE_INDEX = True
 
 
 @dataclass
@@ -356,54 +362,72 @@ class AttnDecode:
         early = side is not None and r > 0 and role.is_kv_source
         if early:  # the compressor step on the second stream, joined with the window row's chain in _qkv
             self._beside(side, self._compress_step, w, st, x, r)
-        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring, side=side)
+        index = None  # the index path on the second stream, from q's norm on (SIDE_INDEX)
+        if side is not None and SIDE_INDEX and r > 0 and role.is_index_source:
+
+            def index(cq, xq):
+                self._decode_index(w, cq, x, keys, bucket, cos, sin, hw_done=True, iq=xq)
+
+        cq, q, kv, hw_done = self._qkv(w, x, pos, cos, sin, 1, st.ring, side=side, index=index)
         if r == 0:
             sel, comp = plan.sel0, self._empty_rows
         else:
-            meta = plan.meta[r]
             if role.is_kv_source:
                 if not early:
                     self._compress_step(w, st, x, r)
                 rows_b = st.compress_kv
             comp = rows_b
             sel = plan.sel_for(role.layer)
-            Lb = 0 if keys is None else min(bucket // r, keys.shape[0])
-            if role.is_index_source and Lb == 0:
-                # No row can be visible in this bucket (bucket // r = 0 ≥ L), or, in released
-                # mode, no index keys were published yet (then L = 0, checked): the
-                # selection's compressed part is empty.
-                sel[:, W:].fill_(-1)
-            elif role.is_index_source:
-                vis = meta[VIS]
-                slot = plan.sel_slot(role.layer)
-                compact = compacts(ops, c, Lb)  # the candidate source's ids, a reindex layer's candidates only
-                if role.uses_candidates and compact:
-                    n, ids = c.cand_blocks * c.cand_block, plan.cand_ids[:1]
-                    scores = self._index_scores(
-                        w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :n], hw_done=hw_done,
-                        ids=ids, cand_block=c.cand_block,
-                    )  # fmt: skip
-                    ops.topk_fixed(scores, vis, c.index_topk, W, out=sel[:, W:], ids=ids, cand_block=c.cand_block)
-                else:
-                    scores = self._index_scores(
-                        w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb], hw_done=hw_done
-                    )
-                    if role.is_candidate_source:
-                        ids = {"ids_out": plan.cand_ids[:1]} if compact else {}
-                        ops.candidate_mask_fixed(
-                            scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb], **ids
-                        )
-                    if role.uses_candidates:
-                        torch.where(plan.cand[:1, :Lb], scores, self.neg_inf, out=scores)  # one kernel
-                    k = min(c.index_topk, Lb)
-                    ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
-                    if k < c.index_topk:
-                        sel[:, W + k :].fill_(-1)
+            if role.is_index_source and index is None:
+                self._decode_index(w, cq, x, keys, bucket, cos, sin, hw_done=hw_done)
         # The decode regime's attention (split over the selection on CUDA): every decode
         # token takes it, so its bits never depend on the call (ops.py, sparse_attn_split).
         rot = (cos, sin, pos, self.o_rot[:1])  # the inverse RoPE of o in the attention's epilogue
         o = ops.sparse_attn_decode(q, st.ring, comp, sel, W, w["attn_sink"], c.head_dim**-0.5, out=self.o[:1], rot=rot)
         return self._output(w, o, pos, cos, sin, 1, out=out, rotated=True)
+
+    def _decode_index(self, w, cq, x, keys, bucket: int, cos, sin, hw_done: bool, iq: dict | None = None) -> None:
+        """An index source's selection for one decode token into the plan: scores over the
+        bucket's `bucket // ratio` keys, the candidate mask (the candidate source), the
+        fixed-width top-k. `iq`: None when `_qkv` projected the index queries (with
+        `hw_done`), else the keywords of their projection here (`{"xq": cq's round trip}`
+        or `{}`: the same call with the weight alone, so the same bits)."""
+        c, ops, role, plan = self.cfg, self.ops, w.role, self.plan
+        r, W = role.ratio, c.window
+        pos, meta, sel = plan.pos, plan.meta[r], plan.sel_for(role.layer)
+        Lb = 0 if keys is None else min(bucket // r, keys.shape[0])
+        if Lb == 0:
+            # No row can be visible in this bucket (bucket // r = 0 ≥ L), or, in released
+            # mode, no index keys were published yet (then L = 0, checked): the
+            # selection's compressed part is empty.
+            sel[:, W:].fill_(-1)
+            return
+        if iq is not None:
+            ws = (w["indexer.wq_b.weight"],)
+            ops.mm_many(cq, ws, (self.iq[:1].view(1, -1),), (w.get("indexer.wq_b.scale"),), **iq)
+        vis = meta[VIS]
+        slot = plan.sel_slot(role.layer)
+        compact = compacts(ops, c, Lb)  # the candidate source's ids, a reindex layer's candidates only
+        if role.uses_candidates and compact:
+            n, ids = c.cand_blocks * c.cand_block, plan.cand_ids[:1]
+            scores = self._index_scores(
+                w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :n], hw_done=hw_done,
+                ids=ids, cand_block=c.cand_block,
+            )  # fmt: skip
+            ops.topk_fixed(scores, vis, c.index_topk, W, out=sel[:, W:], ids=ids, cand_block=c.cand_block)
+            return
+        scores = self._index_scores(
+            w, cq, x, pos, vis, keys[:Lb], cos, sin, out=plan.scores[slot, :, :Lb], hw_done=hw_done
+        )
+        if role.is_candidate_source:
+            ids = {"ids_out": plan.cand_ids[:1]} if compact else {}
+            ops.candidate_mask_fixed(scores, vis, c.cand_blocks, c.cand_block, out=plan.cand[:1, :Lb], **ids)
+        if role.uses_candidates:
+            torch.where(plan.cand[:1, :Lb], scores, self.neg_inf, out=scores)  # one kernel
+        k = min(c.index_topk, Lb)
+        ops.topk_fixed(scores, vis, k, W, out=sel[:, W : W + k])
+        if k < c.index_topk:
+            sel[:, W + k :].fill_(-1)
 
     def _side_stream(self):
         """The second stream of a captured decode step (`SIDE_STREAM`), else None."""
