@@ -212,9 +212,11 @@ VARIANTS = {
     # (fortieth entry) production captures decode steps with the second stream: one stream
     "one stream": {"side": False},
     # (fortieth entry) wkv's product on the second stream (with the window row's chain) or not
+    # (production: not)
     "wkv beside": {"side_wkv": True},
     "wkv with wq_a": {"side_wkv": False},
     # (fortieth entry) an index source's index path on the second stream beside wq_b, or not
+    # (production: not)
     "index beside": {"side_index": True},
     "index after wq_b": {"side_index": False},
 }
@@ -232,8 +234,8 @@ def apply(over: dict) -> None:
     g = {**GEMV_BASE, **over.get("gemv", {})}
     # the second stream needs both split forms "launch" (runtime/decode.py): off with the others
     runtime_decode.SIDE_STREAM = over.get("side", g["split"] == "launch" and tc["split"] == "launch")
-    runtime_decode.SIDE_WKV = over.get("side_wkv", True)
-    runtime_decode.SIDE_INDEX = over.get("side_index", True)
+    runtime_decode.SIDE_WKV = over.get("side_wkv", False)
+    runtime_decode.SIDE_INDEX = over.get("side_index", False)
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]

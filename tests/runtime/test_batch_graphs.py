@@ -635,10 +635,10 @@ def test_pdl_changes_no_byte_on_cuda(monkeypatch):
 @pytest.mark.parametrize("streams", ["side, wkv beside", "side", "one"])
 @pytest.mark.parametrize("ratios", RATIOS[:2])
 def test_side_stream_changes_no_byte_on_cuda(monkeypatch, ratios, streams):
-    """Graph steps with `decode.SIDE_STREAM` on (production: a decode-only step's compressor,
-    wkv's product (`SIDE_WKV`) and the window row's chain captured on a second stream), on
-    without `SIDE_WKV`, and off, against eager steps of a twin batch (one stream): the same
-    bytes in every output and in the pool. A kernel on either stream that read before its
+    """Graph steps with `decode.SIDE_STREAM` on (production: a decode-only step's compressor
+    and window row's chain captured on a second stream), on with `SIDE_WKV` (wkv's product
+    there too; off in production), and off, against eager steps of a twin batch (one
+    stream): the same bytes in every output and in the pool. A kernel on either stream that read before its
     producer finished would show here."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (run on the device machine)")

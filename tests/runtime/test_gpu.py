@@ -170,18 +170,18 @@ def test_flash_graph_replay_short(index_keys):
     _replay_run(index_keys, 1016, 16, 4210, f"graphs_short_{index_keys}")
 
 
-@pytest.mark.parametrize("streams", ["one", "side, index after wq_b", "side, wkv with wq_a"])
+@pytest.mark.parametrize("streams", ["one", "side, index beside", "side, wkv beside"])
 def test_flash_graph_replay_one_stream(monkeypatch, streams):
-    """Quick tier: the same replay with `decode.SIDE_STREAM` off, or on with the index path
-    (`SIDE_INDEX`) or wkv's product (`SIDE_WKV`) on the first stream (production captures
-    the window row's chain, wkv's product, the index path and the kv sources' compressor
-    steps on a second stream; the other replay tests take that): every replayed step equal
-    byte for byte to eager forward, across the 1,024 bucket boundary."""
+    """Quick tier: the same replay with `decode.SIDE_STREAM` off, or on with one of its
+    forks that production leaves off (`SIDE_INDEX`: the index path; `SIDE_WKV`: wkv's
+    product) also on the second stream (production captures the window row's chain and the
+    kv sources' compressor steps there; the other replay tests take that): every replayed
+    step equal byte for byte to eager forward, across the 1,024 bucket boundary."""
     from attnv41.runtime import decode
 
     monkeypatch.setattr(decode, "SIDE_STREAM", streams != "one")
-    monkeypatch.setattr(decode, "SIDE_INDEX", streams != "side, index after wq_b")
-    monkeypatch.setattr(decode, "SIDE_WKV", streams != "side, wkv with wq_a")
+    monkeypatch.setattr(decode, "SIDE_INDEX", streams == "side, index beside")
+    monkeypatch.setattr(decode, "SIDE_WKV", streams == "side, wkv beside")
     _replay_run("own", 1020, 8, 4230, "graphs_" + streams.replace(", ", "_").replace(" ", "_"))
 
 

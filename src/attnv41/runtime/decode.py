@@ -35,12 +35,16 @@ __all__ = ["AttnDecode"]
 # forms set, a capture raises ValueError). On since the fortieth entry (BENCHMARKS.md; the
 # one-stream steps: scripts/ab_steps.py, "one stream").
 SIDE_STREAM = True
-# With SIDE_STREAM: wkv's product too on the second stream (a launch of its own there,
-# before the window row's chain), beside wq_a's (and the index head weights') on the first.
-SIDE_WKV = True
-# With SIDE_STREAM: an index source's index path (its index queries' product, scores,
-# candidate mask, top-k) on the second stream from q's norm on, beside wq_b's product.
-SIDE_INDEX = True
+# Two more forks with SIDE_STREAM, off: no faster (fortieth entry, H100; the same bytes).
+# `SIDE_WKV`: wkv's product alone on the second stream before the window row's chain,
+# beside wq_a's (and the index head weights') on the first. `SIDE_INDEX`: an index source's
+# index path (its index queries' product, scores, candidate mask, top-k) on the second
+# stream from q's norm on, beside wq_b's product (single-sequence steps only). The FP8
+# single-sequence step at 32K: 3.260 ms with the first, 3.273 with the second, 3.272 with
+# both, 3.251 with neither (the call before; one stream 3.361 and 3.356 in the two calls);
+# the batched B = 64 step with `SIDE_WKV` 8.965 against 8.574.
+SIDE_WKV = False
+SIDE_INDEX = False
 
 
 @dataclass
