@@ -201,3 +201,11 @@ def stage_run(cfg, weights, inputs, index_keys="own"):
         for i in range(cfg.n_layers):
             chk.check(i, rt.weights[i], rt.layer(i, xs[i], start), start)
     return chk.tally
+
+
+class NoStream:
+    """Stands for a CUDA stream on the CPU (the runtime's second stream taken in a CPU test
+    of its forks): joins are no-ops."""
+
+    def wait_stream(self, other) -> None:
+        pass

@@ -15,7 +15,7 @@ from attnv41.kernels._triton import PDL_ENV
 from attnv41.runtime import BatchGraphs, BatchV41
 from attnv41.runtime.batch_graphs import _OWN_ROW, default_sizes
 from attnv41.weights import AttnV41LayerWeights
-from helpers import pool_snapshot, random_weights, same_pool, small_cfg
+from helpers import NoStream, pool_snapshot, random_weights, same_pool, small_cfg
 
 RATIOS = [(0, 2, 2, 1, 1, 1), (0, 4, 4, 2, 2, 2), (0, 1, 1, 1, 1, 1)]
 
@@ -629,6 +629,35 @@ def test_pdl_changes_no_byte_on_cuda(monkeypatch):
     cfg, wts, a, b = _twins(RATIOS[1], 8, 5, 4, 4, device="cuda")
     g = BatchGraphs(a, wts, sizes=(1, 2, 4), bucket_min=8)
     _drive(cfg, wts, a, _WithoutPDL(b), g, random.Random(5), 16, "cuda")
+
+
+@pytest.mark.parametrize("wkv", [False, True])
+def test_side_stream_forks_keep_the_bytes(monkeypatch, wkv):
+    """The batched decode-only step's forks (the compressor of a kv source of ratio ≥ 2,
+    the window row's chain, with `SIDE_WKV` wkv's product first) taken on the CPU, where a
+    fork runs at once on the one stream: every output and the pool equal to a twin that
+    never forks. This checks the forks' dataflow; the streams' order is the GPU test's
+    part (`test_side_stream_changes_no_byte_on_cuda`)."""
+    from attnv41.runtime import decode
+
+    monkeypatch.setattr(decode, "SIDE_WKV", wkv)
+    cfg, wts, a, b = _twins(RATIOS[1], 8, 31, 4, 4)
+    side, forks = NoStream(), []
+    monkeypatch.setattr(a.attn, "_side_stream", lambda: side)
+    monkeypatch.setattr(a.attn, "_beside", lambda s, fn, *args: (forks.append(fn.__name__), fn(*args)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: side)
+    rng = random.Random(31)
+    gen, n = _prompts(cfg, wts, a, b, rng, "cpu")
+    for j in range(6):
+        slots = rng.sample(range(n), rng.randint(1, n))
+        starts = [a.pool.length[s] for s in slots]
+        xd = _x(cfg, gen, len(slots), "cpu")
+        ya = a.step(wts, list(xd), slots, starts, [1] * len(slots))
+        yb = b.step(wts, list(xd), slots, starts, [1] * len(slots))
+        for i in range(cfg.n_layers):
+            assert torch.equal(ya[i], yb[i]), f"step {j} slots {slots} L{i}"
+    same_pool(pool_snapshot(a, real=True), pool_snapshot(b, real=True))
+    assert "_compress_decode" in forks and ("_kv_proj_row" in forks) == wkv and ("_kv_row" in forks) != wkv
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnv41.runtime import RuntimeStack
-from helpers import random_inputs, random_weights, small_cfg
+from helpers import NoStream, random_inputs, random_weights, small_cfg
 
 
 def _pair(cfg, seed):
@@ -128,13 +128,6 @@ def test_side_stream_flag_keeps_cpu_steps(monkeypatch):
     _split_matches_forward(a, b, xs, 9, 12)
 
 
-class _NoStream:
-    """Stands for a CUDA stream on the CPU: joins are no-ops."""
-
-    def wait_stream(self, other) -> None:
-        pass
-
-
 @pytest.mark.parametrize("index_keys", ["own", "released"])
 @pytest.mark.parametrize("wkv, index", [(True, True), (False, True), (True, False)])
 def test_side_stream_forks_keep_the_bytes(monkeypatch, index_keys, wkv, index):
@@ -151,7 +144,7 @@ def test_side_stream_forks_keep_the_bytes(monkeypatch, index_keys, wkv, index):
     cfg = small_cfg(compress_ratios=(0, 2, 2, 1, 1, 1), max_seq=32, max_tokens=32)
     w = random_weights(cfg, 43)
     a, b = RuntimeStack(cfg, w, index_keys=index_keys), RuntimeStack(cfg, w, index_keys=index_keys)
-    side = _NoStream()
+    side = NoStream()
     forks = []
     monkeypatch.setattr(b.attn, "_side_stream", lambda: side)
     monkeypatch.setattr(b.attn, "_beside", lambda s, fn, *args: (forks.append(fn), fn(*args)))
