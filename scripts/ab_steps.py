@@ -50,6 +50,7 @@ BASE = {k: dict(v) for k, v in DICTS.items()}
 TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS, split=tc_mm._SPLIT_FORM)
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
+_F8 = torch.float8_e4m3fn
 GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
 # the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
 TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS)
@@ -219,6 +220,17 @@ VARIANTS = {
     # (production: not)
     "index beside": {"side_index": True},
     "index after wq_b": {"side_index": False},
+    # (forty-first entry) single FP8 weights' split counts against the rule's one chunk per
+    # program (`gemv._PLAN_SEGS`; other bits: the sums' order follows the plan)
+    "wo_b 4": {"segs": {(5120, 8192, _F8): 4}},
+    "wo_b 8": {"segs": {(5120, 8192, _F8): 8}},
+    "wo_b 16": {"segs": {(5120, 8192, _F8): 16}},
+    "wo_a 4": {"segs": {(8192, 4096, _F8): 4}},
+    "wo_a 8": {"segs": {(8192, 4096, _F8): 8}},
+    "wq_b 1": {"segs": {(32768, 1280, _F8): 1}},
+    "x 10": {"segs": {(1280, 5120, _F8): 10, (512, 5120, _F8): 10}},
+    "x 5": {"segs": {(1280, 5120, _F8): 5, (512, 5120, _F8): 5}},
+    "wo_b 8 wo_a 8 wq_b 1": {"segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 8, (32768, 1280, _F8): 1}},
 }
 
 
@@ -237,6 +249,7 @@ def apply(over: dict) -> None:
     runtime_decode.SIDE_WKV = over.get("side_wkv", False)
     runtime_decode.SIDE_INDEX = over.get("side_index", False)
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
+    gemv._PLAN_SEGS = dict(over.get("segs", {}))
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
 

@@ -199,3 +199,55 @@ def test_flash_shapes_on_cuda(target, form, monkeypatch):
         torch.cuda.synchronize(dev)
         _same("wo_b replayed", out_b, sb)
         _same("wo_a replayed", out_a, sa_)
+
+
+@pytest.mark.parametrize("form", ["counter", "launch"])
+def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch):
+    """`_PLAN_SEGS` (a tuning option): a listed shape takes its split count, the other shapes
+    and dtypes keep the rule's; gemv and group_gemv follow it (their bytes equal their
+    twins', which read the same plan) and it is the sums' order (it changes bits the rule's
+    plan gives); a count that does not divide the chunks is refused, naming the allowed."""
+    monkeypatch.setattr(G, "_SPLIT_FORM", form)
+    K = 2048  # 8 chunks of 256 (FP8 / bf16)
+    rule = G.plan(64, K, FP8)
+    assert rule == (256, 8) and G.plan(64, K, F32) == (128, 16)  # one chunk per program at these sizes
+    gen = _gen("override", form)
+    x = torch.randn(1, K, generator=gen).to(BF)
+    w8, s8 = _fp8(gen, 64, K)
+    o = torch.randn(1, 2, K, generator=gen).to(BF)
+    wa, sa = _fp8(gen, 2 * 32, K)
+    wa, sa = wa.view(2, 32, K), sa.view(torch.uint8)
+
+    wb = torch.randn(64, K, generator=gen)  # fp32: its output keeps the fp32 sum's bits
+
+    def run():
+        out = torch.full((1, 64), float("nan"), dtype=BF, device=device)
+        out_b = torch.full((1, 64), float("nan"), dtype=F32, device=device)
+        G.gemv(x.to(device), (w8.to(device), wb.to(device)), (out, out_b), (s8.to(device), None))
+        out_a = torch.full((1, 2, 32), float("nan"), dtype=BF, device=device)
+        G.group_gemv(o.to(device), wa.to(device), out_a, sa.to(device))
+        twin, twin_b = G.gemv_torch(
+            x, (w8, wb), (torch.empty(1, 64, dtype=BF), torch.empty(1, 64, dtype=F32)), (s8, None)
+        )
+        _same("gemv (fp32 weight) vs its twin", out_b, twin_b)
+        twin_a = G.group_gemv_torch(o, wa, torch.empty(1, 2, 32, dtype=BF), sa)
+        _same("gemv vs its twin", out, twin)
+        _same("group_gemv vs its twin", out_a, twin_a)
+        return out.cpu(), out_a.cpu(), out_b.cpu()
+
+    base = run()
+    bf_rule = G.plan(64, K, BF)
+    for segs in (1, 2, 4):
+        monkeypatch.setattr(G, "_PLAN_SEGS", {(64, K, FP8): segs, (64, K, F32): 2})
+        assert G.plan(64, K, FP8) == (256, segs)
+        assert G.plan(64, K, F32) == (128, 2)
+        assert G.plan(64, K, BF) == bf_rule, "another dtype of the shape keeps the rule"
+        assert G.plan(32, K, FP8) == rule, "an unlisted shape keeps the rule"
+        got = run()
+        # the fp32 weight's order changed (16 segments → 2), so on these values some bits do
+        # (the FP8 weight's terms, exact in fp32, may add to the same bits in any order)
+        assert not torch.equal(got[2].view(torch.int32), base[2].view(torch.int32)), "the same fp32 bits"
+    for bad in (3, 0, 16, True, 2.0):
+        monkeypatch.setattr(G, "_PLAN_SEGS", {(64, K, FP8): bad})
+        with pytest.raises(ValueError, match=r"allowed: a divisor of the 8 chunks of 256 columns"):
+            G.plan(64, K, FP8)

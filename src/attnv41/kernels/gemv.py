@@ -101,6 +101,10 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # (`_SPLIT_FORM`): the FP8 step at 4K 3.38 ms against 3.59 with the counter at 1,024 (H100,
 # 2026-12-05, BENCHMARKS.md thirtieth entry).
 _TARGET_PROGRAMS_FP8 = 16384
+# Per-shape split counts that override the rule: {(N, K, dtype): SEGS}, SEGS a divisor of
+# ceil(K/BK) (a tuning option, empty: `scripts/ab_steps.py` times single weights' splits with
+# it). Still a constant of the weight's shape and dtype, so of the geometry.
+_PLAN_SEGS: dict = {}
 
 # The launch shape: free of the bits. MB tokens × BN rows × BK columns of fp32 lane sums
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
@@ -137,12 +141,19 @@ def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
     """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS, the
     smallest divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count
     (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8` for FP8 weights where set), else
-    ceil(K/BK). Constants of the weight's shape and dtype: the summation order of every
-    call with this weight (module doc)."""
+    ceil(K/BK); a shape in `_PLAN_SEGS` takes its entry there. Constants of the weight's
+    shape and dtype: the summation order of every call with this weight (module doc)."""
     if dtype not in _BK:
         raise ValueError(f"dtype = {dtype}; allowed: {list(_BK)}")
     bk = _BK[dtype]
     chunks = -(-K // bk)
+    fixed = _PLAN_SEGS.get((N, K, dtype))
+    if fixed is not None:
+        if isinstance(fixed, bool) or not isinstance(fixed, int) or fixed < 1 or chunks % fixed:
+            raise ValueError(
+                f"_PLAN_SEGS[({N}, {K}, {dtype})] = {fixed!r}; allowed: a divisor of the {chunks} chunks of {bk} columns"
+            )
+        return bk, fixed
     tiles = -(-N // _PLAN_BN)
     target = _TARGET_PROGRAMS_FP8 if dtype == FP8 and _TARGET_PROGRAMS_FP8 is not None else _TARGET_PROGRAMS
     segs = chunks
