@@ -51,7 +51,10 @@ TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS, s
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 _F8 = torch.float8_e4m3fn
-GEMV_BASE = dict(target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM)
+GEMV_BASE = dict(
+    target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM,
+    seg_fp8=gemv._SEG_CHUNKS_FP8,
+)  # fmt: skip
 # the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
 TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
@@ -195,12 +198,12 @@ VARIANTS = {
     "single release": {"single": dict(counter_release=True)},
     "gemv release, single release": {"gemv": dict(split="release"), "single": dict(counter_release=True)},
     "gemv sum": {"gemv": dict(split="launch")},
-    "gemv fp8 16384": {"gemv": dict(target_fp8=16384)},
-    "gemv fp8 16384 release": {"gemv": dict(target_fp8=16384, split="release")},
-    "gemv fp8 16384 sum": {"gemv": dict(target_fp8=16384, split="launch")},
-    "gemv fp8 4096 sum": {"gemv": dict(target_fp8=4096, split="launch")},
+    "gemv fp8 16384": {"gemv": dict(seg_fp8=None, target_fp8=16384)},
+    "gemv fp8 16384 release": {"gemv": dict(seg_fp8=None, target_fp8=16384, split="release")},
+    "gemv fp8 16384 sum": {"gemv": dict(seg_fp8=None, target_fp8=16384, split="launch")},
+    "gemv fp8 4096 sum": {"gemv": dict(seg_fp8=None, target_fp8=4096, split="launch")},
     # (thirtieth entry) production became "launch" with FP8 at 16,384: the rule before
-    "gemv counter": {"gemv": dict(target_fp8=None, split="counter")},
+    "gemv counter": {"gemv": dict(seg_fp8=None, target_fp8=None, split="counter")},
     # (thirtieth entry) the batched products' split partials added by a launch of their own (same bits)
     "tc launch": {"tc": dict(split="launch")},
     "tc counter": {"tc": dict(split="counter")},
@@ -231,6 +234,15 @@ VARIANTS = {
     "x 10": {"segs": {(1280, 5120, _F8): 10, (512, 5120, _F8): 10}},
     "x 5": {"segs": {(1280, 5120, _F8): 5, (512, 5120, _F8): 5}},
     "wo_b 8 wo_a 8 wq_b 1": {"segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 8, (32768, 1280, _F8): 1}},
+    # (forty-first entry) production: FP8 segments of at most 5 chunks (`gemv._SEG_CHUNKS_FP8`);
+    # the rule before (one chunk per program), and other caps
+    "fp8 one chunk": {"gemv": dict(seg_fp8=None)},
+    "fp8 seg 4": {"gemv": dict(seg_fp8=4)},
+    "fp8 seg 8": {"gemv": dict(seg_fp8=8)},
+    # bf16 weights' splits (their rule: `_TARGET_PROGRAMS`, unchanged)
+    "bf16 wo_b 8": {"segs": {(5120, 8192, torch.bfloat16): 8}},
+    "bf16 wo_a 4": {"segs": {(8192, 4096, torch.bfloat16): 4}},
+    "bf16 x 5": {"segs": {(1280, 5120, torch.bfloat16): 5, (512, 5120, torch.bfloat16): 5}},
 }
 
 
@@ -250,6 +262,7 @@ def apply(over: dict) -> None:
     runtime_decode.SIDE_INDEX = over.get("side_index", False)
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
     gemv._PLAN_SEGS = dict(over.get("segs", {}))
+    gemv._SEG_CHUNKS_FP8 = g["seg_fp8"]
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
 

@@ -101,6 +101,13 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # (`_SPLIT_FORM`): the FP8 step at 4K 3.38 ms against 3.59 with the counter at 1,024 (H100,
 # 2026-12-05, BENCHMARKS.md thirtieth entry).
 _TARGET_PROGRAMS_FP8 = 16384
+# FP8 weights' segments (None: the target above): segments of the largest divisor of the
+# chunk count not above this many chunks. H100, 2026-12-06 (BENCHMARKS.md forty-first
+# entry; scripts/ab_steps.py, single-sequence FP8 step at 4K, one weight's split changed at
+# a time, ms/step against 3.242 at one chunk per program): wo_b 8 segments of 4 chunks
+# 3.195 (4 of 8: 3.272, 16 of 2: 3.243), wq_b one segment of 5 chunks 3.214, wo_a 4 of 4
+# 3.230 (8 of 2: 3.281), wq_a + wkv 5 of 4 3.232 (10 of 2: 3.274).
+_SEG_CHUNKS_FP8 = 5
 # Per-shape split counts that override the rule: {(N, K, dtype): SEGS}, SEGS a divisor of
 # ceil(K/BK) (a tuning option, empty: `scripts/ab_steps.py` times single weights' splits with
 # it). Still a constant of the weight's shape and dtype, so of the geometry.
@@ -138,10 +145,11 @@ _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
 
 
 def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS, the
-    smallest divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count
-    (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8` for FP8 weights where set), else
-    ceil(K/BK); a shape in `_PLAN_SEGS` takes its entry there. Constants of the weight's
+    """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS: for FP8
+    weights (with `_SEG_CHUNKS_FP8` set) ceil(K/BK) / d, d the largest divisor of ceil(K/BK)
+    not above `_SEG_CHUNKS_FP8`; else the smallest divisor S of ceil(K/BK) with
+    ceil(N/16)·S ≥ the target program count (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8`
+    for FP8 weights where set), else ceil(K/BK); a shape in `_PLAN_SEGS` takes its entry there. Constants of the weight's
     shape and dtype: the summation order of every call with this weight (module doc)."""
     if dtype not in _BK:
         raise ValueError(f"dtype = {dtype}; allowed: {list(_BK)}")
@@ -154,6 +162,9 @@ def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
                 f"_PLAN_SEGS[({N}, {K}, {dtype})] = {fixed!r}; allowed: a divisor of the {chunks} chunks of {bk} columns"
             )
         return bk, fixed
+    if dtype == FP8 and _SEG_CHUNKS_FP8 is not None:
+        per = max(d for d in range(1, min(_SEG_CHUNKS_FP8, chunks) + 1) if chunks % d == 0)
+        return bk, chunks // per
     tiles = -(-N // _PLAN_BN)
     target = _TARGET_PROGRAMS_FP8 if dtype == FP8 and _TARGET_PROGRAMS_FP8 is not None else _TARGET_PROGRAMS
     segs = chunks
