@@ -239,6 +239,15 @@ VARIANTS = {
     "fp8 one chunk": {"gemv": dict(seg_fp8=None)},
     "fp8 seg 4": {"gemv": dict(seg_fp8=4)},
     "fp8 seg 8": {"gemv": dict(seg_fp8=8)},
+    # over one chunk per program, single weights' splits and pairs (the rule's did not add up)
+    "oc wo_b 8": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8}},
+    "oc wq_b 1": {"gemv": dict(seg_fp8=None), "segs": {(32768, 1280, _F8): 1}},
+    "oc wo_b 8 wq_b 1": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8, (32768, 1280, _F8): 1}},
+    "oc wo_b 8 wo_a 4": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 4}},
+    "oc wo_b 8 x 5": {
+        "gemv": dict(seg_fp8=None),
+        "segs": {(5120, 8192, _F8): 8, (1280, 5120, _F8): 5, (512, 5120, _F8): 5, (32, 5120, _F8): 5},
+    },
     # bf16 weights' splits (their rule: `_TARGET_PROGRAMS`, unchanged)
     "bf16 wo_b 8": {"segs": {(5120, 8192, torch.bfloat16): 8}},
     "bf16 wo_a 4": {"segs": {(8192, 4096, torch.bfloat16): 4}},
