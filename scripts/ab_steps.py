@@ -51,6 +51,7 @@ TC_BASE = dict(target=tc_mm._TARGET_PROGRAMS, min_seg=tc_mm._MIN_SEG_PRODUCTS, s
 FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 _F8 = torch.float8_e4m3fn
+PLAN_BASE = dict(gemv._PLAN_SEGS)
 GEMV_BASE = dict(
     target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM,
     seg_fp8=gemv._SEG_CHUNKS_FP8,
@@ -198,12 +199,12 @@ VARIANTS = {
     "single release": {"single": dict(counter_release=True)},
     "gemv release, single release": {"gemv": dict(split="release"), "single": dict(counter_release=True)},
     "gemv sum": {"gemv": dict(split="launch")},
-    "gemv fp8 16384": {"gemv": dict(seg_fp8=None, target_fp8=16384)},
-    "gemv fp8 16384 release": {"gemv": dict(seg_fp8=None, target_fp8=16384, split="release")},
-    "gemv fp8 16384 sum": {"gemv": dict(seg_fp8=None, target_fp8=16384, split="launch")},
-    "gemv fp8 4096 sum": {"gemv": dict(seg_fp8=None, target_fp8=4096, split="launch")},
+    "gemv fp8 16384": {"rule_only": True, "gemv": dict(seg_fp8=None, target_fp8=16384)},
+    "gemv fp8 16384 release": {"rule_only": True, "gemv": dict(seg_fp8=None, target_fp8=16384, split="release")},
+    "gemv fp8 16384 sum": {"rule_only": True, "gemv": dict(seg_fp8=None, target_fp8=16384, split="launch")},
+    "gemv fp8 4096 sum": {"rule_only": True, "gemv": dict(seg_fp8=None, target_fp8=4096, split="launch")},
     # (thirtieth entry) production became "launch" with FP8 at 16,384: the rule before
-    "gemv counter": {"gemv": dict(seg_fp8=None, target_fp8=None, split="counter")},
+    "gemv counter": {"rule_only": True, "gemv": dict(seg_fp8=None, target_fp8=None, split="counter")},
     # (thirtieth entry) the batched products' split partials added by a launch of their own (same bits)
     "tc launch": {"tc": dict(split="launch")},
     "tc counter": {"tc": dict(split="counter")},
@@ -224,30 +225,45 @@ VARIANTS = {
     "index beside": {"side_index": True},
     "index after wq_b": {"side_index": False},
     # (forty-first entry) single FP8 weights' split counts against the rule's one chunk per
-    # program (`gemv._PLAN_SEGS`; other bits: the sums' order follows the plan)
-    "wo_b 4": {"segs": {(5120, 8192, _F8): 4}},
-    "wo_b 8": {"segs": {(5120, 8192, _F8): 8}},
-    "wo_b 16": {"segs": {(5120, 8192, _F8): 16}},
-    "wo_a 4": {"segs": {(8192, 4096, _F8): 4}},
-    "wo_a 8": {"segs": {(8192, 4096, _F8): 8}},
-    "wq_b 1": {"segs": {(32768, 1280, _F8): 1}},
-    "x 10": {"segs": {(1280, 5120, _F8): 10, (512, 5120, _F8): 10}},
-    "x 5": {"segs": {(1280, 5120, _F8): 5, (512, 5120, _F8): 5}},
-    "wo_b 8 wo_a 8 wq_b 1": {"segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 8, (32768, 1280, _F8): 1}},
-    # (forty-first entry) production: FP8 segments of at most 5 chunks (`gemv._SEG_CHUNKS_FP8`);
-    # the rule before (one chunk per program), and other caps
-    "fp8 one chunk": {"gemv": dict(seg_fp8=None)},
-    "fp8 seg 4": {"gemv": dict(seg_fp8=4)},
-    "fp8 seg 8": {"gemv": dict(seg_fp8=8)},
+    # program (`gemv._PLAN_SEGS`; other bits: the sums' order follows the plan; "rule_only":
+    # over the rule alone, as measured before production took wo_b 8, wq_b 1, indexer.wq_b 1)
+    "wo_b 4": {"rule_only": True, "segs": {(5120, 8192, _F8): 4}},
+    "wo_b 8": {"rule_only": True, "segs": {(5120, 8192, _F8): 8}},
+    "wo_b 16": {"rule_only": True, "segs": {(5120, 8192, _F8): 16}},
+    "wo_a 4": {"rule_only": True, "segs": {(8192, 4096, _F8): 4}},
+    "wo_a 8": {"rule_only": True, "segs": {(8192, 4096, _F8): 8}},
+    "wq_b 1": {"rule_only": True, "segs": {(32768, 1280, _F8): 1}},
+    "x 10": {"rule_only": True, "segs": {(1280, 5120, _F8): 10, (512, 5120, _F8): 10}},
+    "x 5": {"rule_only": True, "segs": {(1280, 5120, _F8): 5, (512, 5120, _F8): 5}},
+    "wo_b 8 wo_a 8 wq_b 1": {
+        "rule_only": True,
+        "segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 8, (32768, 1280, _F8): 1},
+    },
+    # (forty-first entry) FP8 segments by a chunk cap (`gemv._SEG_CHUNKS_FP8`, off), and the
+    # rule alone (one chunk per program, production before the entry)
+    "fp8 one chunk": {"rule_only": True, "gemv": dict(seg_fp8=None)},
+    "fp8 seg 4": {"rule_only": True, "gemv": dict(seg_fp8=4)},
+    "fp8 seg 8": {"rule_only": True, "gemv": dict(seg_fp8=8)},
     # over one chunk per program, single weights' splits and pairs (the rule's did not add up)
-    "oc wo_b 8": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8}},
-    "oc wq_b 1": {"gemv": dict(seg_fp8=None), "segs": {(32768, 1280, _F8): 1}},
-    "oc wo_b 8 wq_b 1": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8, (32768, 1280, _F8): 1}},
-    "oc wo_b 8 wo_a 4": {"gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 4}},
+    "oc wo_b 8": {"rule_only": True, "gemv": dict(seg_fp8=None), "segs": {(5120, 8192, _F8): 8}},
+    "oc wq_b 1": {"rule_only": True, "gemv": dict(seg_fp8=None), "segs": {(32768, 1280, _F8): 1}},
+    "oc wo_b 8 wq_b 1": {
+        "rule_only": True,
+        "gemv": dict(seg_fp8=None),
+        "segs": {(5120, 8192, _F8): 8, (32768, 1280, _F8): 1},
+    },
+    "oc wo_b 8 wo_a 4": {
+        "rule_only": True,
+        "gemv": dict(seg_fp8=None),
+        "segs": {(5120, 8192, _F8): 8, (8192, 4096, _F8): 4},
+    },
     "oc wo_b 8 x 5": {
+        "rule_only": True,
         "gemv": dict(seg_fp8=None),
         "segs": {(5120, 8192, _F8): 8, (1280, 5120, _F8): 5, (512, 5120, _F8): 5, (32, 5120, _F8): 5},
     },
+    # over production: indexer.wq_b split (one chunk per program) again
+    "indexer.wq_b split": {"segs": {(4096, 1280, _F8): 5}},
     # bf16 weights' splits (their rule: `_TARGET_PROGRAMS`, unchanged)
     "bf16 wo_b 8": {"segs": {(5120, 8192, torch.bfloat16): 8}},
     "bf16 wo_a 4": {"segs": {(8192, 4096, torch.bfloat16): 4}},
@@ -270,7 +286,8 @@ def apply(over: dict) -> None:
     runtime_decode.SIDE_WKV = over.get("side_wkv", False)
     runtime_decode.SIDE_INDEX = over.get("side_index", False)
     gemv._TARGET_PROGRAMS, gemv._TARGET_PROGRAMS_FP8, gemv._SPLIT_FORM = g["target"], g["target_fp8"], g["split"]
-    gemv._PLAN_SEGS = dict(over.get("segs", {}))
+    # production's per-shape splits (`gemv._PLAN_SEGS`), or with "rule_only" none (the rule alone)
+    gemv._PLAN_SEGS = {**({} if over.get("rule_only") else PLAN_BASE), **over.get("segs", {})}
     gemv._SEG_CHUNKS_FP8 = g["seg_fp8"]
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]

@@ -156,7 +156,7 @@ def test_flash_shapes_on_cuda(target, form, monkeypatch):
     """V4.1-Flash wo_b (FP8 [5120, 8192], x quantized in the programs) and wo_a (8 groups of
     FP8 [1024, 4096]) at m = 1: each form gives the counter's bytes and the twins',
     eagerly and replayed from a CUDA graph, at the production plan and with the FP8 weights
-    at one chunk per program (`_TARGET_PROGRAMS_FP8` with `_SEG_CHUNKS_FP8` off)."""
+    at one chunk per program (the rule alone: no `_PLAN_SEGS`; production splits wo_b in 8)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dev = torch.device("cuda")
@@ -164,6 +164,7 @@ def test_flash_shapes_on_cuda(target, form, monkeypatch):
     monkeypatch.setattr(G, "_TARGET_PROGRAMS_FP8", target)
     if target is not None:
         monkeypatch.setattr(G, "_SEG_CHUNKS_FP8", None)
+        monkeypatch.setattr(G, "_PLAN_SEGS", {})  # wo_b at one chunk per program too (production: 8 segments)
     gen = _gen("flash")
     x = torch.randn(1, 8192, generator=gen).to(BF).to(dev)
     w, s = (t.to(dev) for t in _fp8(gen, 5120, 8192))
@@ -207,14 +208,14 @@ def test_flash_shapes_on_cuda(target, form, monkeypatch):
 
 @pytest.mark.parametrize("form", ["counter", "launch"])
 def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch):
-    """`_PLAN_SEGS` (a tuning option): a listed shape takes its split count, the other shapes
+    """`_PLAN_SEGS` (production's per-shape splits; here patched): a listed shape takes its split count, the other shapes
     and dtypes keep the rule's; gemv and group_gemv follow it (their bytes equal their
     twins', which read the same plan) and it is the sums' order (it changes bits the rule's
     plan gives); a count that does not divide the chunks is refused, naming the allowed."""
     monkeypatch.setattr(G, "_SPLIT_FORM", form)
     K = 2048  # 8 chunks of 256 (FP8 / bf16)
     rule = G.plan(64, K, FP8)
-    assert rule == (256, 2) and G.plan(64, K, F32) == (128, 16)  # FP8: 2 of 4 chunks; fp32: one chunk each
+    assert rule == (256, 8) and G.plan(64, K, F32) == (128, 16)  # one chunk per program at these sizes
     gen = _gen("override", form)
     x = torch.randn(1, K, generator=gen).to(BF)
     w8, s8 = _fp8(gen, 64, K)

@@ -101,17 +101,27 @@ _TARGET_PROGRAMS = 1024  # weight tiles × segments at least this (about 8 per S
 # (`_SPLIT_FORM`): the FP8 step at 4K 3.38 ms against 3.59 with the counter at 1,024 (H100,
 # 2026-12-05, BENCHMARKS.md thirtieth entry).
 _TARGET_PROGRAMS_FP8 = 16384
-# FP8 weights' segments (None: the target above): segments of the largest divisor of the
-# chunk count not above this many chunks. H100, 2026-12-06 (BENCHMARKS.md forty-first
-# entry; scripts/ab_steps.py, single-sequence FP8 step at 4K, one weight's split changed at
-# a time, ms/step against 3.242 at one chunk per program): wo_b 8 segments of 4 chunks
-# 3.195 (4 of 8: 3.272, 16 of 2: 3.243), wq_b one segment of 5 chunks 3.214, wo_a 4 of 4
-# 3.230 (8 of 2: 3.281), wq_a + wkv 5 of 4 3.232 (10 of 2: 3.274).
-_SEG_CHUNKS_FP8 = 5
 # Per-shape split counts that override the rule: {(N, K, dtype): SEGS}, SEGS a divisor of
-# ceil(K/BK) (a tuning option, empty: `scripts/ab_steps.py` times single weights' splits with
-# it). Still a constant of the weight's shape and dtype, so of the geometry.
-_PLAN_SEGS: dict = {}
+# ceil(K/BK): constants of the weight's shape and dtype, so of the geometry. Production: the
+# V4.1-Flash FP8 shapes measured faster split otherwise than one chunk per program. H100,
+# 2026-12-06 (BENCHMARKS.md forty-first entry; scripts/ab_steps.py, single-sequence FP8
+# step, ms/step at 4K, one run): one chunk per program 3.243; wo_b in 8 segments of 4 chunks
+# 3.193; wq_b in one segment of 5 chunks 3.210; both 3.173 (−2.2 %). Alone in another run,
+# wo_a in 4 segments of 4 chunks 3.230 and the x launch's weights in 5 of 4 3.232 against
+# 3.242, but each with wo_b's 8 slower than wo_b's 8 alone (3.204, 3.219); wo_b in 4 or 16
+# segments, wo_a in 8, the x launch in 10: slower or equal. indexer.wq_b (the same K as
+# wq_b, in wq_b's launch on index sources) is unsplit too, so that launch needs no sum launch.
+_FP8_FLASH_SEGS = {
+    (5120, 8192, FP8): 8,  # wo_b
+    (32768, 1280, FP8): 1,  # wq_b
+    (4096, 1280, FP8): 1,  # indexer.wq_b
+}
+_PLAN_SEGS: dict = dict(_FP8_FLASH_SEGS)
+# FP8 weights' segments by a chunk cap (None: off, the target above): segments of the
+# largest divisor of the chunk count not above this many chunks (a tuning option). At 5 on
+# Flash (wo_b 8 × 4, wq_b 1 × 5, wo_a 4 × 4, the x launch 4 × 5): 3.243 ms/step against
+# 3.244 at one chunk per program; at 4: 3.228; at 8: 3.309 (H100, forty-first entry).
+_SEG_CHUNKS_FP8 = None
 
 # The launch shape: free of the bits. MB tokens × BN rows × BK columns of fp32 lane sums
 # per program (_ACC_ROWS = MB·BN, 32 registers per thread at 4 warps for BK = 256).
