@@ -208,10 +208,11 @@ def test_flash_shapes_on_cuda(target, form, monkeypatch):
 
 @pytest.mark.parametrize("form", ["counter", "launch"])
 def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch):
-    """`_PLAN_SEGS` (production's per-shape splits; here patched): a listed shape takes its split count, the other shapes
-    and dtypes keep the rule's; gemv and group_gemv follow it (their bytes equal their
-    twins', which read the same plan) and it is the sums' order (it changes bits the rule's
-    plan gives); a count that does not divide the chunks is refused, naming the allowed."""
+    """`_PLAN_SEGS` (production's per-shape splits; patched here): a listed shape takes its
+    split count, the other shapes and dtypes keep the rule's; gemv and group_gemv follow it
+    (their bytes equal their twins', which read the same plan) and it is the sums' order (an
+    fp32 weight's bits move with it); a count that does not divide the chunks is refused,
+    naming the allowed."""
     monkeypatch.setattr(G, "_SPLIT_FORM", form)
     K = 2048  # 8 chunks of 256 (FP8 / bf16)
     rule = G.plan(64, K, FP8)
@@ -222,7 +223,6 @@ def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch
     o = torch.randn(1, 2, K, generator=gen).to(BF)
     wa, sa = _fp8(gen, 2 * 32, K)
     wa, sa = wa.view(2, 32, K), sa.view(torch.uint8)
-
     wb = torch.randn(64, K, generator=gen)  # fp32: its output keeps the fp32 sum's bits
 
     def run():

@@ -155,12 +155,13 @@ _counters = ArrivalCounters("gemv", "attnv41.kernels.gemv.prepare", _LOCKS)
 
 
 def plan(N: int, K: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS: for FP8
-    weights (with `_SEG_CHUNKS_FP8` set) ceil(K/BK) / d, d the largest divisor of ceil(K/BK)
-    not above `_SEG_CHUNKS_FP8`; else the smallest divisor S of ceil(K/BK) with
-    ceil(N/16)·S ≥ the target program count (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8`
-    for FP8 weights where set), else ceil(K/BK); a shape in `_PLAN_SEGS` takes its entry there. Constants of the weight's
-    shape and dtype: the summation order of every call with this weight (module doc)."""
+    """(BK, SEGS) for a weight `[N, K]` of `dtype`: BK columns per chunk, and SEGS: the
+    shape's entry in `_PLAN_SEGS` if it has one; else for FP8 weights with `_SEG_CHUNKS_FP8`
+    set, ceil(K/BK) / d, d the largest divisor of ceil(K/BK) not above it; else the smallest
+    divisor S of ceil(K/BK) with ceil(N/16)·S ≥ the target program count
+    (`_TARGET_PROGRAMS`, or `_TARGET_PROGRAMS_FP8` for FP8 weights where set), else
+    ceil(K/BK). Constants of the weight's shape and dtype: the summation order of every
+    call with this weight (module doc)."""
     if dtype not in _BK:
         raise ValueError(f"dtype = {dtype}; allowed: {list(_BK)}")
     bk = _BK[dtype]
