@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dev_s44e.sh with the A/B first (carry [".golden"]): the single-sequence FP8 step with
+# Production's per-shape FP8 splits, the A/B first (carry [".golden"]): the single-sequence FP8 step with
 # production's per-shape splits against the rule alone (4K / 32K / 128K, 3 rounds), then the
 # quick tier (its log under $OUT as it runs, should the call's limit cut it).
 set -u
