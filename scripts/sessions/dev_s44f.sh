@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Production's per-shape FP8 splits, the A/B first (carry [".golden"]): the single-sequence FP8 step with
-# production's per-shape splits against the rule alone (4K / 32K / 128K, 3 rounds), then the
-# quick tier (its log under $OUT as it runs, should the call's limit cut it).
+# Production's per-shape FP8 splits (`gemv._PLAN_SEGS`: wo_b 8, wq_b 1, indexer.wq_b 1)
+# (carry [".golden"], timeout 370): the single-sequence FP8 step against the rule alone and
+# with indexer.wq_b split again (4K / 32K / 128K, 3 rounds), then the quick tier (its log
+# under $OUT as it runs, should the call's limit cut it).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
