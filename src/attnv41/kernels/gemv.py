@@ -111,12 +111,11 @@ _TARGET_PROGRAMS_FP8 = 16384
 # 3.242, but each with wo_b's 8 slower than wo_b's 8 alone (3.204, 3.219); wo_b in 4 or 16
 # segments, wo_a in 8, the x launch in 10: slower or equal. indexer.wq_b (the same K as
 # wq_b, in wq_b's launch on index sources) is unsplit too, so that launch needs no sum launch.
-_FP8_FLASH_SEGS = {
+_PLAN_SEGS: dict = {
     (5120, 8192, FP8): 8,  # wo_b
     (32768, 1280, FP8): 1,  # wq_b
     (4096, 1280, FP8): 1,  # indexer.wq_b
 }
-_PLAN_SEGS: dict = dict(_FP8_FLASH_SEGS)
 # FP8 weights' segments by a chunk cap (None: off, the target above): segments of the
 # largest divisor of the chunk count not above this many chunks (a tuning option). At 5 on
 # Flash (wo_b 8 × 4, wq_b 1 × 5, wo_a 4 × 4, the x launch 4 × 5): 3.243 ms/step against
