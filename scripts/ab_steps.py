@@ -52,6 +52,7 @@ FINE_BASE = dict(tc_mm._FINE_PLAN)
 # the decode GEMV's split rule (`gemv.plan`'s target program count; other GPU bits, fixed per shape)
 _F8 = torch.float8_e4m3fn
 PLAN_BASE = dict(gemv._PLAN_SEGS)
+ACC8_BASE = gemv._ACC_ROWS8
 GEMV_BASE = dict(
     target=gemv._TARGET_PROGRAMS, target_fp8=gemv._TARGET_PROGRAMS_FP8, split=gemv._SPLIT_FORM,
     seg_fp8=gemv._SEG_CHUNKS_FP8,
@@ -264,6 +265,21 @@ VARIANTS = {
     },
     # over production: indexer.wq_b split (one chunk per program) again
     "indexer.wq_b split": {"segs": {(4096, 1280, _F8): 5}},
+    # (forty-second entry) over production: fewer segments for the launches whose split
+    # needs a sum launch (the x launch, wo_a, wo_b); "acc8": the FP8 row tile's launch shape
+    # (`gemv._ACC_ROWS8`: rows per program at m = 1; not the bits)
+    "x 1": {"segs": {(1280, 5120, _F8): 1, (512, 5120, _F8): 1}},
+    "x 2": {"segs": {(1280, 5120, _F8): 2, (512, 5120, _F8): 2}},
+    "x 4": {"segs": {(1280, 5120, _F8): 4, (512, 5120, _F8): 4}},
+    "x 1 hw 1": {
+        "segs": {(1280, 5120, _F8): 1, (512, 5120, _F8): 1, (32, 5120, _F8): 1, (32, 5120, torch.bfloat16): 1}
+    },
+    "x 1 acc8 8": {"segs": {(1280, 5120, _F8): 1, (512, 5120, _F8): 1}, "acc8": 8},
+    "acc8 8": {"acc8": 8},
+    "wo_a 1": {"segs": {(8192, 4096, _F8): 1}},
+    "wo_a 2": {"segs": {(8192, 4096, _F8): 2}},
+    "wo_b 2": {"segs": {(5120, 8192, _F8): 2}},
+    "x 1 wo_a 1": {"segs": {(1280, 5120, _F8): 1, (512, 5120, _F8): 1, (8192, 4096, _F8): 1}},
     # bf16 weights' splits (their rule: `_TARGET_PROGRAMS`, unchanged)
     "bf16 wo_b 8": {"segs": {(5120, 8192, torch.bfloat16): 8}},
     "bf16 wo_a 4": {"segs": {(8192, 4096, torch.bfloat16): 4}},
@@ -289,6 +305,7 @@ def apply(over: dict) -> None:
     # production's per-shape splits (`gemv._PLAN_SEGS`), or with "rule_only" none (the rule alone)
     gemv._PLAN_SEGS = {**({} if over.get("rule_only") else PLAN_BASE), **over.get("segs", {})}
     gemv._SEG_CHUNKS_FP8 = g["seg_fp8"]
+    gemv._ACC_ROWS8 = over.get("acc8", ACC8_BASE)
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
 
