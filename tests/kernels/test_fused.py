@@ -317,6 +317,42 @@ def test_index_q_chain(m, positions, in_place, kind, device):
         assert_same_bytes("iq vs torch chain", out, b)
 
 
+# Flash's head-weight scale (a power of two) and one that rounds in fp32 and in bf16
+HW_SCALES = [128**-0.5 * 32**-0.5, 128**-0.5 * 3**-0.5]
+
+
+@pytest.mark.parametrize("scale", HW_SCALES, ids=["flash", "inexact"])
+@pytest.mark.parametrize("kind", ["random", "nonfinite"])
+def test_index_q_chain_scales_head_weights(kind, scale, device):
+    """`hw=`: the head weights scaled in place in the chain's launch, bit for bit as
+    `hw.mul_(scale)` on CPU bf16 (and the queries as without it); the torch twin the same."""
+    m = 3
+    gen = _gen("iq hw", kind, scale)
+    iq = _rows(gen, m * HEADS, DK, "random").view(m, HEADS, DK).to(device)
+    hw = _rows(gen, m, HEADS, "random")
+    if kind == "nonfinite":
+        hw[0, 1], hw[1, 0], hw[2, 1] = float("inf"), float("-inf"), float("nan")
+    hw[0, 0] = 3e38  # overflows to inf when scaled up, rounds when scaled down
+    hw[1, 1] = 1e-40  # a bf16 subnormal
+    hw[2, 2] = float("nan")
+    pos = torch.tensor([0, 7, 200], device=device)
+    cos, sin = _tables(device)
+    want_q = F.index_q_chain_torch(iq.cpu(), cos.cpu(), sin.cpu(), pos.cpu(), iq.cpu().clone())
+    want_hw = hw.clone().mul_(scale)
+    for big in (False, True):
+        s = scale * 2.0**100 if big else scale
+        if big:
+            want_hw = hw.clone().mul_(s)
+        got_hw, got_q = hw.clone().to(device), iq.clone()
+        assert F.index_q_chain(got_q, cos, sin, pos, got_q, hw=got_hw, hw_scale=s) is got_q
+        assert_same_bytes("hw scaled in the chain vs hw.mul_", got_hw, want_hw)
+        if not big:
+            assert_same_bytes("iq beside hw", got_q, want_q.to(device))
+        twin = hw.clone()
+        F.index_q_chain_torch(iq.cpu(), cos.cpu(), sin.cpu(), pos.cpu(), iq.cpu().clone(), hw=twin, hw_scale=s)
+        assert_same_bytes("hw by the torch twin vs hw.mul_", twin, want_hw)
+
+
 # ---------------------------------------------------------------------- bad arguments
 
 
@@ -406,3 +442,12 @@ def test_other_chains_reject(device):
         F.index_q_chain(iq[..., :48], cos, sin, rp, iq[..., :48])
     with pytest.raises(ValueError, match="out.shape"):
         F.index_q_chain_torch(iq, cos, sin, rp, iq[:1])
+    hw = torch.ones(2, 3, dtype=BF, device=device)
+    with pytest.raises(ValueError, match=re.escape("hw.shape = (2, 2)")):
+        F.index_q_chain(iq, cos, sin, rp, iq, hw=hw[:, :2])
+    with pytest.raises(ValueError, match="hw.dtype"):
+        F.index_q_chain_torch(iq, cos, sin, rp, iq, hw=hw.float())
+    for bad in (float("nan"), float("inf"), True, "0.5"):
+        with pytest.raises(ValueError, match="hw_scale = "):
+            F.index_q_chain(iq, cos, sin, rp, iq, hw=hw, hw_scale=bad)
+    assert (hw == 1).all()  # refused calls wrote nothing

@@ -11,7 +11,8 @@ non-finite counter):
   `row_pos`, fp4 e4m3 round trip, into cache row `row`).
 - `index_k_chain`: its index key (rms_norm, RoPE at `row_pos`, fp4 e8m0 round trip, into
   `index_k` row `row`).
-- `index_q_chain`: the index queries (RoPE at `pos`, fp4 e8m0 round trip), per head.
+- `index_q_chain`: the index queries (RoPE at `pos`, fp4 e8m0 round trip), per head; with
+  `hw=`, the head weights scaled in place in the same launch.
 
 `<name>_torch` is the same chain of the ops' torch twins (the CPU path), same contract.
 
@@ -270,6 +271,11 @@ if HAVE_TRITON:
         RN: tl.constexpr,  # rotation products through mul_rn (GPU)
         PDL: tl.constexpr = False,
         MAPPED: tl.constexpr = False,  # slot[t] < 0: token t writes no cache row (a slot mapping's −1)
+        hw_ptr=None,  # bf16 [m, n_vec]: hw[t, v] scaled in place by program (t, v) (when HW)
+        s_hw_m=0,
+        s_hw_v=0,
+        hw_scale=1.0,  # fp32
+        HW: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -391,6 +397,9 @@ if HAVE_TRITON:
             else:
                 tl.store(cache_ptr + slot * s_cache + col_e, ye, mask=c_ok)
                 tl.store(cache_ptr + slot * s_cache + col_o, yo, mask=c_ok)
+        if HW:  # bf16(fp32(hw) · fp32(scale)): torch's `hw.mul_(scale)` on bf16, one element per program
+            h_at = hw_ptr + t * s_hw_m + vec * s_hw_v
+            tl.store(h_at, round_bf16(_bf16_to_f32(tl.load(h_at)) * hw_scale))
 
 
 def _launch(
@@ -409,10 +418,13 @@ def _launch(
     slot=None,
     nonfinite=None,
     mapped=False,
+    hw=None,
+    hw_scale=1.0,
 ) -> None:
     """One program per (token, vector) of bf16 `x3 [m, n_vec, width]` (checked by the caller).
     mapped: `slot` is a slot mapping (every token with slot ≥ 0 writes at that row, −1 none),
-    not the ring rule (the last min(m, rows) tokens at slot % rows)."""
+    not the ring rule (the last min(m, rows) tokens at slot % rows). hw: None or bf16
+    `[m, n_vec]`, each element scaled in place by hw_scale (`index_q_chain`)."""
     m, n_vec, width = x3.shape
     if m == 0 or n_vec == 0:
         return
@@ -460,6 +472,7 @@ def _launch(
         EXACT_CAST=interpreting() or not _qdq._HW_E4M3,
         RN=not interpreting(),
         MAPPED=bool(mapped),
+        **({} if hw is None else dict(hw_ptr=hw, s_hw_m=hw.stride(0), s_hw_v=hw.stride(1), hw_scale=hw_scale, HW=True)),
         # with a norm: rms_norm's warps, so its sum reduces in the same order
         num_warps=(4 if bl <= 1024 else 8) if norm_w is not None else 1,
         **pdl_launch(x3),
@@ -628,9 +641,9 @@ def index_k_chain_torch(kp, norm_w, eps, cos, sin, row_pos, row, index_k, nonfin
 # ---------------------------------------------------------------------- index queries
 
 
-def _check_index_q(iq, cos, sin, pos, out, nonfinite) -> None:
+def _check_index_q(iq, cos, sin, pos, out, nonfinite, hw=None, hw_scale=1.0) -> None:
     _tensor("iq", iq, (torch.bfloat16,), 3, None)
-    m, _, d = iq.shape
+    m, H, d = iq.shape
     block = _qdq.FP4_E8M0_BLOCK
     if d < block or d % block or d > _MAX_WIDTH:
         raise ValueError(f"iq.shape[2] = {d}; allowed: a multiple of {block} in {block}..{_MAX_WIDTH}")
@@ -638,27 +651,38 @@ def _check_index_q(iq, cos, sin, pos, out, nonfinite) -> None:
     _check_positions("pos", pos, m, iq.device)
     _check_out("out", out, iq, "iq")
     _check_count(nonfinite, iq.device)
+    if hw is None:
+        return
+    _tensor("hw", hw, (torch.bfloat16,), 2, iq.device)
+    _shape("hw", hw, (m, H), "[m, H] of iq")
+    if isinstance(hw_scale, bool) or not isinstance(hw_scale, (int, float)) or not math.isfinite(hw_scale):
+        raise ValueError(f"hw_scale = {hw_scale!r}; allowed: a finite float")
 
 
-def index_q_chain(iq, cos, sin, pos, out, nonfinite=None) -> torch.Tensor:
+def index_q_chain(iq, cos, sin, pos, out, nonfinite=None, hw=None, hw_scale=1.0) -> torch.Tensor:
     """The index queries in one launch: `out = fp4_e8m0_qdq(rope(iq at pos))` per head.
 
     iq: bf16 `[m, H, d]`, d a multiple of 32, ≤ 4096; out: bf16 like iq (may be iq, in
     place); other arguments as `kv_chain`. Returns out. The same bytes as apply_rope →
-    fp4_e8m0_qdq (Triton) on `[m·H, d]`.
+    fp4_e8m0_qdq (Triton) on `[m·H, d]`. hw: None, or the head weights, bf16 `[m, H]` (not
+    overlapping iq or out), scaled in place in the same launch as `hw.mul_(hw_scale)` scales
+    them: bf16(fp32(hw) · fp32(hw_scale)) (hw_scale a finite float).
     """
-    _check_index_q(iq, cos, sin, pos, out, nonfinite)
-    require_triton("index_q_chain", iq, out)
-    _launch(iq, _MODE_FP4_E8M0, _qdq.FP4_E8M0_BLOCK, cos, sin, pos, out3=out, nonfinite=nonfinite)
+    _check_index_q(iq, cos, sin, pos, out, nonfinite, hw, hw_scale)
+    require_triton("index_q_chain", iq, out, *([] if hw is None else [hw]))
+    extra = {} if hw is None else dict(hw=hw, hw_scale=float(hw_scale))
+    _launch(iq, _MODE_FP4_E8M0, _qdq.FP4_E8M0_BLOCK, cos, sin, pos, out3=out, nonfinite=nonfinite, **extra)
     return out
 
 
-def index_q_chain_torch(iq, cos, sin, pos, out, nonfinite=None) -> torch.Tensor:
+def index_q_chain_torch(iq, cos, sin, pos, out, nonfinite=None, hw=None, hw_scale=1.0) -> torch.Tensor:
     """`index_q_chain` as the chain of the torch twins (any device); same contract."""
-    _check_index_q(iq, cos, sin, pos, out, nonfinite)
+    _check_index_q(iq, cos, sin, pos, out, nonfinite, hw, hw_scale)
     m, H, d = iq.shape
     _rope.apply_rope_torch(iq, cos, sin, pos, out=out)
     flat = out.view(m * H, d) if out.is_contiguous() else out.reshape(m * H, d)
     res = _qdq.fp4_e8m0_qdq_torch(flat, nonfinite=nonfinite)
     out.copy_(res.view(m, H, d))
+    if hw is not None:
+        hw.mul_(float(hw_scale))
     return out

@@ -796,15 +796,13 @@ class AttnV41(AttnChecks, AttnDecode):
         x) and the index queries into `iq` (its fused pass over cq)."""
         c, ops = self.cfg, self.ops
         m = x.shape[0]
-        iq = self.iq[:m]
+        iq, hw = self.iq[:m], self.hw[:m]
         if not hw_done:
             self._linear(w, "indexer.wq_b", cq, iq.view(m, -1))
-        ops.index_q_chain(iq, cos, sin, pos, iq)  # RoPE → fp4 e8m0 round trip, one kernel
-        hw = self.hw[:m]
-        if not hw_done:
             ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
-        # bf16(fp32(hw)·fp32(scale)) in place: one kernel (bf16 ops with a scalar compute in fp32, CPU and CUDA)
-        hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
+        # RoPE → fp4 e8m0 round trip of the queries, and hw scaled in place as bf16(fp32(hw)·fp32(scale)):
+        # one kernel
+        ops.index_q_chain(iq, cos, sin, pos, iq, hw=hw, hw_scale=c.index_head_dim**-0.5 * c.index_heads**-0.5)
         return iq, hw
 
     def _index_scores(

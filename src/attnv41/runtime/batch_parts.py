@@ -287,8 +287,7 @@ class BatchParts:
         if not hw_done:
             attn._linear(w, "indexer.wq_b", cq, iq.view(T, -1))
             ops.mm(x, w["indexer.weights_proj.weight"], out=hw)
-        ops.index_q_chain(iq, cos, sin, step.pos, iq)
-        hw.mul_(c.index_head_dim**-0.5 * c.index_heads**-0.5)
+        ops.index_q_chain(iq, cos, sin, step.pos, iq, hw=hw, hw_scale=c.index_head_dim**-0.5 * c.index_heads**-0.5)
         K = c.index_topk
         pub = torch.full((T, K), -1, dtype=torch.int32, device=self.device)
         self.sel_pub[i] = pub
