@@ -12,3 +12,5 @@ timeout -k 5 280 python3 scripts/ab_steps.py --single 32768 --weights fp8 --kv b
 echo "ab segs rc $? at $(($(date +%s) - T0)) s"
 grep -h "^| " "$OUT/ab_segs.log"
 tail -3 "$OUT/ab_segs.log"
+python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused.py 2>&1 | tail -2
+echo "done at $(($(date +%s) - T0)) s"
