@@ -8,8 +8,7 @@ same results bit for bit (tests/kernels/test_topk.py).
 
 The k-th largest key T of a row is found in two radix digits of 8 bits; the row is cut
 into tiles of a fixed size and the grid is (tiles, rows), set by the shapes alone:
-  0. a zeroed int32 workspace `hist [m, 512]` (high-byte bins, then low-byte bins): a
-     runtime's own, kept zero between calls (step 3 clears it), or a fresh one per call;
+  0. a zeroed int32 workspace `hist [m, 512]` (high-byte bins, then low-byte bins);
   1. each tile histograms the high byte of its keys and adds it into `hist[t, :256]`
      (integer atomics: sums do not depend on their order, so the result is deterministic);
   2. each tile finds the high byte B of the k-th key from that histogram, histograms the
@@ -26,23 +25,21 @@ The order key of a bf16 score is computed in the kernels from its bits (as
 unsigned map. The candidate mask first materialises one int16 key per block (the max
 over its columns, the newest block pinned to +∞) and runs steps 1–3 over those.
 
-No host synchronisation and no value-dependent shape: capturable in a CUDA graph. The
-workspace is zero when a call starts and when it ends: a runtime's (`_histograms`) is
-zeroed by the last program of step 3 to read each row, a fresh one by a memset in the call,
-so a replay starts clean either way.
+No host synchronisation and no value-dependent shape: capturable in a CUDA graph, with
+the workspace zeroed inside the call, so a replay starts clean.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._triton import HAVE_TRITON, ArrivalCounters, current_counters, pdl_launch, require_triton, tl, triton
+from ._triton import HAVE_TRITON, pdl_launch, require_triton, tl, triton
 from .select import _MAX_LB, _check_int, _check_out, _check_scores_visible, check_gather_ids
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
 
-__all__ = ["topk_fixed", "candidate_mask_fixed", "prepare"]
+__all__ = ["topk_fixed", "candidate_mask_fixed"]
 
 # Production tiling: fixed constants, never derived from values or the SM count. Tests
 # shrink them (the keyword arguments, or by patching these names) to cross tile edges.
@@ -67,31 +64,6 @@ _PREFIX = 1024  # earlier tiles' counts summed per step of the final pass
 _MAX_GRID_ROWS = 65535  # rows go on grid axis 1 (CUDA limit 65535); more are launched in chunks
 _HIST = 512  # int32 per row of the histogram workspace: 256 high-byte bins, 256 low-byte bins
 _TABLE = 257  # int32 per tile of the count table: #(key ≥ B·256 + b) for b < 256, #(high > B)
-# A runtime's calls of up to `_WORK_ROWS` rows (inside `counters_of`: its calls run in order
-# on its streams) take a histogram workspace of their owner's that stays zero between calls:
-# `_WORK_ROWS` rows of `_HIST` bins, then one arrival counter per row. The last pass's last
-# program to read a row's histogram (the counter) zeroes it, so no zeroing launch (a memset
-# node in a graph, which also ends the PDL chain) precedes the call. Other calls allocate a
-# zeroed workspace per call. The selections are the same (exact) either way.
-_WORK_ROWS = 256
-_work = ArrivalCounters("topk", "attnv41.kernels.topk.prepare", _WORK_ROWS * (_HIST + 1))
-
-
-def prepare(device: torch.device | str) -> None:
-    """Allocate the current owner's histogram workspace on `device` (zeros; `counters_of`).
-    Done by the first call; call it before capturing a CUDA graph whose first top-k or
-    candidate mask of the owner is inside the capture."""
-    _work.prepare(device)
-
-
-def _histograms(m: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(hist int32 `[m, _HIST]` of zeros, the arrival counters `[m]` of a self-clearing
-    workspace or None): the owner's workspace inside `counters_of` for m ≤ `_WORK_ROWS`, else
-    a fresh zeroed one."""
-    if current_counters() is None or m > _WORK_ROWS:
-        return torch.zeros(m, _HIST, dtype=torch.int32, device=dev), None
-    buf = _work.buffer(dev)
-    return buf[: _WORK_ROWS * _HIST].view(_WORK_ROWS, _HIST)[:m], buf[_WORK_ROWS * _HIST :][:m]
 
 
 def _check_pow2(name: str, value, lo: int, hi: int) -> None:
@@ -165,8 +137,7 @@ def topk_fixed(
     ids, cand_block: a gathered form (`kernels.select.topk_fixed`'s doc): each taken entry
     written as the position it stands for (the last pass reads its block id); not with
     neg_inf_past.
-    Three passes (and a zeroing memset outside a runtime's calls of ≤ `_WORK_ROWS` rows,
-    `_histograms`), no host sync: capturable.
+    Four launches (a zeroing memset and three passes), no host sync: capturable.
     Arguments are checked on host metadata only, before anything is written.
     """
     m, Lb = _check_scores_visible("topk_fixed", scores, visible)
@@ -195,7 +166,7 @@ def topk_fixed(
     bits = scores.view(torch.int16)
     keep = bits if mask is None else mask.view(torch.uint8)
     k_row, k_col = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
-    hist, arrivals = _histograms(m, dev)
+    hist = torch.zeros(m, _HIST, dtype=torch.int32, device=dev)
     table = torch.empty(m, _TABLE, n_tiles, dtype=torch.int32, device=dev)
     src = dict(FROM_BITS=True, HAS_MASK=mask is not None, TILE=tile, num_warps=num_warps)
     for r0, r1 in _row_chunks(m):
@@ -224,7 +195,6 @@ def topk_fixed(
             SKIP=neg_inf_past,
             **src,
             **({} if ids is None else dict(ids_ptr=ids[r0:r1], s_ids=ids.stride(0), GATHER=True, CB=cand_block)),
-            **({} if arrivals is None else dict(cnt_ptr=arrivals[r0:r1], CLEAR=True)),
             **pdl_launch(b),
         )
     return out
@@ -255,8 +225,7 @@ def candidate_mask_fixed(
 
     tile_blocks, tile_cols: tuning knobs for tests and benchmarks (powers of two: the most
     blocks per tile, the most entries per [blocks, columns] load, tile_cols ≥ tile_blocks);
-    None takes the production constants. Three passes (and a memset, as `topk_fixed`), no
-    host sync: capturable.
+    None takes the production constants. Four launches, no host sync: capturable.
     ids_out: None, or int32 `[m, min(cand_blocks, n_blocks)]`, the top blocks ascending
     (`kernels.select.candidate_mask_fixed`'s doc), written by the same last pass.
     """
@@ -286,7 +255,7 @@ def candidate_mask_fixed(
     bits = scores.view(torch.int16)
     flags = out.view(torch.uint8)
     keys = torch.empty(m, n_blocks, dtype=torch.int16, device=dev)
-    hist, arrivals = _histograms(m, dev)
+    hist = torch.zeros(m, _HIST, dtype=torch.int32, device=dev)
     table = torch.empty(m, _TABLE, n_tiles, dtype=torch.int32, device=dev)
     kstr = dict(s_row=n_blocks, s_col=1, k_row=0, k_col=0)
     opt = dict(TILE=TB, num_warps=num_warps)
@@ -332,7 +301,6 @@ def candidate_mask_fixed(
                 if ids_out is None
                 else dict(ids_ptr=ids_out[r0:r1], i_row=ids_out.stride(0), i_col=ids_out.stride(1), IDS=True)
             ),
-            **({} if arrivals is None else dict(cnt_ptr=arrivals[r0:r1], CLEAR=True)),
             **pdl_launch(ky),
         )
     return out
@@ -533,20 +501,6 @@ if HAVE_TRITON:
         return thresh, need, gt_before, eq_before, gt_here, eq_here
 
     @triton.jit
-    def _clear_after_read(hist_ptr, cnt_ptr, t, n_tiles):
-        """A self-clearing workspace (`_histograms`): this program has read row t's histogram;
-        the last of the row's n_tiles programs to arrive zeroes it and its counter. Each
-        program's reads are ordered before its arrival (the barrier, then a release), the
-        zeroing after the last arrival (its acquire); the next call's kernels run after this
-        one's end (the stream, or their PDL wait)."""
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_tiles - 1:
-            bins = tl.arange(0, 512)
-            tl.store(hist_ptr + t * 512 + bins, tl.zeros([512], dtype=tl.int32))
-            tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
     def _topk_write_kernel(
         src_ptr,
         keep_ptr,
@@ -575,8 +529,6 @@ if HAVE_TRITON:
         s_ids=0,
         GATHER: tl.constexpr = False,
         CB: tl.constexpr = 1,
-        cnt_ptr=None,  # CLEAR: int32 [m] arrival counters of a self-clearing workspace
-        CLEAR: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -586,8 +538,6 @@ if HAVE_TRITON:
         thresh, need, gt_before, eq_before, gt_here, eq_here = _tile_plan(
             hist_ptr, table_ptr, t, tile, k, n_tiles, PREFIX
         )
-        if CLEAR:
-            _clear_after_read(hist_ptr, cnt_ptr, t, n_tiles)
         if (gt_here > 0) | ((eq_here > 0) & (eq_before < need)):  # else nothing to take here
             # [TILE] position
             idx = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
@@ -680,8 +630,6 @@ if HAVE_TRITON:
         i_row=0,
         i_col=0,
         IDS: tl.constexpr = False,
-        cnt_ptr=None,  # CLEAR: int32 [m] arrival counters of a self-clearing workspace
-        CLEAR: tl.constexpr = False,
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -691,8 +639,6 @@ if HAVE_TRITON:
         thresh, need, gt_before, eq_before, gt_here, eq_here = _tile_plan(
             hist_ptr, table_ptr, t, tile, keep_n, n_tiles, PREFIX
         )
-        if CLEAR:
-            _clear_after_read(hist_ptr, cnt_ptr, t, n_tiles)
         # [TILE] block
         blk = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
         ok = blk < n_blocks

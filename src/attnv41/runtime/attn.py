@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AttnV41Cfg
-from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm, topk
+from ..kernels import fp8_linear, gemv, select, sparse_attn_split, tc_mm
 from ..kernels._triton import check_kernel_device, counters_of
 from ..packed import pack
 from ..reference.rope import rope_freqs, rope_table
@@ -193,8 +193,6 @@ class AttnV41(AttnChecks, AttnDecode):
             split = (sparse_attn_split.sparse_attn_split, sparse_attn_split.sparse_attn_batch)
             if self.ops.sparse_attn_decode in split and dev.type == "cuda":
                 sparse_attn_split.prepare(dev)  # the block-parallel combine's counters
-            if self.ops.topk_fixed is topk.topk_fixed and dev.type == "cuda":
-                topk.prepare(dev)  # the radix select's self-clearing histograms
         yarn = (c.rope_factor, c.original_seq_len, c.beta_fast, c.beta_slow)
         self.plain_cos, self.plain_sin = (
             t.to(dev) for t in rope_table(c.max_seq, rope_freqs(c.rope_dim, c.rope_theta))
