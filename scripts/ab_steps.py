@@ -59,7 +59,6 @@ GEMV_BASE = dict(
 )  # fmt: skip
 # the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
 TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS)
-WORK_ROWS_BASE = topk_mod._WORK_ROWS  # a runtime's calls up to this many rows: the self-clearing workspace
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -277,7 +276,6 @@ VARIANTS = {
     },
     "x 1 acc8 8": {"segs": {(1280, 5120, _F8): 1, (512, 5120, _F8): 1}, "acc8": 8},
     "acc8 8": {"acc8": 8},
-    "hist memset": {"work_rows": 0},  # the top-k's histograms zeroed per call (no owner workspace)
     "wo_a 1": {"segs": {(8192, 4096, _F8): 1}},
     "wo_a 2": {"segs": {(8192, 4096, _F8): 2}},
     "wo_b 2": {"segs": {(5120, 8192, _F8): 2}},
@@ -310,7 +308,6 @@ def apply(over: dict) -> None:
     gemv._ACC_ROWS8 = over.get("acc8", ACC8_BASE)
     tk = {**TOPK_BASE, **over.get("topk", {})}
     topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
-    topk_mod._WORK_ROWS = over.get("work_rows", WORK_ROWS_BASE)
 
 
 def _table(title: str, col: str, res: dict) -> None:

@@ -4,7 +4,9 @@
 # histograms zeroed per call ("hist memset"), and over production fewer segments for the
 # decode GEMV launches whose split needs a sum launch (the x launch, wo_a, wo_b) and the
 # FP8 row tile at 8 rows: the single-sequence FP8 step at 32K (3 rounds), the batched FP8
-# step at 32K (B = 1, 64, bf16 caches); then the quick tier (the changed kernels. tests on CUDA among it).
+# step at 32K (B = 1, 64, bf16 caches); then the quick tier (the changed kernels' tests on CUDA among it).
+# Ran on 80cc422 (the tree with the self-clearing workspace of 837294a); the workspace
+# measured no faster and was reverted, with ab_steps.py's "hist memset" (forty-second entry).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
