@@ -111,6 +111,9 @@ _TARGET_PROGRAMS_FP8 = 16384
 # 3.242, but each with wo_b's 8 slower than wo_b's 8 alone (3.204, 3.219); wo_b in 4 or 16
 # segments, wo_a in 8, the x launch in 10: slower or equal. indexer.wq_b (the same K as
 # wq_b, in wq_b's launch on index sources) is unsplit too, so that launch needs no sum launch.
+# Fewer segments to spare a sum launch lose (forty-second entry, over this table, 32K: 3.155
+# ms): the x launch's wq_a + wkv in 1 / 2 / 4 segments 3.797 / 3.364 / 3.217, wo_a in 1 / 2
+# 3.238 / 3.176, wo_b in 2 3.217; the FP8 row tile at 8 rows (`_ACC_ROWS8`) 3.539.
 _PLAN_SEGS: dict = {
     (5120, 8192, FP8): 8,  # wo_b
     (32768, 1280, FP8): 1,  # wq_b
