@@ -13,7 +13,7 @@ timeout -k 5 60 python3 scripts/ab_steps.py --single 4096,32768,131072 --weights
 echo "ab hw rc $? at $(($(date +%s) - T0)) s"
 grep -h "^| " "$OUT/ab_hw.log"
 timeout -k 5 $((160 - $(date +%s) + T0)) python3 -m pytest -q -p no:cacheprovider -rfE -n 8 --dist loadfile \
-  -m gpu tests/kernels/test_fused.py tests/kernels/test_topk.py tests/runtime/test_gpu.py \
+  -m "gpu and not gpu_full" tests/kernels/test_fused.py tests/kernels/test_topk.py tests/runtime/test_gpu.py \
   tests/runtime/test_gpu_golden.py tests/test_golden_batched.py tests/runtime/test_batch_graphs.py \
   tests/runtime/test_compact_reindex.py tests/kernels/test_decode_invariance.py > "$OUT/pytest_sub.log" 2>&1
 echo "tests rc $? at $(($(date +%s) - T0)) s"
