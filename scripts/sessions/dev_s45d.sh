@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 45, call 4 (carry [".golden"], timeout 360): on the session's final tree (the head
-# weights scaled in the index-query chain; the top-k's workspace back to a memset per call):
-# the single-sequence FP8 step against the head weights scaled by a kernel of their own
-# ("hw apart", as before the forty-second entry; 4K / 32K / 128K, 3 rounds), then the quick tier.
+# Session 45, call 4, not run (the next session's first call; carry [".golden"], timeout
+# 360): on the session's final tree (the head weights scaled in the index-query chain; the
+# top-k's workspace back to a memset per call), the single-sequence FP8 step against the head
+# weights scaled by a kernel of their own ("hw apart", as before the forty-second entry; 4K /
+# 32K / 128K, 3 rounds), then the quick tier.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
