@@ -11,7 +11,7 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 nvidia-smi --query-gpu=name --format=csv,noheader
 LIMIT="${LONG_S:-200}" bash scripts/dev_full_tier.sh long
-REPLAY_STEPS="${REPLAY_STEPS:-1000}" LIMIT="${REPLAY_S:-110}" bash scripts/dev_full_tier.sh replays
+REPLAY_STEPS="${REPLAY_STEPS:-1000}" LIMIT="${REPLAY_S:-130}" bash scripts/dev_full_tier.sh replays
 echo "tiers at $(($(date +%s) - T0)) s"
 timeout -k 5 100 python3 scripts/step_profile.py --context 32768 --weights fp8 --steps 3 > "$OUT/prof_pdl0.log" 2>&1
 echo "prof rc $? at $(($(date +%s) - T0)) s"
