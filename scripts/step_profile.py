@@ -22,7 +22,9 @@ Kernels launch without programmatic dependent launch here (`ATTNV41_PDL=0` unles
 with it a kernel's programs start early and wait for the previous kernel, so the
 profiler's durations would include the waits (the step's span stays right).
 
-Prints Markdown tables; writes `$OUT/step_profile_<weights>.json` when OUT is set.
+Prints Markdown tables; writes `$OUT/step_profile_<weights>.json` when OUT is set, and the
+first profiled step's kernels in order (start µs, duration µs, name) to
+`$OUT/step_sequence_<weights>_b<batch>_<kv>.txt`.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def main() -> None:
             if cuda:
                 torch.cuda._sleep(4_000_000 if args.chunk == 0 else 80_000_000)  # steps apart: gaps separate them below
     ks = sorted(
-        (e.time_range.start, e.time_range.end, _short(e.name))
+        (e.time_range.start, e.time_range.end, _short(e.name), e.name)
         for e in prof.events()
         # the sleep between steps is a kernel too (spin_kernel): left out, or no gap would separate the steps
         if e.device_type == kind and not any(s in e.name.lower() for s in ("memcpy", "memset", "spin_kernel"))
@@ -150,13 +152,13 @@ def main() -> None:
     rows, per_name = [], defaultdict(list)
     for st in steps:
         span = st[-1][1] - st[0][0]
-        busy = sum(e - s for s, e, _ in st)
+        busy = sum(k[1] - k[0] for k in st)
         gaps = [b[0] - a[1] for a, b in zip(st, st[1:])]
         rows.append(
             dict(kernels=len(st), span_us=span, busy_us=busy, gap_us=span - busy, median_gap_us=statistics.median(gaps))
         )
         names = defaultdict(list)
-        for s, e, n in st:
+        for s, e, n, _ in st:
             names[n].append(e - s)
         for n, d in names.items():
             per_name[n].append((len(d), sum(d)))
@@ -183,6 +185,11 @@ def main() -> None:
     for tot, cnt, n in sorted(agg, reverse=True):
         print(f"| {n} | {cnt:g} | {tot:.1f} | {tot / cnt:.2f} |")
     out = os.environ.get("OUT")
+    if out and steps:  # the first profiled step's kernels in order (where each small kernel sits)
+        with open(os.path.join(out, f"step_sequence_{args.weights}_b{args.batch}_{args.kv_format}.txt"), "w") as f:
+            t0 = steps[0][0][0]
+            for s, e, _, full in steps[0]:
+                f.write(f"{s - t0:9.1f} {e - s:7.2f} {full[:160]}\n")
     if out:
         with open(
             os.path.join(
