@@ -59,7 +59,7 @@ GEMV_BASE = dict(
     seg_fp8=gemv._SEG_CHUNKS_FP8,
 )  # fmt: skip
 # the top-k's launch-shape rule (`topk._topk_shape`'s constants; the same selections for any)
-TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS)
+TOPK_BASE = dict(narrow=topk_mod._NARROW_POSITIONS, few=topk_mod._FEW_POSITIONS, row=topk_mod._ROW_WIDTH)
 OLD = {  # the launch shapes before 2026-12-03 (ninth entry)
     "single": dict(bh=64),
     "batch_small": dict(bh=64),
@@ -213,7 +213,10 @@ VARIANTS = {
     # (thirty-sixth entry) reindex layers over every visible row again (runtime/ops.compacts off)
     "full reindex": {"compact": False},
     # (thirty-ninth entry) the top-k's shape before its rule by positions: tile 4096, 8 warps
-    "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62)},
+    "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62, row=0)},
+    # the top-k's tiled passes at every width (no program per row: before the forty-third entry)
+    "topk tiled": {"topk": dict(row=0)},
+    "topk row 32K": {"topk": dict(row=1 << 15)},
     # (thirty-ninth entry, built untimed) the decode steps' second stream under capture
     "side stream": {"side": True},
     # (fortieth entry) production captures decode steps with the second stream: one stream
@@ -311,7 +314,7 @@ def apply(over: dict) -> None:
     gemv._SEG_CHUNKS_FP8 = g["seg_fp8"]
     gemv._ACC_ROWS8 = over.get("acc8", ACC8_BASE)
     tk = {**TOPK_BASE, **over.get("topk", {})}
-    topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS = tk["narrow"], tk["few"]
+    topk_mod._NARROW_POSITIONS, topk_mod._FEW_POSITIONS, topk_mod._ROW_WIDTH = tk["narrow"], tk["few"], tk["row"]
 
 
 def _table(title: str, col: str, res: dict) -> None:

@@ -14,10 +14,11 @@ still run. Prints one Markdown table; writes JSON to $OUT/topk_tune.json when OU
 
     python scripts/topk_tune.py [--tiles 2048,4096] [--warps 4,8] [--mask-tiles 256,512]
                                 [--mask-warps 4,8] [--lbs 4096,1048576] [--ms 1,64]
-                                [--lean] [--budget 110]
+                                [--row-warps 8,16] [--lean] [--budget 110]
 
-"rule" in the cfg column is the production launch shape for (m, Lb) (`topk._topk_shape`),
-timed next to the asked tiles and warps. --lean skips timing the torch twins and the
+"rule" in the cfg column is the production launch shape for (m, Lb) (one program per row
+up to `topk._ROW_WIDTH`, else `topk._topk_shape`'s tiles), timed next to the tiled rule, the
+asked tiles and warps and one program per row at the asked warps ("row warps=…"). --lean skips timing the torch twins and the
 candidate mask (the twins still give the references every variant is checked against).
 """
 
@@ -55,6 +56,9 @@ def main() -> int:
     ap.add_argument("--mask-warps", help="candidate-mask warps per program; default the production count")
     ap.add_argument("--lbs", help="bucket widths; default 4096,32768,131072,1048576")
     ap.add_argument("--ms", help="rows (tokens); default 1,64")
+    ap.add_argument(
+        "--row-warps", help="warps of the one-program-per-row top-k (rows up to its limit); default production"
+    )
     ap.add_argument("--lean", action="store_true", help="time only the Triton top-k variants")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which shapes are skipped")
     a = ap.parse_args()
@@ -62,6 +66,7 @@ def main() -> int:
         print("topk_tune: needs CUDA", file=sys.stderr)
         return 2
     tiles, warps = _ints(a.tiles, [K._BLOCK]), _ints(a.warps, [K._WARPS])
+    row_warps = _ints(a.row_warps, [K._ROW_WARPS])
     mask_tiles, mask_warps = _ints(a.mask_tiles, [K._MASK_BLOCKS]), _ints(a.mask_warps, [K._WARPS])
     lbs, ms = _ints(a.lbs, [4096, 32768, 131072, 1 << 20]), _ints(a.ms, [1, 64])
     dev = torch.device("cuda")
@@ -74,7 +79,7 @@ def main() -> int:
                 rows.append(dict(Lb=Lb, m=m, variant="*", error=f"skipped: past the {a.budget:.0f} s budget"))
                 continue
             try:
-                rows += _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, a.lean)
+                rows += _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, a.lean, row_warps)
             except Exception as e:  # the shape's set-up failed (memory, the twins): the next shape still runs
                 traceback.print_exc()
                 rows.append(dict(Lb=Lb, m=m, variant="*", error=f"{type(e).__name__}: {e}"[:300]))
@@ -88,7 +93,7 @@ def main() -> int:
     return 0
 
 
-def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, lean=False) -> list[dict]:
+def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, lean=False, row_warps=()) -> list[dict]:
     gen = torch.Generator(device=dev).manual_seed(Lb + m)
     L = (3 * Lb) // 4
     copies = max(1, min(CALLS, COPY_BYTES // (m * Lb * 2)))
@@ -111,10 +116,20 @@ def _shape(timer, dev, Lb, m, tiles, warps, mask_tiles, mask_warps, lean=False) 
 
     variants = []  # (name, cfg, call(i), check() -> bool or None)
     rule = K._topk_shape(m, Lb)
-    shapes = [(None, None)] + [(t, w) for t in tiles for w in warps if (t, w) != rule]
-    for tile, w in shapes:
-        kw = dict(tile=tile, num_warps=w)
-        label = f"rule: tile={rule[0]} warps={rule[1]}" if tile is None else f"tile={tile} warps={w}"
+    row_rule = K._topk_per_row(Lb)
+    # (label, knobs): production, then the tiled passes at the tiled rule and the asked
+    # tiles / warps, then one program per row at the asked warps
+    shapes = [(f"rule: {'per row' if row_rule else f'tile={rule[0]} warps={rule[1]}'}", {})]
+    if row_rule:
+        shapes.append((f"tiled rule: tile={rule[0]} warps={rule[1]}", dict(per_row=False)))
+    shapes += [
+        (f"tile={t} warps={w}", dict(tile=t, num_warps=w, per_row=False))
+        for t in tiles
+        for w in warps
+        if (t, w) != rule
+    ]
+    shapes += [(f"row warps={w}", dict(per_row=True, num_warps=w)) for w in row_warps if Lb <= K._ROW_LIMIT]
+    for label, kw in shapes:
         variants.append(
             (
                 "triton topk",

@@ -62,10 +62,12 @@ def test_kept_ids_and_gathered_topk_equal_the_masked_full_topk(seed, Lb, cb, C, 
         want = torch.empty(m, kk, dtype=torch.int32)
         select.topk_fixed(masked, vis, kk, off, want)
         g = _gather(scores, ids.cpu(), cb, vis).to(dv)
-        got = torch.empty(m, kk, dtype=torch.int32, device=dv)
-        impl.topk_fixed(g, v, kk, off, got, ids=ids, cand_block=cb)
         finite = (masked > float("-inf")).sum(1) >= kk  # rows where the equality is promised
-        assert torch.equal(got.cpu()[finite], want[finite]), f"{impl.__name__}: gathered top-k"
+        # the Triton top-k in both forms: one program per row, the tiled passes
+        for form in [{}] if impl is select else [dict(per_row=True), dict(per_row=False, tile=16)]:
+            got = torch.empty(m, kk, dtype=torch.int32, device=dv)
+            impl.topk_fixed(g, v, kk, off, got, ids=ids, cand_block=cb, **form)
+            assert torch.equal(got.cpu()[finite], want[finite]), f"{impl.__name__} {form}: gathered top-k"
 
 
 def test_taken_blocks_that_are_not_kept_are_named_n_blocks(device):

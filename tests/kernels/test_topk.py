@@ -5,7 +5,8 @@ their torch twins in `kernels.select` (themselves equal to the reference), exact
 Small tiles (the `tile=` / `tile_blocks=` / `tile_cols=` knobs) put the k-th key, its ties
 and −∞ runs across tile edges, so the multi-program passes (atomic histograms, the count
 table, the prefix over earlier tiles) are exercised on the interpreter's tiny shapes; one
-case per function runs the production tiling. Hostile scores: a handful of values (ties
+case per function runs the production tiling. The top-k's one-program-per-row form
+(`per_row=True`) runs the same cases. Hostile scores: a handful of values (ties
 everywhere), ±0, NaNs of both signs and several payloads, ±∞, all −∞; visible counts 0,
 below k, Lb, past Lb, negative; offsets; outputs that are strided views of wider buffers,
 poisoned; candidate masks fused into the top-k."""
@@ -100,22 +101,33 @@ TOPK_CASES = [  # (m, Lb, k, tile): tile None = the production tiling
 ]
 
 
+FORMS = ["tiled", "row"]
+
+
+def _form(form: str, tile) -> dict:
+    """topk_fixed's knobs for a form: the tiled passes at `tile` (None: the production
+    tile), or one program per row."""
+    return dict(per_row=True) if form == "row" else dict(tile=tile, per_row=False)
+
+
 @pytest.mark.parametrize("m,Lb,k,tile", TOPK_CASES)
 @pytest.mark.parametrize("mode", MODES)
-def test_topk_matches_twin(device, m, Lb, k, tile, mode):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_matches_twin(device, m, Lb, k, tile, mode, form):
     gen = torch.Generator().manual_seed(zlib.crc32(f"topk,{m},{Lb},{k},{mode}".encode()))
     scores = _scores(gen, m, Lb, mode)
     vis = _visible(gen, m, Lb, k, torch.int32 if Lb % 2 else torch.int64)
     offset = [0, 11, 2**31 - 1 - (Lb - 1)][Lb % 3]  # includes the largest offset allowed
     for name, s in (("raw", scores), ("neg_inf_past", _neg_inf_past(scores, vis))):
-        got, outside = _topk_in_view(s, vis, k, offset, device, tile=tile)
+        got, outside = _topk_in_view(s, vis, k, offset, device, **_form(form, tile))
         _equal(f"topk {name}", got, _twin_topk(s, vis, k, offset))
         assert bool((outside == -9).all()), f"topk {name}: wrote outside its view"
 
 
 @pytest.mark.parametrize("m,Lb,k,tile", TOPK_CASES[1:])
 @pytest.mark.parametrize("mode", ["ties", "nan", "all_neg_inf"])
-def test_topk_neg_inf_past_reads_nothing_past_visible(device, m, Lb, k, tile, mode):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_neg_inf_past_reads_nothing_past_visible(device, m, Lb, k, tile, mode, form):
     """neg_inf_past=True: every position ≥ visible[t] counts as −∞ unread, whole tiles past it
     counted without a read: on the index source's scores (−∞ there) the same result as
     without it; on raw scores the result on scores.masked_fill(past, −∞); with a mask too.
@@ -128,11 +140,11 @@ def test_topk_neg_inf_past_reads_nothing_past_visible(device, m, Lb, k, tile, mo
     cols = torch.arange(Lb)[None, :] >= vis[:, None]
     poisoned[cols] = float("nan")  # unread: a NaN past visible would rank above +∞ if it were
     for name, s in (("neg_inf_past", past), ("raw", scores), ("nan_past", poisoned)):
-        got, outside = _topk_in_view(s, vis, k, 7, device, tile=tile, neg_inf_past=True)
+        got, outside = _topk_in_view(s, vis, k, 7, device, **_form(form, tile), neg_inf_past=True)
         _equal(f"topk skip {name}", got, _twin_topk(past, vis, k, 7))
         assert bool((outside == -9).all()), f"topk skip {name}: wrote outside its view"
     mask = torch.rand(scores.shape, generator=gen) < 0.5
-    got, _ = _topk_in_view(poisoned, vis, k, 0, device, mask=mask, tile=tile, neg_inf_past=True)
+    got, _ = _topk_in_view(poisoned, vis, k, 0, device, mask=mask, **_form(form, tile), neg_inf_past=True)
     _equal("topk skip mask", got, _twin_topk(past, vis, k, 0, mask))
 
 
@@ -145,18 +157,20 @@ MASK_TOPK_CASES = [
 @pytest.mark.parametrize("m,Lb,k,tile", MASK_TOPK_CASES)
 @pytest.mark.parametrize("mode", ["ties", "nan"])
 @pytest.mark.parametrize("density", [0.0, 0.3, 1.0], ids=["none-kept", "sparse", "all-kept"])
-def test_topk_fused_mask_is_masked_fill(device, m, Lb, k, tile, mode, density):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_fused_mask_is_masked_fill(device, m, Lb, k, tile, mode, density, form):
     """mask=… equals the twin on scores.masked_fill(~mask, −∞), a strided mask included."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"topk-mask,{m},{Lb},{k},{mode},{density}".encode()))
     scores = _neg_inf_past(_scores(gen, m, Lb, mode), _visible(gen, m, Lb, k, torch.int64))
     vis = _visible(gen, m, Lb, k, torch.int64)
     wide = torch.rand(m, Lb + 3, generator=gen) < density
     mask = wide[:, 2 : Lb + 2]  # a column slice: strided rows
-    got, _ = _topk_in_view(scores, vis, k, 4, device, mask=mask, tile=tile)
+    got, _ = _topk_in_view(scores, vis, k, 4, device, mask=mask, **_form(form, tile))
     _equal("topk mask", got, _twin_topk(scores, vis, k, 4, mask))
 
 
-def test_topk_strided_scores_and_many_rows(device, monkeypatch):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_strided_scores_and_many_rows(device, monkeypatch, form):
     """Scores a strided view (every other column of a wider buffer); rows past the grid's
     row limit are launched in chunks (the limit shrunk to 2 here)."""
     monkeypatch.setattr(T, "_MAX_GRID_ROWS", 2)
@@ -164,31 +178,35 @@ def test_topk_strided_scores_and_many_rows(device, monkeypatch):
     wide = _scores(gen, 5, 2 * 97, "ties")
     scores = wide[:, ::2]
     vis = _visible(gen, 5, 97, 40, torch.int64)
-    got, outside = _topk_in_view(scores, vis, 40, 6, device, tile=16)
+    got, outside = _topk_in_view(scores, vis, 40, 6, device, **_form(form, 16))
     _equal("topk strided", got, _twin_topk(scores.contiguous(), vis, 40, 6))
     assert bool((outside == -9).all()), "topk strided: wrote outside its view"
 
 
-def test_topk_ties_take_lower_positions_across_tiles(device):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_ties_take_lower_positions_across_tiles(device, form):
     """All entries equal but a few: the k − (few) lowest positions fill up, over tile edges."""
     Lb, k = 100, 50
     scores = torch.zeros(1, Lb).bfloat16()
     scores[0, [7, 63, 99]] = 1.0
     scores[0, 5] = -0.0  # ties with +0
-    got, _ = _topk_in_view(scores, torch.tensor([Lb]), k, 0, device, tile=16)
+    got, _ = _topk_in_view(scores, torch.tensor([Lb]), k, 0, device, **_form(form, 16))
     want = list(range(48)) + [63, 99]  # position 7 is among the ones: zeros fill 0 … 47 but 7
     assert got[0].tolist() == want, f"topk ties: {got[0].tolist()}"
 
 
-def test_topk_visible_below_k_gives_minus_one_tail(device):
+@pytest.mark.parametrize("form", FORMS)
+def test_topk_visible_below_k_gives_minus_one_tail(device, form):
     scores = _neg_inf_past(torch.randn(2, 64).bfloat16(), torch.tensor([5, 0]))
-    got, _ = _topk_in_view(scores, torch.tensor([5, 0]), 9, 100, device, tile=16)
+    got, _ = _topk_in_view(scores, torch.tensor([5, 0]), 9, 100, device, **_form(form, 16))
     assert got[0].tolist() == [100, 101, 102, 103, 104] + [-1] * 4, f"topk tail: {got[0].tolist()}"
     assert got[1].tolist() == [-1] * 9, f"topk visible 0: {got[1].tolist()}"
 
 
 def test_topk_patched_block_is_used(device, monkeypatch):
-    """tile=None reads `_BLOCK` at call time (tests/kernels/test_select.py patches it)."""
+    """tile=None reads `_BLOCK` at call time (tests/kernels/test_select.py patches it) when
+    the row is wider than `_ROW_WIDTH` (read at call time too)."""
+    monkeypatch.setattr(T, "_ROW_WIDTH", 0)
     monkeypatch.setattr(T, "_BLOCK", 16)
     gen = torch.Generator().manual_seed(8)
     scores, vis = _scores(gen, 2, 50, "ties"), torch.tensor([50, 20])
@@ -213,9 +231,35 @@ def test_topk_launch_shape_is_a_function_of_rows_and_width(monkeypatch):
     assert T._topk_shape(64, 1 << 20) == (16, 4)
 
 
+def test_topk_per_row_is_a_function_of_the_width():
+    """One program per row for rows of at most 16,384 positions (a decode step's ratio-2
+    sources and gathered candidates up to a 32K context), whatever m."""
+    assert T._topk_per_row(1) and T._topk_per_row(16384)
+    assert not T._topk_per_row(16385) and not T._topk_per_row(1 << 20)
+    assert T._ROW_WIDTH <= T._ROW_LIMIT
+
+
+@pytest.mark.parametrize("mode", ["ties", "nan", "all_neg_inf"])
+def test_topk_forms_agree_and_rows_are_independent(device, monkeypatch, mode):
+    """Each row alone under one program per row, the rows together under it, the tiled
+    passes (small tiles) and the production choice select the same positions: a token's
+    selection does not depend on m nor on the form."""
+    monkeypatch.setattr(T, "_ROW_WIDTH", 300)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"topk-forms,{mode}".encode()))
+    scores, vis = _scores(gen, 5, 300, mode), torch.tensor([300, 123, 7, 0, 299])
+    want = _twin_topk(scores, vis, 40, 5)
+    for name, kw in (("row", dict(per_row=True)), ("tiled", dict(tile=32)), ("production", {})):
+        many, _ = _topk_in_view(scores, vis, 40, 5, device, **kw)
+        _equal(f"topk {name}, 5 rows", many, want)
+    for t in range(5):
+        one, _ = _topk_in_view(scores[t : t + 1], vis[t : t + 1], 40, 5, device)
+        _equal(f"topk row {t} alone", one, want[t : t + 1])
+
+
 def test_topk_production_shapes_agree(device, monkeypatch):
     """One row under the narrow rule and the same row among others (the wide rule) select the
     same positions: the shape rule keeps a token's result independent of m."""
+    monkeypatch.setattr(T, "_ROW_WIDTH", 0)
     monkeypatch.setattr(T, "_NARROW_TILE", 64)
     monkeypatch.setattr(T, "_BLOCK", 128)
     monkeypatch.setattr(T, "_NARROW_POSITIONS", 300)
@@ -318,6 +362,13 @@ TOPK_BAD = [
     pytest.param(dict(tile=8), r"tile = 8; allowed: 16\.\.65536", id="tile-small"),
     pytest.param(dict(num_warps=3), "num_warps = 3; allowed: 1, 2, 4, 8, 16", id="warps-3"),
     pytest.param(dict(neg_inf_past=1), "neg_inf_past = 1; allowed: True, False", id="skip-int"),
+    pytest.param(dict(per_row=1), "per_row = 1; allowed: None, True, False", id="per-row-int"),
+    pytest.param(dict(per_row=True, tile=16), "tile = 16 with per_row = True; allowed: None", id="per-row-tile"),
+    pytest.param(
+        dict(scores=torch.zeros(2, 32769).bfloat16(), k=4, per_row=True),
+        r"Lb \(one program per row\) = 32769; allowed: 1\.\.32768",
+        id="per-row-too-wide",
+    ),
 ]
 
 

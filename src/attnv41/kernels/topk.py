@@ -27,6 +27,12 @@ over its columns, the newest block pinned to +∞) and runs steps 1–3 over tho
 
 No host synchronisation and no value-dependent shape: capturable in a CUDA graph, with
 the workspace zeroed inside the call, so a replay starts clean.
+
+Narrow rows (Lb ≤ `_ROW_WIDTH`, a decode step's ratio-2 sources and gathered candidates
+up to a 32K context) take one program per row instead (`_topk_row_kernel`): the row's keys
+loaded once into registers, both histograms, T and `need` and the ordered writes in that
+program: one launch, no workspace. The same steps, so the same selection (it is exact:
+every launch shape gives the same positions).
 """
 
 from __future__ import annotations
@@ -55,6 +61,11 @@ _NARROW_TILE = 2048  # positions per tile while m·Lb ≤ `_NARROW_POSITIONS` (n
 _NARROW_POSITIONS = 1 << 20
 _FEW_POSITIONS = 1 << 17  # m·Lb up to this take `_WARPS`, more take `_MANY_WARPS`
 _MANY_WARPS = 4
+# One program per row (`_topk_row_kernel`) for rows of at most `_ROW_WIDTH` positions, its
+# keys held in registers: next_pow2(Lb) of them over `_ROW_WARPS` warps.
+_ROW_WIDTH = 16384
+_ROW_WARPS = 16
+_ROW_LIMIT = 1 << 15  # the widest row `per_row=True` takes (64 keys per thread at 16 warps)
 _MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
 # candidate mask: the most score entries one [blocks, columns] tensor holds. Registers grow
 # with entries per thread (int64 addresses): 4096 over 8 warps compile (sm_90) to ~150 at
@@ -83,12 +94,19 @@ def _next_pow2(n: int) -> int:
 
 
 def _topk_shape(m: int, Lb: int) -> tuple[int, int]:
-    """The top-k's production (tile, warps) for m rows of width Lb, from the module's
+    """The top-k's production tiled (tile, warps) for m rows of width Lb, from the module's
     constants read at call time (tests patch `_BLOCK` to cross tile edges; the narrow tile
-    never exceeds it)."""
+    never exceeds it). Rows of at most `_ROW_WIDTH` take one program each instead
+    (`_topk_per_row`)."""
     positions = m * Lb
     tile = min(_BLOCK, _NARROW_TILE) if positions <= _NARROW_POSITIONS else _BLOCK
     return tile, (_WARPS if positions <= _FEW_POSITIONS else _MANY_WARPS)
+
+
+def _topk_per_row(Lb: int) -> bool:
+    """Whether the production top-k of rows of width Lb runs one program per row
+    (`_ROW_WIDTH`, read at call time)."""
+    return Lb <= _ROW_WIDTH
 
 
 def _row_chunks(m: int):
@@ -110,6 +128,7 @@ def topk_fixed(
     neg_inf_past: bool = False,
     ids: torch.Tensor | None = None,
     cand_block: int = 0,
+    per_row: bool | None = None,
 ) -> torch.Tensor:
     """The compressed part of the selection at a fixed width: writes `out` and returns it.
 
@@ -137,8 +156,12 @@ def topk_fixed(
     ids, cand_block: a gathered form (`kernels.select.topk_fixed`'s doc): each taken entry
     written as the position it stands for (the last pass reads its block id); not with
     neg_inf_past.
-    Four launches (a zeroing memset and three passes), no host sync: capturable.
-    Arguments are checked on host metadata only, before anything is written.
+    per_row: True, one program per row (the row's keys in registers, one launch; Lb up to
+    `_ROW_LIMIT`, no `tile`); False, the tiled passes; None, the production choice for Lb
+    (`_topk_per_row`), or the tiled passes when `tile` is given. Every form gives the same
+    result.
+    Tiled: four launches (a zeroing memset and three passes); per row: one. No host sync:
+    capturable. Arguments are checked on host metadata only, before anything is written.
     """
     m, Lb = _check_scores_visible("topk_fixed", scores, visible)
     _check_int("topk_fixed: k", k, 1, Lb)
@@ -150,9 +173,16 @@ def topk_fixed(
     _check_out("topk_fixed", out, torch.int32, (m, k), scores.device)
     if mask is not None:
         _check_mask("topk_fixed", mask, (m, Lb), scores.device)
+    if per_row is not None and not isinstance(per_row, bool):
+        raise ValueError(f"topk_fixed: per_row = {per_row!r}; allowed: None, True, False")
+    row_form = (tile is None and _topk_per_row(Lb)) if per_row is None else per_row
+    if row_form:
+        _check_int("topk_fixed: Lb (one program per row)", Lb, 1, _ROW_LIMIT)
+        if tile is not None:
+            raise ValueError(f"topk_fixed: tile = {tile} with per_row = True; allowed: None")
     auto_tile, auto_warps = _topk_shape(m, Lb)
     tile = auto_tile if tile is None else tile
-    num_warps = auto_warps if num_warps is None else num_warps
+    num_warps = (_ROW_WARPS if row_form else auto_warps) if num_warps is None else num_warps
     _check_pow2("topk_fixed: tile", tile, 16, 65536)
     _check_warps("topk_fixed: num_warps", num_warps)
     if not isinstance(neg_inf_past, bool):
@@ -166,6 +196,32 @@ def topk_fixed(
     bits = scores.view(torch.int16)
     keep = bits if mask is None else mask.view(torch.uint8)
     k_row, k_col = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
+    if row_form:
+        for r0, r1 in _row_chunks(m):
+            b = bits[r0:r1]
+            _topk_row_kernel[(r1 - r0,)](
+                b,
+                keep[r0:r1],
+                visible[r0:r1],
+                out[r0:r1],
+                Lb,
+                k,
+                offset,
+                bits.stride(0),
+                bits.stride(1),
+                k_row,
+                k_col,
+                visible.stride(0),
+                out.stride(0),
+                out.stride(1),
+                ROW=_next_pow2(Lb),
+                HAS_MASK=mask is not None,
+                SKIP=neg_inf_past,
+                num_warps=num_warps,
+                **({} if ids is None else dict(ids_ptr=ids[r0:r1], s_ids=ids.stride(0), GATHER=True, CB=cand_block)),
+                **pdl_launch(b),
+            )
+        return out
     hist = torch.zeros(m, _HIST, dtype=torch.int32, device=dev)
     table = torch.empty(m, _TABLE, n_tiles, dtype=torch.int32, device=dev)
     src = dict(FROM_BITS=True, HAS_MASK=mask is not None, TILE=tile, num_warps=num_warps)
@@ -561,6 +617,59 @@ if HAVE_TRITON:
                 pos = idx
             val = tl.where(pos >= vis, -1, pos + offset).to(tl.int32)
             tl.store(out_ptr + t * o_row + slot.to(tl.int64) * o_col, val, mask=take != 0)
+
+    @triton.jit
+    def _topk_row_kernel(
+        src_ptr,
+        keep_ptr,
+        vis_ptr,
+        out_ptr,
+        N,
+        k,
+        offset,
+        s_row,
+        s_col,
+        k_row,
+        k_col,
+        s_vis,
+        o_row,
+        o_col,
+        ROW: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        SKIP: tl.constexpr = False,
+        PDL: tl.constexpr = False,
+        ids_ptr=None,  # GATHER: int32 [m, N / CB], the block each CB entries stand for
+        s_ids=0,
+        GATHER: tl.constexpr = False,
+        CB: tl.constexpr = 1,
+    ):
+        pdl_release(PDL)
+        pdl_wait(PDL)
+        # program t: the whole of row t (N ≤ ROW positions), the tiled passes' steps in one
+        # program: keys once, both histograms, T and need, the taken positions at their slots
+        t = tl.program_id(0).to(tl.int64)
+        vis = tl.load(vis_ptr + t * s_vis).to(tl.int64)
+        # [ROW] position
+        idx = tl.arange(0, ROW)
+        ok = idx < N
+        key = _load_keys(
+            src_ptr, keep_ptr, t, idx.to(tl.int64), ok, s_row, s_col, k_row, k_col, True, HAS_MASK, vis, SKIP
+        )
+        high = key >> 8
+        hi, above_hi = _byte_threshold(tl.histogram(high, 256, mask=ok), k)
+        lo, above_lo = _byte_threshold(tl.histogram(key & 0xFF, 256, mask=ok & (high == hi)), k - above_hi)
+        thresh = hi * 256 + lo
+        need = k - above_hi - above_lo
+        eq = (key == thresh).to(tl.int32)
+        eq_rank = tl.cumsum(eq, 0) - eq  # ties in position order
+        take = ((key > thresh) | ((eq != 0) & (eq_rank < need))).to(tl.int32)
+        slot = tl.cumsum(take, 0) - take
+        pos = idx.to(tl.int64)
+        if GATHER:  # the position entry idx stands for
+            blk = tl.load(ids_ptr + t * s_ids + pos // CB, mask=take != 0, other=0).to(tl.int64)
+            pos = blk * CB + pos % CB
+        val = tl.where(pos >= vis, -1, pos + offset).to(tl.int32)
+        tl.store(out_ptr + t * o_row + slot.to(tl.int64) * o_col, val, mask=take != 0)
 
     @triton.jit
     def _block_keys_kernel(
