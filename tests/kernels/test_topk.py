@@ -410,11 +410,14 @@ def test_candidate_mask_rejects_bad_arguments(over, msg):
 
 
 @pytest.mark.gpu
-def test_selections_capture_in_a_cuda_graph():
-    """Captured once at the production tiling, replayed over fresh scores and visible
+@pytest.mark.parametrize("Lb", [40000, 16384], ids=["tiled", "per-row"])
+def test_selections_capture_in_a_cuda_graph(Lb):
+    """Captured once at the production launch shape (the tiled passes past `_ROW_WIDTH`,
+    one program per row at the widest row it takes), replayed over fresh scores and visible
     counts: no host sync, the workspace zeroed inside the graph (a second replay of the
     same inputs gives the same result), equal to the twins."""
-    dev, m, Lb, k = "cuda", 3, 40000, 512
+    assert T._topk_per_row(Lb) == (Lb == 16384)
+    dev, m, k = "cuda", 3, 512
     scores = torch.zeros(m, Lb, dtype=torch.bfloat16, device=dev)
     vis = torch.zeros(m, dtype=torch.int32, device=dev)
     top = torch.full((m + 2, k + 3), -9, dtype=torch.int32, device=dev)[1 : m + 1, 2 : k + 2]
