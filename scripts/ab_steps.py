@@ -214,8 +214,10 @@ VARIANTS = {
     "full reindex": {"compact": False},
     # (thirty-ninth entry) the top-k's shape before its rule by positions: tile 4096, 8 warps
     "topk fixed shape": {"topk": dict(narrow=0, few=1 << 62, row=0)},
-    # the top-k's tiled passes at every width (no program per row: before the forty-third entry)
+    # (forty-third entry, built, untimed) the top-k's one program per row for rows up to 16K /
+    # 32K positions (production: the tiled passes at every width, "topk tiled")
     "topk tiled": {"topk": dict(row=0)},
+    "topk row 16K": {"topk": dict(row=1 << 14)},
     "topk row 32K": {"topk": dict(row=1 << 15)},
     # (thirty-ninth entry, built untimed) the decode steps' second stream under capture
     "side stream": {"side": True},

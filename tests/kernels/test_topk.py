@@ -231,12 +231,15 @@ def test_topk_launch_shape_is_a_function_of_rows_and_width(monkeypatch):
     assert T._topk_shape(64, 1 << 20) == (16, 4)
 
 
-def test_topk_per_row_is_a_function_of_the_width():
-    """One program per row for rows of at most 16,384 positions (a decode step's ratio-2
-    sources and gathered candidates up to a 32K context), whatever m."""
+def test_topk_per_row_is_a_function_of_the_width(monkeypatch):
+    """One program per row for rows of at most `_ROW_WIDTH` positions (read at call time),
+    whatever m; never wider than the form takes."""
+    assert 0 <= T._ROW_WIDTH <= T._ROW_LIMIT
+    monkeypatch.setattr(T, "_ROW_WIDTH", 16384)
     assert T._topk_per_row(1) and T._topk_per_row(16384)
     assert not T._topk_per_row(16385) and not T._topk_per_row(1 << 20)
-    assert T._ROW_WIDTH <= T._ROW_LIMIT
+    monkeypatch.setattr(T, "_ROW_WIDTH", 0)
+    assert not T._topk_per_row(1)
 
 
 @pytest.mark.parametrize("mode", ["ties", "nan", "all_neg_inf"])
@@ -410,13 +413,12 @@ def test_candidate_mask_rejects_bad_arguments(over, msg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("Lb", [40000, 16384], ids=["tiled", "per-row"])
-def test_selections_capture_in_a_cuda_graph(Lb):
-    """Captured once at the production launch shape (the tiled passes past `_ROW_WIDTH`,
-    one program per row at the widest row it takes), replayed over fresh scores and visible
-    counts: no host sync, the workspace zeroed inside the graph (a second replay of the
-    same inputs gives the same result), equal to the twins."""
-    assert T._topk_per_row(Lb) == (Lb == 16384)
+@pytest.mark.parametrize("Lb,per_row", [(40000, None), (16384, True)], ids=["production", "per-row"])
+def test_selections_capture_in_a_cuda_graph(Lb, per_row):
+    """Captured once at the production launch shape (a row of 40,000: the tiled passes) or
+    one program per row at its candidate production width, replayed over fresh scores and
+    visible counts: no host sync, the workspace zeroed inside the graph (a second replay of
+    the same inputs gives the same result), equal to the twins."""
     dev, m, k = "cuda", 3, 512
     scores = torch.zeros(m, Lb, dtype=torch.bfloat16, device=dev)
     vis = torch.zeros(m, dtype=torch.int32, device=dev)
@@ -425,9 +427,9 @@ def test_selections_capture_in_a_cuda_graph(Lb):
     cand = torch.empty(m, Lb, dtype=torch.bool, device=dev)
 
     def step():
-        T.topk_fixed(scores, vis, k, 7, top)
+        T.topk_fixed(scores, vis, k, 7, top, per_row=per_row)
         T.candidate_mask_fixed(scores, vis, 2048, 8, cand)
-        T.topk_fixed(scores, vis, k, 7, fused, cand)
+        T.topk_fixed(scores, vis, k, 7, fused, cand, per_row=per_row)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -28,11 +28,12 @@ over its columns, the newest block pinned to +∞) and runs steps 1–3 over tho
 No host synchronisation and no value-dependent shape: capturable in a CUDA graph, with
 the workspace zeroed inside the call, so a replay starts clean.
 
-Narrow rows (Lb ≤ `_ROW_WIDTH`, a decode step's ratio-2 sources and gathered candidates
-up to a 32K context) take one program per row instead (`_topk_row_kernel`): the row's keys
-loaded once into registers, both histograms, T and `need` and the ordered writes in that
-program: one launch, no workspace. The same steps, so the same selection (it is exact:
-every launch shape gives the same positions).
+One program per row (`per_row=True`, `_topk_row_kernel`, rows up to `_ROW_LIMIT`): the
+row's keys loaded once into registers, both histograms, T and `need` and the ordered writes
+in that program: one launch, no workspace. The same steps, so the same selection (it is
+exact: every launch shape gives the same positions). Production takes it for rows of at
+most `_ROW_WIDTH` positions: 0 until it is timed on a GPU (2026-12-06, forty-third entry:
+built and tested on the CPU interpreter; no device time was left to run it).
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ _NARROW_POSITIONS = 1 << 20
 _FEW_POSITIONS = 1 << 17  # m·Lb up to this take `_WARPS`, more take `_MANY_WARPS`
 _MANY_WARPS = 4
 # One program per row (`_topk_row_kernel`) for rows of at most `_ROW_WIDTH` positions, its
-# keys held in registers: next_pow2(Lb) of them over `_ROW_WARPS` warps.
-_ROW_WIDTH = 16384
+# keys held in registers: next_pow2(Lb) of them over `_ROW_WARPS` warps. Off (0) until timed
+# on a GPU; the candidate is 16,384 (a Flash decode step's ratio-2 sources and gathered
+# candidates up to a 32K context: 7 of its 8 top-k calls at 32K). Offline sm_90 SASS at
+# 16,384 and 16 warps: 128 registers, a few spill slots; at 4,096: 80 registers.
+_ROW_WIDTH = 0
 _ROW_WARPS = 16
 _ROW_LIMIT = 1 << 15  # the widest row `per_row=True` takes (64 keys per thread at 16 warps)
 _MASK_BLOCKS = 512  # candidate mask: the most blocks per tile (Flash, Lb = 1M: 256 tiles)
