@@ -32,8 +32,11 @@ One program per row (`per_row=True`, `_topk_row_kernel`, rows up to `_ROW_LIMIT`
 row's keys loaded once into registers, both histograms, T and `need` and the ordered writes
 in that program: one launch, no workspace. The same steps, so the same selection (it is
 exact: every launch shape gives the same positions). Production takes it for rows of at
-most `_ROW_WIDTH` positions: 0 until it is timed on a GPU (2026-12-06, forty-third entry:
-built and tested on the CPU interpreter; no device time was left to run it).
+most `_ROW_WIDTH` positions: 0, never, since a GPU timed it slower inside the decode step
+(H100, forty-fourth entry): one program holds one SM, so a single row of 16K positions takes
+23 µs against the tiled passes' 11 and the FP8 single-sequence step at 32K grows 3.19 →
+3.29 ms; at 32K positions the keys spill (285 µs). Alone it wins only on short rows (4K:
+7.6 against 10.1 µs at m = 1, 9.2 against 13.2 at m = 64), which did not show in the step.
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ _NARROW_POSITIONS = 1 << 20
 _FEW_POSITIONS = 1 << 17  # m·Lb up to this take `_WARPS`, more take `_MANY_WARPS`
 _MANY_WARPS = 4
 # One program per row (`_topk_row_kernel`) for rows of at most `_ROW_WIDTH` positions, its
-# keys held in registers: next_pow2(Lb) of them over `_ROW_WARPS` warps. Off (0) until timed
-# on a GPU; the candidate is 16,384 (a Flash decode step's ratio-2 sources and gathered
-# candidates up to a 32K context: 7 of its 8 top-k calls at 32K). Offline sm_90 SASS at
+# keys held in registers: next_pow2(Lb) of them over `_ROW_WARPS` warps. Off (0): timed on
+# an H100 (forty-fourth entry), 16,384 (7 of a Flash step's 8 top-k calls at 32K) made the
+# FP8 single-sequence step 3.4 % slower at 32K and 128K, 32,768 14 % slower, and at 4K
+# (every call ≤ 4,096) it gained nothing (3.188 against 3.181 ms). Offline sm_90 SASS at
 # 16,384 and 16 warps: 128 registers, a few spill slots; at 4,096: 80 registers.
 _ROW_WIDTH = 0
 _ROW_WARPS = 16
@@ -163,7 +167,7 @@ def topk_fixed(
     per_row: True, one program per row (the row's keys in registers, one launch; Lb up to
     `_ROW_LIMIT`, no `tile`); False, the tiled passes; None, the production choice for Lb
     (`_topk_per_row`), or the tiled passes when `tile` is given. Every form gives the same
-    result.
+    result; per row is the slower one past 4K positions (the module doc's timings).
     Tiled: four launches (a zeroing memset and three passes); per row: one. No host sync:
     capturable. Arguments are checked on host metadata only, before anything is written.
     """
