@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 46, not run in sessions 46 to 48 (no device time left, or no machine started;
 # the next session's first call; carry [".golden"], timeout 480): the full tier's parts
-# that fit one call on the code of the thirty-seventh to forty-second entries (prompt tokens, the top-k's launch
-# shape, the second stream by default, per-shape GEMV splits, hw in the index-query chain;
-# the full tier last ran on the thirty-second / thirty-sixth entries' code): the `long` part
-# (gpu_full outside runtime/test_gpu.py), a 1,000-step replay segment of each index-key mode,
-# then where the production single-sequence FP8 step goes (32K, PDL off for per-kernel times).
+# that fit one call on the code of the thirty-seventh to forty-second entries (prompt
+# tokens, the top-k's launch shape, the second stream by default, per-shape GEMV splits, hw
+# in the index-query chain; the full tier last ran on the thirty-second / thirty-sixth
+# entries' code): the `long` part (gpu_full outside runtime/test_gpu.py), a 1,000-step
+# replay segment of each index-key mode, then where the production single-sequence FP8 step
+# goes (32K, PDL off for per-kernel times).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
