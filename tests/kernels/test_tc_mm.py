@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from attnv41.kernels import tc_mm as TC
+from helpers import interp_subset
 
 BF = torch.bfloat16
 PRODUCTION_MIN_SEG_PRODUCTS = TC._MIN_SEG_PRODUCTS
@@ -692,8 +693,8 @@ def _two_level_call(device, kind, m, gen):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
-@pytest.mark.parametrize("m", [1, 64, 130])
-@pytest.mark.parametrize("coarse_target", [1, 2, 4])
+@pytest.mark.parametrize("m", interp_subset([1, 64, 130], [1, 130]))  # (interpreter: the ends)
+@pytest.mark.parametrize("coarse_target", interp_subset([1, 2, 4], [1, 4]))
 def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind, m, coarse_target):
     """Two split levels (module doc): the same call run as one program per fine segment
     (the combine adding the partials in groups) and as one program per coarse segment
@@ -803,7 +804,7 @@ def test_fp8_stored_group_weight_in_fine_programs_gives_the_bf16_coarse_bits(dev
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
-@pytest.mark.parametrize("m", [1, 5, 64, 130])
+@pytest.mark.parametrize("m", interp_subset([1, 5, 64, 130], [1, 5, 130]))
 @pytest.mark.parametrize("fine_max_m", [0, 10**9], ids=["coarse", "fine"])
 def test_sum_launch_gives_the_counter_bytes(device, monkeypatch, kind, m, fine_max_m):
     """`_SPLIT_FORM` "launch" (the partials added by `gemv._sum_kernel` /
