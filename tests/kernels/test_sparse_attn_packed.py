@@ -12,6 +12,7 @@ from attnv41.kernels.sparse_attn import sparse_attn, sparse_attn_torch
 from attnv41.kernels.sparse_attn_split import BATCH_TUNE, sparse_attn_split, sparse_attn_split_torch
 from attnv41.packed import pack
 from attnv41.reference.qdq import fp4_e4m3_qdq, fp8_qdq
+from helpers import interp_subset
 
 BF = torch.bfloat16
 
@@ -55,64 +56,68 @@ def _case(device, seed, m=3, H=4, D=64, K=70, Nw=20, Nc=50, layout="random"):
     return [t.to(device) for t in (q, win, comp, pw, pc, sel, sink)]
 
 
+_TUNES = [
+    dict(combine="loop"),
+    dict(combine="blocks"),
+    BATCH_TUNE,
+    dict(BATCH_TUNE, dk=32),
+    dict(BATCH_TUNE, dk_packed=None),
+    dict(BATCH_TUNE, dk_packed=32, fmt_dots=True),
+    dict(BATCH_TUNE, fp4_asm=True),
+    dict(combine="loop", fp4_asm=True),
+    dict(combine="blocks", fmt_dots=True, dk=32),
+    dict(BATCH_TUNE, keys_m=True, fp4_asm=True),
+    dict(combine="blocks", keys_m=True, fp4_asm=True, bh=16),
+    dict(BATCH_TUNE, keys_m_packed=False, dk_packed=128),
+    dict(BATCH_TUNE, keys_m_packed=False, fmt_dots=True),
+    dict(combine="blocks", rsplit=4),
+    dict(combine="loop", rsplit=2, keys_m=True),
+    dict(BATCH_TUNE, warps_b_packed=4, maxnreg_a_packed=None, maxnreg_b_packed=None),
+    dict(BATCH_TUNE, scale_word=True),
+    dict(combine="loop", dk=64, comb_d=64, scale_word=True),
+    dict(combine="blocks", early_rows=False),
+    dict(BATCH_TUNE, lut=True),
+    dict(combine="blocks", lut=True),
+    dict(combine="loop", lut=True, keys_m=True),
+    dict(BATCH_TUNE, fmt_loops=True),
+    dict(combine="blocks", bh=16, fmt_loops=False),
+    dict(BATCH_TUNE, fmt_loops=True, lut=True, dk_packed=128),
+]
+_TUNE_IDS = [
+    "loop",
+    "blocks",
+    "batch",
+    "batch-dk32",
+    "batch-one-dk",
+    "batch-fmt-dots-dk32",
+    "batch-fp4-asm",
+    "loop-fp4-asm",
+    "blocks-fmt-dots-dk32",
+    "batch-keys-m-fp4-asm",
+    "blocks-keys-m-fp4-asm-bh16",
+    "batch-heads-major-dk128",
+    "batch-heads-major-fmt-dots",
+    "blocks-rsplit4",
+    "loop-rsplit2-keys-m",
+    "batch-4-warp-combine-uncapped",
+    "batch-scale-word",  # (the e4m3 scales' word form on the GPU: the logits kernel's chunks of 64)
+    "loop-64-scale-word",  # (and the combine's 64-column slices)
+    "blocks-without-early-rows",
+    "batch-lut",  # (the table-lookup PTX over scale words, on the GPU)
+    "blocks-lut",
+    "loop-lut-keys-m",
+    "batch-fmt-loops",  # (a chunk loop per row format: its row loads pipelined on the GPU)
+    "blocks-bh16-one-loop",  # (`_TUNE` has fmt_loops on: the batched m = 1 form, its one loop)
+    "batch-fmt-loops-lut-dk128",
+]
+_TUNE_PARAMS = [pytest.param(t, id=i) for t, i in zip(_TUNES, _TUNE_IDS, strict=True)]
+# CUDA only: the PTX-only forms alone (fp4_asm, scale_word, lut), which the interpreter runs as
+# the case without them (`fp4_words_mode` 1: the rows as words, no inline assembly there)
+_PTX_ONLY = {"batch-fp4-asm", "loop-fp4-asm", "batch-scale-word", "batch-lut", "blocks-lut"}
+
+
 @pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
-@pytest.mark.parametrize(
-    "tune",
-    [
-        dict(combine="loop"),
-        dict(combine="blocks"),
-        BATCH_TUNE,
-        dict(BATCH_TUNE, dk=32),
-        dict(BATCH_TUNE, dk_packed=None),
-        dict(BATCH_TUNE, dk_packed=32, fmt_dots=True),
-        dict(BATCH_TUNE, fp4_asm=True),
-        dict(combine="loop", fp4_asm=True),
-        dict(combine="blocks", fmt_dots=True, dk=32),
-        dict(BATCH_TUNE, keys_m=True, fp4_asm=True),
-        dict(combine="blocks", keys_m=True, fp4_asm=True, bh=16),
-        dict(BATCH_TUNE, keys_m_packed=False, dk_packed=128),
-        dict(BATCH_TUNE, keys_m_packed=False, fmt_dots=True),
-        dict(combine="blocks", rsplit=4),
-        dict(combine="loop", rsplit=2, keys_m=True),
-        dict(BATCH_TUNE, warps_b_packed=4, maxnreg_a_packed=None, maxnreg_b_packed=None),
-        dict(BATCH_TUNE, scale_word=True),
-        dict(combine="loop", dk=64, comb_d=64, scale_word=True),
-        dict(combine="blocks", early_rows=False),
-        dict(BATCH_TUNE, lut=True),
-        dict(combine="blocks", lut=True),
-        dict(combine="loop", lut=True, keys_m=True),
-        dict(BATCH_TUNE, fmt_loops=True),
-        dict(combine="blocks", bh=16, fmt_loops=False),
-        dict(BATCH_TUNE, fmt_loops=True, lut=True, dk_packed=128),
-    ],
-    ids=[
-        "loop",
-        "blocks",
-        "batch",
-        "batch-dk32",
-        "batch-one-dk",
-        "batch-fmt-dots-dk32",
-        "batch-fp4-asm",
-        "loop-fp4-asm",
-        "blocks-fmt-dots-dk32",
-        "batch-keys-m-fp4-asm",
-        "blocks-keys-m-fp4-asm-bh16",
-        "batch-heads-major-dk128",
-        "batch-heads-major-fmt-dots",
-        "blocks-rsplit4",
-        "loop-rsplit2-keys-m",
-        "batch-4-warp-combine-uncapped",
-        "batch-scale-word",  # (the e4m3 scales' word form on the GPU: the logits kernel's chunks of 64)
-        "loop-64-scale-word",  # (and the combine's 64-column slices)
-        "blocks-without-early-rows",
-        "batch-lut",  # (the table-lookup PTX over scale words, on the GPU)
-        "blocks-lut",
-        "loop-lut-keys-m",
-        "batch-fmt-loops",  # (a chunk loop per row format: its row loads pipelined on the GPU)
-        "blocks-bh16-one-loop",  # (`_TUNE` has fmt_loops on: the batched m = 1 form, its one loop)
-        "batch-fmt-loops-lut-dk128",
-    ],
-)
+@pytest.mark.parametrize("tune", interp_subset(_TUNE_PARAMS, [p for p in _TUNE_PARAMS if p.id not in _PTX_ONLY]))
 def test_packed_rows_give_the_same_bytes(device, tune, layout):
     q, win, comp, pw, pc, sel, sink = _case(device, 1, layout=layout)
     if layout == "unaligned":
