@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 48 (carry [".golden"], timeout 450), after dev_s46b.sh ran on an H200 (its `long` part
-# cut at 200 s with 30 of 31 passed; the CUDA bench test left): issue 15's open measurement on
-# the H200 (the batched 32K B=64 step, bf16 against packed caches), the single-sequence FP8 step
-# at 4K/32K/128K, then the CUDA bench test the `long` part did not reach.
+# Session 48, not run there (no machine, then too little budget): the next session's first call
+# (carry [".golden"], timeout 450; `AB_S=100 SINGLE_S=90 BENCH_S=0` fits 230 s). After
+# dev_s46b.sh ran on an H200 (its `long` part cut at 200 s, 30 of 31 passed, the CUDA bench
+# test left): issue 15's open measurement on the H200 (the batched 32K B=64 step, bf16 against
+# packed caches), the single-sequence FP8 step at 4K/32K/128K, then that CUDA bench test.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
