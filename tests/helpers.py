@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def interp_subset(full: list, cpu: list) -> list:
     """A kernel test's parametrization: every value of `full` on CUDA, only `cpu` (a subset)
-    on Triton's CPU interpreter, where each case costs seconds of CI's two cores. For cases
-    the interpreter runs through the same steps as one kept (say so where it is used)."""
+    on Triton's CPU interpreter, where each case costs seconds of CI's two cores. Leave out
+    only cases the interpreter runs through the same steps as one kept, or middle values of
+    a range whose ends are kept (say which where it is used)."""
     missing = [v for v in cpu if v not in full]
     assert not missing, f"interp_subset: {missing} not among {full}"
     return full if torch.cuda.is_available() else cpu
