@@ -6,7 +6,9 @@
 #                                          # 15 tests, the CUDA bench test 146 s alone
 #   bash scripts/dev_full_tier.sh stack    # runtime/test_gpu.py's full tier less the 10k replays:
 #                                          # the stack test at STACK_STEPS (default: the test's,
-#                                          # 100 steps, 194 s alone on an H100, 2026-12-05)
+#                                          # 100 steps, 194 s alone on an H100, 2026-12-05;
+#                                          # 2026-12-07, H100: not ended in 420 s beside the
+#                                          # replay tests; alone at STACK_STEPS=30: 125 s)
 #   bash scripts/dev_full_tier.sh replays  # the two 10k-step replays, one per worker (each
 #                                          # ~550 s at 10,000 steps: REPLAY_STEPS, LIMIT=590)
 #                                          # 2026-12-04 (eighteenth entry): neither ended in 585 s
