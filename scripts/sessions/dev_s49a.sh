@@ -3,9 +3,10 @@
 # SINGLE_S=90` fits 230 s). Session 49 ran dev_s48a.sh on an H100 (named nvidia-h200, an
 # H100 came) with the batched step's default bf16 weights; issue 15's blocker is measured
 # with FP8 weights (8.538 packed against 8.138 ms bf16 caches on the H200 before the second
-# stream). So: the batched 32K B = 64 step with FP8 weights, bf16 against packed caches, then
-# the single-sequence FP8 step at 4K/32K/128K with both cache formats. nvidia-smi names the
-# card: quote each figure with it.
+# stream; session 49 measured it on an H100 only: packed 8.500 against bf16 8.568 ms). So: the
+# batched 32K B = 64 step with FP8 weights, bf16 against packed caches, then the
+# single-sequence FP8 step at 4K/32K/128K with both cache formats. Worth its device time on an
+# H200; nvidia-smi names the card: quote each figure with it.
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
