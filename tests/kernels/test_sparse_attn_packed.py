@@ -114,6 +114,7 @@ _TUNE_PARAMS = [pytest.param(t, id=i) for t, i in zip(_TUNES, _TUNE_IDS, strict=
 # CUDA only: the PTX-only forms alone (fp4_asm, scale_word, lut), which the interpreter runs as
 # the case without them (`fp4_words_mode` 1: the rows as words, no inline assembly there)
 _PTX_ONLY = {"batch-fp4-asm", "loop-fp4-asm", "batch-scale-word", "batch-lut", "blocks-lut"}
+assert _PTX_ONLY <= set(_TUNE_IDS), f"_PTX_ONLY names no case: {sorted(_PTX_ONLY - set(_TUNE_IDS))}"
 
 
 @pytest.mark.parametrize("layout", ["random", "runtime", "unaligned"])
