@@ -14,54 +14,12 @@ if not torch.cuda.is_available():
 
 from hypothesis import settings  # noqa: E402
 
-INTERPRETER_HOOKS = ("_patch_lang", "_LangPatchScope", "GridExecutor", "InterpretedFunction")
+# Triton's interpreter re-walks triton.language at every helper call: once per launch here
+# (`tests/interp_patch.py`: what each call computes is unchanged).
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interp_patch  # noqa: E402  (tests/ is on the path: pyproject's `pythonpath`)
 
-
-def _patch_interpreter_once_per_launch() -> bool:
-    """Triton's CPU interpreter re-patches `triton.language` (an `inspect.getmembers` walk
-    over the language's modules) on every call of a `@triton.jit` helper inside a kernel,
-    once per call per program: a third of a GEMV test's time (cProfile, Triton 3.6). The
-    repeats do nothing new: a launch patches the kernel module's language modules first and
-    restores them when it ends, and a helper's repeat sets the same stateless replacements
-    again (already-patched members are no longer builtins, so most are skipped) and is never
-    restored. Here a helper's call patches only language modules this launch has not patched
-    yet, so each launch patches each module once; what every call computes is unchanged.
-    Returns False, changing nothing, where the interpreter lacks the hooks this relies on
-    (`tests/test_interpreter_patch.py` then fails, naming them)."""
-    import inspect
-
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter as interp
-    except ImportError:
-        return False
-    if not all(hasattr(interp, h) for h in INTERPRETER_HOOKS):
-        return False
-    patch_lang, grid_call = interp._patch_lang, interp.GridExecutor.__call__
-    patched: list[set] = []  # per running launch: ids of the language modules patched
-
-    def once(fn):
-        mods = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
-        if patched and mods <= patched[-1]:
-            return interp._LangPatchScope()  # nothing new to patch, nothing to restore
-        scope = patch_lang(fn)
-        if patched:
-            patched[-1] |= mods
-        return scope
-
-    def launch(self, *args, **kwargs):
-        patched.append(set())
-        try:
-            return grid_call(self, *args, **kwargs)
-        finally:
-            patched.pop()
-
-    interp._patch_lang = once
-    interp.GridExecutor.__call__ = launch
-    return True
-
-
-INTERPRETER_PATCHED = os.environ.get("TRITON_INTERPRET") == "1" and _patch_interpreter_once_per_launch()
+    interp_patch.apply()
 
 # Under pytest-xdist (`bin/test -n auto --dist loadfile`, what CI runs) each worker computes
 # on one thread: the workers share the machine's cores instead of oversubscribing them.

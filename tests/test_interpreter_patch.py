@@ -1,4 +1,4 @@
-"""The CPU interpreter's patch in `conftest.py` (`_patch_interpreter_once_per_launch`): a
+"""The CPU interpreter's patch (`tests/interp_patch.py`, applied by `conftest.py`): a
 launch patches `triton.language` once per module, not once per helper call per program,
 computes what it computed before, and restores the language when it ends."""
 
@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter as interp  # noqa: E402
 
-from conftest import INTERPRETER_HOOKS  # noqa: E402
+import interp_patch  # noqa: E402
 
 
 @triton.jit
@@ -52,9 +52,13 @@ def _run(programs: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_patch_is_applied():
-    missing = [h for h in INTERPRETER_HOOKS if not hasattr(interp, h)]
-    assert not missing, f"Triton {triton.__version__}'s interpreter lacks {missing}: update conftest's patch"
-    assert interp._patch_lang.__name__ == "once" and interp.GridExecutor.__call__.__name__ == "launch"
+    missing = [h for h in interp_patch.HOOKS if not hasattr(interp, h)]
+    assert not missing, f"Triton {triton.__version__}'s interpreter lacks {missing}: update tests/interp_patch.py"
+    assert interp_patch.applied and interp_patch.apply(), "conftest.py did not apply the patch"
+    once = interp._patch_lang
+    assert once.__name__ == "once" and interp.GridExecutor.__call__.__name__ == "launch"
+    wrapped = [c.cell_contents for c in once.__closure__ if callable(c.cell_contents)]
+    assert [f.__name__ for f in wrapped] == ["_patch_lang"], "patched twice (one wrapper around another)"
 
 
 @pytest.mark.parametrize("programs", [1, 5])
