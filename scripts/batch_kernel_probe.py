@@ -217,6 +217,8 @@ INDEX_SETS["pipe"] = [
     ("noskip", dict(skip=False)),
     ("noskip 3 stages", dict(skip=False, num_stages=3)),
 ]
+# `--index-set production`: production alone (e.g. under Nsight Compute, after the step's own calls)
+INDEX_SETS["production"] = [("production", {})]
 
 
 def _clone(v):
