@@ -83,6 +83,8 @@ def _attn(**kw) -> dict:
 
 VARIANTS = {
     "new": {},
+    # (fiftieth entry) packed index keys through the Gluon kernel (cp.async stages)
+    "index gluon": {"index_paged": dict(gluon=True)},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},

@@ -34,6 +34,7 @@ from attnv41.bench.batch import _random_keys  # noqa: E402
 from attnv41.bench.common import Timer  # noqa: E402
 from attnv41.kernels import indexer  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
+from attnv41.kernels.indexer_gluon import index_scores_paged_gluon  # noqa: E402
 from attnv41.kernels.sparse_attn import sparse_attn  # noqa: E402
 from attnv41.kernels.sparse_attn_gluon import sparse_attn_gluon  # noqa: E402
 from attnv41.runtime.batch import BatchV41  # noqa: E402
@@ -217,6 +218,15 @@ INDEX_SETS["pipe"] = [
     ("noskip", dict(skip=False)),
     ("noskip 3 stages", dict(skip=False, num_stages=3)),
 ]
+# `--index-set gluon` (fiftieth entry): packed keys through `indexer_gluon` (cp.async stages),
+# blocks per program × stages (bf16 keys: an error row, the kernel takes packed keys only)
+INDEX_SETS["gluon"] = [("production", {})] + [
+    (f"gluon sub={sb} st={st} cap={cap}", dict(_gluon=True, sub=sb, stages=st, maxnreg=cap))
+    for sb, st, cap in (
+        (8, 4, None), (4, 3, None), (8, 3, None), (8, 4, 96), (8, 4, 80), (16, 4, None), (16, 6, None),
+        (16, 6, 96), (32, 6, None), (8, 2, None),
+    )
+]  # fmt: skip
 # `--index-set production`: production alone (e.g. under Nsight Compute, after the step's own calls)
 INDEX_SETS["production"] = [("production", {})]
 
@@ -404,7 +414,11 @@ def main() -> int:
             try:
                 out = torch.empty(a[0].shape[0], a[7], dtype=torch.bfloat16, device=dev)
 
-                icall = partial(indexer.index_scores_paged, *a, out=out, **tune)
+                tune = dict(tune)
+                if tune.pop("_gluon", False):
+                    icall = partial(index_scores_paged_gluon, *a[:8], out=out, **tune)
+                else:
+                    icall = partial(indexer.index_scores_paged, *a, out=out, **tune)
 
                 icall()
                 timer.sync()

@@ -143,7 +143,7 @@ def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed', 'sub_tokens'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'gluon', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed', 'sub_tokens'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

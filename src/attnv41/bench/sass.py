@@ -215,16 +215,24 @@ def attn_launches(
 
 
 def index_launches(
-    m: int = 1, L: int = 1 << 20, packed: bool = False, tune: dict | None = None, paged: int = 0
+    m: int = 1,
+    L: int = 1 << 20,
+    packed: bool = False,
+    tune: dict | None = None,
+    paged: int = 0,
+    gluon: bool = False,
+    heads: int = 32,
 ) -> list:
     """Index scores (`indexer.index_scores`) at the Flash shapes (32 heads × 128) over L
     keys, bf16 or packed (fp4_e8m0 rows), m tokens, with the launch shape's overrides
     `tune` (keys of `indexer._TUNE`), compiled: [(name, kernel)]. paged = B > 0: the
-    batched runtime's `index_scores_paged` over a pool of blocks of B rows instead."""
+    batched runtime's `index_scores_paged` over a pool of blocks of B rows instead; with
+    gluon, `indexer_gluon.index_scores_paged_gluon` (packed keys; `tune`: its keys)."""
     from ..kernels.indexer import index_scores, index_scores_paged  # noqa: PLC0415
+    from ..kernels.indexer_gluon import index_scores_paged_gluon  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
 
-    H, d = 32, 128
+    H, d = heads, 128
     bf = torch.bfloat16
     keys = torch.zeros(L, row_bytes("fp4_e8m0", d), dtype=torch.uint8) if packed else torch.zeros(L, d, dtype=bf)
     iq, w, vis = torch.zeros(m, H, d, dtype=bf), torch.zeros(m, H, dtype=bf), torch.zeros(m, dtype=torch.int32)
@@ -232,7 +240,8 @@ def index_launches(
         if paged:
             table = torch.zeros(m, -(-L // paged), dtype=torch.int32)
             slot = torch.arange(m, dtype=torch.int32)
-            index_scores_paged(iq, w, keys, table, slot, paged, vis, L, **(tune or {}))
+            fn = index_scores_paged_gluon if gluon else index_scores_paged
+            fn(iq, w, keys, table, slot, paged, vis, L, **(tune or {}))
         else:
             index_scores(iq, w, keys, vis, **(tune or {}))
     return launches
@@ -325,6 +334,8 @@ def main(argv=None) -> None:
     i.add_argument("--packed", action="store_true", help="packed fp4_e8m0 keys")
     i.add_argument("--tune", type=json.loads, default=None, help="launch shape as JSON, e.g. '{\"keys_m\": true}'")
     i.add_argument("--paged", type=int, default=0, help="B > 0: index_scores_paged over blocks of B rows")
+    i.add_argument("--gluon", action="store_true", help="with --paged --packed: the Gluon kernel (indexer_gluon)")
+    i.add_argument("--heads", type=int, default=32)
     t = sub.add_parser("tc")
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
@@ -349,7 +360,7 @@ def main(argv=None) -> None:
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     elif args.what == "index":
-        launches = index_launches(args.m, args.L, args.packed, args.tune, args.paged)
+        launches = index_launches(args.m, args.L, args.packed, args.tune, args.paged, args.gluon, args.heads)
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     elif args.what == "tcfp8":

@@ -83,7 +83,11 @@ _TUNE = dict(
 # against 71.7 (the scale tile); a B = 64 step's ratio-1 call 130.9 against 139.4; whole
 # B = 64, 32K steps 8.252 against 8.319 ms. The same bytes.
 # `index_scores_paged` (the batched runtime's)
-_PAGED_TUNE = dict(_TUNE, sub_packed=4)
+_PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
+# gluon (fiftieth entry; off until timed): over packed keys of 128 values with at most 32
+# heads on an sm_90 GPU, the full form one token per program group runs
+# `indexer_gluon.index_scores_paged_gluon` (the code and scale words streamed through
+# shared-memory stages by cp.async), with this kernel's bits (the GPU tests compare them).
 # sub_packed=4 (twelfth entry): over packed keys the paged launch takes 4 blocks per program.
 # H200: a B = 64 step's ratio-1 call 120.9 against 130.9 µs (batch_kernel_probe), whole B =
 # 64, 32K steps 8.201 against 8.258 ms (ab_steps, rounds' ranges apart); the same bytes. At
@@ -370,6 +374,25 @@ def _sub(cfg: dict, keys: torch.Tensor, tokens: int) -> int:
     return sp if sp is not None and keys.dtype == torch.uint8 else cfg["sub"]
 
 
+def _gluon_takes(iq, keys, ids, tokens: int) -> bool:
+    """Whether `index_scores_paged`'s `gluon` option applies to a call: packed keys of 128
+    values, at most 32 heads, the full form, one token per program group, an sm_90 GPU
+    (by the geometry and the key format, never by m)."""
+    from .indexer_gluon import HAVE_GLUON  # noqa: PLC0415
+
+    return (
+        HAVE_GLUON
+        and not interpreting()
+        and keys.dtype == torch.uint8
+        and iq.shape[2] == 128
+        and iq.shape[1] <= 32
+        and ids is None
+        and tokens == 1
+        and iq.device.type == "cuda"
+        and torch.cuda.get_device_capability(iq.device) == (9, 0)
+    )
+
+
 def _tune(tune: dict, base: dict = _TUNE) -> dict:
     """The launch shape: `base` with the tuning script's overrides (checked)."""
     bad = set(tune) - set(base)
@@ -456,6 +479,10 @@ def index_scores_paged(
     if m == 0:
         return out
     cfg = _tune(tune, _PAGED_TUNE)
+    if cfg["gluon"] and _gluon_takes(iq, keys, ids, tokens):
+        from .indexer_gluon import index_scores_paged_gluon  # noqa: PLC0415
+
+        return index_scores_paged_gluon(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
     sub = _sub(cfg, keys, tokens)
     grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](

@@ -1,0 +1,258 @@
+"""Index scores over packed index keys with their loads kept in flight (Gluon, sm_90): the
+batched decode's `indexer.index_scores_paged` over a pool of V4.1's fp4_e8m0 key rows, with
+the bits of the Triton kernel (`indexer._index_scores_kernel` at `_PAGED_TUNE`).
+
+Why: over packed keys the Triton kernel reads its bytes at about a third of the copy rate
+(BENCHMARKS.md, thirty-third entry): each block's code words are loaded at the top of its
+iteration (4-byte loads: the 68-byte rows are 4-byte aligned) and the conversion waits on
+them; Triton's pipeliner does not prefetch loads that feed inline assembly. Here each
+program streams its blocks' code and scale words through STAGES shared-memory stages by
+`cp.async`, so the next blocks' bytes are in flight while one block is converted and
+multiplied.
+
+The same operations in the same order as the Triton kernel, so the same bits (checked byte
+for byte on the GPU, `tests/kernels/test_indexer_gluon.py`):
+- the keys' values by `packed_rows`' scale-word PTX (`_FP4_SW_E8M0`; exact, so any exact
+  conversion gives the same values);
+- dots = the warpgroup MMA of the keys [64, D] (registers, the MMA's A operand) by qᵀ
+  (shared memory), fp32 from zero (the first MMA without the accumulator), D in 16-column
+  steps from the first column;
+- round to bf16 (hardware, two values per cvt), max with 0, times the head weight (bf16 as
+  fp32), round to bf16, summed over the heads along the MMA layout's rows (`gl.sum`: the
+  lowering of Triton's `tl.sum` on the same layout);
+- −∞ past the token's visible rows, rounded to bf16 and stored.
+
+Scope: one token per program group (no `tokens` option), not the gathered form, keys of 128
+values, up to 32 heads (the Flash index geometry and the tiny ones that fit it). The wrapper
+refuses the rest. Gluon does not run under `TRITON_INTERPRET`: CI compiles it for sm_90
+offline; its numerics are checked on the GPU against the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import interpreting, pdl_launch, require_triton, triton
+from .sparse_attn_gluon import HAVE_GLUON
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from .sparse_attn_gluon import _pdl_release_wait
+
+__all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
+
+# Launch shape (constants, never of m): SUB blocks of 64 keys per program, STAGES of code
+# words in shared memory, pdl (programmatic dependent launch where `pdl_launch` allows),
+# maxnreg (a register cap for ptxas, or None). None of them moves a bit (the GPU tests).
+GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, num_warps=4, maxnreg=None)
+_BLOCK_L = 64
+_D = 128
+
+if HAVE_GLUON:
+    from .packed_rows import _FP4_SW_E8M0
+
+    _SW_ASM = gl.constexpr(_FP4_SW_E8M0.value if hasattr(_FP4_SW_E8M0, "value") else _FP4_SW_E8M0)
+    # `_triton.round_bf16_plain_cvt`'s PTX: fp32 → bf16 → fp32, two values per cvt
+    _RND_ASM = gl.constexpr(
+        "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $3, $2;\nshl.b32 $0, t, 16;\nand.b32 $1, t, 0xFFFF0000;\n}"
+    )
+
+    @gluon.jit
+    def _rnd_inner(x):
+        return gl.inline_asm_elementwise(_RND_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _issue_block(
+        codes_st, scales_st, k_ptr, tbl_ptr, slot, s_tbl, s_k, j0, L, vis,
+        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, LWC: gl.constexpr,
+    ):  # fmt: skip
+        """cp.async block j0's code words [64, 16] and scale words [64] (rows past the
+        visible count or L zero-filled, their table entries unread) into one stage."""
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, LWC))
+        jr = j0 + r.to(gl.int64)
+        ok = (jr < L) & (jr < vis)
+        if PAGED:
+            blk = gl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=ok, other=0).to(gl.int64)
+            rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
+        else:
+            rows = jr
+        base = k_ptr + rows * s_k
+        w = gl.arange(0, 16, layout=gl.SliceLayout(0, LWC))
+        async_copy.async_copy_global_to_shared(
+            codes_st, base.to(gl.pointer_type(gl.int32))[:, None] + w[None, :], mask=ok[:, None]
+        )
+        async_copy.async_copy_global_to_shared(scales_st, (base + 64).to(gl.pointer_type(gl.int32)), mask=ok)
+
+    @gluon.jit(do_not_specialize=["L"])
+    def _index_gl_kernel(
+        iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, L,
+        s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl,
+        H: gl.constexpr, H_P: gl.constexpr, SUB: gl.constexpr, STAGES: gl.constexpr,
+        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        _pdl_release_wait(PDL)
+        t = gl.program_id(0).to(gl.int64)
+        lb = gl.program_id(1).to(gl.int64)
+        D: gl.constexpr = 128
+
+        # layouts: the code words' copies (one 4-byte word per copy: the 68-byte rows are only
+        # 4-byte aligned, and the copy's width follows the per-thread contiguity alone), the
+        # code words' conversion (4 per thread along a row), the MMA's accumulator and A operand
+        LWC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [num_warps, 1], [1, 0])
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, H_P, 16]
+        )
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        OUT: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H_P, D], gl.bfloat16)
+        A_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        W_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        S_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [H_P, D], Q_SL)
+        a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, D], A_SL)
+        codes = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], W_SL)
+        scales = gl.allocate_shared_memory(gl.int32, [STAGES, 64], S_SL)
+
+        vis = gl.load(vis_ptr + t).to(gl.int64)
+        if PAGED:
+            slot = gl.load(slot_ptr + t).to(gl.int64)
+        else:
+            slot = t * 0
+        # q [H_P, D] (heads past H zero) into shared memory, the head weights [H_P] as fp32
+        qh = gl.arange(0, H_P, layout=gl.SliceLayout(1, LQ))
+        qc = gl.arange(0, D, layout=gl.SliceLayout(0, LQ))
+        q = gl.load(
+            iq_ptr + t * s_iq_m + qh.to(gl.int64)[:, None] * s_iq_h + qc[None, :], mask=(qh < H)[:, None], other=0.0
+        )
+        q_smem.store(q)
+        wh = gl.arange(0, H_P, layout=gl.SliceLayout(0, MMA))
+        w = gl.load(w_ptr + t * s_w_m + wh.to(gl.int64) * s_w_h, mask=wh < H, other=0.0).to(gl.float32)
+
+        # blocks j0 = (lb·SUB + i)·64; the live ones (some row visible) are a prefix
+        j_base = lb * SUB * 64
+        lim = gl.minimum(vis, L)
+        n_live = gl.minimum(gl.maximum((lim - j_base + 63) // 64, 0), SUB).to(gl.int32)
+        for i in gl.static_range(STAGES - 1):
+            if i < n_live:
+                _issue_block(
+                    codes.index(i), scales.index(i), k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + i * 64, L, vis,
+                    PAGED, BLOCK_ROWS, LWC,
+                )  # fmt: skip
+            async_copy.commit_group()
+        # q's store before the MMAs read it (through the async proxy: the fence)
+        gl.thread_barrier()
+        fence_async_shared()
+        for i in range(n_live):
+            # block i's words have landed; every warp is past block i − 1 (its stage and a_smem free)
+            async_copy.wait_group(STAGES - 2)
+            gl.thread_barrier()
+            words = codes.index(i % STAGES).load(LW)
+            sw = scales.index(i % STAGES).load(gl.SliceLayout(1, LW))
+            nxt = i + STAGES - 1
+            if nxt < n_live:
+                _issue_block(
+                    codes.index(nxt % STAGES), scales.index(nxt % STAGES), k_ptr, tbl_ptr, slot, s_tbl, s_k,
+                    j_base + nxt * 64, L, vis, PAGED, BLOCK_ROWS, LWC,
+                )  # fmt: skip
+            async_copy.commit_group()
+            # the keys' values: word c holds columns 8c … 8c + 7; its scale is byte c // 4 of sw
+            wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LW))
+            sw2 = gl.broadcast(sw[:, None], words)[0]
+            sh = gl.broadcast(((wc // 4) * 8)[None, :], words)[0]
+            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+                _SW_ASM,
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
+                [words, sw2, sh],
+                dtype=(gl.bfloat16,) * 8,
+                is_pure=True,
+                pack=2,
+            )
+            v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
+            v = gl.reshape(v, [64, D])
+            a_smem.store(v)
+            gl.thread_barrier()
+            a = a_smem.load(A_OP)
+            acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
+            acc = warpgroup_mma(a, q_smem.permute((1, 0)), acc, use_acc=False, is_async=True)
+            dots = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            dots = gl.maximum(_rnd_inner(dots), 0.0)
+            prod = _rnd_inner(dots * w[None, :])
+            s = gl.sum(prod, axis=1)
+            j = j_base + i * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA)).to(gl.int64)
+            s = gl.where(j < vis, s, float("-inf"))
+            nan = gl.full(s.shape, 0x7FC0, gl.uint16, layout=s.type.layout).to(gl.bfloat16, bitcast=True)
+            sb = gl.where(s != s, nan, s.to(gl.bfloat16))
+            sb = gl.convert_layout(sb, OUT)
+            jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
+            gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
+        async_copy.wait_group(0)
+        # the blocks past the visible rows: −∞
+        for i in range(n_live, SUB):
+            jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
+            gl.store(
+                out_ptr + t * s_out + jo,
+                gl.full([64], float("-inf"), gl.float32, layout=OUT).to(gl.bfloat16),
+                mask=jo < L,
+            )
+
+
+def index_scores_paged_gluon(
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, **tune
+) -> torch.Tensor:
+    """`indexer.index_scores_paged`'s contract and bits over packed fp4_e8m0 keys of 128
+    values (sm_90, CUDA), not the gathered form, one token per program group. `tune`: keys
+    of `GLUON_INDEX_TUNE`."""
+    from .indexer import _check_paged  # noqa: PLC0415
+
+    unknown = sorted(set(tune) - set(GLUON_INDEX_TUNE))
+    if unknown:
+        raise ValueError(f"tune keys {unknown}; allowed: {sorted(GLUON_INDEX_TUNE)}")
+    cfg = dict(GLUON_INDEX_TUNE)
+    cfg.update(tune)
+    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+    m, H, d = iq.shape
+    if keys.dtype != torch.uint8 or d != _D:
+        raise ValueError(f"keys {keys.dtype} with d = {d}; allowed: packed fp4_e8m0 keys (torch.uint8) of {_D} values")
+    if keys.shape[1] != _D // 2 + _D // 32 or keys.stride(0) % 4 or keys.data_ptr() % 4:
+        raise ValueError(
+            f"keys.shape = {tuple(keys.shape)}, stride {keys.stride(0)}; allowed: rows of {_D // 2 + _D // 32} "
+            "bytes starting 4-byte aligned"
+        )
+    if H > 32:
+        raise ValueError(f"iq.shape[1] (heads) = {H}; allowed: 1 … 32")
+    sub, st = cfg["sub"], cfg["stages"]
+    if sub not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"sub = {sub!r}; allowed: 1, 2, 4, 8, 16, 32")
+    if not isinstance(st, int) or not 2 <= st <= 8:
+        raise ValueError(f"stages = {st!r}; allowed: 2 … 8")
+    cap = cfg["maxnreg"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 64 <= cap <= 255):
+        raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
+    require_triton("index_scores_paged_gluon", iq, weights, keys, visible, block_table, tok_slot)
+    if not HAVE_GLUON or interpreting():
+        raise RuntimeError("index_scores_paged_gluon: needs Gluon and a CUDA device (not under TRITON_INTERPRET)")
+    if out is None:
+        out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
+    if m == 0:
+        return out
+    grid = (m, triton.cdiv(width, _BLOCK_L * sub))
+    _index_gl_kernel[grid](
+        iq, weights, keys, visible, out, width,
+        iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
+        block_table, tok_slot, block_table.stride(0),
+        H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, PAGED=True, BLOCK_ROWS=block_rows,
+        num_warps=cfg["num_warps"], **({"maxnreg": cap} if cap else {}),
+        **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
+    )  # fmt: skip
+    return out

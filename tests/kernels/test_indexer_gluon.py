@@ -1,0 +1,122 @@
+"""The Gluon index scores over packed keys (`kernels.indexer_gluon`): on the GPU, every
+score's bytes equal the Triton kernel's (`indexer.index_scores_paged` over the same packed
+keys and over their bf16 values), at the Flash index geometry and a narrow one, over paged
+pools with blocks of 16, 64 and 128 rows, tokens with nothing, part or all of their rows
+visible, widths past the last block, NaN and inf weights and overflowing dots, every launch
+shape, PDL and CUDA-graph replay; the runtime's `gluon` option. On the CPU: its refusals
+(the kernel itself is compiled offline in `test_indexer_gluon_sass.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnv41.kernels import indexer as I
+from attnv41.kernels import indexer_gluon as G
+from attnv41.packed import pack
+from attnv41.reference.qdq import fp4_e8m0_qdq
+from helpers import paged_table
+
+BF = torch.bfloat16
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and G.HAVE_GLUON
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU with Gluon")]
+ROWS = (300, 64, 0, 1000, 129)
+
+
+def _case(seed=0, H=32, B=64, rows=ROWS, width=1100, per_seq=2, extremes=False):
+    """Packed and bf16 pools holding the same keys on the fp4_e8m0 grid, a scattered block
+    table, per_seq tokens per sequence with visible counts from 0 to all rows."""
+    d = 128
+    gen = torch.Generator().manual_seed(seed)
+    table, n_blocks = paged_table(gen, rows, B, width, spare=3)
+    pool = fp4_e8m0_qdq(torch.randn(n_blocks * B, d, generator=gen).to(BF))
+    iq = fp4_e8m0_qdq(torch.randn(len(rows) * per_seq, H, d, generator=gen).to(BF))
+    w = torch.randn(len(rows) * per_seq, H, generator=gen).to(BF)
+    slot = torch.arange(len(rows), dtype=torch.int32).repeat_interleave(per_seq)
+    vis = torch.stack([torch.randint(0, r + 1, (), generator=gen) for r in rows for _ in range(per_seq)])
+    vis = vis.to(torch.int32)
+    vis[0] = rows[0]  # one token sees all its sequence's rows
+    if extremes:
+        big = fp4_e8m0_qdq(torch.full((d,), 1.0e38).to(BF))
+        r0 = int(table[0, 0]) * B
+        pool[r0] = big  # dots that overflow to inf with large queries
+        pool[r0 + 1] = -0.0
+        iq[0, 0] = big
+        iq[1, 1] = -big
+        w[0, 0] = 0.0  # inf · 0
+        w[1, 2] = float("nan")
+        w[0, 3] = float("inf")
+        w[1, 0] = float("-inf")
+    dev = "cuda"
+    packed = pack(pool, "fp4_e8m0").to(dev)
+    return [t.to(dev) for t in (iq, w, packed, pool, table, slot, vis)] + [B, width]
+
+
+def _bits(t):
+    return t.cpu().view(torch.int16)
+
+
+@pytest.mark.parametrize("heads", [32, 8], ids=["flash", "narrow"])
+@pytest.mark.parametrize("B", [64, 16, 128])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_same_bytes_as_the_triton_kernel(seed, B, heads):
+    iq, w, packed, pool, table, slot, vis, B, width = _case(seed, H=heads, B=B)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width)
+    assert torch.equal(_bits(base), _bits(over_bf16)), "the Triton kernel: packed keys give the bf16 keys' bytes"
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
+    assert not torch.isnan(got.float()).any()
+
+
+@pytest.mark.parametrize(
+    "tune",
+    [dict(sub=1, stages=2), dict(sub=2, stages=3), dict(sub=8, stages=4), dict(sub=16, stages=6), dict(pdl=False)],
+    ids=["sub1-st2", "sub2-st3", "sub8-st4", "sub16-st6", "nopdl"],
+)
+def test_launch_shapes_keep_the_bytes(tune):
+    iq, w, packed, pool, table, slot, vis, B, width = _case(3, rows=(2000, 5, 700), width=2050, per_seq=3)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
+    assert torch.equal(_bits(got), _bits(base)), f"{tune}"
+
+
+def test_nan_inf_and_overflow_keep_the_bytes():
+    """Dots that overflow to ±inf, inf times a zero weight, NaN and ±inf weights, −0 dots:
+    the Triton kernel's bytes."""
+    iq, w, packed, pool, table, slot, vis, B, width = _case(5, extremes=True)
+    vis = vis.clamp_min(2)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width)
+    assert torch.equal(_bits(got), _bits(base))
+
+
+def test_runtime_option_and_graph_replay():
+    """`index_scores_paged(..., gluon=True)` takes the Gluon kernel (the same bytes); a CUDA
+    graph of it replays with rewritten visible counts and keys to the eager bytes."""
+    iq, w, packed, pool, table, slot, vis, B, width = _case(7)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    got = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=True)
+    assert torch.equal(_bits(got), _bits(base))
+    out = torch.empty_like(base)
+    G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, out=out)  # compiled before capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, out=out)
+    for seed in (11, 12):
+        gen = torch.Generator().manual_seed(seed)
+        new_vis = [int(torch.randint(0, r + 1, (), generator=gen)) for r in ROWS for _ in range(2)]
+        vis.copy_(torch.tensor(new_vis, dtype=torch.int32))
+        packed.copy_(pack(fp4_e8m0_qdq(torch.randn(packed.shape[0], 128, generator=gen).to(BF)), "fp4_e8m0"))
+        g.replay()
+        torch.cuda.synchronize()
+        eager = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+        assert torch.equal(_bits(out), _bits(eager)), f"replay {seed}"

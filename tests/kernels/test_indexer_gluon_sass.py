@@ -1,0 +1,72 @@
+"""The Gluon index scores over packed keys (`kernels.indexer_gluon`) on the CPU: compiled
+for sm_90 offline (Gluon does not run under the interpreter) at the Flash index geometry
+and a narrow one, and its refusals. Its numerics are checked on the GPU
+(`test_indexer_gluon.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnv41.kernels import indexer as I
+from attnv41.kernels import indexer_gluon as G
+from kernels.sass_helpers import compiled
+
+
+@pytest.mark.parametrize("heads, paged", [(32, 64), (8, 16)], ids=["flash", "narrow"])
+def test_sm90_compile(heads, paged):
+    """No spills, shared memory within an sm_90 block's, the warpgroup MMAs present, and the
+    code words copied by 4-byte `cp.async` only: the 68-byte rows are 4-byte aligned, and a
+    16-byte copy there would fault (the copy's width follows its layout's per-thread
+    contiguity, not the pointers' alignment)."""
+    args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", str(paged), "--gluon", "--heads", str(heads)]
+    ks = compiled(*args, "--dump-sass-lines")
+    assert list(ks) == ["_index_gl_kernel"], f"launched {sorted(ks)}"
+    k = ks["_index_gl_kernel"]
+    assert k["local"] == 0, f"{k['local']} bytes of local memory (spills)"
+    assert k["regs"] <= 255
+    assert 0 < k["dyn_smem"] <= 227 * 1024
+    ops = k["ops"]
+    assert any(o.startswith("HGMMA") for o in ops), "no warpgroup MMA"
+    copies = {o: n for o, n in ops.items() if o.startswith("LDGSTS")}
+    assert copies and set(copies) <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
+
+
+def _args(d=128, H=32, dtype=torch.uint8):
+    iq = torch.zeros(2, H, d, dtype=torch.bfloat16)
+    w = torch.zeros(2, H, dtype=torch.bfloat16)
+    keys = (
+        torch.zeros(64, d // 2 + d // 32, dtype=torch.uint8)
+        if dtype == torch.uint8
+        else torch.zeros(64, d, dtype=dtype)
+    )
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    slot = torch.zeros(2, dtype=torch.int32)
+    vis = torch.zeros(2, dtype=torch.int32)
+    return iq, w, keys, table, slot, 64, vis, 64
+
+
+@pytest.mark.parametrize(
+    "kw, tune, match",
+    [
+        (dict(d=64), {}, "of 128 values"),
+        (dict(dtype=torch.bfloat16), {}, "packed fp4_e8m0 keys"),
+        (dict(H=64), {}, "heads"),
+        ({}, dict(sub=3), "sub = 3"),
+        ({}, dict(stages=1), "stages = 1"),
+        ({}, dict(bogus=1), "tune keys"),
+    ],
+    ids=["d64", "bf16-keys", "heads64", "sub3", "stages1", "unknown-key"],
+)
+def test_refusals_name_the_value(kw, tune, match):
+    with pytest.raises(ValueError, match=match):
+        G.index_scores_paged_gluon(*_args(**kw), **tune)
+
+
+def test_not_under_the_interpreter_or_on_the_cpu():
+    """On the CPU (or under TRITON_INTERPRET) it refuses, and the runtime's option leaves the
+    call to the Triton kernel there (its geometry rule needs an sm_90 GPU)."""
+    with pytest.raises((RuntimeError, ValueError)):
+        G.index_scores_paged_gluon(*_args())
+    iq, w, keys, table, slot, B, vis, width = _args()
+    assert not I._gluon_takes(iq, keys, None, 1)
