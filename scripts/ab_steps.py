@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from attnv41.bench.batch import _batch, _random_keys  # noqa: E402
-from attnv41.kernels import gemv, indexer, tc_mm  # noqa: E402
+from attnv41.kernels import gemv, indexer, indexer_gluon, tc_mm  # noqa: E402
 from attnv41.kernels import sparse_attn_gluon as sg  # noqa: E402
 from attnv41.kernels import sparse_attn_split as ss  # noqa: E402
 from attnv41.kernels import topk as topk_mod  # noqa: E402
@@ -45,6 +45,7 @@ DICTS = {
     "gluon_tune": sg.GLUON_TUNE,
     "index": indexer._TUNE,
     "index_paged": indexer._PAGED_TUNE,
+    "index_gluon": indexer_gluon.GLUON_INDEX_TUNE,
 }
 BASE = {k: dict(v) for k, v in DICTS.items()}
 # `tc_mm`'s split rule (module constants read at each call): "tc": dict(target=, min_seg=)
@@ -85,6 +86,7 @@ VARIANTS = {
     "new": {},
     # (fiftieth entry) packed index keys through the Gluon kernel (cp.async stages)
     "index gluon": {"index_paged": dict(gluon=True)},
+    "index gluon mid": {"index_paged": dict(gluon=True), "index_gluon": dict(mid=True)},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},

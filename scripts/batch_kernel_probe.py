@@ -221,10 +221,10 @@ INDEX_SETS["pipe"] = [
 # `--index-set gluon` (fiftieth entry): packed keys through `indexer_gluon` (cp.async stages),
 # blocks per program × stages (bf16 keys: an error row, the kernel takes packed keys only)
 INDEX_SETS["gluon"] = [("production", {})] + [
-    (f"gluon sub={sb} st={st} cap={cap}", dict(_gluon=True, sub=sb, stages=st, maxnreg=cap))
-    for sb, st, cap in (
-        (8, 4, None), (4, 3, None), (8, 3, None), (8, 4, 96), (8, 4, 80), (16, 4, None), (16, 6, None),
-        (16, 6, 96), (32, 6, None), (8, 2, None),
+    (f"gluon sub={sb} st={st} cap={cap}{' mid' if mid else ''}", dict(_gluon=True, sub=sb, stages=st, maxnreg=cap, mid=mid))
+    for sb, st, cap, mid in (
+        (8, 4, None, False), (8, 4, None, True), (4, 3, None, False), (8, 3, None, False), (8, 4, 80, False),
+        (16, 4, None, False), (16, 6, None, False), (16, 6, None, True), (32, 6, None, False), (8, 2, None, False),
     )
 ]  # fmt: skip
 # `--index-set production`: production alone (e.g. under Nsight Compute, after the step's own calls)

@@ -17,9 +17,9 @@ grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/test_gluon.log" | head -8 | cut -c1
 timeout -k 5 "${PROBE_S:-150}" python3 scripts/batch_kernel_probe.py --batch 64 --context 32768 --kv packed,bf16 \
   --attn-set production --index-set gluon --index-call 3 > "$OUT/probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"; grep -h "^| " "$OUT/probe.log" | cut -c1-200
-if [ "${AB_S:-220}" != 0 ]; then
-  timeout -k 5 "${AB_S:-220}" python3 scripts/ab_steps.py --context 32768 --batches 64 --kv bf16,packed \
-    --weights fp8 --rounds 3 --variants "new;index gluon" > "$OUT/ab_batch_fp8.log" 2>&1
+if [ "${AB_S:-240}" != 0 ]; then
+  timeout -k 5 "${AB_S:-240}" python3 scripts/ab_steps.py --context 32768 --batches 64 --kv bf16,packed \
+    --weights fp8 --rounds 3 --variants "new;index gluon;index gluon mid" > "$OUT/ab_batch_fp8.log" 2>&1
   echo "ab rc $? at $(($(date +%s) - T0)) s"; grep -h "^| " "$OUT/ab_batch_fp8.log"
 fi
 for k in gl tri; do  # the Gluon kernel's first launch; the step's 4th index call (the probe's input)

@@ -77,8 +77,16 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
 
 @pytest.mark.parametrize(
     "tune",
-    [dict(sub=1, stages=2), dict(sub=2, stages=3), dict(sub=8, stages=4), dict(sub=16, stages=6), dict(pdl=False)],
-    ids=["sub1-st2", "sub2-st3", "sub8-st4", "sub16-st6", "nopdl"],
+    [
+        dict(sub=1, stages=2),
+        dict(sub=2, stages=3),
+        dict(sub=16, stages=6),
+        dict(pdl=False),
+        dict(mid=True),
+        dict(mid=True, sub=4, stages=2),
+        dict(maxnreg=80),
+    ],
+    ids=["sub1-st2", "sub2-st3", "sub16-st6", "nopdl", "mid", "mid-sub4-st2", "cap80"],
 )
 def test_launch_shapes_keep_the_bytes(tune):
     iq, w, packed, pool, table, slot, vis, B, width = _case(3, rows=(2000, 5, 700), width=2050, per_seq=3)

@@ -51,8 +51,9 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 
 # Launch shape (constants, never of m): SUB blocks of 64 keys per program, STAGES of code
 # words in shared memory, pdl (programmatic dependent launch where `pdl_launch` allows),
-# maxnreg (a register cap for ptxas, or None). None of them moves a bit (the GPU tests).
-GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, num_warps=4, maxnreg=None)
+# maxnreg (a register cap for ptxas, or None), mid (the next block's copies issued before a
+# block's conversion instead of after its scores). None of them moves a bit (the GPU tests).
+GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, num_warps=4, maxnreg=None, mid=False)
 _BLOCK_L = 64
 _D = 128
 
@@ -70,12 +71,11 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(_RND_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
 
     @gluon.jit
-    def _issue_block(
-        codes_st, scales_st, k_ptr, tbl_ptr, slot, s_tbl, s_k, j0, L, vis,
-        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, LWC: gl.constexpr,
-    ):  # fmt: skip
-        """cp.async block j0's code words [64, 16] and scale words [64] (rows past the
-        visible count or L zero-filled, their table entries unread) into one stage."""
+    def _block_rows(
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, j0, L, vis, PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, LWC: gl.constexpr
+    ):
+        """Block j0's 64 row pointers and which rows are read (visible and below L; the
+        table entries of the others unread), in the copies' row layout."""
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, LWC))
         jr = j0 + r.to(gl.int64)
         ok = (jr < L) & (jr < vis)
@@ -84,7 +84,12 @@ if HAVE_GLUON:
             rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
         else:
             rows = jr
-        base = k_ptr + rows * s_k
+        return k_ptr + rows * s_k, ok
+
+    @gluon.jit
+    def _copy_block(codes_st, scales_st, base, ok, LWC: gl.constexpr):
+        """cp.async a block's code words [64, 16] and scale words [64] (rows not ok
+        zero-filled) into one stage."""
         w = gl.arange(0, 16, layout=gl.SliceLayout(0, LWC))
         async_copy.async_copy_global_to_shared(
             codes_st, base.to(gl.pointer_type(gl.int32))[:, None] + w[None, :], mask=ok[:, None]
@@ -97,6 +102,7 @@ if HAVE_GLUON:
         s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl,
         H: gl.constexpr, H_P: gl.constexpr, SUB: gl.constexpr, STAGES: gl.constexpr,
         PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+        MID: gl.constexpr = False,
     ):  # fmt: skip
         _pdl_release_wait(PDL)
         t = gl.program_id(0).to(gl.int64)
@@ -145,10 +151,10 @@ if HAVE_GLUON:
         n_live = gl.minimum(gl.maximum((lim - j_base + 63) // 64, 0), SUB).to(gl.int32)
         for i in gl.static_range(STAGES - 1):
             if i < n_live:
-                _issue_block(
-                    codes.index(i), scales.index(i), k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + i * 64, L, vis,
-                    PAGED, BLOCK_ROWS, LWC,
-                )  # fmt: skip
+                base, ok = _block_rows(
+                    k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + i * 64, L, vis, PAGED, BLOCK_ROWS, LWC
+                )
+                _copy_block(codes.index(i), scales.index(i), base, ok, LWC)
             async_copy.commit_group()
         # q's store before the MMAs read it (through the async proxy: the fence)
         gl.thread_barrier()
@@ -159,13 +165,17 @@ if HAVE_GLUON:
             gl.thread_barrier()
             words = codes.index(i % STAGES).load(LW)
             sw = scales.index(i % STAGES).load(gl.SliceLayout(1, LW))
+            # block i + STAGES − 1 (into the stage block i − 1 used): its table entries read now,
+            # its copies issued now (MID) or after block i's MMA and scores (the table loads'
+            # latency then hidden behind them)
             nxt = i + STAGES - 1
-            if nxt < n_live:
-                _issue_block(
-                    codes.index(nxt % STAGES), scales.index(nxt % STAGES), k_ptr, tbl_ptr, slot, s_tbl, s_k,
-                    j_base + nxt * 64, L, vis, PAGED, BLOCK_ROWS, LWC,
-                )  # fmt: skip
-            async_copy.commit_group()
+            nbase, nok = _block_rows(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + nxt * 64, L, vis, PAGED, BLOCK_ROWS, LWC
+            )
+            if MID:
+                if nxt < n_live:
+                    _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
+                async_copy.commit_group()
             # the keys' values: word c holds columns 8c … 8c + 7; its scale is byte c // 4 of sw
             wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LW))
             sw2 = gl.broadcast(sw[:, None], words)[0]
@@ -196,6 +206,10 @@ if HAVE_GLUON:
             sb = gl.convert_layout(sb, OUT)
             jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
             gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
+            if not MID:
+                if nxt < n_live:
+                    _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
+                async_copy.commit_group()
         async_copy.wait_group(0)
         # the blocks past the visible rows: −∞
         for i in range(n_live, SUB):
@@ -252,7 +266,7 @@ def index_scores_paged_gluon(
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, PAGED=True, BLOCK_ROWS=block_rows,
-        num_warps=cfg["num_warps"], **({"maxnreg": cap} if cap else {}),
+        num_warps=cfg["num_warps"], MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}),
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
     return out
