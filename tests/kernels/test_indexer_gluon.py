@@ -128,3 +128,27 @@ def test_runtime_option_and_graph_replay():
         torch.cuda.synchronize()
         eager = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
         assert torch.equal(_bits(out), _bits(eager)), f"replay {seed}"
+
+
+@pytest.mark.parametrize("cb", [8, 4])
+def test_gathered_form_same_bytes(cb):
+    """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding
+    ids n_blocks at the end and in between, a partial last block kept): the Triton kernel's
+    bytes through the Gluon kernel and through the runtime's option."""
+    iq, w, packed, pool, table, slot, vis, B, width = _case(9)
+    gen = torch.Generator().manual_seed(cb)
+    n_blocks, nc = -(-width // cb), 40
+    ids = torch.full((iq.shape[0], nc), n_blocks, dtype=torch.int32)
+    for t in range(iq.shape[0]):
+        k = nc if t % 3 else nc // 2
+        ids[t, :k] = torch.randperm(n_blocks, generator=gen)[:k].sort().values.to(torch.int32)
+    ids[0, 5] = n_blocks  # a taken block that is not kept, inside the list
+    ids[1, -1] = n_blocks - 1  # the last, partial block
+    ids = ids.to(iq.device)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
+    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, ids=ids, cand_block=cb)
+    assert torch.equal(_bits(base), _bits(over_bf16))
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
+    assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
+    opt = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, gluon=True)
+    assert torch.equal(_bits(opt), _bits(base))

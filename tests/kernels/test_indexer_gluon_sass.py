@@ -32,6 +32,16 @@ def test_sm90_compile(heads, paged):
     assert copies and set(copies) <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
 
 
+def test_sm90_compile_gathered_form():
+    """The reindex layers' gathered form (ids of candidate blocks of 8 rows) compiles for
+    sm_90 without spills, its copies 4-byte."""
+    ks = compiled("index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", "8")
+    k = ks["_index_gl_kernel"]
+    assert k["local"] == 0 and k["regs"] <= 255
+    copies = {o for o in k["ops"] if o.startswith("LDGSTS")}
+    assert copies and copies <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
+
+
 def _args(d=128, H=32, dtype=torch.uint8):
     iq = torch.zeros(2, H, d, dtype=torch.bfloat16)
     w = torch.zeros(2, H, dtype=torch.bfloat16)
@@ -69,4 +79,4 @@ def test_not_under_the_interpreter_or_on_the_cpu():
     with pytest.raises((RuntimeError, ValueError)):
         G.index_scores_paged_gluon(*_args())
     iq, w, keys, table, slot, B, vis, width = _args()
-    assert not I._gluon_takes(iq, keys, None, 1)
+    assert not I._gluon_takes(iq, keys, 1)

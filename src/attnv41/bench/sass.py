@@ -222,12 +222,14 @@ def index_launches(
     paged: int = 0,
     gluon: bool = False,
     heads: int = 32,
+    gather: int = 0,
 ) -> list:
     """Index scores (`indexer.index_scores`) at the Flash shapes (32 heads × 128) over L
     keys, bf16 or packed (fp4_e8m0 rows), m tokens, with the launch shape's overrides
     `tune` (keys of `indexer._TUNE`), compiled: [(name, kernel)]. paged = B > 0: the
     batched runtime's `index_scores_paged` over a pool of blocks of B rows instead; with
-    gluon, `indexer_gluon.index_scores_paged_gluon` (packed keys; `tune`: its keys)."""
+    gluon, `indexer_gluon.index_scores_paged_gluon` (packed keys; `tune`: its keys); gather
+    = cb > 0: the gathered form over candidate blocks of cb rows."""
     from ..kernels.indexer import index_scores, index_scores_paged  # noqa: PLC0415
     from ..kernels.indexer_gluon import index_scores_paged_gluon  # noqa: PLC0415
     from ..packed import row_bytes  # noqa: PLC0415
@@ -241,7 +243,8 @@ def index_launches(
             table = torch.zeros(m, -(-L // paged), dtype=torch.int32)
             slot = torch.arange(m, dtype=torch.int32)
             fn = index_scores_paged_gluon if gluon else index_scores_paged
-            fn(iq, w, keys, table, slot, paged, vis, L, **(tune or {}))
+            g = dict(ids=torch.zeros(m, L // gather, dtype=torch.int32), cand_block=gather) if gather else {}
+            fn(iq, w, keys, table, slot, paged, vis, L, **g, **(tune or {}))
         else:
             index_scores(iq, w, keys, vis, **(tune or {}))
     return launches
@@ -336,6 +339,7 @@ def main(argv=None) -> None:
     i.add_argument("--paged", type=int, default=0, help="B > 0: index_scores_paged over blocks of B rows")
     i.add_argument("--gluon", action="store_true", help="with --paged --packed: the Gluon kernel (indexer_gluon)")
     i.add_argument("--heads", type=int, default=32)
+    i.add_argument("--gather", type=int, default=0, help="cb > 0 (with --paged): the gathered form, blocks of cb rows")
     t = sub.add_parser("tc")
     t.add_argument("--m", type=int, default=64)
     t.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
@@ -360,7 +364,9 @@ def main(argv=None) -> None:
     if args.what == "gemv":
         launches = gemv_launches(args.K, args.N, args.dtype, args.m, args.xq)
     elif args.what == "index":
-        launches = index_launches(args.m, args.L, args.packed, args.tune, args.paged, args.gluon, args.heads)
+        launches = index_launches(
+            args.m, args.L, args.packed, args.tune, args.paged, args.gluon, args.heads, args.gather
+        )
     elif args.what == "tc":
         launches = tc_launches(args.m, args.dtype, args.rope)
     elif args.what == "tcfp8":

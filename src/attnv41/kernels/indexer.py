@@ -85,7 +85,7 @@ _TUNE = dict(
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
 # gluon (fiftieth entry; off until timed): over packed keys of 128 values with at most 32
-# heads on an sm_90 GPU, the full form one token per program group runs
+# heads on an sm_90 GPU, one token per program group (full and gathered forms) runs
 # `indexer_gluon.index_scores_paged_gluon` (the code and scale words streamed through
 # shared-memory stages by cp.async), with this kernel's bits (the GPU tests compare them).
 # sub_packed=4 (twelfth entry): over packed keys the paged launch takes 4 blocks per program.
@@ -374,10 +374,10 @@ def _sub(cfg: dict, keys: torch.Tensor, tokens: int) -> int:
     return sp if sp is not None and keys.dtype == torch.uint8 else cfg["sub"]
 
 
-def _gluon_takes(iq, keys, ids, tokens: int) -> bool:
+def _gluon_takes(iq, keys, tokens: int) -> bool:
     """Whether `index_scores_paged`'s `gluon` option applies to a call: packed keys of 128
-    values, at most 32 heads, the full form, one token per program group, an sm_90 GPU
-    (by the geometry and the key format, never by m)."""
+    values, at most 32 heads, one token per program group, an sm_90 GPU (by the geometry
+    and the key format, never by m)."""
     from .indexer_gluon import HAVE_GLUON  # noqa: PLC0415
 
     return (
@@ -386,7 +386,6 @@ def _gluon_takes(iq, keys, ids, tokens: int) -> bool:
         and keys.dtype == torch.uint8
         and iq.shape[2] == 128
         and iq.shape[1] <= 32
-        and ids is None
         and tokens == 1
         and iq.device.type == "cuda"
         and torch.cuda.get_device_capability(iq.device) == (9, 0)
@@ -479,10 +478,12 @@ def index_scores_paged(
     if m == 0:
         return out
     cfg = _tune(tune, _PAGED_TUNE)
-    if cfg["gluon"] and _gluon_takes(iq, keys, ids, tokens):
+    if cfg["gluon"] and _gluon_takes(iq, keys, tokens):
         from .indexer_gluon import index_scores_paged_gluon  # noqa: PLC0415
 
-        return index_scores_paged_gluon(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+        return index_scores_paged_gluon(
+            iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out, ids=ids, cand_block=cand_block
+        )
     sub = _sub(cfg, keys, tokens)
     grid = (triton.cdiv(m, tokens), triton.cdiv(n, cfg["block_l"] * sub))
     _index_scores_kernel[grid](

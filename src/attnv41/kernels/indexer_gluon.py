@@ -22,8 +22,8 @@ for byte on the GPU, `tests/kernels/test_indexer_gluon.py`):
   lowering of Triton's `tl.sum` on the same layout);
 - −∞ past the token's visible rows, rounded to bf16 and stored.
 
-Scope: one token per program group (no `tokens` option), not the gathered form, keys of 128
-values, up to 32 heads (the Flash index geometry and the tiny ones that fit it). The wrapper
+Scope: one token per program group (no `tokens` option), the full and the gathered form (the
+reindex layers' candidates), keys of 128 values, up to 32 heads (the Flash index geometry and the tiny ones that fit it). The wrapper
 refuses the rest. Gluon does not run under `TRITON_INTERPRET`: CI compiles it for sm_90
 offline; its numerics are checked on the GPU against the Triton kernel.
 """
@@ -71,14 +71,26 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(_RND_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
 
     @gluon.jit
+    def _entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER: gl.constexpr, CB: gl.constexpr):
+        """The logical key rows of entries j (int64, any layout): j itself, or in the gathered
+        form row ids[t, j // CB] · CB + j % CB (NK, unread and −∞, for entries past L)."""
+        if GATHER:
+            cid = gl.load(ids_ptr + t * s_ids + j // CB, mask=j < L, other=0).to(gl.int64)
+            jr = gl.where(j < L, cid * CB + j % CB, NK)
+        else:
+            jr = j
+        return jr
+
+    @gluon.jit
     def _block_rows(
-        k_ptr, tbl_ptr, slot, s_tbl, s_k, j0, L, vis, PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, LWC: gl.constexpr
-    ):
-        """Block j0's 64 row pointers and which rows are read (visible and below L; the
-        table entries of the others unread), in the copies' row layout."""
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, LWC))
-        jr = j0 + r.to(gl.int64)
-        ok = (jr < L) & (jr < vis)
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j0, L, NK, vis_r,
+        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, LWC: gl.constexpr,
+    ):  # fmt: skip
+        """Block j0's 64 row pointers and which rows are read (entries below L whose rows
+        are visible; the table entries of the others unread), in the copies' row layout."""
+        j = j0 + gl.arange(0, 64, layout=gl.SliceLayout(1, LWC)).to(gl.int64)
+        jr = _entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB)
+        ok = (j < L) & (jr < vis_r)
         if PAGED:
             blk = gl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=ok, other=0).to(gl.int64)
             rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
@@ -103,6 +115,11 @@ if HAVE_GLUON:
         H: gl.constexpr, H_P: gl.constexpr, SUB: gl.constexpr, STAGES: gl.constexpr,
         PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
         MID: gl.constexpr = False,
+        ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
+        s_ids=0,
+        NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
+        GATHER: gl.constexpr = False,
+        CB: gl.constexpr = 1,
     ):  # fmt: skip
         _pdl_release_wait(PDL)
         t = gl.program_id(0).to(gl.int64)
@@ -145,15 +162,23 @@ if HAVE_GLUON:
         wh = gl.arange(0, H_P, layout=gl.SliceLayout(0, MMA))
         w = gl.load(w_ptr + t * s_w_m + wh.to(gl.int64) * s_w_h, mask=wh < H, other=0.0).to(gl.float32)
 
-        # blocks j0 = (lb·SUB + i)·64; the live ones (some row visible) are a prefix
+        # blocks j0 = (lb·SUB + i)·64; the live ones (some entry below L with a visible row)
+        # are a prefix in the full form; the gathered form runs every block below L (its rows
+        # past the visible count unread: the same stores as a skipped block's)
         j_base = lb * SUB * 64
-        lim = gl.minimum(vis, L)
+        if GATHER:
+            lim = L
+            vis_r = gl.minimum(vis, NK)
+        else:
+            lim = gl.minimum(vis, L)
+            vis_r = vis
         n_live = gl.minimum(gl.maximum((lim - j_base + 63) // 64, 0), SUB).to(gl.int32)
         for i in gl.static_range(STAGES - 1):
             if i < n_live:
                 base, ok = _block_rows(
-                    k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + i * 64, L, vis, PAGED, BLOCK_ROWS, LWC
-                )
+                    k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
+                    PAGED, BLOCK_ROWS, GATHER, CB, LWC,
+                )  # fmt: skip
                 _copy_block(codes.index(i), scales.index(i), base, ok, LWC)
             async_copy.commit_group()
         # q's store before the MMAs read it (through the async proxy: the fence)
@@ -170,8 +195,9 @@ if HAVE_GLUON:
             # latency then hidden behind them)
             nxt = i + STAGES - 1
             nbase, nok = _block_rows(
-                k_ptr, tbl_ptr, slot, s_tbl, s_k, j_base + nxt * 64, L, vis, PAGED, BLOCK_ROWS, LWC
-            )
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + nxt * 64, L, NK, vis_r,
+                PAGED, BLOCK_ROWS, GATHER, CB, LWC,
+            )  # fmt: skip
             if MID:
                 if nxt < n_live:
                     _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
@@ -200,7 +226,7 @@ if HAVE_GLUON:
             prod = _rnd_inner(dots * w[None, :])
             s = gl.sum(prod, axis=1)
             j = j_base + i * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA)).to(gl.int64)
-            s = gl.where(j < vis, s, float("-inf"))
+            s = gl.where(_entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB) < vis_r, s, float("-inf"))
             nan = gl.full(s.shape, 0x7FC0, gl.uint16, layout=s.type.layout).to(gl.bfloat16, bitcast=True)
             sb = gl.where(s != s, nan, s.to(gl.bfloat16))
             sb = gl.convert_layout(sb, OUT)
@@ -222,19 +248,25 @@ if HAVE_GLUON:
 
 
 def index_scores_paged_gluon(
-    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, **tune
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out=None, *, ids=None, cand_block=0, **tune
 ) -> torch.Tensor:
     """`indexer.index_scores_paged`'s contract and bits over packed fp4_e8m0 keys of 128
-    values (sm_90, CUDA), not the gathered form, one token per program group. `tune`: keys
-    of `GLUON_INDEX_TUNE`."""
-    from .indexer import _check_paged  # noqa: PLC0415
+    values (sm_90, CUDA), the full or the gathered form (ids, cand_block), one token per
+    program group. `tune`: keys of `GLUON_INDEX_TUNE`."""
+    from .indexer import _check_ids, _check_out_width, _check_paged  # noqa: PLC0415
 
     unknown = sorted(set(tune) - set(GLUON_INDEX_TUNE))
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(GLUON_INDEX_TUNE)}")
     cfg = dict(GLUON_INDEX_TUNE)
     cfg.update(tune)
-    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+    if ids is None:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+        n = width
+    else:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
+        n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
+        _check_out_width(out, iq.shape[0], n, iq.device)
     m, H, d = iq.shape
     if keys.dtype != torch.uint8 or d != _D:
         raise ValueError(f"keys {keys.dtype} with d = {d}; allowed: packed fp4_e8m0 keys (torch.uint8) of {_D} values")
@@ -253,20 +285,22 @@ def index_scores_paged_gluon(
     cap = cfg["maxnreg"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 64 <= cap <= 255):
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
-    require_triton("index_scores_paged_gluon", iq, weights, keys, visible, block_table, tok_slot)
+    extra = [] if ids is None else [ids]
+    require_triton("index_scores_paged_gluon", iq, weights, keys, visible, block_table, tok_slot, *extra)
     if not HAVE_GLUON or interpreting():
         raise RuntimeError("index_scores_paged_gluon: needs Gluon and a CUDA device (not under TRITON_INTERPRET)")
     if out is None:
-        out = torch.empty(m, width, dtype=torch.bfloat16, device=iq.device)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=iq.device)
     if m == 0:
         return out
-    grid = (m, triton.cdiv(width, _BLOCK_L * sub))
+    gather = {} if ids is None else dict(ids_ptr=ids, s_ids=ids.stride(0), NK=width, GATHER=True, CB=cand_block)
+    grid = (m, triton.cdiv(n, _BLOCK_L * sub))
     _index_gl_kernel[grid](
-        iq, weights, keys, visible, out, width,
+        iq, weights, keys, visible, out, n,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, PAGED=True, BLOCK_ROWS=block_rows,
-        num_warps=cfg["num_warps"], MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}),
+        num_warps=cfg["num_warps"], MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}), **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
     return out
