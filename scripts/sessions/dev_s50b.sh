@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 50 (carry [".golden"], timeout 560): the Gluon index scores over packed keys
+# Session 50 (carry [".golden"], timeout 450; TOTAL_S bounds the ncu part): the Gluon index scores over packed keys
 # (`kernels/indexer_gluon.py`, cp.async stages). 1. its GPU tests (bytes against the Triton
 # kernel); 2. `batch_kernel_probe.py --index-set gluon` on a B = 64, 32K step's own inputs (the
 # ratio-1 source's call, 32K keys per sequence; each row's bytes against production); 3. the
@@ -14,16 +14,16 @@ timeout -k 5 "${TEST_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfEs -x 
   > "$OUT/test_gluon.log" 2>&1
 echo "tests rc $? at $(($(date +%s) - T0)) s"; tail -3 "$OUT/test_gluon.log" | cut -c1-300
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/test_gluon.log" | head -8 | cut -c1-300
-timeout -k 5 "${PROBE_S:-150}" python3 scripts/batch_kernel_probe.py --batch 64 --context 32768 --kv packed,bf16 \
+timeout -k 5 "${PROBE_S:-120}" python3 scripts/batch_kernel_probe.py --batch 64 --context 32768 --kv packed,bf16 \
   --attn-set production --index-set gluon --index-call 3 > "$OUT/probe.log" 2>&1
 echo "probe rc $? at $(($(date +%s) - T0)) s"; grep -h "^| " "$OUT/probe.log" | cut -c1-200
-if [ "${AB_S:-240}" != 0 ]; then
-  timeout -k 5 "${AB_S:-240}" python3 scripts/ab_steps.py --context 32768 --batches 64 --kv bf16,packed \
-    --weights fp8 --rounds 3 --variants "new;index gluon;index gluon mid" > "$OUT/ab_batch_fp8.log" 2>&1
+if [ "${AB_S:-180}" != 0 ]; then
+  timeout -k 5 "${AB_S:-180}" python3 scripts/ab_steps.py --context 32768 --batches 64 --kv bf16,packed \
+    --weights fp8 --rounds 3 --variants "${AB_VARIANTS:-new;index gluon}" > "$OUT/ab_batch_fp8.log" 2>&1
   echo "ab rc $? at $(($(date +%s) - T0)) s"; grep -h "^| " "$OUT/ab_batch_fp8.log"
 fi
 for k in gl tri; do  # the Gluon kernel's first launch; the step's 4th index call (the probe's input)
-  left=$((530 - $(date +%s) + T0))
+  left=$((${TOTAL_S:-430} - $(date +%s) + T0))
   [ "$left" -gt 60 ] || break
   if [ $k = gl ]; then sel=(-k regex:_index_gl_kernel -c 1); else sel=(-k regex:_index_scores_kernel --launch-skip 3 -c 1); fi
   timeout -k 5 "$left" ncu --clock-control none "${sel[@]}" \
