@@ -227,6 +227,18 @@ INDEX_SETS["gluon"] = [("production", {})] + [
         (16, 4, None, False), (16, 6, None, False), (16, 6, None, True), (32, 6, None, False), (8, 2, None, False),
     )
 ]  # fmt: skip
+# `--index-set l1` (fiftieth entry): the keys as the MMA's B operand (keys_m=False: read from
+# shared memory by the MMA, no shared-to-register load of the tile) at several tiles, against
+# production (keys_m=True, whose tile makes a shared-memory round trip); another fp32 order
+# of the head sums, so `same` compares with the first row of the same orientation only
+INDEX_SETS["l1"] = [
+    ("production", {}),
+    ("keys_m=False sub=1 w=4 st=3", dict(keys_m=False, sub=1, sub_packed=1, num_warps=4, num_stages=3)),
+    ("keys_m=False sub=4 w=4 st=2", dict(keys_m=False, sub=4, sub_packed=4, num_warps=4, num_stages=2)),
+    ("keys_m=False sub=4 w=2 st=2", dict(keys_m=False, sub=4, sub_packed=4, num_warps=2, num_stages=2)),
+    ("keys_m=False sub=2 w=4 st=2 uncapped", dict(keys_m=False, sub=2, sub_packed=2, maxnreg_packed=None)),
+    ("production st=1", dict(num_stages=1)),
+]
 # `--index-set production`: production alone (e.g. under Nsight Compute, after the step's own calls)
 INDEX_SETS["production"] = [("production", {})]
 
