@@ -84,10 +84,16 @@ _TUNE = dict(
 # B = 64, 32K steps 8.252 against 8.319 ms. The same bytes.
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
-# gluon (fiftieth entry; off until timed): over packed keys of 128 values with at most 32
-# heads on an sm_90 GPU, one token per program group (full and gathered forms) runs
+# gluon (fiftieth entry; off): over packed keys of 128 values with at most 32 heads on an
+# sm_90 GPU, one token per program group (full and gathered forms) runs
 # `indexer_gluon.index_scores_paged_gluon` (the code and scale words streamed through
-# shared-memory stages by cp.async), with this kernel's bits (the GPU tests compare them).
+# shared-memory stages by cp.async), with this kernel's bits (the GPU tests and the probe
+# on a step's inputs: the same bytes). Slower on an H100 (batch_kernel_probe, a B = 64 step's
+# ratio-1 call: 151-170 µs over its shapes against 121.5; the B = 64, 32K FP8 step over
+# packed caches 8.747 against 8.513 ms). Nsight Compute on this kernel's packed launch there:
+# L1/TEX 80 % busy, DRAM 37 % (its 4-byte loads of the 68-byte rows use 9.5 of 32 bytes per
+# sector; 7.2-way bank conflicts on 43 % of the shared-store wavefronts); over bf16 keys
+# DRAM 88 %, L1/TEX 50 %. The packed launch is bound by the L1 pipe, not by load latency.
 # sub_packed=4 (twelfth entry): over packed keys the paged launch takes 4 blocks per program.
 # H200: a B = 64 step's ratio-1 call 120.9 against 130.9 µs (batch_kernel_probe), whole B =
 # 64, 32K steps 8.201 against 8.258 ms (ab_steps, rounds' ranges apart); the same bytes. At

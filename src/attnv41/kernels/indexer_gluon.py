@@ -2,13 +2,24 @@
 batched decode's `indexer.index_scores_paged` over a pool of V4.1's fp4_e8m0 key rows, with
 the bits of the Triton kernel (`indexer._index_scores_kernel` at `_PAGED_TUNE`).
 
-Why: over packed keys the Triton kernel reads its bytes at about a third of the copy rate
-(BENCHMARKS.md, thirty-third entry): each block's code words are loaded at the top of its
-iteration (4-byte loads: the 68-byte rows are 4-byte aligned) and the conversion waits on
-them; Triton's pipeliner does not prefetch loads that feed inline assembly. Here each
-program streams its blocks' code and scale words through STAGES shared-memory stages by
-`cp.async`, so the next blocks' bytes are in flight while one block is converted and
-multiplied.
+Why it was built: over packed keys the Triton kernel reads its bytes at about a third of the
+copy rate (BENCHMARKS.md, thirty-third entry), and its loads of a block's code words wait at
+the top of each iteration (Triton's pipeliner does not prefetch loads that feed inline
+assembly). Here each program streams its blocks' code and scale words through STAGES
+shared-memory stages by `cp.async`, the next blocks' bytes in flight while one block is
+converted and multiplied.
+
+What it measured (H100, 2026-12-07, fiftieth entry; BENCHMARKS.md): slower. A B = 64 step's
+ratio-1 call over 32K packed keys per sequence, L2 flushed: 151-170 µs over the launch shapes
+against the Triton kernel's 121.5; the B = 64, 32K FP8 step with it 8.747 against 8.513 ms.
+Nsight Compute: the Triton kernel is bound by its L1/TEX pipe (80 % busy, DRAM 37 %: 4-byte
+global loads using 9.5 of each 32-byte sector, 7.2-way bank conflicts on 43 % of its shared
+stores), not by load latency; this kernel moves the same words through `cp.async` and
+shared loads, and its 42 KiB of shared memory and 99 registers leave 4 programs per SM
+(25 % occupancy against 37.5 %). So it is off (`indexer._PAGED_TUNE["gluon"]`); its value
+is a Gluon form with the Triton kernel's bits (checked on the GPU) for the levers the
+profile names: 16-byte copies of a pool block's contiguous rows, the dequantized keys
+straight into the MMA's A fragment (no shared-memory round trip of the tile).
 
 The same operations in the same order as the Triton kernel, so the same bits (checked byte
 for byte on the GPU, `tests/kernels/test_indexer_gluon.py`):
