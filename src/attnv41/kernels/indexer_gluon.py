@@ -64,7 +64,7 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # words in shared memory, pdl (programmatic dependent launch where `pdl_launch` allows),
 # maxnreg (a register cap for ptxas, or None), mid (the next block's copies issued before a
 # block's conversion instead of after its scores). None of them moves a bit (the GPU tests).
-GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, num_warps=4, maxnreg=None, mid=False)
+GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, maxnreg=None, mid=False)
 _BLOCK_L = 64
 _D = 128
 
@@ -95,19 +95,15 @@ if HAVE_GLUON:
     @gluon.jit
     def _block_rows(
         k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j0, L, NK, vis_r,
-        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, LWC: gl.constexpr,
+        BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, LWC: gl.constexpr,
     ):  # fmt: skip
         """Block j0's 64 row pointers and which rows are read (entries below L whose rows
         are visible; the table entries of the others unread), in the copies' row layout."""
         j = j0 + gl.arange(0, 64, layout=gl.SliceLayout(1, LWC)).to(gl.int64)
         jr = _entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB)
         ok = (j < L) & (jr < vis_r)
-        if PAGED:
-            blk = gl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=ok, other=0).to(gl.int64)
-            rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
-        else:
-            rows = jr
-        return k_ptr + rows * s_k, ok
+        blk = gl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=ok, other=0).to(gl.int64)
+        return k_ptr + (blk * BLOCK_ROWS + jr % BLOCK_ROWS) * s_k, ok
 
     @gluon.jit
     def _copy_block(codes_st, scales_st, base, ok, LWC: gl.constexpr):
@@ -124,7 +120,7 @@ if HAVE_GLUON:
         iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, L,
         s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl,
         H: gl.constexpr, H_P: gl.constexpr, SUB: gl.constexpr, STAGES: gl.constexpr,
-        PAGED: gl.constexpr, BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+        BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
         MID: gl.constexpr = False,
         ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
         s_ids=0,
@@ -159,10 +155,7 @@ if HAVE_GLUON:
         scales = gl.allocate_shared_memory(gl.int32, [STAGES, 64], S_SL)
 
         vis = gl.load(vis_ptr + t).to(gl.int64)
-        if PAGED:
-            slot = gl.load(slot_ptr + t).to(gl.int64)
-        else:
-            slot = t * 0
+        slot = gl.load(slot_ptr + t).to(gl.int64)
         # q [H_P, D] (heads past H zero) into shared memory, the head weights [H_P] as fp32
         qh = gl.arange(0, H_P, layout=gl.SliceLayout(1, LQ))
         qc = gl.arange(0, D, layout=gl.SliceLayout(0, LQ))
@@ -188,7 +181,7 @@ if HAVE_GLUON:
             if i < n_live:
                 base, ok = _block_rows(
                     k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
-                    PAGED, BLOCK_ROWS, GATHER, CB, LWC,
+                    BLOCK_ROWS, GATHER, CB, LWC,
                 )  # fmt: skip
                 _copy_block(codes.index(i), scales.index(i), base, ok, LWC)
             async_copy.commit_group()
@@ -207,7 +200,7 @@ if HAVE_GLUON:
             nxt = i + STAGES - 1
             nbase, nok = _block_rows(
                 k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + nxt * 64, L, NK, vis_r,
-                PAGED, BLOCK_ROWS, GATHER, CB, LWC,
+                BLOCK_ROWS, GATHER, CB, LWC,
             )  # fmt: skip
             if MID:
                 if nxt < n_live:
@@ -310,8 +303,8 @@ def index_scores_paged_gluon(
         iq, weights, keys, visible, out, n,
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
-        H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, PAGED=True, BLOCK_ROWS=block_rows,
-        num_warps=cfg["num_warps"], MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}), **gather,
+        H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, BLOCK_ROWS=block_rows,
+        num_warps=4, MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}), **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
     return out
