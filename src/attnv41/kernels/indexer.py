@@ -439,6 +439,20 @@ def _check_paged(iq, weights, pool, table, tok_slot, block_rows, visible, width,
         raise ValueError(f"out.stride(1) = {out.stride(1)}; allowed: 1")
 
 
+def _check_paged_call(
+    iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out, ids, cand_block
+) -> int:
+    """`index_scores_paged`'s argument checks, full or gathered form (ids); returns the
+    output width (width, or ids.shape[1] · cand_block)."""
+    if ids is None:
+        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
+        return width
+    _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
+    n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
+    _check_out_width(out, iq.shape[0], n, iq.device)
+    return n
+
+
 def index_scores_paged(
     iq,
     weights,
@@ -469,13 +483,7 @@ def index_scores_paged(
     a group of consecutive tokens shares its key loads when they are of one slot (each
     scores alone otherwise: a decode step's tokens of many sequences keep 1)."""
     _check_tokens(tokens, ids)
-    if ids is None:
-        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
-        n = width
-    else:
-        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
-        n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
-        _check_out_width(out, iq.shape[0], n, iq.device)
+    n = _check_paged_call(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out, ids, cand_block)
     m, H, d = iq.shape
     extra = [] if ids is None else [ids]
     require_triton("index_scores_paged", iq, weights, keys, visible, block_table, tok_slot, *extra)

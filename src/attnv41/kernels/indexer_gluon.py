@@ -257,20 +257,14 @@ def index_scores_paged_gluon(
     """`indexer.index_scores_paged`'s contract and bits over packed fp4_e8m0 keys of 128
     values (sm_90, CUDA), the full or the gathered form (ids, cand_block), one token per
     program group. `tune`: keys of `GLUON_INDEX_TUNE`."""
-    from .indexer import _check_ids, _check_out_width, _check_paged  # noqa: PLC0415
+    from .indexer import _check_paged_call  # noqa: PLC0415
 
     unknown = sorted(set(tune) - set(GLUON_INDEX_TUNE))
     if unknown:
         raise ValueError(f"tune keys {unknown}; allowed: {sorted(GLUON_INDEX_TUNE)}")
     cfg = dict(GLUON_INDEX_TUNE)
     cfg.update(tune)
-    if ids is None:
-        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out)
-        n = width
-    else:
-        _check_paged(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, None)
-        n = _check_ids(ids, cand_block, iq.shape[0], iq.device)
-        _check_out_width(out, iq.shape[0], n, iq.device)
+    n = _check_paged_call(iq, weights, keys, block_table, tok_slot, block_rows, visible, width, out, ids, cand_block)
     m, H, d = iq.shape
     if keys.dtype != torch.uint8 or d != _D:
         raise ValueError(f"keys {keys.dtype} with d = {d}; allowed: packed fp4_e8m0 keys (torch.uint8) of {_D} values")
