@@ -94,13 +94,19 @@ if HAVE_TRITON:
     # fp32 → bf16 as every kernel stores and rounds (ROUND_BF16 above)
     round_bf16 = round_bf16_cvt if ROUND_BF16 == "cvt" else round_bf16_bits
 
+    # fp32 → bf16 → fp32 for two values ($2, $3 → $0, $1) by one cvt: `round_bf16_plain_cvt`'s
+    # PTX, shared with the Gluon kernels that must round as it does (`indexer_gluon`)
+    ROUND_BF16_PAIR_PTX = tl.constexpr(
+        "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $3, $2;\nshl.b32 $0, t, 16;\nand.b32 $1, t, 0xFFFF0000;\n}"
+    )
+
     @triton.jit
     def round_bf16_plain_cvt(x):
         """fp32 → bf16 → fp32 by the hardware conversion alone (round to nearest even; a NaN
         keeps the hardware's payload, 0x7FFF, instead of torch's 0x7FC0): two values per
         cvt.rn.bf16x2.f32, back to fp32 by a shift and a mask."""
         return tl.inline_asm_elementwise(
-            "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $3, $2;\nshl.b32 $0, t, 16;\nand.b32 $1, t, 0xFFFF0000;\n}",
+            ROUND_BF16_PAIR_PTX,
             "=r,=r,r,r",
             [x],
             dtype=tl.float32,

@@ -72,10 +72,10 @@ if HAVE_GLUON:
     from .packed_rows import _FP4_SW_E8M0
 
     _SW_ASM = gl.constexpr(_FP4_SW_E8M0.value if hasattr(_FP4_SW_E8M0, "value") else _FP4_SW_E8M0)
+    from ._triton import ROUND_BF16_PAIR_PTX
+
     # `_triton.round_bf16_plain_cvt`'s PTX: fp32 → bf16 → fp32, two values per cvt
-    _RND_ASM = gl.constexpr(
-        "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $3, $2;\nshl.b32 $0, t, 16;\nand.b32 $1, t, 0xFFFF0000;\n}"
-    )
+    _RND_ASM = gl.constexpr(ROUND_BF16_PAIR_PTX.value)
 
     @gluon.jit
     def _rnd_inner(x):
