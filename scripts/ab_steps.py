@@ -87,6 +87,9 @@ VARIANTS = {
     # (fiftieth entry) packed index keys through the Gluon kernel (cp.async stages)
     "index gluon": {"index_paged": dict(gluon=True)},
     "index gluon mid": {"index_paged": dict(gluon=True), "index_gluon": dict(mid=True)},
+    # (fifty-first entry) the Gluon kernel converting one code word per thread
+    "index gluon one_word": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True)},
+    "index gluon one_word sub16": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True, sub=16)},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},

@@ -227,6 +227,20 @@ INDEX_SETS["gluon"] = [("production", {})] + [
         (16, 4, None, False), (16, 6, None, False), (16, 6, None, True), (32, 6, None, False), (8, 2, None, False),
     )
 ]  # fmt: skip
+# `--index-set oneword` (fifty-first entry): the Gluon kernel converting one code word per
+# thread in the copies' layout (`one_word`: no bank conflicts on the words' loads and the
+# tile's stores), against production and the four-words form at the same shapes
+INDEX_SETS["oneword"] = [("production", {})] + [
+    (f"gluon{' one_word' if ow else ''} sub={sb} st={st} cap={cap}{' mid' if mid else ''}",
+     dict(_gluon=True, sub=sb, stages=st, maxnreg=cap, mid=mid, one_word=ow))
+    for sb, st, cap, mid, ow in (
+        (8, 4, None, False, False), (16, 4, None, False, False),
+        (8, 4, None, False, True), (8, 4, None, True, True), (16, 4, None, False, True), (16, 6, None, True, True),
+        (8, 2, None, False, True), (4, 2, None, False, True), (8, 3, 80, False, True), (32, 6, None, False, True),
+    )
+]  # fmt: skip
+# `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)
+INDEX_SETS["oneword1"] = [INDEX_SETS["oneword"][0], INDEX_SETS["oneword"][3]]
 # `--index-set l1` (fiftieth entry): the keys as the MMA's B operand (keys_m=False: read from
 # shared memory by the MMA, no shared-to-register load of the tile) at several tiles, against
 # production (keys_m=True, whose tile makes a shared-memory round trip); another fp32 order

@@ -85,8 +85,10 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         dict(mid=True),
         dict(mid=True, sub=4, stages=2),
         dict(maxnreg=80),
+        dict(one_word=True),
+        dict(one_word=True, mid=True, sub=16, stages=6),
     ],
-    ids=["sub1-st2", "sub2-st3", "sub16-st6", "nopdl", "mid", "mid-sub4-st2", "cap80"],
+    ids=["sub1-st2", "sub2-st3", "sub16-st6", "nopdl", "mid", "mid-sub4-st2", "cap80", "one-word", "one-word-mid"],
 )
 def test_launch_shapes_keep_the_bytes(tune):
     iq, w, packed, pool, table, slot, vis, B, width = _case(3, rows=(2000, 5, 700), width=2050, per_seq=3)
@@ -95,14 +97,15 @@ def test_launch_shapes_keep_the_bytes(tune):
     assert torch.equal(_bits(got), _bits(base)), f"{tune}"
 
 
-def test_nan_inf_and_overflow_keep_the_bytes():
+@pytest.mark.parametrize("one_word", [False, True], ids=["word-pairs", "one-word"])
+def test_nan_inf_and_overflow_keep_the_bytes(one_word):
     """Dots that overflow to ±inf, inf times a zero weight, NaN and ±inf weights, −0 dots:
-    the Triton kernel's bytes."""
+    the Triton kernel's bytes, through either conversion of the code words."""
     iq, w, packed, pool, table, slot, vis, B, width = _case(5, extremes=True)
     vis[:2] = vis[:2].clamp_min(2)  # the first sequence's tokens see its rows 0 and 1 (the extremes)
     base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
     assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
-    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width)
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, one_word=one_word)
     assert torch.equal(_bits(got), _bits(base))
 
 
@@ -130,8 +133,8 @@ def test_runtime_option_and_graph_replay():
         assert torch.equal(_bits(out), _bits(eager)), f"replay {seed}"
 
 
-@pytest.mark.parametrize("cb", [8, 4])
-def test_gathered_form_same_bytes(cb):
+@pytest.mark.parametrize("cb, one_word", [(8, False), (4, False), (8, True)], ids=["cb8", "cb4", "cb8-one-word"])
+def test_gathered_form_same_bytes(cb, one_word):
     """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding
     ids n_blocks at the end and in between, a partial last block kept): the Triton kernel's
     bytes through the Gluon kernel and through the runtime's option."""
@@ -148,7 +151,9 @@ def test_gathered_form_same_bytes(cb):
     base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
     over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, ids=ids, cand_block=cb)
     assert torch.equal(_bits(base), _bits(over_bf16))
-    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
+    got = G.index_scores_paged_gluon(
+        iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, one_word=one_word
+    )
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
     opt = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, gluon=True)
     assert torch.equal(_bits(opt), _bits(base))

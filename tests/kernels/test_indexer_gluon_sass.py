@@ -5,6 +5,8 @@ and a narrow one, and its refusals. Its numerics are checked on the GPU
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -30,6 +32,34 @@ def test_sm90_compile(heads, paged):
     assert any(o.startswith("HGMMA") for o in ops), "no warpgroup MMA"
     copies = {o: n for o, n in ops.items() if o.startswith("LDGSTS")}
     assert copies and set(copies) <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
+
+
+def _layout_of(ttgir: str, name: str) -> str:
+    """The `#blockedN` attribute's text in a TTGIR module."""
+    m = re.search(rf"^{re.escape(name)} = (#ttg\.blocked<.*>)$", ttgir, re.M)
+    assert m, f"{name} not defined"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("gather", ["0", "8"], ids=["full", "gathered"])
+def test_one_word_conversion_layouts(gather):
+    """`one_word`: the code words converted in the copies' layout (one word per thread, a
+    warp over two whole rows), so the dequantized tile reaches shared memory as one 16-byte
+    chunk per thread, eight consecutive chunks of a row per quarter warp (the swizzle then
+    gives them eight different bank groups); still no spills, 4-byte copies only."""
+    args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
+    k = compiled(*args, "--tune", '{"one_word": true}')["_index_gl_kernel"]
+    assert k["local"] == 0 and k["regs"] <= 255
+    copies = {o for o in k["ops"] if o.startswith("LDGSTS")}
+    assert copies and copies <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
+    ir = k["ttgir"]
+    tile = re.search(r"ttg\.local_store %\S+, %\S+ : tensor<64x128xbf16, (#blocked\d*)>", ir)
+    assert tile, "no store of the [64, 128] key tile"
+    layout = _layout_of(ir, tile.group(1))
+    assert "sizePerThread = [1, 8], threadsPerWarp = [2, 16]" in layout, layout
+    words = re.search(r"ttg\.local_load %\S+ : !ttg\.memdesc<64x16xi32, [^>]*> -> tensor<64x16xi32, (#blocked\d*)>", ir)
+    assert words, "no shared load of the code words"
+    assert "sizePerThread = [1, 1], threadsPerWarp = [2, 16]" in _layout_of(ir, words.group(1))
 
 
 def test_sm90_compile_gathered_form():

@@ -64,14 +64,21 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # words in shared memory, pdl (programmatic dependent launch where `pdl_launch` allows),
 # maxnreg (a register cap for ptxas, or None), mid (the next block's copies issued before a
 # block's conversion instead of after its scores). None of them moves a bit (the GPU tests).
-GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, maxnreg=None, mid=False)
+# one_word: each thread converts one code word (`packed_rows`' table-lookup PTX, eight bf16
+# values out of one word) in the copies' layout, two whole rows per warp, instead of four
+# words of a row per thread (the scale-word PTX, two words per instance): the words' shared
+# loads and the dequantized tile's 16-byte stores then free of bank conflicts (with four
+# words per thread a quarter warp's stores meet two ways on every bank, and its word loads
+# four ways). The same values, so the same bits.
+GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False)
 _BLOCK_L = 64
 _D = 128
 
 if HAVE_GLUON:
-    from .packed_rows import _FP4_SW_E8M0
+    from .packed_rows import _FP4_LUT_E8M0, _FP4_SW_E8M0
 
     _SW_ASM = gl.constexpr(_FP4_SW_E8M0.value if hasattr(_FP4_SW_E8M0, "value") else _FP4_SW_E8M0)
+    _LUT_ASM = gl.constexpr(_FP4_LUT_E8M0.value if hasattr(_FP4_LUT_E8M0, "value") else _FP4_LUT_E8M0)
     from ._triton import ROUND_BF16_PAIR_PTX
 
     # `_triton.round_bf16_plain_cvt`'s PTX: fp32 → bf16 → fp32, two values per cvt
@@ -115,6 +122,40 @@ if HAVE_GLUON:
         )
         async_copy.async_copy_global_to_shared(scales_st, (base + 64).to(gl.pointer_type(gl.int32)), mask=ok)
 
+    @gluon.jit
+    def _words_bf16(words, sw, L: gl.constexpr, ONE_WORD: gl.constexpr):
+        """[64, 128] bf16 keys of a block's code words [64, 16] (layout L) and scale words
+        [64] (its row slice): word c holds columns 8c … 8c + 7, its scale is byte c // 4 of
+        the row's scale word. ONE_WORD: `_FP4_LUT_E8M0`, one word per instance (its byte
+        selector and the runtime high half its tables' prmt ignores, as `packed_rows`
+        `_fp4_rows_bf16_lut` passes them); else `_FP4_SW_E8M0`, two words per instance."""
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
+        sw2 = gl.broadcast(sw[:, None], words)[0]
+        if ONE_WORD:
+            b = wc // 4
+            sel = gl.broadcast((0x0404 | (b << 4) | (b << 12))[None, :], words)[0]
+            ident = gl.broadcast((0x3210 | ((sw != 0).to(gl.int32) << 16))[:, None], words)[0]
+            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+                _LUT_ASM,
+                "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+                [words, sw2, sel, ident],
+                dtype=(gl.bfloat16,) * 8,
+                is_pure=True,
+                pack=1,
+            )
+        else:
+            sh = gl.broadcast(((wc // 4) * 8)[None, :], words)[0]
+            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+                _SW_ASM,
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
+                [words, sw2, sh],
+                dtype=(gl.bfloat16,) * 8,
+                is_pure=True,
+                pack=2,
+            )
+        v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
+        return gl.reshape(v, [64, 128])
+
     @gluon.jit(do_not_specialize=["L"])
     def _index_gl_kernel(
         iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, L,
@@ -122,6 +163,7 @@ if HAVE_GLUON:
         H: gl.constexpr, H_P: gl.constexpr, SUB: gl.constexpr, STAGES: gl.constexpr,
         BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
         MID: gl.constexpr = False,
+        ONE_WORD: gl.constexpr = False,
         ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
         s_ids=0,
         NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
@@ -135,9 +177,13 @@ if HAVE_GLUON:
 
         # layouts: the code words' copies (one 4-byte word per copy: the 68-byte rows are only
         # 4-byte aligned, and the copy's width follows the per-thread contiguity alone), the
-        # code words' conversion (4 per thread along a row), the MMA's accumulator and A operand
+        # code words' conversion (ONE_WORD: the copies' layout; else 4 per thread along a
+        # row), the MMA's accumulator and A operand
         LWC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [num_warps, 1], [1, 0])
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
+        if ONE_WORD:
+            LW: gl.constexpr = LWC
+        else:
+            LW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, H_P, 16]
@@ -206,21 +252,7 @@ if HAVE_GLUON:
                 if nxt < n_live:
                     _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
                 async_copy.commit_group()
-            # the keys' values: word c holds columns 8c … 8c + 7; its scale is byte c // 4 of sw
-            wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LW))
-            sw2 = gl.broadcast(sw[:, None], words)[0]
-            sh = gl.broadcast(((wc // 4) * 8)[None, :], words)[0]
-            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-                _SW_ASM,
-                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
-                [words, sw2, sh],
-                dtype=(gl.bfloat16,) * 8,
-                is_pure=True,
-                pack=2,
-            )
-            v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
-            v = gl.reshape(v, [64, D])
-            a_smem.store(v)
+            a_smem.store(_words_bf16(words, sw, LW, ONE_WORD))
             gl.thread_barrier()
             a = a_smem.load(A_OP)
             acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
@@ -298,7 +330,8 @@ def index_scores_paged_gluon(
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, BLOCK_ROWS=block_rows,
-        num_warps=4, MID=bool(cfg["mid"]), **({"maxnreg": cap} if cap else {}), **gather,
+        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), **({"maxnreg": cap} if cap else {}),
+        **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
     return out
