@@ -90,6 +90,8 @@ VARIANTS = {
     # (fifty-first entry) the Gluon kernel converting one code word per thread
     "index gluon one_word": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True)},
     "index gluon one_word sub16": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True, sub=16)},
+    "index gluon direct": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, maxnreg=80)},
+    "index gluon direct sub4": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, sub=4, maxnreg=80)},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},

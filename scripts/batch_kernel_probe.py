@@ -239,6 +239,12 @@ INDEX_SETS["oneword"] = [("production", {})] + [
         (8, 2, None, False, True), (4, 2, None, False, True), (8, 3, 80, False, True), (32, 6, None, False, True),
     )
 ]  # fmt: skip
+# `--index-set direct` (fifty-first entry): the Gluon kernel's `stages = 0` form (the code
+# words loaded straight into registers one per thread, no cp.async, 24.7 KiB of shared memory)
+INDEX_SETS["direct"] = [("production", {})] + [
+    (f"gluon direct sub={sb} cap={cap}", dict(_gluon=True, sub=sb, stages=0, maxnreg=cap))
+    for sb, cap in ((8, None), (8, 80), (8, 72), (4, 80), (16, 80), (2, 80), (1, 80), (4, 72))
+]
 # `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)
 INDEX_SETS["oneword1"] = [INDEX_SETS["oneword"][0], INDEX_SETS["oneword"][3]]
 # `--index-set l1` (fiftieth entry): the keys as the MMA's B operand (keys_m=False: read from

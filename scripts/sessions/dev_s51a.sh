@@ -5,12 +5,14 @@
 # 1. the Gluon GPU tests (bytes against the Triton kernel, one_word included); 2. the probe's
 # `oneword` set on a B = 64, 32K step's own inputs; 3. the B = 64, 32K FP8 step, production
 # against the Gluon kernel with one_word, packed caches; 4. ncu source counters (which
-# instructions meet the bank conflicts) on the Triton launch and the one_word launch.
+# instructions meet the bank conflicts) on the Triton launch and the one_word launch
+# (NCU_ONLY=1: that part alone).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD/tests" ATTNV41_GOLDEN_DIR="$PWD/.golden"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+if [ "${NCU_ONLY:-0}" = 0 ]; then
 timeout -k 5 "${TEST_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/kernels/test_indexer_gluon.py \
   > "$OUT/test_gluon.log" 2>&1
 echo "tests rc $? at $(($(date +%s) - T0)) s"; tail -2 "$OUT/test_gluon.log" | cut -c1-300
@@ -23,6 +25,7 @@ if [ "${AB_S:-150}" != 0 ]; then
     --weights fp8 --rounds 3 --variants "${AB_VARIANTS:-new;index gluon one_word}" > "$OUT/ab_batch_fp8.log" 2>&1
   echo "ab rc $? at $(($(date +%s) - T0)) s"; grep -h "^| " "$OUT/ab_batch_fp8.log"
 fi
+fi  # NCU_ONLY=1: the ncu part alone
 for k in tri ow; do
   left=$((${TOTAL_S:-400} - $(date +%s) + T0))
   [ "$left" -gt 50 ] || break

@@ -87,8 +87,24 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         dict(maxnreg=80),
         dict(one_word=True),
         dict(one_word=True, mid=True, sub=16, stages=6),
+        dict(stages=0),
+        dict(stages=0, sub=1, maxnreg=72),
+        dict(stages=0, sub=32, pdl=False),
     ],
-    ids=["sub1-st2", "sub2-st3", "sub16-st6", "nopdl", "mid", "mid-sub4-st2", "cap80", "one-word", "one-word-mid"],
+    ids=[
+        "sub1-st2",
+        "sub2-st3",
+        "sub16-st6",
+        "nopdl",
+        "mid",
+        "mid-sub4-st2",
+        "cap80",
+        "one-word",
+        "one-word-mid",
+        "direct",
+        "direct-sub1-cap72",
+        "direct-sub32-nopdl",
+    ],  # fmt: skip
 )
 def test_launch_shapes_keep_the_bytes(tune):
     iq, w, packed, pool, table, slot, vis, B, width = _case(3, rows=(2000, 5, 700), width=2050, per_seq=3)
@@ -97,15 +113,15 @@ def test_launch_shapes_keep_the_bytes(tune):
     assert torch.equal(_bits(got), _bits(base)), f"{tune}"
 
 
-@pytest.mark.parametrize("one_word", [False, True], ids=["word-pairs", "one-word"])
-def test_nan_inf_and_overflow_keep_the_bytes(one_word):
+@pytest.mark.parametrize("tune", [{}, dict(one_word=True), dict(stages=0)], ids=["word-pairs", "one-word", "direct"])
+def test_nan_inf_and_overflow_keep_the_bytes(tune):
     """Dots that overflow to ±inf, inf times a zero weight, NaN and ±inf weights, −0 dots:
     the Triton kernel's bytes, through either conversion of the code words."""
     iq, w, packed, pool, table, slot, vis, B, width = _case(5, extremes=True)
     vis[:2] = vis[:2].clamp_min(2)  # the first sequence's tokens see its rows 0 and 1 (the extremes)
     base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
     assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
-    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, one_word=one_word)
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
     assert torch.equal(_bits(got), _bits(base))
 
 
@@ -133,8 +149,12 @@ def test_runtime_option_and_graph_replay():
         assert torch.equal(_bits(out), _bits(eager)), f"replay {seed}"
 
 
-@pytest.mark.parametrize("cb, one_word", [(8, False), (4, False), (8, True)], ids=["cb8", "cb4", "cb8-one-word"])
-def test_gathered_form_same_bytes(cb, one_word):
+@pytest.mark.parametrize(
+    "cb, tune",
+    [(8, {}), (4, {}), (8, dict(one_word=True)), (4, dict(stages=0))],
+    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct"],
+)
+def test_gathered_form_same_bytes(cb, tune):
     """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding
     ids n_blocks at the end and in between, a partial last block kept): the Triton kernel's
     bytes through the Gluon kernel and through the runtime's option."""
@@ -151,9 +171,7 @@ def test_gathered_form_same_bytes(cb, one_word):
     base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
     over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, ids=ids, cand_block=cb)
     assert torch.equal(_bits(base), _bits(over_bf16))
-    got = G.index_scores_paged_gluon(
-        iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, one_word=one_word
-    )
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, **tune)
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
     opt = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, gluon=True)
     assert torch.equal(_bits(opt), _bits(base))

@@ -62,6 +62,26 @@ def test_one_word_conversion_layouts(gather):
     assert "sizePerThread = [1, 1], threadsPerWarp = [2, 16]" in _layout_of(ir, words.group(1))
 
 
+@pytest.mark.parametrize("gather", ["0", "8"], ids=["full", "gathered"])
+def test_direct_form_loads_one_word_per_thread(gather):
+    """`stages = 0`: no cp.async and no word stages (the q and key tiles' 24.7 KiB of shared
+    memory alone), the code words loaded straight into registers one per thread (a warp
+    over two whole rows), the tile stored from the one-word conversion's layout; no
+    spills, at the default registers and under a cap of 72."""
+    args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
+    for tune in ('{"stages": 0}', '{"stages": 0, "maxnreg": 72}'):
+        k = compiled(*args, "--tune", tune)["_index_gl_kernel"]
+        assert k["local"] == 0, f"{tune}: {k['local']} bytes of local memory (spills)"
+        assert not any(o.startswith("LDGSTS") for o in k["ops"]), f"{tune}: async copies in the direct form"
+        assert k["dyn_smem"] <= 25 * 1024, f"{tune}: {k['dyn_smem']} bytes of shared memory"
+        ir = k["ttgir"]
+        words = re.search(r"tt\.load %\S+, %\S+(, %\S+)? : tensor<64x16x!tt\.ptr<i32>, (#blocked\d*)>", ir)
+        assert words, "no load of the [64, 16] code words"
+        assert "sizePerThread = [1, 1], threadsPerWarp = [2, 16]" in _layout_of(ir, words.group(2))
+        tile = re.search(r"ttg\.local_store %\S+, %\S+ : tensor<64x128xbf16, (#blocked\d*)>", ir)
+        assert tile and "sizePerThread = [1, 8], threadsPerWarp = [2, 16]" in _layout_of(ir, tile.group(1))
+
+
 def test_sm90_compile_gathered_form():
     """The reindex layers' gathered form (ids of candidate blocks of 8 rows) compiles for
     sm_90 without spills, its copies 4-byte."""

@@ -156,6 +156,31 @@ if HAVE_GLUON:
         v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
         return gl.reshape(v, [64, 128])
 
+    @gluon.jit
+    def _block_scores(
+        a_smem, q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j0, L, NK, vis_r,
+        GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr,
+        MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr,
+    ):  # fmt: skip
+        """Block j0's scores from its dequantized keys just stored in a_smem: every warp's
+        stores seen, the keys as the MMA's A operand (registers) by qᵀ, the epilogue, the
+        bf16 scores stored (−∞ past the visible rows)."""
+        gl.thread_barrier()
+        a = a_smem.load(A_OP)
+        acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
+        acc = warpgroup_mma(a, q_smem.permute((1, 0)), acc, use_acc=False, is_async=True)
+        dots = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        dots = gl.maximum(_rnd_inner(dots), 0.0)
+        prod = _rnd_inner(dots * w[None, :])
+        s = gl.sum(prod, axis=1)
+        j = j0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA)).to(gl.int64)
+        s = gl.where(_entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB) < vis_r, s, float("-inf"))
+        nan = gl.full(s.shape, 0x7FC0, gl.uint16, layout=s.type.layout).to(gl.bfloat16, bitcast=True)
+        sb = gl.where(s != s, nan, s.to(gl.bfloat16))
+        sb = gl.convert_layout(sb, OUT)
+        jo = j0 + gl.arange(0, 64, layout=OUT).to(gl.int64)
+        gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
+
     @gluon.jit(do_not_specialize=["L"])
     def _index_gl_kernel(
         iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, L,
@@ -197,8 +222,9 @@ if HAVE_GLUON:
 
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [H_P, D], Q_SL)
         a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, D], A_SL)
-        codes = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], W_SL)
-        scales = gl.allocate_shared_memory(gl.int32, [STAGES, 64], S_SL)
+        if STAGES > 0:
+            codes = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], W_SL)
+            scales = gl.allocate_shared_memory(gl.int32, [STAGES, 64], S_SL)
 
         vis = gl.load(vis_ptr + t).to(gl.int64)
         slot = gl.load(slot_ptr + t).to(gl.int64)
@@ -223,6 +249,63 @@ if HAVE_GLUON:
             lim = gl.minimum(vis, L)
             vis_r = vis
         n_live = gl.minimum(gl.maximum((lim - j_base + 63) // 64, 0), SUB).to(gl.int32)
+        if STAGES == 0:
+            _direct_blocks(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
+                q_smem, a_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, LWC, MMA, A_OP, OUT,
+            )  # fmt: skip
+        else:
+            _staged_blocks(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
+                q_smem, a_smem, codes, scales, w, out_ptr, s_out,
+                BLOCK_ROWS, GATHER, CB, H_P, STAGES, MID, ONE_WORD, LWC, LW, MMA, A_OP, OUT,
+            )  # fmt: skip
+        # the blocks past the visible rows: −∞
+        for i in range(n_live, SUB):
+            jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
+            gl.store(
+                out_ptr + t * s_out + jo,
+                gl.full([64], float("-inf"), gl.float32, layout=OUT).to(gl.bfloat16),
+                mask=jo < L,
+            )
+
+    @gluon.jit
+    def _direct_blocks(
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
+        q_smem, a_smem, w, out_ptr, s_out,
+        BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr,
+        LWC: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr,
+    ):  # fmt: skip
+        """STAGES = 0: each live block's code and scale words loaded straight into registers
+        in the one-word layout (a warp over two whole rows), converted there, the tile into
+        a_smem once every warp is past the previous block's MMA."""
+        gl.thread_barrier()  # q's store before the MMAs read it (through the async proxy: the fence)
+        fence_async_shared()
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWC))
+        for i in range(n_live):
+            base, ok = _block_rows(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
+                BLOCK_ROWS, GATHER, CB, LWC,
+            )  # fmt: skip
+            words = gl.load(base.to(gl.pointer_type(gl.int32))[:, None] + wc[None, :], mask=ok[:, None], other=0)
+            sw = gl.load((base + 64).to(gl.pointer_type(gl.int32)), mask=ok, other=0)
+            v = _words_bf16(words, sw, LWC, True)
+            gl.thread_barrier()  # every warp past block i − 1's load of a_smem
+            a_smem.store(v)
+            _block_scores(
+                a_smem, q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64, L, NK, vis_r,
+                GATHER, CB, H_P, MMA, A_OP, OUT,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _staged_blocks(
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
+        q_smem, a_smem, codes, scales, w, out_ptr, s_out,
+        BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr, STAGES: gl.constexpr,
+        MID: gl.constexpr, ONE_WORD: gl.constexpr,
+        LWC: gl.constexpr, LW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr,
+    ):  # fmt: skip
+        """STAGES ≥ 2: the blocks' words streamed through the shared-memory stages by cp.async."""
         for i in gl.static_range(STAGES - 1):
             if i < n_live:
                 base, ok = _block_rows(
@@ -253,34 +336,15 @@ if HAVE_GLUON:
                     _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
                 async_copy.commit_group()
             a_smem.store(_words_bf16(words, sw, LW, ONE_WORD))
-            gl.thread_barrier()
-            a = a_smem.load(A_OP)
-            acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
-            acc = warpgroup_mma(a, q_smem.permute((1, 0)), acc, use_acc=False, is_async=True)
-            dots = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            dots = gl.maximum(_rnd_inner(dots), 0.0)
-            prod = _rnd_inner(dots * w[None, :])
-            s = gl.sum(prod, axis=1)
-            j = j_base + i * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA)).to(gl.int64)
-            s = gl.where(_entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB) < vis_r, s, float("-inf"))
-            nan = gl.full(s.shape, 0x7FC0, gl.uint16, layout=s.type.layout).to(gl.bfloat16, bitcast=True)
-            sb = gl.where(s != s, nan, s.to(gl.bfloat16))
-            sb = gl.convert_layout(sb, OUT)
-            jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
-            gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
+            _block_scores(
+                a_smem, q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64, L, NK, vis_r,
+                GATHER, CB, H_P, MMA, A_OP, OUT,
+            )  # fmt: skip
             if not MID:
                 if nxt < n_live:
                     _copy_block(codes.index(nxt % STAGES), scales.index(nxt % STAGES), nbase, nok, LWC)
                 async_copy.commit_group()
         async_copy.wait_group(0)
-        # the blocks past the visible rows: −∞
-        for i in range(n_live, SUB):
-            jo = j_base + i * 64 + gl.arange(0, 64, layout=OUT).to(gl.int64)
-            gl.store(
-                out_ptr + t * s_out + jo,
-                gl.full([64], float("-inf"), gl.float32, layout=OUT).to(gl.bfloat16),
-                mask=jo < L,
-            )
 
 
 def index_scores_paged_gluon(
@@ -310,8 +374,8 @@ def index_scores_paged_gluon(
     sub, st = cfg["sub"], cfg["stages"]
     if sub not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"sub = {sub!r}; allowed: 1, 2, 4, 8, 16, 32")
-    if not isinstance(st, int) or not 2 <= st <= 8:
-        raise ValueError(f"stages = {st!r}; allowed: 2 … 8")
+    if isinstance(st, bool) or not isinstance(st, int) or not (st == 0 or 2 <= st <= 8):
+        raise ValueError(f"stages = {st!r}; allowed: 0 (direct loads) or 2 … 8")
     cap = cfg["maxnreg"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 64 <= cap <= 255):
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
