@@ -59,10 +59,13 @@ def _both(monkeypatch, fn, form):
 def test_fused_weights(m, form, device, monkeypatch):
     K = 1024  # 4 chunks of bf16 / FP8, 8 of fp32: split at these N (few row tiles)
     monkeypatch.setattr(G, "_SEG_CHUNKS_FP8", 2)  # FP8: 2 segments of 2 chunks (production's 5: one segment)
+    # rows of the bf16, fp32 and FP8 weights; the interpreter: about half (104 programs a
+    # launch at m = 5 instead of 240), each weight still several row tiles at m = 5
+    n16, n32, n8 = (40, 24, 64) if device == "cuda" else (20, 8, 32)
     gen = _gen("fused", m)
     x = torch.randn(m, K, generator=gen).to(BF)
-    w8, s8 = _fp8(gen, 64, K)
-    weights = (torch.randn(40, K, generator=gen).to(BF), torch.randn(24, K, generator=gen), w8)
+    w8, s8 = _fp8(gen, n8, K)
+    weights = (torch.randn(n16, K, generator=gen).to(BF), torch.randn(n32, K, generator=gen), w8)
     scales = (None, None, s8)
     for w in weights:
         assert G.plan(w.shape[0], K, w.dtype)[1] > 1, "every weight here should be split"
@@ -97,7 +100,9 @@ def test_fused_weights(m, form, device, monkeypatch):
 @FORMS
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_rope_on_a_split_output(fp8, form, device, monkeypatch):
-    m, H, D, half, K = 3, 4, 64, 16, 2048
+    m, D, half = 3, 64, 16
+    # the interpreter: 2 heads and 2 chunks of K (64 programs a launch instead of 512), still split
+    H, K = (4, 2048) if device == "cuda" else (2, 512)
     gen = _gen("rope", fp8)
     x = torch.randn(m, K, generator=gen).to(BF)
     w, s = _fp8(gen, H * D, K) if fp8 else (torch.randn(H * D, K, generator=gen).to(BF), None)
@@ -126,7 +131,9 @@ def test_rope_on_a_split_output(fp8, form, device, monkeypatch):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("m", [1, 6], ids=["m1", "m6"])
 def test_group_gemv(m, fp8, form, device, monkeypatch):
-    Gn, r, gw = 3, 96, 640  # 3 chunks of 256 (the last one 128 wide): split
+    # 3 chunks of 256 (the last one 128 wide): split; the interpreter: 2 groups of 32 rows and
+    # 2 chunks (the last one 64 wide), 64 programs a launch at m = 6 instead of 432
+    Gn, r, gw = (3, 96, 640) if device == "cuda" else (2, 32, 320)
     monkeypatch.setattr(G, "_SEG_CHUNKS_FP8", 1)  # FP8: one chunk per segment (production's 5: one segment)
     gen = _gen("group", m, fp8)
     o = torch.randn(m, Gn, gw, generator=gen).to(BF)
@@ -135,7 +142,7 @@ def test_group_gemv(m, fp8, form, device, monkeypatch):
         w, scale = w8.view(Gn, r, gw), sc.view(torch.uint8)
     else:
         w, scale = torch.randn(Gn, r, gw, generator=gen).to(BF), None
-    assert G.plan(Gn * r, gw, w.dtype)[1] > 1
+    assert G.plan(Gn * r, gw, w.dtype)[1] > 1 and gw % G._BK[w.dtype], "split, with a ragged last chunk"
 
     def run():
         out = torch.full((m, Gn, r), float("nan"), dtype=BF, device=device)
@@ -217,9 +224,10 @@ def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch
     fp32 weight's bits move with it); a count that does not divide the chunks is refused,
     naming the allowed."""
     monkeypatch.setattr(G, "_SPLIT_FORM", form)
-    K = 2048  # 8 chunks of 256 (FP8 / bf16)
+    K = 2048 if device == "cuda" else 1024  # 8 chunks of 256 (FP8 / bf16); the interpreter: 4, 58 % of the programs
+    chunks = K // 256
     rule = G.plan(64, K, FP8)
-    assert rule == (256, 8) and G.plan(64, K, F32) == (128, 16)  # one chunk per program at these sizes
+    assert rule == (256, chunks) and G.plan(64, K, F32) == (128, 2 * chunks)  # one chunk per program at these sizes
     gen = _gen("override", form)
     x = torch.randn(1, K, generator=gen).to(BF)
     w8, s8 = _fp8(gen, 64, K)
@@ -246,17 +254,17 @@ def test_plan_override_is_followed_by_kernel_and_twins(form, device, monkeypatch
 
     base = run()
     bf_rule = G.plan(64, K, BF)
-    for segs in (1, 4, 8):
+    for segs in (1, chunks // 2, chunks):
         monkeypatch.setattr(G, "_PLAN_SEGS", {(64, K, FP8): segs, (64, K, F32): 2})
         assert G.plan(64, K, FP8) == (256, segs)
         assert G.plan(64, K, F32) == (128, 2)
         assert G.plan(64, K, BF) == bf_rule, "another dtype of the shape keeps the rule"
         assert G.plan(32, K, FP8) == rule, "an unlisted shape keeps the rule"
         got = run()
-        # the fp32 weight's order changed (16 segments → 2), so on these values some bits do
+        # the fp32 weight's order changed (16 segments, 8 on the interpreter, → 2), so on these values some bits do
         # (the FP8 weight's terms, exact in fp32, may add to the same bits in any order)
         assert not torch.equal(got[2].view(torch.int32), base[2].view(torch.int32)), "the same fp32 bits"
     for bad in (3, 0, 16, True, 2.0):
         monkeypatch.setattr(G, "_PLAN_SEGS", {(64, K, FP8): bad})
-        with pytest.raises(ValueError, match=r"allowed: a divisor of the 8 chunks of 256 columns"):
+        with pytest.raises(ValueError, match=rf"allowed: a divisor of the {chunks} chunks of 256 columns"):
             G.plan(64, K, FP8)
