@@ -8,8 +8,8 @@ summation order (at most K additions, each rounding by at most 2^-24 of a partia
 bounded by A, where the reference sums each 32-term block exactly). The two bf16
 roundings then differ by at most one ulp.
 
-In the decode launch (split with arrival counters, or not) a token's bits must not depend
-on m: rows are compared across m exactly.
+In the decode launch (split or not, either form of adding a split's partials) a token's
+bits must not depend on m: rows are compared across m exactly.
 """
 
 from __future__ import annotations
