@@ -21,6 +21,17 @@ is a Gluon form with the Triton kernel's bits (checked on the GPU) for the lever
 profile names: 16-byte copies of a pool block's contiguous rows, the dequantized keys
 straight into the MMA's A fragment (no shared-memory round trip of the tile).
 
+Fifty-first entry (H100, the same call): Nsight Compute's source counters put the Triton
+kernel's shared-store conflicts on its eight 16-byte stores of the dequantized tile (525,312
+excess wavefronts each, 4.2 M of its 4.4 M): four code words per thread along a row (the
+layout Triton's coalescing gives the words' load) make each quarter warp's stores meet two
+ways on every bank. `one_word` converts one word per thread in the copies' layout
+(shared-store conflicts 0.15 M against the Triton kernel's 4.4 M; its 4-byte copies still
+meet 1.1 M): 145-167 µs over its shapes. The direct form (`stages = 0`: the words one
+per thread straight into registers, no cp.async, the Triton kernel's 24.7 KiB of shared
+memory, 80 registers under a cap): 134.6 µs at its best shape against the Triton kernel's
+121.0; the B = 64, 32K FP8 step 8.506 against 8.475 ms. Still off.
+
 The same operations in the same order as the Triton kernel, so the same bits (checked byte
 for byte on the GPU, `tests/kernels/test_indexer_gluon.py`):
 - the keys' values by `packed_rows`' scale-word PTX (`_FP4_SW_E8M0`; exact, so any exact
@@ -69,7 +80,8 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # words of a row per thread (the scale-word PTX, two words per instance): the words' shared
 # loads and the dequantized tile's 16-byte stores then free of bank conflicts (with four
 # words per thread a quarter warp's stores meet two ways on every bank, and its word loads
-# four ways). The same values, so the same bits.
+# four ways). The same values, so the same bits. stages = 0: the direct form (no stages,
+# no cp.async: each block's words loaded into registers in the one-word layout).
 GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False)
 _BLOCK_L = 64
 _D = 128
