@@ -353,7 +353,7 @@ def test_split_k_counters_return_to_zero(device):
     assert int(TC._counters.buffer(torch.device(device)).abs().sum()) == 0
 
 
-def test_one_launch_of_split_weights_gives_each_weight_its_alone_bytes(device):
+def test_one_launch_of_split_weights_gives_each_weight_its_alone_bytes(device, monkeypatch):
     """`mm_many_batch` runs all its weights in one launch (`_tc_many_kernel`): with K split
     for each (4, 8 and 8 segments: partials and arrival counters per weight, two row tiles
     of m = 70), a bf16, an FP8 and an fp32 weight give the bytes of `tc_mm` with each
@@ -362,17 +362,22 @@ def test_one_launch_of_split_weights_gives_each_weight_its_alone_bytes(device):
 
     g = _gen("many-split")
     m, K = 70, 1024
+    Nb, N8 = 2048, 96  # bf16: 32 weight tiles, where 4 segments reach `_TARGET_PROGRAMS` (2 do not)
+    # the interpreter: the same segments from 2 tiles and 1 under a target of 8 (a sixth of the programs)
+    if device != "cuda":
+        monkeypatch.setattr(TC, "_TARGET_PROGRAMS", 8)
+        Nb, N8 = 128, 40
     x = _rand(g, (m, K)).to(device)
-    w8, sc = (t.to(device) for t in _fp8_weight(g, 96, K))
-    wb, wf = _rand(g, (2048, K)).to(device), _rand(g, (40, K)).float().to(device)
-    assert [TC.plan(n, K) for n in (2048, 96, 40)] == [4, 8, 8]
+    w8, sc = (t.to(device) for t in _fp8_weight(g, N8, K))
+    wb, wf = _rand(g, (Nb, K)).to(device), _rand(g, (40, K)).float().to(device)
+    assert [TC.plan(n, K) for n in (Nb, N8, 40)] == [4, 8, 8]
     outs = [
-        torch.full((m, n), float("nan"), dtype=d, device=device) for n, d in ((2048, BF), (96, BF), (40, torch.float32))
+        torch.full((m, n), float("nan"), dtype=d, device=device) for n, d in ((Nb, BF), (N8, BF), (40, torch.float32))
     ]
     got = TC.mm_many_batch(x, (wb, w8, wf), outs, (None, sc, None))
     alone = (
-        TC.tc_mm(x, wb, torch.empty(m, 2048, dtype=BF, device=device)),
-        TC.tc_mm(qdq.fp8_qdq(x.clone()), w8, torch.empty(m, 96, dtype=BF, device=device), sc),
+        TC.tc_mm(x, wb, torch.empty(m, Nb, dtype=BF, device=device)),
+        TC.tc_mm(qdq.fp8_qdq(x.clone()), w8, torch.empty(m, N8, dtype=BF, device=device), sc),
         TC.tc_mm(x, wf, torch.empty(m, 40, dtype=torch.float32, device=device)),
     )
     for i, (a, b) in enumerate(zip(got, alone)):
@@ -434,6 +439,8 @@ ROPE_CASES = [  # m, heads, head_dim, half, K, fp8: one segment and split K (thi
     (3, 2, 128, 32, 1024, False),
     (70, 2, 64, 16, 512, True),
 ]
+if not torch.cuda.is_available():  # the interpreter: K split in fewer chunks (4 and 3 segments: fewer programs)
+    ROPE_CASES[1:] = [(3, 2, 128, 32, 512, False), (70, 2, 64, 16, 384, True)]
 
 
 @pytest.mark.parametrize(
@@ -481,6 +488,9 @@ def test_rows_past_one_row_tile_keep_their_one_token_bits(device, kind):
 
     g = _gen("large-tiles", kind)
     N, K = (40, 1024) if kind != "bf16" else (96, 256)
+    if device != "cuda":  # the interpreter: 2 chunks (a quarter of fp32's and FP8's), one weight tile (half of bf16's)
+        N, K = (40 if kind != "bf16" else 48), 256
+    assert TC.plan(N, K, 3 if kind == "fp32" else 1) > 1, "split K"
     x = _rand(g, (200, K)).to(device)
     sc = None
     if kind == "fp8":
@@ -640,14 +650,15 @@ def _levels(monkeypatch, fine_target: int, coarse_target: int = 2) -> None:
     monkeypatch.setattr(TC, "_FINE_PLAN", {k: (fine_target, 1) for k in ("bf16", "fp32", "fp8", "group")})
 
 
-def _two_level_call(device, kind, m, gen):
+def _two_level_call(device, kind, m, gen, K=1024):
     """A call of m rows of `kind` (bf16, fp32, fp8 through `mm_many_batch` with a second
-    weight and rope on the first; group through `tc_group_mm`): a function of the mode
-    (`_FINE_MAX_M`) returning the outputs, and the weights' (x, w) for the bound."""
+    weight and rope on the first; group through `tc_group_mm`) over K columns (1024: 8
+    chunks): a function of the mode (`_FINE_MAX_M`) returning the outputs, and the weights'
+    (x, w) for the bound."""
     from attnv41.kernels import qdq
     from attnv41.reference.fp8 import dequant_weight
 
-    N, K = 48, 1024  # 8 chunks, one weight tile
+    N = 48  # one weight tile
     if kind == "group":
         G = 3
         o = _rand(gen, (m, G, K)).to(device)
@@ -692,8 +703,10 @@ def _two_level_call(device, kind, m, gen):
     return run, [(x, wv), (x, w2), (x, wv)]
 
 
+# m: the interpreter takes 1 and 65 (one row tile; two, the last ragged, past `_SUM_MAX_M`, as
+# 130's three: a third fewer programs)
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
-@pytest.mark.parametrize("m", interp_subset([1, 64, 130], [1, 130]))  # (interpreter: the ends)
+@pytest.mark.parametrize("m", [1, 64, 130] if torch.cuda.is_available() else [1, 65])
 @pytest.mark.parametrize("coarse_target", interp_subset([1, 2, 4], [1, 4]))
 def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind, m, coarse_target):
     """Two split levels (module doc): the same call run as one program per fine segment
@@ -702,6 +715,8 @@ def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind,
     GPU; both within the exact product's bound. 8 chunks, 8 fine segments (group weights:
     3 tiles, 4) in 1, 2 or 4 coarse groups (group weights: 1, 1, 2)."""
     _levels(monkeypatch, 8, coarse_target)
+    if m > TC.BM:
+        assert m % TC.BM and m > TC._SUM_MAX_M, "row tiles past the first, the last ragged, the counter's sum"
     run, pairs = _two_level_call(device, kind, m, _gen("levels", kind, m, coarse_target))
     w = pairs[0][1]
     wsc = torch.zeros(1) if kind == "fp8" else None
@@ -740,6 +755,19 @@ def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind,
             )
 
 
+def _two_levels(monkeypatch, device, kind) -> int:
+    """`_levels` for a test that needs two split levels, not 8 chunks, and the K of its
+    `_two_level_call`: 8 fine programs over 2 coarse, K = 1024 on the GPU; on the
+    interpreter 4 over 2 and K = 512 (about half the programs), where the weight's 4
+    chunks still split into fine segments summed in fewer groups (asserted)."""
+    _levels(monkeypatch, 8 if device == "cuda" else 4, 2)
+    K = 1024 if device == "cuda" else 512
+    rows, key = (3 * 48, "group") if kind == "group" else (48, kind)
+    fine, outer = TC.split_levels(rows, K, key)
+    assert fine > outer, f"{kind}: one split level at K = {K} ({fine}, {outer})"
+    return K
+
+
 def _same_row_bytes_or_bound(a, b, x, w, where, rotated=False) -> None:
     """Two summation orders of the same products: within twice the fp32 summation-order
     bound of each other (`_same_row_bytes`' CPU rule), whatever the device."""
@@ -751,10 +779,10 @@ def test_rows_keep_their_one_token_bits_across_the_two_modes(device, monkeypatch
     """`_FINE_MAX_M` 64 for every dtype: calls of 1, 64 rows (fine programs) and 65, 130 rows
     (coarse programs): a row's bytes are the same in each (GPU; on the interpreter, within
     the summation-order bound: its matmul's order depends on a row's position)."""
-    _levels(monkeypatch, 8, 2)
+    K = _two_levels(monkeypatch, device, kind)
     monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), 64))
     gen = _gen("levels-rows", kind)
-    run, pairs = _two_level_call(device, kind, 130, gen)
+    run, pairs = _two_level_call(device, kind, 130, gen, K)
     ref = run()
     # the same inputs, fewer rows: rebuild the calls on row subsets through the stored tensors
     x, wv = pairs[0]
@@ -814,10 +842,13 @@ def test_sum_launch_gives_the_counter_bytes(device, monkeypatch, kind, m, fine_m
     programs (partials added in groups) and coarse ones, m of one to three row tiles and a
     sum launch's ragged last token block (m = 5); the launch form touches no counter. (The
     launch at every m here: production takes it up to `_SUM_MAX_M` rows.)"""
-    _levels(monkeypatch, 8, 2)
+    K = _two_levels(monkeypatch, device, kind)
     monkeypatch.setattr(TC, "_SUM_MAX_M", 10**9)
+    if device != "cuda" and m > TC.BM:  # the interpreter: 3 sum programs per weight tile, not 33 (m = 5 keeps blocks of 4)
+        monkeypatch.setattr(TC, "_SUM_MB", TC.BM)
+        assert m % TC._sum_mb(m), "a ragged last token block"
     monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), fine_max_m))
-    run, _ = _two_level_call(device, kind, m, _gen("sum-launch", kind, m))
+    run, _ = _two_level_call(device, kind, m, _gen("sum-launch", kind, m), K)
     monkeypatch.setattr(TC, "_SPLIT_FORM", "counter")
     want = run()
     monkeypatch.setattr(TC, "_SPLIT_FORM", "launch")
