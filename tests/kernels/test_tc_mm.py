@@ -844,7 +844,8 @@ def test_sum_launch_gives_the_counter_bytes(device, monkeypatch, kind, m, fine_m
     launch at every m here: production takes it up to `_SUM_MAX_M` rows.)"""
     K = _two_levels(monkeypatch, device, kind)
     monkeypatch.setattr(TC, "_SUM_MAX_M", 10**9)
-    if device != "cuda" and m > TC.BM:  # the interpreter: 3 sum programs per weight tile, not 33 (m = 5 keeps blocks of 4)
+    # the interpreter: 3 sum programs per weight tile, not 33 (m = 5 keeps blocks of 4)
+    if device != "cuda" and m > TC.BM:
         monkeypatch.setattr(TC, "_SUM_MB", TC.BM)
         assert m % TC._sum_mb(m), "a ragged last token block"
     monkeypatch.setattr(TC, "_FINE_MAX_M", dict.fromkeys(("bf16", "fp32", "fp8"), fine_max_m))
