@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (`bin/test -n auto --dist loadfile`, what CI runs) each worker computes
+# on one thread: the workers share the machine's cores instead of oversubscribing them.
+# numpy's OpenBLAS (the interpreter's dots) reads its thread count when loaded, which
+# importing torch does: so before that import.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Kernel tests run on CUDA when present, else on Triton's CPU interpreter. The variable
 # must be set before any kernel module is imported (triton.jit reads it then).
@@ -21,9 +28,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     interp_patch.apply()
 
-# Under pytest-xdist (`bin/test -n auto --dist loadfile`, what CI runs) each worker computes
-# on one thread: the workers share the machine's cores instead of oversubscribing them.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if os.environ.get("PYTEST_XDIST_WORKER"):  # (torch's own threads: see the top)
     torch.set_num_threads(1)
 
 # CI runs a fixed set of examples (derandomized) so that a red run is reproducible;
