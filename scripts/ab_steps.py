@@ -84,10 +84,10 @@ def _attn(**kw) -> dict:
 
 VARIANTS = {
     "new": {},
-    # (fiftieth entry) packed index keys through the Gluon kernel (cp.async stages)
+    # (forty-eighth entry) packed index keys through the Gluon kernel (cp.async stages)
     "index gluon": {"index_paged": dict(gluon=True)},
     "index gluon mid": {"index_paged": dict(gluon=True), "index_gluon": dict(mid=True)},
-    # (fifty-first entry) the Gluon kernel converting one code word per thread
+    # (forty-ninth entry) the Gluon kernel converting one code word per thread
     "index gluon one_word": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True)},
     "index gluon one_word sub16": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True, sub=16)},
     "index gluon direct": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, maxnreg=80)},

@@ -218,7 +218,7 @@ INDEX_SETS["pipe"] = [
     ("noskip", dict(skip=False)),
     ("noskip 3 stages", dict(skip=False, num_stages=3)),
 ]
-# `--index-set gluon` (fiftieth entry): packed keys through `indexer_gluon` (cp.async stages),
+# `--index-set gluon` (forty-eighth entry): packed keys through `indexer_gluon` (cp.async stages),
 # blocks per program × stages (bf16 keys: an error row, the kernel takes packed keys only)
 INDEX_SETS["gluon"] = [("production", {})] + [
     (f"gluon sub={sb} st={st} cap={cap}{' mid' if mid else ''}", dict(_gluon=True, sub=sb, stages=st, maxnreg=cap, mid=mid))
@@ -227,7 +227,7 @@ INDEX_SETS["gluon"] = [("production", {})] + [
         (16, 4, None, False), (16, 6, None, False), (16, 6, None, True), (32, 6, None, False), (8, 2, None, False),
     )
 ]  # fmt: skip
-# `--index-set oneword` (fifty-first entry): the Gluon kernel converting one code word per
+# `--index-set oneword` (forty-ninth entry): the Gluon kernel converting one code word per
 # thread in the copies' layout (`one_word`: no bank conflicts on the words' loads and the
 # tile's stores), against production and the four-words form at the same shapes
 INDEX_SETS["oneword"] = [("production", {})] + [
@@ -239,7 +239,7 @@ INDEX_SETS["oneword"] = [("production", {})] + [
         (8, 2, None, False, True), (4, 2, None, False, True), (8, 3, 80, False, True), (32, 6, None, False, True),
     )
 ]  # fmt: skip
-# `--index-set direct` (fifty-first entry): the Gluon kernel's `stages = 0` form (the code
+# `--index-set direct` (forty-ninth entry): the Gluon kernel's `stages = 0` form (the code
 # words loaded straight into registers one per thread, no cp.async, 24.7 KiB of shared memory)
 INDEX_SETS["direct"] = [("production", {})] + [
     (f"gluon direct sub={sb} cap={cap}", dict(_gluon=True, sub=sb, stages=0, maxnreg=cap))
@@ -247,7 +247,7 @@ INDEX_SETS["direct"] = [("production", {})] + [
 ]
 # `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)
 INDEX_SETS["oneword1"] = [INDEX_SETS["oneword"][0], INDEX_SETS["oneword"][3]]
-# `--index-set l1` (fiftieth entry): the keys as the MMA's B operand (keys_m=False: read from
+# `--index-set l1` (forty-eighth entry): the keys as the MMA's B operand (keys_m=False: read from
 # shared memory by the MMA, no shared-to-register load of the tile) at several tiles, against
 # production (keys_m=True, whose tile makes a shared-memory round trip); another fp32 order
 # of the head sums, so `same` compares with the first row of the same orientation only

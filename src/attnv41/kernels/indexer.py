@@ -84,7 +84,7 @@ _TUNE = dict(
 # B = 64, 32K steps 8.252 against 8.319 ms. The same bytes.
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
-# gluon (fiftieth entry; off): over packed keys of 128 values with at most 32 heads on an
+# gluon (forty-eighth entry; off): over packed keys of 128 values with at most 32 heads on an
 # sm_90 GPU, one token per program group (full and gathered forms) runs
 # `indexer_gluon.index_scores_paged_gluon` (the code and scale words streamed through
 # shared-memory stages by cp.async), with this kernel's bits (the GPU tests and the probe

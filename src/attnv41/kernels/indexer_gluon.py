@@ -9,7 +9,7 @@ assembly). Here each program streams its blocks' code and scale words through ST
 shared-memory stages by `cp.async`, the next blocks' bytes in flight while one block is
 converted and multiplied.
 
-What it measured (H100, 2026-12-07, fiftieth entry; BENCHMARKS.md): slower. A B = 64 step's
+What it measured (H100, 2026-12-07, forty-eighth entry; BENCHMARKS.md): slower. A B = 64 step's
 ratio-1 call over 32K packed keys per sequence, L2 flushed: 151-170 µs over the launch shapes
 against the Triton kernel's 121.5; the B = 64, 32K FP8 step with it 8.747 against 8.513 ms.
 Nsight Compute: the Triton kernel is bound by its L1/TEX pipe (80 % busy, DRAM 37 %: 4-byte
@@ -21,7 +21,7 @@ is a Gluon form with the Triton kernel's bits (checked on the GPU) for the lever
 profile names: 16-byte copies of a pool block's contiguous rows, the dequantized keys
 straight into the MMA's A fragment (no shared-memory round trip of the tile).
 
-Fifty-first entry (H100, the same call): Nsight Compute's source counters put the Triton
+Forty-ninth entry (H100, BENCHMARKS.md): Nsight Compute's source counters put the Triton
 kernel's shared-store conflicts on its eight 16-byte stores of the dequantized tile (525,312
 excess wavefronts each, 4.2 M of its 4.4 M): four code words per thread along a row (the
 layout Triton's coalescing gives the words' load) make each quarter warp's stores meet two
