@@ -92,6 +92,10 @@ VARIANTS = {
     "index gluon one_word sub16": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True, sub=16)},
     "index gluon direct": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, maxnreg=80)},
     "index gluon direct sub4": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, sub=4, maxnreg=80)},
+    # (fiftieth entry) the Triton index kernel's code words one per thread
+    "index one_word": {"index_paged": dict(one_word=True)},
+    "index row0": {"index_paged": dict(row0=True)},
+    "index row0 one_word": {"index_paged": dict(row0=True, one_word=True)},
     # (fifteenth entry) the one-pass Gluon attention (opt-in) on, from other batch sizes
     "gluon on": {"gluon": dict(on=True)},
     "gluon from m=16": {"gluon": dict(on=True, min_m=16)},

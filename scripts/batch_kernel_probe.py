@@ -259,6 +259,22 @@ INDEX_SETS["l1"] = [
     ("keys_m=False sub=2 w=4 st=2 uncapped", dict(keys_m=False, sub=2, sub_packed=2, maxnreg_packed=None)),
     ("production st=1", dict(num_stages=1)),
 ]
+# `--index-set rows` (fiftieth entry): the Triton kernel's code words one per thread
+# (`one_word`: the load over the transposed tensor; `row0`: a block's rows as the first
+# one's pointer plus offsets, the table entry read once, which gives the same layout) against
+# production's four words per thread, and row0 at other blocks per program and caps
+INDEX_SETS["rows"] = [
+    ("production", {}),
+    ("one_word", dict(one_word=True)),
+    ("row0", dict(row0=True)),
+    ("row0 one_word", dict(row0=True, one_word=True)),
+    ("row0 sub 2", dict(row0=True, sub_packed=2)),
+    ("row0 sub 8", dict(row0=True, sub_packed=8)),
+    ("row0 cap 72", dict(row0=True, maxnreg_packed=72)),
+    ("row0 uncapped", dict(row0=True, maxnreg_packed=None)),
+]
+# `--index-set row0`: row0 alone (for Nsight Compute)
+INDEX_SETS["row0"] = [("row0", dict(row0=True))]
 # `--index-set production`: production alone (e.g. under Nsight Compute, after the step's own calls)
 INDEX_SETS["production"] = [("production", {})]
 

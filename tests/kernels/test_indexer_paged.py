@@ -11,7 +11,7 @@ from attnv41.kernels import indexer as I
 from attnv41.packed import pack
 from attnv41.reference import indexer as ref
 from attnv41.reference.qdq import fp4_e8m0_qdq
-from helpers import paged_table
+from helpers import interp_subset, paged_table
 
 BF = torch.bfloat16
 
@@ -139,11 +139,49 @@ def test_inner_roundings_keep_the_bits_with_nan_and_inf(packed, form, device):
     assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16))
 
 
+# the interpreter reads packed words without the PTX, so one_word changes nothing there
+# (its cases: row0 alone), and 64-64 takes 32-32's steps
+@pytest.mark.parametrize("tune", interp_subset(["row0", "one_word", "row0,one_word"], ["row0"]))
+@pytest.mark.parametrize(
+    "B,block_l", interp_subset([(32, 32), (64, 64), (128, 32), (16, 32)], [(32, 32), (128, 32), (16, 32)])
+)
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("packed", [False, True], ids=["bf16", "packed"])
+def test_row0_and_one_word_keep_the_bits(tune, B, block_l, tokens, packed, device):
+    """`row0` (a block of keys within one table block: its entry read once, the rows'
+    pointers the first one's plus offsets; where B is a multiple of block_l, else the
+    per-row form: 16-32) and `one_word` (packed keys' code words one per thread; on the
+    GPU only, the interpreter reads words without the PTX): every score's bytes as the
+    production launch's, one token per program and four (one slot's groups sharing the
+    keys, and groups across slots), rows that end inside a block and tokens that see none,
+    unallocated table entries (−1) past the visible rows never read."""
+    tune = dict.fromkeys(tune.split(","), True)
+    gen = torch.Generator().manual_seed(B + block_l + tokens)
+    lens, rows = (4, 1, 3), (B * 2 + 5, 0, B + 1)
+    width = B * 3
+    table, n_blocks = paged_table(gen, rows, B, width, spare=2)
+    pool = fp4_e8m0_qdq(torch.randn(n_blocks * B, 64, generator=gen).to(BF))
+    if packed:
+        pool = pack(pool, "fp4_e8m0")
+    T = sum(lens)
+    iq = torch.randn(T, 4, 64, generator=gen).to(BF)
+    w = torch.randn(T, 4, generator=gen).to(BF)
+    tok_slot = torch.cat([torch.full((n,), s_, dtype=torch.int32) for s_, n in enumerate(lens)])
+    vis = torch.cat([torch.linspace(0, r, n).round().to(torch.int32) for n, r in zip(lens, rows)])
+    args = [t.to(device) for t in (iq, w, pool, table, tok_slot)] + [B, vis.to(device), width]
+    base = I.index_scores_paged(*args, block_l=block_l, tokens=tokens)
+    got = I.index_scores_paged(*args, block_l=block_l, tokens=tokens, **tune)
+    assert not torch.isnan(base.float()).any()
+    assert torch.equal(got.cpu().view(torch.int16), base.cpu().view(torch.int16)), f"{tune}"
+    one = I.index_scores_paged(*args, block_l=block_l)
+    assert torch.equal(got.cpu().view(torch.int16), one.cpu().view(torch.int16)), "tokens: the bits of one per program"
+
+
 def test_unknown_tune_key(device):
     (iq, w, pool, table, tok_slot, vis), lens, rows, B, width = _case(device, 1)
     with pytest.raises(
         ValueError,
-        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'gluon', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'scale_word', 'skip', 'sub', 'sub_packed', 'sub_tokens'\]",
+        match=r"tune keys \['blockl'\]; allowed: \['block_l', 'epi2', 'fp4_asm', 'gluon', 'inner_cvt', 'keys_m', 'lut', 'maxnreg_packed', 'num_stages', 'num_warps', 'one_word', 'row0', 'scale_word', 'skip', 'sub', 'sub_packed', 'sub_tokens'\]",
     ):
         I.index_scores_paged(iq, w, pool, table, tok_slot, B, vis, width, blockl=32)
 

@@ -71,3 +71,35 @@ def test_lut_and_bf16_pair_epilogue_take_fewer_instructions():
         assert _count(on, "HMUL2") < _count(off, "HMUL2") * 3 // 4, (on["ops"], off["ops"])
         assert _count(on, "HMNMX2") > 0 and _count(on, "FMNMX") == 0, on["ops"]
         assert sum(on["ops"].values()) < sum(off["ops"].values()) - 40, (on["ops"], off["ops"])
+
+
+def _words_load_layout(ttgir: str) -> tuple[str, str]:
+    """(shape, layout text) of the packed code words' load in a TTGIR module: [64, 16] or
+    transposed [16, 64] (one_word) int32 pointers."""
+    import re  # noqa: PLC0415
+
+    m = re.search(r"tt\.load %\S+, %\S+(?:, %\S+)? : tensor<(64x16|16x64)x!tt\.ptr<i32>, (#blocked\d*)>", ttgir)
+    assert m, "no load of 64 x 16 code words"
+    lay = re.search(rf"^{re.escape(m.group(2))} = (#ttg\.blocked<.*>)$", ttgir, re.M)
+    return m.group(1), lay.group(1)
+
+
+@pytest.mark.parametrize("tune", ["{}", '{"one_word": true}', '{"row0": true}', '{"row0": true, "one_word": true}'])
+def test_paged_code_words_one_per_thread(tune):
+    """The paged launch at B = 64 over packed keys (d = 128: 16 code words a row, rows 68
+    bytes apart, 4-byte aligned). Production: Triton's coalescing gives a thread four
+    contiguous words ([1, 4] over [8, 4] threads: a warp over 8 rows; four 4-byte loads).
+    `one_word` (the load over the transposed tensor, the word index opaque) and `row0`
+    (the rows as the first one's pointer plus offsets) give one word per thread, a warp
+    over two whole rows; no local memory either way."""
+    k = compiled("index", "--packed", "--m", "64", "--L", "32768", "--paged", "64", "--tune", tune)
+    rep = k["_index_scores_kernel"]
+    shape, lay = _words_load_layout(rep["ttgir"])
+    assert rep["local"] == 0, rep["ops"]
+    if tune == "{}":
+        assert shape == "64x16" and "sizePerThread = [1, 4], threadsPerWarp = [8, 4]" in lay, lay
+    elif "one_word" in tune:
+        assert shape == "16x64" and "sizePerThread = [1, 1], threadsPerWarp = [16, 2]" in lay, lay
+        assert "order = [0, 1]" in lay, lay
+    else:
+        assert shape == "64x16" and "sizePerThread = [1, 1], threadsPerWarp = [2, 16]" in lay, lay

@@ -133,15 +133,17 @@ def _assert_bf16_read_equals_unpack(p, fmt, D, C, words, device):
     [("fp4_e4m3", 512, 64), ("fp4_e4m3", 64, 64), ("fp4_e8m0", 128, 128)],
     ids=["e4m3-512-64", "e4m3-64-64", "e8m0-128"],
 )
-def test_scale_word_form_equals_unpack_on_every_code(device, fmt, D, C):
+@pytest.mark.parametrize("one_word", [False, True], ids=["", "one-word"])
+def test_scale_word_form_equals_unpack_on_every_code(device, fmt, D, C, one_word):
     """`fp4_rows_bf16` at WORDS = 3 (`fp4_words_mode(..., scale_word=True)`; tiles of four
     scales read as one word per row: on the GPU its PTX picks each code word's scale byte,
-    e4m3 scales through their 2^-120 bit placement): every code under every scale the
-    loaders' test covers, slice by slice; under the interpreter WORDS is 1 (the fp32 form)."""
+    e4m3 scales through their 2^-120 bit placement) and at 5 (one_word: the code words laid
+    out one per thread): every code under every scale the loaders' test covers, slice by
+    slice; under the interpreter WORDS is 1 (the fp32 form)."""
     n = 80
     p = _rows(fmt, D, n, seed=D + C).to(device)
-    words = fp4_words_mode(p, scale_word=True)
-    assert words == (1 if interpreting() else 3)
+    words = fp4_words_mode(p, scale_word=True, one_word=one_word)
+    assert words == (1 if interpreting() else 5 if one_word else 3)
     _assert_bf16_read_equals_unpack(p, fmt, D, C, words, device)
 
 
@@ -183,6 +185,8 @@ def test_lut_mode_needs_whole_scale_words(monkeypatch):
     monkeypatch.setattr(pr, "interpreting", lambda: False)
     assert pr.fp4_words_mode(rows, lut=True, d=128, block=32) == 4
     assert pr.fp4_words_mode(rows, lut=True, d=96, block=32) == 2
+    assert pr.fp4_words_mode(rows, scale_word=True, one_word=True) == 5
+    assert pr.fp4_words_mode(rows, one_word=True) == 2  # (one_word goes with scale_word)
     assert pr.fp4_words_mode(rows, scale_word=True, lut=True, d=96, block=32) == 3
     assert pr.fp4_words_mode(rows, lut=True, d=128, block=32, asm=False) == 1
     assert pr.fp4_words_mode(rows[:, 1:], lut=True, d=128, block=32) == 0  # rows not 4-byte aligned

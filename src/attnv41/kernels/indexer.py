@@ -48,6 +48,8 @@ _TUNE = dict(
     scale_word=True,
     lut=False,
     epi2=False,
+    one_word=False,
+    row0=False,
 )
 # inner_cvt (2026-12-04, twelfth entry): the epilogue's two inner roundings (the dot, the
 # weighted product) by `round_bf16_inner`, the hardware conversion two values at a time
@@ -360,7 +362,14 @@ def _words(cfg: dict, keys: torch.Tensor, d: int) -> int:
     over bf16 keys."""
     if keys.dtype != torch.uint8:
         return 0
-    return fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"], cfg["lut"], d, 32)
+    return fp4_words_mode(keys, cfg["fp4_asm"], cfg["scale_word"], cfg["lut"], d, 32, cfg["one_word"])
+
+
+def _row0(cfg: dict, block_rows: int, ids) -> dict:
+    """The paged launch's ROW0 (`_key_rows`): cfg's row0 where a block of keys lies in one
+    table block (block_rows a multiple of block_l) and the rows are the full form's (no ids)."""
+    on = cfg["row0"] and ids is None and block_rows % cfg["block_l"] == 0
+    return {"ROW0": True} if on else {}
 
 
 def _maxnreg(cfg: dict, keys: torch.Tensor) -> dict:
@@ -509,7 +518,7 @@ def index_scores_paged(
         WORDS=_words(cfg, keys, d), EPI2=cfg["epi2"] and not interpreting(),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_maxnreg(cfg, keys), **_gather(ids, cand_block, width), **_tokens(tokens, m),
-        **pdl_launch(iq),
+        **_row0(cfg, block_rows, ids), **pdl_launch(iq),
     )  # fmt: skip
     return out
 
@@ -565,26 +574,37 @@ if HAVE_TRITON:
         return tl.inline_asm_elementwise(_RELU_W, "=r,r,r,r", [dots, w], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
-    def _key_rows(tbl_ptr, slot, s_tbl, jr, k_ok, PAGED: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-        """[BLOCK_L] pool rows of logical key rows jr (int64) of the sequence in `slot`
-        (PAGED: block table[slot, jr // B], row jr % B; else jr); table entries are read
-        only where k_ok."""
-        if PAGED:
-            blk = tl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
-            rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
+    def _key_rows(k_ptr, s_k, tbl_ptr, slot, s_tbl, jr, k_ok, j0, ok0, PAGED: tl.constexpr,
+                  BLOCK_ROWS: tl.constexpr, ROW0: tl.constexpr):  # fmt: skip
+        """[BLOCK_L] pointers to the pool rows of logical key rows jr (int64) of the sequence
+        in `slot` (PAGED: block table[slot, jr // B], row jr % B; else jr); table entries are
+        read only where k_ok. ROW0 (PAGED; the host's `_row0`): jr = j0 + 0 … BLOCK_L − 1
+        within one table block (B a multiple of BLOCK_L, j0 of BLOCK_L), its entry read
+        once (where ok0, the first row's k_ok: k_ok is a prefix) and the pointers the
+        first row's plus 32-bit offsets. The same rows either way."""
+        if ROW0:
+            blk = tl.load(tbl_ptr + slot * s_tbl + j0 // BLOCK_ROWS, mask=ok0, other=0).to(tl.int64)
+            r0 = blk * BLOCK_ROWS + j0 % BLOCK_ROWS
+            BL: tl.constexpr = jr.shape[0]
+            base = (k_ptr + r0 * s_k) + tl.arange(0, BL) * s_k
         else:
-            rows = jr
-        return rows
+            if PAGED:
+                blk = tl.load(tbl_ptr + slot * s_tbl + jr // BLOCK_ROWS, mask=k_ok, other=0).to(tl.int64)
+                rows = blk * BLOCK_ROWS + jr % BLOCK_ROWS
+            else:
+                rows = jr
+            base = k_ptr + rows * s_k
+        return base
 
     @triton.jit
-    def _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr):
-        """[BLOCK_L, D_P] bf16 index keys of pool rows `rows` (0 where not k_ok)."""
+    def _key_tile(base, k_ok, c, c_ok, D, D_P: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr):
+        """[BLOCK_L, D_P] bf16 index keys of the pool rows at `base` (0 where not k_ok)."""
         if PACKED:
             # fp4_e8m0 rows (attnv41.packed): D/2 code bytes (value 2i in the low nibble),
             # then D/32 e8m0 scale bytes; code · 2^(e − 127) is the bf16 key exactly
-            k = fp4_rows_bf16(k_ptr + rows * s_k, k_ok, 0, D, D_P, 32, True, WORDS)
+            k = fp4_rows_bf16(base, k_ok, 0, D, D_P, 32, True, WORDS)
         else:
-            k = tl.load(k_ptr + rows[:, None] * s_k + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            k = tl.load(base[:, None] + c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
         return k
 
     @triton.jit
@@ -641,7 +661,7 @@ if HAVE_TRITON:
         H: tl.constexpr, D: tl.constexpr, H_P: tl.constexpr, D_P: tl.constexpr, BLOCK_L: tl.constexpr,
         SUB: tl.constexpr, DOT_F32: tl.constexpr, PAGED: tl.constexpr, BLOCK_ROWS: tl.constexpr,
         PACKED: tl.constexpr, WORDS: tl.constexpr, SKIP: tl.constexpr, KEYS_M: tl.constexpr,
-        INNER: tl.constexpr, EPI2: tl.constexpr, GATHER: tl.constexpr, CB: tl.constexpr,
+        INNER: tl.constexpr, EPI2: tl.constexpr, GATHER: tl.constexpr, CB: tl.constexpr, ROW0: tl.constexpr,
     ):  # fmt: skip
         """Token t (int64), keys lb·SUB·BLOCK_L … +SUB·BLOCK_L−1 in SUB blocks of BLOCK_L (a
         loop: the token's queries and weights loaded once, the blocks' key loads
@@ -680,8 +700,10 @@ if HAVE_TRITON:
                 # [BLOCK_L, D_P] index keys; rows past the visible count are not read (their
                 # scores are −∞ whatever they hold), so a wide L costs no key traffic
                 k_ok = j_ok & (jr < vis_r)
-                rows = _key_rows(tbl_ptr, slot, s_tbl, jr, k_ok, PAGED, BLOCK_ROWS)
-                k = _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P, PACKED, WORDS)
+                base = _key_rows(
+                    k_ptr, s_k, tbl_ptr, slot, s_tbl, jr, k_ok, j0, (j0 < L) & (j0 < vis_r), PAGED, BLOCK_ROWS, ROW0,
+                )  # fmt: skip
+                k = _key_tile(base, k_ok, c, c_ok, D, D_P, PACKED, WORDS)
                 s = _block_scores(k, q, w, DOT_F32, KEYS_M, INNER, EPI2)
                 # −inf past the visible rows
                 s = tl.where(jr < vis_r, s, float("-inf"))
@@ -731,6 +753,7 @@ if HAVE_TRITON:
         CB: tl.constexpr = 1,
         M=1,  # TM > 1: the tokens
         TM: tl.constexpr = 1,
+        ROW0: tl.constexpr = False,  # `_key_rows`, `_row0`
     ):
         pdl_release(PDL)
         pdl_wait(PDL)
@@ -741,7 +764,7 @@ if HAVE_TRITON:
                 iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, tl.program_id(0).to(tl.int64), lb, L,
                 s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl, ids_ptr, s_ids, NK,
                 H, D, H_P, D_P, BLOCK_L, SUB, DOT_F32, PAGED, BLOCK_ROWS, PACKED, WORDS, SKIP, KEYS_M, INNER,
-                EPI2, GATHER, CB,
+                EPI2, GATHER, CB, ROW0,
             )  # fmt: skip
         else:
             # program (g, lb): tokens g·TM … g·TM + TM − 1 (< M) over the same keys. When they
@@ -770,7 +793,7 @@ if HAVE_TRITON:
                             iq_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, t, lb, L,
                             s_iq_m, s_iq_h, s_w_m, s_w_h, s_k, s_out, tbl_ptr, slot_ptr, s_tbl, ids_ptr, s_ids, NK,
                             H, D, H_P, D_P, BLOCK_L, SUB, DOT_F32, PAGED, BLOCK_ROWS, PACKED, WORDS, SKIP, KEYS_M,
-                            INNER, EPI2, False, 1,
+                            INNER, EPI2, False, 1, ROW0,
                         )  # fmt: skip
             else:
                 c = tl.arange(0, D_P)
@@ -788,8 +811,11 @@ if HAVE_TRITON:
                     if live:
                         # [BLOCK_L, D_P] the keys of the group's widest visible count
                         k_ok = j_ok & (j64 < vis_max)
-                        rows = _key_rows(tbl_ptr, slot0, s_tbl, j64, k_ok, PAGED, BLOCK_ROWS)
-                        k = _key_tile(k_ptr, rows, k_ok, c, c_ok, s_k, D, D_P, PACKED, WORDS)
+                        base = _key_rows(
+                            k_ptr, s_k, tbl_ptr, slot0, s_tbl, j64, k_ok, j0, (j0 < L) & (j0 < vis_max), PAGED,
+                            BLOCK_ROWS, ROW0,
+                        )  # fmt: skip
+                        k = _key_tile(base, k_ok, c, c_ok, D, D_P, PACKED, WORDS)
                         # no branch in this loop (a token past M reloads token M − 1 and
                         # stores nothing), so that its query loads may be pipelined
                         for tt in range(TM):

@@ -50,15 +50,22 @@ def fp4_words_ok(rows: torch.Tensor) -> bool:
 
 
 def fp4_words_mode(
-    rows: torch.Tensor, asm: bool = True, scale_word: bool = False, lut: bool = False, d: int = 0, block: int = 0
+    rows: torch.Tensor,
+    asm: bool = True,
+    scale_word: bool = False,
+    lut: bool = False,
+    d: int = 0,
+    block: int = 0,
+    one_word: bool = False,
 ) -> int:
     """The loaders' WORDS for packed fp4 rows: 0 byte by byte (rows not 4-byte aligned), 1
     as words, 2 as words with `fp4_rows_bf16`'s PTX (asm, compiled kernels: not under the
     interpreter, whose Triton has no inline assembly), 3 as 2 with a tile's four scale
     bytes read as one word where a tile has four (scale_word; `fp4_rows_bf16`), 4 the
     table-lookup PTX over scale words (lut, where the rows' d values make whole scale
-    words of 4 blocks of `block`: d a multiple of 4 · block; else as without lut). The
-    kernels' tiles must then be multiples of 4 · block columns (their callers' shapes)."""
+    words of 4 blocks of `block`: d a multiple of 4 · block; else as without lut), 5 as 3
+    with the code words laid out one per thread (one_word with scale_word; `fp4_rows_bf16`).
+    The kernels' tiles must then be multiples of 4 · block columns (their callers' shapes)."""
     if not fp4_words_ok(rows):
         return 0
     if not asm or interpreting():
@@ -67,7 +74,9 @@ def fp4_words_mode(
         check_kernel_device(rows.device, "packed rows", packed=True)  # the PTX below multiplies bf16 pairs
     if lut and block > 0 and d > 0 and d % (4 * block) == 0:
         return 4
-    return 3 if scale_word else 2
+    if scale_word:
+        return 5 if one_word else 3
+    return 2
 
 
 if HAVE_TRITON:
@@ -172,15 +181,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def fp4_rows_bf16(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr, WORDS: tl.constexpr):
-        """`fp4_rows(...).to(bf16)`, bit for bit: [R, C] bf16. WORDS = 2 or 3
+        """`fp4_rows(...).to(bf16)`, bit for bit: [R, C] bf16. WORDS = 2, 3 or 5
         (`fp4_words_mode`; CUDA only): the words' values built in bf16 by `_FP4_ASM`, at 3
-        with the scales as one word per row where C = 4 · BLOCK (`_fp4_rows_bf16_sw`; c0
-        then a multiple of C); else the fp32 form."""
+        and 5 with the scales as one word per row where C = 4 · BLOCK (`_fp4_rows_bf16_sw`;
+        c0 then a multiple of C); else the fp32 form."""
         if WORDS == 4 and C % (4 * BLOCK) == 0:  # (c0 a multiple of C: the callers' chunks)
             v = _fp4_rows_bf16_lut(base, ok, c0, D, C, BLOCK, E8M0)
-        elif WORDS == 3 and C == 4 * BLOCK:
-            v = _fp4_rows_bf16_sw(base, ok, c0, D, C, BLOCK, E8M0)
-        elif WORDS >= 2:  # (4 with a tile of other shape: as 2)
+        elif (WORDS == 3 or WORDS == 5) and C == 4 * BLOCK:
+            v = _fp4_rows_bf16_sw(base, ok, c0, D, C, BLOCK, E8M0, WORDS == 5)
+        elif WORDS >= 2:  # (4 and 5 with a tile of other shape: as 2)
             R: tl.constexpr = base.shape[0]
             w = c0 // 8 + tl.arange(0, C // 8)
             m = ok[:, None] & (w * 8 < D)[None, :]
@@ -303,17 +312,35 @@ if HAVE_TRITON:
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=2)
 
     @triton.jit
-    def _fp4_rows_bf16_sw(base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr):
-        """`fp4_rows_bf16` at WORDS = 3 of a tile with four scale bytes (C = 4 · BLOCK;
-        c0 a multiple of C, so they start 4-byte aligned): the four scales as one 32-bit
-        load per row, broadcast over the row's words, each word's byte picked inside the
-        PTX. The same values, so the same bits. (The scale tile of joins at WORDS = 2 has
+    def _fp4_rows_bf16_sw(
+        base, ok, c0, D, C: tl.constexpr, BLOCK: tl.constexpr, E8M0: tl.constexpr, ONE_WORD: tl.constexpr
+    ):
+        """`fp4_rows_bf16` at WORDS = 3 (and 5: ONE_WORD) of a tile with four scale bytes (C =
+        4 · BLOCK; c0 a multiple of C, so they start 4-byte aligned): the four scales as one
+        32-bit load per row, broadcast over the row's words, each word's byte picked inside
+        the PTX. The same values, so the same bits. (The scale tile of joins at WORDS = 2 has
         another layout than the words: the offline sm_90 compile sends the words through
         shared memory to meet it.)"""
         R: tl.constexpr = base.shape[0]
         w = c0 // 8 + tl.arange(0, C // 8)
         m = ok[:, None] & (w * 8 < D)[None, :]
-        words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
+        if ONE_WORD:
+            # Triton's coalescing gives a thread as many contiguous words as its 16-byte
+            # vector holds (four: [1, 4] over [8, 4] threads; the rows are only 4-byte
+            # aligned, so four 4-byte loads), which spreads a warp over 8 rows (a third of
+            # each 32-byte sector used) and, once the values are built, makes each
+            # quarter-warp's 16-byte shared stores of the bf16 tile meet two ways in the same
+            # banks. One word per thread instead ([1, 1] over [2, 16]: a warp reads two whole
+            # rows; a quarter-warp stores 128 contiguous bytes of one row): the word index
+            # through a register move (no contiguity known) and the load over the transposed
+            # [C/8, R] tensor, so that the order, which ties then break towards the first
+            # axis, puts the words fastest; the transpose back is a relabelling (the same
+            # layout).
+            wo = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.int32, is_pure=True, pack=1)
+            p = base.to(tl.pointer_type(tl.int32))[None, :] + wo[:, None]
+            words = tl.trans(tl.load(p, mask=tl.trans(m), other=0))
+        else:
+            words = tl.load(base.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=m, other=0)
         sw = tl.load((base + D // 2 + c0 // BLOCK).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
         sw = tl.broadcast_to(sw[:, None], (R, C // 8))
         sh = tl.broadcast_to(((w * 8 // BLOCK - c0 // BLOCK) * 8)[None, :], (R, C // 8))
