@@ -704,10 +704,14 @@ def _two_level_call(device, kind, m, gen, K=1024):
 
 
 # m: the interpreter takes 1 and 65 (one row tile; two, the last ragged, past `_SUM_MAX_M`, as
-# 130's three: a third fewer programs)
+# 130's three: a third fewer programs). On CUDA m = 64 and coarse_target = 2 (a middle value
+# of each) run in the full tier only: this test's 36 GPU cases took 211 s of one quick-tier
+# worker (H100, fiftieth entry; each case compiles its own plans), the tier's longest file.
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp8", "group"])
-@pytest.mark.parametrize("m", [1, 64, 130] if torch.cuda.is_available() else [1, 65])
-@pytest.mark.parametrize("coarse_target", interp_subset([1, 2, 4], [1, 4]))
+@pytest.mark.parametrize(
+    "m", [1, pytest.param(64, marks=pytest.mark.gpu_full), 130] if torch.cuda.is_available() else [1, 65]
+)
+@pytest.mark.parametrize("coarse_target", interp_subset([1, pytest.param(2, marks=pytest.mark.gpu_full), 4], [1, 4]))
 def test_fine_and_coarse_programs_give_the_same_bytes(device, monkeypatch, kind, m, coarse_target):
     """Two split levels (module doc): the same call run as one program per fine segment
     (the combine adding the partials in groups) and as one program per coarse segment

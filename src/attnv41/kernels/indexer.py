@@ -84,6 +84,20 @@ _TUNE = dict(
 # sm_90, the paged launch at B = 64: 720 → 680 instructions). H200: 1M keys at m = 1 67.6 µs
 # against 71.7 (the scale tile); a B = 64 step's ratio-1 call 130.9 against 139.4; whole
 # B = 64, 32K steps 8.252 against 8.319 ms. The same bytes.
+# one_word, row0 (fiftieth entry; off): the paged launch's packed code words one per thread.
+# Production there gets Triton's [1, 4] over [8, 4] threads (four contiguous words a thread:
+# a warp over 8 rows, 9.5 of 32 bytes per sector used, and two-way bank conflicts in the
+# dequantized tile's 16-byte stores, the forty-ninth entry's ncu counters); the full form
+# (m = 1) and the gathered form already get [1, 1] over [2, 16] (a warp over two whole rows).
+# one_word: `packed_rows.fp4_words_mode`'s WORDS = 5 (the load over the transposed tensor);
+# row0: `_key_rows`' one table entry per block of keys, which gives that layout by itself.
+# Offline sm_90 (B = 64, paged, packed): 680 instructions, 80 registers; one_word 880 (each
+# thread's 8 rows, 8 table loads and 64-bit row addresses); row0 776; both 768. Slower on an
+# H100 (batch_kernel_probe, a B = 64 step's ratio-1 call, L2 flushed, µs): production 121.7,
+# one_word 151.4, row0 125.7, both 126.7 (row0 sub 2 / 8: 127.7 / 125.1; cap 72 / uncapped:
+# 129.4 / 129.5); the B = 64, 32K FP8 step over packed caches 8.537 / 8.541 (row0) / 8.638
+# (both) ms. The same bytes (GPU tests). So the conflicts and the sector waste do not bound
+# this kernel: removing them costs more in per-row address work than they take.
 # `index_scores_paged` (the batched runtime's)
 _PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
 # gluon (forty-eighth entry; off): over packed keys of 128 values with at most 32 heads on an
