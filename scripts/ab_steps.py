@@ -92,6 +92,16 @@ VARIANTS = {
     "index gluon one_word sub16": {"index_paged": dict(gluon=True), "index_gluon": dict(one_word=True, sub=16)},
     "index gluon direct": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, maxnreg=80)},
     "index gluon direct sub4": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, sub=4, maxnreg=80)},
+    # (fifty-first entry) the Gluon kernel's keys straight into the MMA's A fragment
+    "index gluon afrag": {"index_paged": dict(gluon=True), "index_gluon": dict(stages=0, afrag=True, slice_out=True)},
+    "index gluon afrag sub4": {
+        "index_paged": dict(gluon=True),
+        "index_gluon": dict(stages=0, afrag=True, slice_out=True, sub=4),
+    },
+    "index gluon afrag sub16": {
+        "index_paged": dict(gluon=True),
+        "index_gluon": dict(stages=0, afrag=True, slice_out=True, sub=16),
+    },
     # (fiftieth entry) the Triton index kernel's code words one per thread
     "index one_word": {"index_paged": dict(one_word=True)},
     "index row0": {"index_paged": dict(row0=True)},

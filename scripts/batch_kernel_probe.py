@@ -245,6 +245,18 @@ INDEX_SETS["direct"] = [("production", {})] + [
     (f"gluon direct sub={sb} cap={cap}", dict(_gluon=True, sub=sb, stages=0, maxnreg=cap))
     for sb, cap in ((8, None), (8, 80), (8, 72), (4, 80), (16, 80), (2, 80), (1, 80), (4, 72))
 ]
+# `--index-set afrag` (fifty-first entry): the Gluon kernel's keys straight into the MMA's A
+# fragment (`afrag`: the code words loaded in the fragment's layout, a byte transpose within
+# each quad, no shared-memory tile), with the scores stored from the head sum's layout
+# (`slice_out`), against production and the direct one-word form
+INDEX_SETS["afrag"] = [("production", {}), ("gluon direct sub=8 cap=80", dict(_gluon=True, sub=8, stages=0, maxnreg=80))] + [
+    (f"gluon afrag sub={sb} cap={cap}{' slice_out' if so else ''}",
+     dict(_gluon=True, sub=sb, stages=0, maxnreg=cap, afrag=True, slice_out=so))
+    for sb, cap, so in (
+        (8, None, False), (8, None, True), (1, None, True), (2, None, True), (4, None, True), (16, None, True),
+        (32, None, True), (8, 80, True), (4, 64, True),
+    )
+]  # fmt: skip
 # `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)
 INDEX_SETS["oneword1"] = [INDEX_SETS["oneword"][0], INDEX_SETS["oneword"][3]]
 # `--index-set l1` (forty-eighth entry): the keys as the MMA's B operand (keys_m=False: read from

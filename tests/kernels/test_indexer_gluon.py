@@ -90,6 +90,10 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         dict(stages=0),
         dict(stages=0, sub=1, maxnreg=72),
         dict(stages=0, sub=32, pdl=False),
+        dict(stages=0, afrag=True),
+        dict(stages=0, afrag=True, slice_out=True),
+        dict(stages=0, afrag=True, slice_out=True, sub=1, pdl=False),
+        dict(stages=0, afrag=True, slice_out=True, sub=32, maxnreg=80),
     ],
     ids=[
         "sub1-st2",
@@ -104,6 +108,10 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         "direct",
         "direct-sub1-cap72",
         "direct-sub32-nopdl",
+        "afrag",
+        "afrag-slice-out",
+        "afrag-slice-out-sub1-nopdl",
+        "afrag-slice-out-sub32-cap80",
     ],  # fmt: skip
 )
 def test_launch_shapes_keep_the_bytes(tune):
@@ -113,7 +121,11 @@ def test_launch_shapes_keep_the_bytes(tune):
     assert torch.equal(_bits(got), _bits(base)), f"{tune}"
 
 
-@pytest.mark.parametrize("tune", [{}, dict(one_word=True), dict(stages=0)], ids=["word-pairs", "one-word", "direct"])
+@pytest.mark.parametrize(
+    "tune",
+    [{}, dict(one_word=True), dict(stages=0), dict(stages=0, afrag=True, slice_out=True)],
+    ids=["word-pairs", "one-word", "direct", "afrag"],
+)
 def test_nan_inf_and_overflow_keep_the_bytes(tune):
     """Dots that overflow to ±inf, inf times a zero weight, NaN and ±inf weights, −0 dots:
     the Triton kernel's bytes, through either conversion of the code words."""
@@ -151,8 +163,15 @@ def test_runtime_option_and_graph_replay():
 
 @pytest.mark.parametrize(
     "cb, tune",
-    [(8, {}), (4, {}), (8, dict(one_word=True)), (4, dict(stages=0))],
-    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct"],
+    [
+        (8, {}),
+        (4, {}),
+        (8, dict(one_word=True)),
+        (4, dict(stages=0)),
+        (8, dict(stages=0, afrag=True, slice_out=True)),
+        (4, dict(stages=0, afrag=True)),
+    ],
+    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct", "cb8-afrag-slice-out", "cb4-afrag"],
 )
 def test_gathered_form_same_bytes(cb, tune):
     """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding

@@ -5,6 +5,7 @@ and a narrow one, and its refusals. Its numerics are checked on the GPU
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -82,6 +83,33 @@ def test_direct_form_loads_one_word_per_thread(gather):
         assert tile and "sizePerThread = [1, 8], threadsPerWarp = [2, 16]" in _layout_of(ir, tile.group(1))
 
 
+@pytest.mark.parametrize("gather", ["0", "8"], ids=["full", "gathered"])
+def test_afrag_keys_never_touch_shared_memory(gather):
+    """`afrag`: the code words loaded in the MMA's A-fragment layout and byte-transposed
+    within quads by shuffles (16 per block of 64 keys: two per word), the keys handed to the
+    MMA from registers: no shared-memory key tile (q's 8 KiB alone), no shared loads of it
+    (no LDSM), no spills; with `slice_out` also no shared round trip of the scores, so one
+    barrier in all (before the first MMA, for q's store)."""
+    args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
+    for so in (False, True):
+        tune = json.dumps(dict(stages=0, afrag=True, slice_out=so))
+        k = compiled(*args, "--tune", tune)["_index_gl_kernel"]
+        ops = k["ops"]
+        assert k["local"] == 0, f"{tune}: {k['local']} bytes of local memory (spills)"
+        assert k["dyn_smem"] <= 8 * 1024 + (0 if so else 256), f"{tune}: {k['dyn_smem']} bytes of shared memory"
+        assert not any(o.startswith(("LDSM", "LDGSTS")) for o in ops), f"{tune}: shared or async loads of keys"
+        assert ops.get("SHFL.BFLY", 0) >= 16, f"{tune}: {ops.get('SHFL.BFLY', 0)} butterfly shuffles"
+        assert any(o.startswith("HGMMA") for o in ops), "no warpgroup MMA"
+        ir = k["ttgir"]
+        assert ir.count("ttg.local_store") == 1, "a shared store besides q's"
+        # the fragment's conversion is a relabelling of registers (no shared memory: above)
+        assert re.search(
+            r"ttg\.convert_layout %\S+ : tensor<64x128xbf16, #linear\d*> -> tensor<64x128xbf16, #ttg\.dot_op", ir
+        )
+        if so:
+            assert ops.get("BAR.SYNC.DEFER_BLOCKING", 0) == 1, f"{ops.get('BAR.SYNC.DEFER_BLOCKING')} barriers"
+
+
 def test_sm90_compile_gathered_form():
     """The reindex layers' gathered form (ids of candidate blocks of 8 rows) compiles for
     sm_90 without spills, its copies 4-byte."""
@@ -115,8 +143,21 @@ def _args(d=128, H=32, dtype=torch.uint8):
         ({}, dict(sub=3), "sub = 3"),
         ({}, dict(stages=1), "stages = 1"),
         ({}, dict(bogus=1), "tune keys"),
+        ({}, dict(afrag=True), "afrag = True with stages = 4"),
+        ({}, dict(stages=0, slice_out=True), "slice_out = True"),
+        ({}, dict(stages=0, afrag=1), "afrag = 1"),
     ],
-    ids=["d64", "bf16-keys", "heads64", "sub3", "stages1", "unknown-key"],
+    ids=[
+        "d64",
+        "bf16-keys",
+        "heads64",
+        "sub3",
+        "stages1",
+        "unknown-key",
+        "afrag-staged",
+        "slice-out-alone",
+        "afrag-int",
+    ],
 )
 def test_refusals_name_the_value(kw, tune, match):
     with pytest.raises(ValueError, match=match):

@@ -82,7 +82,18 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # words per thread a quarter warp's stores meet two ways on every bank, and its word loads
 # four ways). The same values, so the same bits. stages = 0: the direct form (no stages,
 # no cp.async: each block's words loaded into registers in the one-word layout).
-GLUON_INDEX_TUNE = dict(sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False)
+# afrag (with stages = 0): each block's code words loaded straight into registers in the
+# warpgroup MMA's A-fragment layout (`_afrag_blocks`' LWA: a quad of lanes holds one row's
+# words 4i … 4i + 3, one each), a byte transpose within each quad (`_QUAD_T`: two
+# shuffles and two prmt per word) handing each lane the bytes of its own fragment columns,
+# converted there by the table-lookup PTX: no shared-memory tile, no barrier between
+# blocks, 8 KiB of shared memory (q alone). The same values into the same MMA, so the
+# same bits.
+# slice_out (with afrag): the scores stored from the head sum's layout (`_scores_of`), no
+# shared-memory round trip and no barrier in the loop.
+GLUON_INDEX_TUNE = dict(
+    sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False, afrag=False, slice_out=False
+)
 _BLOCK_L = 64
 _D = 128
 
@@ -99,6 +110,58 @@ if HAVE_GLUON:
     @gluon.jit
     def _rnd_inner(x):
         return gl.inline_asm_elementwise(_RND_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
+
+    # A byte transpose within each quad of lanes (lanes 4r … 4r + 3): lane q's word holds
+    # bytes x_q[0 … 3]; out, lane q holds x_0[q], x_1[q], x_2[q], x_3[q]. Two butterfly
+    # rounds: with lane q ^ 2 the 16-bit halves that cross (selector $2: 0x5410 where
+    # bit 1 of q is 0, else 0x3276), then with lane q ^ 1 the bytes (selector $3: 0x6240
+    # where bit 0 of q is 0, else 0x3715). Every lane of the warp runs it (no divergence).
+    _QUAD_T = gl.constexpr(
+        "{\n.reg .b32 p, t;\n"
+        "shfl.sync.bfly.b32 p, $1, 2, 0x1f, 0xffffffff;\n"
+        "prmt.b32 t, $1, p, $2;\n"
+        "shfl.sync.bfly.b32 p, t, 1, 0x1f, 0xffffffff;\n"
+        "prmt.b32 $0, t, p, $3;\n}"
+    )
+
+    @gluon.jit
+    def _lut_values(words, sw, L: gl.constexpr):
+        """The eight bf16 values of each code word (nibble j: value j) by `_FP4_LUT_E8M0`,
+        one word per instance; `sw` [64] the rows' scale words (word c's scale is byte
+        c // 4 of it, c its index along L's second axis)."""
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
+        sw2 = gl.broadcast(sw[:, None], words)[0]
+        b = wc // 4
+        sel = gl.broadcast((0x0404 | (b << 4) | (b << 12))[None, :], words)[0]
+        ident = gl.broadcast((0x3210 | ((sw != 0).to(gl.int32) << 16))[:, None], words)[0]
+        return gl.inline_asm_elementwise(
+            _LUT_ASM,
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+            [words, sw2, sel, ident],
+            dtype=(gl.bfloat16,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _afrag_keys(words, sw, LWA: gl.constexpr, A_OP: gl.constexpr):
+        """[64, 128] bf16 keys in the MMA's A-fragment layout from a block's code words [64,
+        16] and scale words [64] loaded in `_afrag_blocks`' layout LWA (lane 4r + q holds words
+        4i + q, i = 0 … 3, of its rows). After `_QUAD_T` lane q's word at index 4i + q holds
+        byte q of words 4i … 4i + 3: columns 32i + 8j + 2q and + 1 for j = 0 … 3, the
+        fragment's columns 2q, 2q + 1, 2q + 8, 2q + 9 of column groups 2i and 2i + 1; their
+        scale is the row's byte i, the one its index 4i + q names. The values placed at
+        their columns by reshapes and a permute of registers (no data moves)."""
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
+        s1 = gl.broadcast(gl.where((wc & 2) != 0, 0x3276, 0x5410)[None, :], words)[0]
+        s2 = gl.broadcast(gl.where((wc & 1) != 0, 0x3715, 0x6240)[None, :], words)[0]
+        tw = gl.inline_asm_elementwise(_QUAD_T, "=r,r,r,r", [words, s1, s2], dtype=gl.int32, is_pure=True, pack=1)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _lut_values(tw, sw, LWA)
+        # [64, 16, 8]: word 4i + q, value k = 2j + n (joins from the slowest axis)
+        v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
+        v = gl.reshape(v, [64, 4, 4, 4, 2])  # [row, i, q, j, n]
+        v = gl.permute(v, (0, 1, 3, 2, 4))  # [row, i, j, q, n]: column 32i + 8j + 2q + n
+        return gl.convert_layout(gl.reshape(v, [64, 128]), A_OP)
 
     @gluon.jit
     def _entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER: gl.constexpr, CB: gl.constexpr):
@@ -178,7 +241,21 @@ if HAVE_GLUON:
         stores seen, the keys as the MMA's A operand (registers) by qᵀ, the epilogue, the
         bf16 scores stored (−∞ past the visible rows)."""
         gl.thread_barrier()
-        a = a_smem.load(A_OP)
+        _scores_of(
+            a_smem.load(A_OP), q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j0, L, NK, vis_r, GATHER, CB, H_P, MMA, OUT,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _scores_of(
+        a, q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j0, L, NK, vis_r,
+        GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr, MMA: gl.constexpr, OUT: gl.constexpr,
+        SLICE_OUT: gl.constexpr = False,
+    ):  # fmt: skip
+        """Block j0's scores from its keys `a` [64, 128] in the MMA's A-operand registers:
+        a by qᵀ (shared memory), the epilogue, the bf16 scores stored (−∞ past the visible
+        rows): from OUT's layout (one score per thread, through shared memory and two
+        barriers), or with SLICE_OUT from the head sum's own layout (a quad of lanes
+        holds each score; one of them stores it). The same values either way."""
         acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
         acc = warpgroup_mma(a, q_smem.permute((1, 0)), acc, use_acc=False, is_async=True)
         dots = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -189,9 +266,12 @@ if HAVE_GLUON:
         s = gl.where(_entry_rows(ids_ptr, t, s_ids, j, L, NK, GATHER, CB) < vis_r, s, float("-inf"))
         nan = gl.full(s.shape, 0x7FC0, gl.uint16, layout=s.type.layout).to(gl.bfloat16, bitcast=True)
         sb = gl.where(s != s, nan, s.to(gl.bfloat16))
-        sb = gl.convert_layout(sb, OUT)
-        jo = j0 + gl.arange(0, 64, layout=OUT).to(gl.int64)
-        gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
+        if SLICE_OUT:
+            gl.store(out_ptr + t * s_out + j, sb, mask=j < L)
+        else:
+            sb = gl.convert_layout(sb, OUT)
+            jo = j0 + gl.arange(0, 64, layout=OUT).to(gl.int64)
+            gl.store(out_ptr + t * s_out + jo, sb, mask=jo < L)
 
     @gluon.jit(do_not_specialize=["L"])
     def _index_gl_kernel(
@@ -201,6 +281,8 @@ if HAVE_GLUON:
         BLOCK_ROWS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
         MID: gl.constexpr = False,
         ONE_WORD: gl.constexpr = False,
+        AFRAG: gl.constexpr = False,
+        SLICE_OUT: gl.constexpr = False,
         ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
         s_ids=0,
         NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
@@ -233,7 +315,8 @@ if HAVE_GLUON:
         S_SL: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [H_P, D], Q_SL)
-        a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, D], A_SL)
+        if not AFRAG:
+            a_smem = gl.allocate_shared_memory(gl.bfloat16, [64, D], A_SL)
         if STAGES > 0:
             codes = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], W_SL)
             scales = gl.allocate_shared_memory(gl.int32, [STAGES, 64], S_SL)
@@ -261,7 +344,12 @@ if HAVE_GLUON:
             lim = gl.minimum(vis, L)
             vis_r = vis
         n_live = gl.minimum(gl.maximum((lim - j_base + 63) // 64, 0), SUB).to(gl.int32)
-        if STAGES == 0:
+        if AFRAG:
+            _afrag_blocks(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
+                q_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, MMA, A_OP, OUT, num_warps, SLICE_OUT,
+            )  # fmt: skip
+        elif STAGES == 0:
             _direct_blocks(
                 k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
                 q_smem, a_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, LWC, MMA, A_OP, OUT,
@@ -307,6 +395,41 @@ if HAVE_GLUON:
             _block_scores(
                 a_smem, q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64, L, NK, vis_r,
                 GATHER, CB, H_P, MMA, A_OP, OUT,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _afrag_blocks(
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live, q_smem, w, out_ptr, s_out,
+        BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr,
+        MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr, num_warps: gl.constexpr,
+        SLICE_OUT: gl.constexpr,
+    ):  # fmt: skip
+        """`afrag`: each live block's code and scale words loaded straight into registers in
+        the A fragment's layout (`_afrag_keys`), no shared-memory tile and no barrier
+        between blocks."""
+        # [64 rows, 16 words]: registers over words 4i (i = 0 … 3) and the row + 8, lanes over
+        # words q = 0 … 3 and rows 0 … 7, warps over rows 16w: the MMA's A fragment (rows
+        # r and r + 8 of a warp's 16 in lane 4r + q) at word granularity
+        LWA: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 4], [0, 8], [8, 0]],
+            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 16],
+        )
+        gl.thread_barrier()  # q's store before the MMAs read it (through the async proxy: the fence)
+        fence_async_shared()
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
+        for i in range(n_live):
+            base, ok = _block_rows(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
+                BLOCK_ROWS, GATHER, CB, LWA,
+            )  # fmt: skip
+            words = gl.load(base.to(gl.pointer_type(gl.int32))[:, None] + wc[None, :], mask=ok[:, None], other=0)
+            sw = gl.load((base + 64).to(gl.pointer_type(gl.int32)), mask=ok, other=0)
+            _scores_of(
+                _afrag_keys(words, sw, LWA, A_OP), q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64,
+                L, NK, vis_r, GATHER, CB, H_P, MMA, OUT, SLICE_OUT,
             )  # fmt: skip
 
     @gluon.jit
@@ -391,6 +514,10 @@ def index_scores_paged_gluon(
     cap = cfg["maxnreg"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 64 <= cap <= 255):
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
+    if not isinstance(cfg["afrag"], bool) or (cfg["afrag"] and st != 0):
+        raise ValueError(f"afrag = {cfg['afrag']!r} with stages = {st!r}; allowed: False, or True with stages = 0")
+    if not isinstance(cfg["slice_out"], bool) or (cfg["slice_out"] and not cfg["afrag"]):
+        raise ValueError(f"slice_out = {cfg['slice_out']!r}; allowed: False, or True with afrag")
     extra = [] if ids is None else [ids]
     require_triton("index_scores_paged_gluon", iq, weights, keys, visible, block_table, tok_slot, *extra)
     if not HAVE_GLUON or interpreting():
@@ -406,7 +533,7 @@ def index_scores_paged_gluon(
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, BLOCK_ROWS=block_rows,
-        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), **({"maxnreg": cap} if cap else {}),
+        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), AFRAG=cfg["afrag"], SLICE_OUT=cfg["slice_out"], **({"maxnreg": cap} if cap else {}),
         **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
