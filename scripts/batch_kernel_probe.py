@@ -250,11 +250,12 @@ INDEX_SETS["direct"] = [("production", {})] + [
 # each quad, no shared-memory tile), with the scores stored from the head sum's layout
 # (`slice_out`), against production and the direct one-word form
 INDEX_SETS["afrag"] = [("production", {}), ("gluon direct sub=8 cap=80", dict(_gluon=True, sub=8, stages=0, maxnreg=80))] + [
-    (f"gluon afrag sub={sb} cap={cap}{' slice_out' if so else ''}",
-     dict(_gluon=True, sub=sb, stages=0, maxnreg=cap, afrag=True, slice_out=so))
-    for sb, cap, so in (
-        (8, None, False), (8, None, True), (1, None, True), (2, None, True), (4, None, True), (16, None, True),
-        (32, None, True), (8, 80, True), (4, 64, True),
+    (f"gluon afrag sub={sb} cap={cap}{' slice_out' if so else ''}{' row0' if r0 else ''}",
+     dict(_gluon=True, sub=sb, stages=0, maxnreg=cap, afrag=True, slice_out=so, row0=r0))
+    for sb, cap, so, r0 in (
+        (8, None, False, False), (8, None, True, False), (8, None, True, True), (1, None, True, False),
+        (2, None, True, False), (4, None, True, False), (16, None, True, False), (32, None, True, False),
+        (8, 80, True, False), (4, 64, True, True),
     )
 ]  # fmt: skip
 # `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)

@@ -73,6 +73,11 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
     torch.cuda.synchronize()
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
     assert not torch.isnan(got.float()).any()
+    # the A-fragment form, with one table entry per block where the pool blocks allow it (B 64, 128)
+    af = G.index_scores_paged_gluon(
+        iq, w, packed, table, slot, B, vis, width, stages=0, afrag=True, slice_out=True, row0=True
+    )
+    assert torch.equal(_bits(af), _bits(base)), f"afrag: {int((_bits(af) != _bits(base)).sum())} scores differ"
 
 
 @pytest.mark.parametrize(
@@ -94,6 +99,7 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         dict(stages=0, afrag=True, slice_out=True),
         dict(stages=0, afrag=True, slice_out=True, sub=1, pdl=False),
         dict(stages=0, afrag=True, slice_out=True, sub=32, maxnreg=80),
+        dict(stages=0, afrag=True, slice_out=True, row0=True, sub=4),
     ],
     ids=[
         "sub1-st2",
@@ -112,6 +118,7 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         "afrag-slice-out",
         "afrag-slice-out-sub1-nopdl",
         "afrag-slice-out-sub32-cap80",
+        "afrag-slice-out-row0-sub4",
     ],  # fmt: skip
 )
 def test_launch_shapes_keep_the_bytes(tune):

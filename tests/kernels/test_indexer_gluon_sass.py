@@ -91,8 +91,8 @@ def test_afrag_keys_never_touch_shared_memory(gather):
     (no LDSM), no spills; with `slice_out` also no shared round trip of the scores, so one
     barrier in all (before the first MMA, for q's store)."""
     args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
-    for so in (False, True):
-        tune = json.dumps(dict(stages=0, afrag=True, slice_out=so))
+    for so, r0 in ((False, False), (True, False), (True, True)):
+        tune = json.dumps(dict(stages=0, afrag=True, slice_out=so, row0=r0))
         k = compiled(*args, "--tune", tune)["_index_gl_kernel"]
         ops = k["ops"]
         assert k["local"] == 0, f"{tune}: {k['local']} bytes of local memory (spills)"
@@ -146,6 +146,7 @@ def _args(d=128, H=32, dtype=torch.uint8):
         ({}, dict(afrag=True), "afrag = True with stages = 4"),
         ({}, dict(stages=0, slice_out=True), "slice_out = True"),
         ({}, dict(stages=0, afrag=1), "afrag = 1"),
+        ({}, dict(stages=0, row0=True), "row0 = True"),
     ],
     ids=[
         "d64",
@@ -157,6 +158,7 @@ def _args(d=128, H=32, dtype=torch.uint8):
         "afrag-staged",
         "slice-out-alone",
         "afrag-int",
+        "row0-alone",
     ],
 )
 def test_refusals_name_the_value(kw, tune, match):

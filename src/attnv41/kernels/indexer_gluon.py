@@ -90,9 +90,12 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # blocks, 8 KiB of shared memory (q alone). The same values into the same MMA, so the
 # same bits.
 # slice_out (with afrag): the scores stored from the head sum's layout (`_scores_of`), no
-# shared-memory round trip and no barrier in the loop.
+# shared-memory round trip and no barrier in the loop. row0 (with afrag): where a block of 64
+# keys lies in one pool block (the full form, block_rows a multiple of 64) its table entry
+# is read once and the rows' pointers are the first one's plus 32-bit offsets (the same
+# rows; elsewhere the per-row form).
 GLUON_INDEX_TUNE = dict(
-    sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False, afrag=False, slice_out=False
+    sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False, afrag=False, slice_out=False, row0=False
 )
 _BLOCK_L = 64
 _D = 128
@@ -283,6 +286,7 @@ if HAVE_GLUON:
         ONE_WORD: gl.constexpr = False,
         AFRAG: gl.constexpr = False,
         SLICE_OUT: gl.constexpr = False,
+        ROW0: gl.constexpr = False,  # (AFRAG, the full form, BLOCK_ROWS a multiple of 64) one table entry per block
         ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
         s_ids=0,
         NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
@@ -347,7 +351,7 @@ if HAVE_GLUON:
         if AFRAG:
             _afrag_blocks(
                 k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
-                q_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, MMA, A_OP, OUT, num_warps, SLICE_OUT,
+                q_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, MMA, A_OP, OUT, num_warps, SLICE_OUT, ROW0,
             )  # fmt: skip
         elif STAGES == 0:
             _direct_blocks(
@@ -402,7 +406,7 @@ if HAVE_GLUON:
         k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live, q_smem, w, out_ptr, s_out,
         BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr,
         MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr, num_warps: gl.constexpr,
-        SLICE_OUT: gl.constexpr,
+        SLICE_OUT: gl.constexpr, ROW0: gl.constexpr,
     ):  # fmt: skip
         """`afrag`: each live block's code and scale words loaded straight into registers in
         the A fragment's layout (`_afrag_keys`), no shared-memory tile and no barrier
@@ -421,10 +425,20 @@ if HAVE_GLUON:
         fence_async_shared()
         wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
         for i in range(n_live):
-            base, ok = _block_rows(
-                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
-                BLOCK_ROWS, GATHER, CB, LWA,
-            )  # fmt: skip
+            if ROW0:
+                # the block's 64 rows in one pool block (full form, BLOCK_ROWS a multiple of
+                # 64): its table entry read once (j0 < vis_r and j0 < L: a live block), the
+                # rows' pointers the first one's plus 32-bit offsets
+                j0 = j_base + i * 64
+                jl = gl.arange(0, 64, layout=gl.SliceLayout(1, LWA))
+                ok = (j0 + jl < L) & (j0 + jl < vis_r)
+                blk = gl.load(tbl_ptr + slot * s_tbl + j0 // BLOCK_ROWS).to(gl.int64)
+                base = (k_ptr + (blk * BLOCK_ROWS + j0 % BLOCK_ROWS) * s_k) + jl * s_k
+            else:
+                base, ok = _block_rows(
+                    k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
+                    BLOCK_ROWS, GATHER, CB, LWA,
+                )  # fmt: skip
             words = gl.load(base.to(gl.pointer_type(gl.int32))[:, None] + wc[None, :], mask=ok[:, None], other=0)
             sw = gl.load((base + 64).to(gl.pointer_type(gl.int32)), mask=ok, other=0)
             _scores_of(
@@ -516,8 +530,10 @@ def index_scores_paged_gluon(
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
     if not isinstance(cfg["afrag"], bool) or (cfg["afrag"] and st != 0):
         raise ValueError(f"afrag = {cfg['afrag']!r} with stages = {st!r}; allowed: False, or True with stages = 0")
-    if not isinstance(cfg["slice_out"], bool) or (cfg["slice_out"] and not cfg["afrag"]):
-        raise ValueError(f"slice_out = {cfg['slice_out']!r}; allowed: False, or True with afrag")
+    for key in ("slice_out", "row0"):
+        if not isinstance(cfg[key], bool) or (cfg[key] and not cfg["afrag"]):
+            raise ValueError(f"{key} = {cfg[key]!r}; allowed: False, or True with afrag")
+    row0 = cfg["row0"] and ids is None and block_rows % _BLOCK_L == 0
     extra = [] if ids is None else [ids]
     require_triton("index_scores_paged_gluon", iq, weights, keys, visible, block_table, tok_slot, *extra)
     if not HAVE_GLUON or interpreting():
@@ -533,7 +549,7 @@ def index_scores_paged_gluon(
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, BLOCK_ROWS=block_rows,
-        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), AFRAG=cfg["afrag"], SLICE_OUT=cfg["slice_out"], **({"maxnreg": cap} if cap else {}),
+        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), AFRAG=cfg["afrag"], SLICE_OUT=cfg["slice_out"], ROW0=row0, **({"maxnreg": cap} if cap else {}),
         **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
