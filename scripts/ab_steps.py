@@ -98,6 +98,10 @@ VARIANTS = {
         "index_paged": dict(gluon=True),
         "index_gluon": dict(stages=0, afrag=True, slice_out=True, sub=4),
     },
+    "index gluon afrag ahead row0": {
+        "index_paged": dict(gluon=True),
+        "index_gluon": dict(stages=0, afrag=True, slice_out=True, ahead=True, row0=True),
+    },
     "index gluon afrag sub16": {
         "index_paged": dict(gluon=True),
         "index_gluon": dict(stages=0, afrag=True, slice_out=True, sub=16),

@@ -257,6 +257,10 @@ INDEX_SETS["afrag"] = [("production", {}), ("gluon direct sub=8 cap=80", dict(_g
         (2, None, True, False), (4, None, True, False), (16, None, True, False), (32, None, True, False),
         (8, 80, True, False), (4, 64, True, True),
     )
+] + [
+    (f"gluon afrag sub={sb} slice_out ahead{' row0' if r0 else ''}",
+     dict(_gluon=True, sub=sb, stages=0, afrag=True, slice_out=True, row0=r0, ahead=True))
+    for sb, r0 in ((8, False), (8, True), (4, True), (16, True))
 ]  # fmt: skip
 # `--index-set oneword1`: production and the default one_word shape alone (for Nsight Compute)
 INDEX_SETS["oneword1"] = [INDEX_SETS["oneword"][0], INDEX_SETS["oneword"][3]]

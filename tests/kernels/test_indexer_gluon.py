@@ -100,6 +100,8 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         dict(stages=0, afrag=True, slice_out=True, sub=1, pdl=False),
         dict(stages=0, afrag=True, slice_out=True, sub=32, maxnreg=80),
         dict(stages=0, afrag=True, slice_out=True, row0=True, sub=4),
+        dict(stages=0, afrag=True, slice_out=True, ahead=True),
+        dict(stages=0, afrag=True, ahead=True, row0=True, sub=2),
     ],
     ids=[
         "sub1-st2",
@@ -119,6 +121,8 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
         "afrag-slice-out-sub1-nopdl",
         "afrag-slice-out-sub32-cap80",
         "afrag-slice-out-row0-sub4",
+        "afrag-slice-out-ahead",
+        "afrag-ahead-row0-sub2",
     ],  # fmt: skip
 )
 def test_launch_shapes_keep_the_bytes(tune):
@@ -130,7 +134,7 @@ def test_launch_shapes_keep_the_bytes(tune):
 
 @pytest.mark.parametrize(
     "tune",
-    [{}, dict(one_word=True), dict(stages=0), dict(stages=0, afrag=True, slice_out=True)],
+    [{}, dict(one_word=True), dict(stages=0), dict(stages=0, afrag=True, slice_out=True, ahead=True)],
     ids=["word-pairs", "one-word", "direct", "afrag"],
 )
 def test_nan_inf_and_overflow_keep_the_bytes(tune):
@@ -177,8 +181,9 @@ def test_runtime_option_and_graph_replay():
         (4, dict(stages=0)),
         (8, dict(stages=0, afrag=True, slice_out=True)),
         (4, dict(stages=0, afrag=True)),
+        (8, dict(stages=0, afrag=True, ahead=True, sub=4)),
     ],
-    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct", "cb8-afrag-slice-out", "cb4-afrag"],
+    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct", "cb8-afrag-slice-out", "cb4-afrag", "cb8-afrag-ahead"],
 )
 def test_gathered_form_same_bytes(cb, tune):
     """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding

@@ -85,14 +85,14 @@ def test_direct_form_loads_one_word_per_thread(gather):
 
 @pytest.mark.parametrize("gather", ["0", "8"], ids=["full", "gathered"])
 def test_afrag_keys_never_touch_shared_memory(gather):
-    """`afrag`: the code words loaded in the MMA's A-fragment layout and byte-transposed
+    """`afrag` (with `slice_out`, `row0`, `ahead`): the code words loaded in the MMA's A-fragment layout and byte-transposed
     within quads by shuffles (16 per block of 64 keys: two per word), the keys handed to the
     MMA from registers: no shared-memory key tile (q's 8 KiB alone), no shared loads of it
     (no LDSM), no spills; with `slice_out` also no shared round trip of the scores, so one
     barrier in all (before the first MMA, for q's store)."""
     args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
-    for so, r0 in ((False, False), (True, False), (True, True)):
-        tune = json.dumps(dict(stages=0, afrag=True, slice_out=so, row0=r0))
+    for so, r0, ah in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
+        tune = json.dumps(dict(stages=0, afrag=True, slice_out=so, row0=r0, ahead=ah))
         k = compiled(*args, "--tune", tune)["_index_gl_kernel"]
         ops = k["ops"]
         assert k["local"] == 0, f"{tune}: {k['local']} bytes of local memory (spills)"
@@ -147,6 +147,7 @@ def _args(d=128, H=32, dtype=torch.uint8):
         ({}, dict(stages=0, slice_out=True), "slice_out = True"),
         ({}, dict(stages=0, afrag=1), "afrag = 1"),
         ({}, dict(stages=0, row0=True), "row0 = True"),
+        ({}, dict(stages=0, ahead=True), "ahead = True"),
     ],
     ids=[
         "d64",
@@ -159,6 +160,7 @@ def _args(d=128, H=32, dtype=torch.uint8):
         "slice-out-alone",
         "afrag-int",
         "row0-alone",
+        "ahead-alone",
     ],
 )
 def test_refusals_name_the_value(kw, tune, match):

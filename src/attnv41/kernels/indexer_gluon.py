@@ -93,9 +93,19 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # shared-memory round trip and no barrier in the loop. row0 (with afrag): where a block of 64
 # keys lies in one pool block (the full form, block_rows a multiple of 64) its table entry
 # is read once and the rows' pointers are the first one's plus 32-bit offsets (the same
-# rows; elsewhere the per-row form).
+# rows; elsewhere the per-row form). ahead (with afrag): block i + 1's words loaded into
+# registers before block i's transpose, conversion and MMA.
 GLUON_INDEX_TUNE = dict(
-    sub=8, stages=4, pdl=True, maxnreg=None, mid=False, one_word=False, afrag=False, slice_out=False, row0=False
+    sub=8,
+    stages=4,
+    pdl=True,
+    maxnreg=None,
+    mid=False,
+    one_word=False,
+    afrag=False,
+    slice_out=False,
+    row0=False,
+    ahead=False,
 )
 _BLOCK_L = 64
 _D = 128
@@ -287,6 +297,7 @@ if HAVE_GLUON:
         AFRAG: gl.constexpr = False,
         SLICE_OUT: gl.constexpr = False,
         ROW0: gl.constexpr = False,  # (AFRAG, the full form, BLOCK_ROWS a multiple of 64) one table entry per block
+        AHEAD: gl.constexpr = False,  # (AFRAG) the next block's words loaded before a block's MMA
         ids_ptr=None,  # GATHER: int32 [m, ≥ L / CB] kept candidate blocks (`indexer.index_scores`' gathered form)
         s_ids=0,
         NK=0,  # GATHER: logical key rows that exist (rows ≥ NK score −∞, unread)
@@ -351,7 +362,7 @@ if HAVE_GLUON:
         if AFRAG:
             _afrag_blocks(
                 k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live,
-                q_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, MMA, A_OP, OUT, num_warps, SLICE_OUT, ROW0,
+                q_smem, w, out_ptr, s_out, BLOCK_ROWS, GATHER, CB, H_P, MMA, A_OP, OUT, num_warps, SLICE_OUT, ROW0, AHEAD,
             )  # fmt: skip
         elif STAGES == 0:
             _direct_blocks(
@@ -406,7 +417,7 @@ if HAVE_GLUON:
         k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, n_live, q_smem, w, out_ptr, s_out,
         BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, H_P: gl.constexpr,
         MMA: gl.constexpr, A_OP: gl.constexpr, OUT: gl.constexpr, num_warps: gl.constexpr,
-        SLICE_OUT: gl.constexpr, ROW0: gl.constexpr,
+        SLICE_OUT: gl.constexpr, ROW0: gl.constexpr, AHEAD: gl.constexpr,
     ):  # fmt: skip
         """`afrag`: each live block's code and scale words loaded straight into registers in
         the A fragment's layout (`_afrag_keys`), no shared-memory tile and no barrier
@@ -423,28 +434,57 @@ if HAVE_GLUON:
         )
         gl.thread_barrier()  # q's store before the MMAs read it (through the async proxy: the fence)
         fence_async_shared()
-        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
-        for i in range(n_live):
-            if ROW0:
-                # the block's 64 rows in one pool block (full form, BLOCK_ROWS a multiple of
-                # 64): its table entry read once (j0 < vis_r and j0 < L: a live block), the
-                # rows' pointers the first one's plus 32-bit offsets
-                j0 = j_base + i * 64
-                jl = gl.arange(0, 64, layout=gl.SliceLayout(1, LWA))
-                ok = (j0 + jl < L) & (j0 + jl < vis_r)
-                blk = gl.load(tbl_ptr + slot * s_tbl + j0 // BLOCK_ROWS).to(gl.int64)
-                base = (k_ptr + (blk * BLOCK_ROWS + j0 % BLOCK_ROWS) * s_k) + jl * s_k
-            else:
-                base, ok = _block_rows(
-                    k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
-                    BLOCK_ROWS, GATHER, CB, LWA,
-                )  # fmt: skip
-            words = gl.load(base.to(gl.pointer_type(gl.int32))[:, None] + wc[None, :], mask=ok[:, None], other=0)
-            sw = gl.load((base + 64).to(gl.pointer_type(gl.int32)), mask=ok, other=0)
-            _scores_of(
-                _afrag_keys(words, sw, LWA, A_OP), q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64,
-                L, NK, vis_r, GATHER, CB, H_P, MMA, OUT, SLICE_OUT,
+        if AHEAD:
+            words, sw = _afrag_words(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base, L, NK, vis_r, BLOCK_ROWS, GATHER, CB, LWA,
+                ROW0,
             )  # fmt: skip
+            for i in range(n_live):
+                # block i + 1's words loaded before block i's conversion and MMA (none past the
+                # live blocks: their rows are not visible, so every load is masked off)
+                nwords, nsw = _afrag_words(
+                    k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + (i + 1) * 64, L, NK, vis_r,
+                    BLOCK_ROWS, GATHER, CB, LWA, ROW0,
+                )  # fmt: skip
+                _scores_of(
+                    _afrag_keys(words, sw, LWA, A_OP), q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64,
+                    L, NK, vis_r, GATHER, CB, H_P, MMA, OUT, SLICE_OUT,
+                )  # fmt: skip
+                words = nwords
+                sw = nsw
+        else:
+            for i in range(n_live):
+                words, sw = _afrag_words(
+                    k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j_base + i * 64, L, NK, vis_r,
+                    BLOCK_ROWS, GATHER, CB, LWA, ROW0,
+                )  # fmt: skip
+                _scores_of(
+                    _afrag_keys(words, sw, LWA, A_OP), q_smem, w, out_ptr, t, s_out, ids_ptr, s_ids, j_base + i * 64,
+                    L, NK, vis_r, GATHER, CB, H_P, MMA, OUT, SLICE_OUT,
+                )  # fmt: skip
+
+    @gluon.jit
+    def _afrag_words(
+        k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j0, L, NK, vis_r,
+        BLOCK_ROWS: gl.constexpr, GATHER: gl.constexpr, CB: gl.constexpr, LWA: gl.constexpr, ROW0: gl.constexpr,
+    ):  # fmt: skip
+        """Block j0's code words [64, 16] and scale words [64] in LWA (rows not visible or
+        past L: 0, unread). ROW0: the block's 64 rows in one pool block (the full form,
+        BLOCK_ROWS a multiple of 64): its table entry read once (where j0 is below L and
+        the visible count), the rows' pointers the first one's plus 32-bit offsets."""
+        if ROW0:
+            jl = gl.arange(0, 64, layout=gl.SliceLayout(1, LWA))
+            ok = (j0 + jl < L) & (j0 + jl < vis_r)
+            blk = gl.load(tbl_ptr + slot * s_tbl + j0 // BLOCK_ROWS, mask=(j0 < L) & (j0 < vis_r), other=0)
+            base = (k_ptr + (blk.to(gl.int64) * BLOCK_ROWS + j0 % BLOCK_ROWS) * s_k) + jl * s_k
+        else:
+            base, ok = _block_rows(
+                k_ptr, tbl_ptr, slot, s_tbl, s_k, ids_ptr, t, s_ids, j0, L, NK, vis_r, BLOCK_ROWS, GATHER, CB, LWA,
+            )  # fmt: skip
+        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
+        words = gl.load(base.to(gl.pointer_type(gl.int32))[:, None] + wc[None, :], mask=ok[:, None], other=0)
+        sw = gl.load((base + 64).to(gl.pointer_type(gl.int32)), mask=ok, other=0)
+        return words, sw
 
     @gluon.jit
     def _staged_blocks(
@@ -530,7 +570,7 @@ def index_scores_paged_gluon(
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
     if not isinstance(cfg["afrag"], bool) or (cfg["afrag"] and st != 0):
         raise ValueError(f"afrag = {cfg['afrag']!r} with stages = {st!r}; allowed: False, or True with stages = 0")
-    for key in ("slice_out", "row0"):
+    for key in ("slice_out", "row0", "ahead"):
         if not isinstance(cfg[key], bool) or (cfg[key] and not cfg["afrag"]):
             raise ValueError(f"{key} = {cfg[key]!r}; allowed: False, or True with afrag")
     row0 = cfg["row0"] and ids is None and block_rows % _BLOCK_L == 0
@@ -549,7 +589,7 @@ def index_scores_paged_gluon(
         iq.stride(0), iq.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), out.stride(0),
         block_table, tok_slot, block_table.stride(0),
         H=H, H_P=max(16, triton.next_power_of_2(H)), SUB=sub, STAGES=st, BLOCK_ROWS=block_rows,
-        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), AFRAG=cfg["afrag"], SLICE_OUT=cfg["slice_out"], ROW0=row0, **({"maxnreg": cap} if cap else {}),
+        num_warps=4, MID=bool(cfg["mid"]), ONE_WORD=bool(cfg["one_word"]), AFRAG=cfg["afrag"], SLICE_OUT=cfg["slice_out"], ROW0=row0, AHEAD=cfg["ahead"], **({"maxnreg": cap} if cap else {}),
         **gather,
         **(pdl_launch(iq) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip
