@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 53 (carry nothing, timeout ~420): the Gluon index kernel's keys straight into the MMA's
+# Session 53 (carry nothing, timeout ~520): the Gluon index kernel's keys straight into the MMA's
 # A fragment (`afrag`, `slice_out`): 1. its GPU tests (bytes equal to the Triton kernel's);
 # 2. the probe's `afrag` set on a B = 64, 32K step's ratio-1 index call (packed keys, L2
 # flushed); 3. the B = 64, 32K FP8 step over bf16 and packed caches (production: on an H200

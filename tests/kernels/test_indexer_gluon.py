@@ -148,6 +148,25 @@ def test_nan_inf_and_overflow_keep_the_bytes(tune):
     assert torch.equal(_bits(got), _bits(base))
 
 
+@pytest.mark.parametrize("tune", [dict(stages=0, afrag=True), dict(stages=0, afrag=True, ahead=True, row0=True)])
+def test_zero_code_words_keep_the_bytes(tune):
+    """Rows whose code words are zero at several positions (eight zero values each, in
+    every other word and in whole halves of rows): a thread then holds equal words at
+    different positions, whose quad transposes still take their own partners' bytes."""
+    iq, w, packed, pool, table, slot, vis, B, width = _case(13)
+    pool = pool.cpu().clone()
+    gen = torch.Generator().manual_seed(13)
+    rows = torch.randperm(pool.shape[0], generator=gen)[: pool.shape[0] // 2]
+    pool.view(pool.shape[0], 16, 8)[rows[::2], ::2] = 0.0  # every other word of these rows
+    pool[rows[1::2], 64:] = 0.0  # the second half of these
+    packed = pack(pool, "fp4_e8m0").to(packed.device)
+    pool = pool.to(packed.device)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    assert torch.equal(_bits(base), _bits(I.index_scores_paged(iq, w, pool, table, slot, B, vis, width)))
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
+    assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
+
+
 def test_runtime_option_and_graph_replay():
     """`index_scores_paged(..., gluon=True)` takes the Gluon kernel (the same bytes); a CUDA
     graph of it replays with rewritten visible counts and keys to the eager bytes."""

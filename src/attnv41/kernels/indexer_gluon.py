@@ -168,7 +168,9 @@ if HAVE_GLUON:
         wc = gl.arange(0, 16, layout=gl.SliceLayout(0, LWA))
         s1 = gl.broadcast(gl.where((wc & 2) != 0, 0x3276, 0x5410)[None, :], words)[0]
         s2 = gl.broadcast(gl.where((wc & 1) != 0, 0x3715, 0x6240)[None, :], words)[0]
-        tw = gl.inline_asm_elementwise(_QUAD_T, "=r,r,r,r", [words, s1, s2], dtype=gl.int32, is_pure=True, pack=1)
+        # not pure: an instance's result depends on the other lanes' operands, so two instances
+        # with equal operands in one thread (two zero words of a row) must not be merged
+        tw = gl.inline_asm_elementwise(_QUAD_T, "=r,r,r,r", [words, s1, s2], dtype=gl.int32, is_pure=False, pack=1)
         o0, o1, o2, o3, o4, o5, o6, o7 = _lut_values(tw, sw, LWA)
         # [64, 16, 8]: word 4i + q, value k = 2j + n (joins from the slowest axis)
         v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
