@@ -178,6 +178,8 @@ VARIANTS = {
     "index epi2, attn lut": {**_index(epi2=True), **_attn(lut=True)},
     # (thirty-fourth entry) the logits kernel's chunk loop per row format (packed rows: their
     # loads pipelined), at the cap of 96 registers and at 128 (no spills offline)
+    # (fifty-first entry) the batched logits over packed rows by the Gluon kernel (A fragments)
+    "attn gluon logits": {"batch": dict(gluon_logits=True)},
     "attn fmt loops": _attn(fmt_loops=True),
     "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},

@@ -93,6 +93,15 @@ ATTN_SETS["logits"] = (
 )
 # `--attn-set single`: the single-sequence shape (`_TUNE`, what a batch-1 call takes) with
 # other logits tiles: head blocks of 16 / 32 (4 / 2 times the programs), warps, stages
+# `--attn-set glogits` (fifty-first entry): the logits over packed rows by the Gluon kernel
+# (`sparse_attn_split`'s `gluon_logits`: the rows straight into the MMA's A fragment), whole
+# attention and logits alone
+ATTN_SETS["glogits"] = [
+    ("production", {}),
+    ("logits only", {"only_logits": True}),
+    ("gluon logits", {"gluon_logits": True}),
+    ("gluon logits (only)", {"gluon_logits": True, "only_logits": True}),
+]
 # `--attn-set gluon` (2026-12-04, fifteenth entry): the one-pass Gluon kernel
 # (`kernels/sparse_attn_gluon.py`, the same bytes) against the Triton kernels on a step's inputs.
 ATTN_SETS["gluon"] = [

@@ -104,6 +104,7 @@ def compile_only(pdl: bool = False):
     mods = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
     patched = [(m, m.require_triton) for m in mods if hasattr(m, "require_triton")]
     pdl_mods = [(m, m.pdl_launch) for m in mods if pdl and hasattr(m, "pdl_launch")]
+    sm90_mods = [(m, m._on_sm90) for m in mods if hasattr(m, "_on_sm90")]  # device predicates of Gluon options
     buffer = _triton.ArrivalCounters.buffer
     saved = driver._active  # None until first use; reset_active() would build the CUDA driver
     driver.set_active(_Sm90())
@@ -112,6 +113,8 @@ def compile_only(pdl: bool = False):
         m.require_triton = lambda *a: None
     for m, _ in pdl_mods:
         m.pdl_launch = lambda t: {"PDL": True, "launch_pdl": True}
+    for m, _ in sm90_mods:
+        m._on_sm90 = lambda t: True
     _triton.ArrivalCounters.buffer = lambda self, device: torch.zeros(self.size, dtype=torch.int32)
     try:
         yield launches
@@ -122,6 +125,8 @@ def compile_only(pdl: bool = False):
             m.require_triton = f
         for m, f in pdl_mods:
             m.pdl_launch = f
+        for m, f in sm90_mods:
+            m._on_sm90 = f
         _triton.ArrivalCounters.buffer = buffer
 
 

@@ -251,19 +251,30 @@ if HAVE_TRITON:
         "prmt.b32 ta, ta, z, $11;\nprmt.b32 tc, tc, z, $11;\n"
         "prmt.b32 s, $9, z, $10;\n"
     )
-    _FP4_LUT_BODY = (
-        "and.b32 m, $8, 0x77777777;\nshr.b32 mh, m, 16;\n"
-        "prmt.b32 h0, ta, tb, m;\nprmt.b32 h1, ta, tb, mh;\nprmt.b32 l0, tc, td, m;\nprmt.b32 l1, tc, td, mh;\n"
-        "shl.b32 ws, $8, 4;\nprmt.b32 s0, ws, $8, 0x5140;\nprmt.b32 s1, ws, $8, 0x7362;\n"
-        "and.b32 s0, s0, 0x80808080;\nand.b32 s1, s1, 0x80808080;\nor.b32 h0, h0, s0;\nor.b32 h1, h1, s1;\n"
-        + "".join(
-            f"prmt.b32 r, {lo}, {hi}, {sel};\nmul.rn.bf16x2 r, r, s;\nmov.b32 {{${2 * k}, ${2 * k + 1}}}, r;\n"
-            for k, (lo, hi, sel) in enumerate(
-                [("l0", "h0", "0x5140"), ("l0", "h0", "0x7362"), ("l1", "h1", "0x5140"), ("l1", "h1", "0x7362")]
+
+    def fp4_lut_body(scales=("s", "s", "s", "s")) -> str:
+        """`_FP4_LUT_*`'s body: value pair k (nibbles 2k, 2k + 1) multiplied by the bf16x2
+        register scales[k] (the head's `s` for all four in `_FP4_LUT_*`)."""
+        return (
+            "and.b32 m, $8, 0x77777777;\nshr.b32 mh, m, 16;\n"
+            "prmt.b32 h0, ta, tb, m;\nprmt.b32 h1, ta, tb, mh;\nprmt.b32 l0, tc, td, m;\nprmt.b32 l1, tc, td, mh;\n"
+            "shl.b32 ws, $8, 4;\nprmt.b32 s0, ws, $8, 0x5140;\nprmt.b32 s1, ws, $8, 0x7362;\n"
+            "and.b32 s0, s0, 0x80808080;\nand.b32 s1, s1, 0x80808080;\nor.b32 h0, h0, s0;\nor.b32 h1, h1, s1;\n"
+            + "".join(
+                f"prmt.b32 r, {lo}, {hi}, {sel};\nmul.rn.bf16x2 r, r, {sc};\nmov.b32 {{${2 * k}, ${2 * k + 1}}}, r;\n"
+                for k, (lo, hi, sel, sc) in enumerate(
+                    [
+                        ("l0", "h0", "0x5140", scales[0]),
+                        ("l0", "h0", "0x7362", scales[1]),
+                        ("l1", "h1", "0x5140", scales[2]),
+                        ("l1", "h1", "0x7362", scales[3]),
+                    ]
+                )
             )
+            + "}"
         )
-        + "}"
-    )
+
+    _FP4_LUT_BODY = fp4_lut_body()
     _FP4_LUT_E8M0 = tl.constexpr(_FP4_LUT_HEAD + "shr.b32 s, s, 1;\n" + _FP4_LUT_BODY)
     _FP4_LUT_E4M3 = tl.constexpr(
         _FP4_LUT_HEAD

@@ -59,6 +59,7 @@ from ._triton import HAVE_TRITON, ArrivalCounters, interpreting, pdl_launch, req
 from .packed_rows import fp4_words_mode
 from .sparse_attn import BLOCK_K, _validate, sparse_attn_torch
 from .sparse_attn_gluon import HAVE_GLUON, sparse_attn_gluon
+from .sparse_attn_logits_gluon import logits_gluon, logits_gluon_ok
 
 if HAVE_TRITON:
     from ._triton import pdl_release, pdl_wait
@@ -155,6 +156,7 @@ _TUNE = dict(
     counter_release=False,
     lut=False,
     fmt_loops=True,
+    gluon_logits=False,
 )
 # fmt_loops (thirty-fourth entry; on in `_TUNE`, off in BATCH_TUNE): the logits
 # kernel picks a block's format once and runs that format's chunk loop, with no branch
@@ -504,39 +506,45 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     if packed and dk % 32:  # a tuning value: the packed loaders read whole 32-value scale blocks
         raise ValueError(f"dk = {dk}; allowed with packed rows: a multiple of 32")
     strides = (*win.stride(), *comp.stride(), *sel.stride())
-    _logits_kernel[(m, kbs * rsplit, n_hb)](
-        q,
-        win,
-        comp,
-        sel,
-        s_buf,
-        bm,
-        H,
-        D,
-        K,
-        offset,
-        n_comp,
-        float(scale),
-        *q.stride(),
-        *strides,
-        BLOCK_H=block_h,
-        D_CHUNKS=triton.cdiv(D, dk),
-        DK=dk,
-        BLOCK_K=BLOCK_K,
-        DOT_FP32=interpreting(),
-        PACKED=packed,
-        WORDS=words,
-        FMT_DOTS=packed and bool(cfg["fmt_dots"]),
-        KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
-        RSPLIT=rsplit,
-        LATE_RELEASE=blocks and bool(cfg["early_rows"]),
-        FMT_LOOPS=packed and bool(cfg["fmt_loops"]),
-        num_warps=cfg["warps_a"],
-        num_stages=cfg["stages_a"],
-        **({"maxnreg": cfg["maxnreg_a_packed"]} if packed and cfg["maxnreg_a_packed"] else {}),
-        enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
-        **pdl_launch(q),
-    )
+    if not isinstance(cfg["gluon_logits"], bool):
+        raise ValueError(f"gluon_logits = {cfg['gluon_logits']!r}; allowed: True or False")
+    if cfg["gluon_logits"] and packed and not blocks and rsplit == 1 and logits_gluon_ok(q, win, comp):
+        # packed rows straight into the MMA's A fragment, the same bits (`sparse_attn_logits_gluon`)
+        logits_gluon(q, win, comp, sel, offset, n_comp, scale, s_buf, bm)
+    else:
+        _logits_kernel[(m, kbs * rsplit, n_hb)](
+            q,
+            win,
+            comp,
+            sel,
+            s_buf,
+            bm,
+            H,
+            D,
+            K,
+            offset,
+            n_comp,
+            float(scale),
+            *q.stride(),
+            *strides,
+            BLOCK_H=block_h,
+            D_CHUNKS=triton.cdiv(D, dk),
+            DK=dk,
+            BLOCK_K=BLOCK_K,
+            DOT_FP32=interpreting(),
+            PACKED=packed,
+            WORDS=words,
+            FMT_DOTS=packed and bool(cfg["fmt_dots"]),
+            KEYS_M=bool(cfg["keys_m"] if not packed or cfg["keys_m_packed"] is None else cfg["keys_m_packed"]),
+            RSPLIT=rsplit,
+            LATE_RELEASE=blocks and bool(cfg["early_rows"]),
+            FMT_LOOPS=packed and bool(cfg["fmt_loops"]),
+            num_warps=cfg["warps_a"],
+            num_stages=cfg["stages_a"],
+            **({"maxnreg": cfg["maxnreg_a_packed"]} if packed and cfg["maxnreg_a_packed"] else {}),
+            enable_fp_fusion=False,  # no FMA contraction: the twin's separate fp32 multiply and add
+            **pdl_launch(q),
+        )
     if cfg.get("only_logits"):  # tuning only: the first kernel's time alone
         return out
     cos, sin, pos, o_rot, half = _rot_launch_args(rot, sink, sel, out)
