@@ -180,6 +180,7 @@ VARIANTS = {
     # loads pipelined), at the cap of 96 registers and at 128 (no spills offline)
     # (fifty-first entry) the batched logits over packed rows by the Gluon kernel (A fragments)
     "attn gluon logits": {"batch": dict(gluon_logits=True)},
+    "attn gluon logits q2 cap128": {"batch": dict(gluon_logits=dict(q_stages=2, maxnreg=128))},
     "attn fmt loops": _attn(fmt_loops=True),
     "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},

@@ -101,7 +101,12 @@ ATTN_SETS["glogits"] = [
     ("logits only", {"only_logits": True}),
     ("gluon logits", {"gluon_logits": True}),
     ("gluon logits (only)", {"gluon_logits": True, "only_logits": True}),
-]
+] + [
+    (f"gluon logits q_stages={qs} cap={cap}{' (only)' if only else ''}",
+     {"gluon_logits": dict(q_stages=qs, maxnreg=cap), **({"only_logits": True} if only else {})})
+    for qs, cap in ((2, None), (2, 128), (0, 128), (2, 96))
+    for only in (False, True)
+]  # fmt: skip
 # `--attn-set gluon` (2026-12-04, fifteenth entry): the one-pass Gluon kernel
 # (`kernels/sparse_attn_gluon.py`, the same bytes) against the Triton kernels on a step's inputs.
 ATTN_SETS["gluon"] = [

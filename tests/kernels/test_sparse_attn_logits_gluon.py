@@ -66,28 +66,31 @@ def _run(q, w, c, sel, offset, sink, **tune):
     return o, o_rot
 
 
+@pytest.mark.parametrize("q_stages", [0, 2])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("H, D", [(64, 512), (8, 128), (16, 256)], ids=["flash", "narrow128", "narrow256"])
-def test_same_bytes_as_the_triton_logits(seed, H, D):
+def test_same_bytes_as_the_triton_logits(seed, H, D, q_stages):
+    opt = dict(q_stages=q_stages, maxnreg=128 if q_stages else None)
     q, win, comp, pw, pc, sel, sink = _flash_case(seed, H=H, D=D)
     assert LG.logits_gluon_ok(q, pw, pc)
     base = _run(q, pw, pc, sel, 128, sink, **BATCH_TUNE)
     bf16 = _run(q, win, comp, sel, 128, sink, **BATCH_TUNE)
-    got = _run(q, pw, pc, sel, 128, sink, **dict(BATCH_TUNE, gluon_logits=True))
+    got = _run(q, pw, pc, sel, 128, sink, **dict(BATCH_TUNE, gluon_logits=opt))
     for a, b, what in ((base, bf16, "Triton packed vs bf16 rows"), (got, base, "Gluon vs Triton logits")):
         for x, y, name in zip(a, b, ("o", "o_rot"), strict=True):
             assert torch.equal(_bits(x), _bits(y)), f"{what}: {name} differs in {int((_bits(x) != _bits(y)).sum())}"
     assert not got[0][:-1].float().isnan().any()
 
 
+@pytest.mark.parametrize("q_stages", [0, 2])
 @pytest.mark.parametrize("layout", ["random", "runtime"])
-def test_mixed_and_absent_entries(layout):
+def test_mixed_and_absent_entries(layout, q_stages):
     """`test_sparse_attn_packed`'s cases: every block mixing window, compressed, absent and
     out-of-range entries (random), or the runtime's order with an all-absent block."""
     q, win, comp, pw, pc, sel, sink = _case("cuda", 1, m=5, H=8, D=128, K=200, layout=layout)
     assert LG.logits_gluon_ok(q, pw, pc)
     base = _run(q, pw, pc, sel, win.shape[0], sink, **BATCH_TUNE)
-    got = _run(q, pw, pc, sel, win.shape[0], sink, **dict(BATCH_TUNE, gluon_logits=True))
+    got = _run(q, pw, pc, sel, win.shape[0], sink, **dict(BATCH_TUNE, gluon_logits=dict(q_stages=q_stages)))
     for x, y in zip(got, base, strict=True):
         assert torch.equal(_bits(x), _bits(y))
 
@@ -132,5 +135,7 @@ def test_the_kernel_alone_refuses_what_it_does_not_take():
         LG.logits_gluon(q, pw, pc, sel, 128, pc.shape[0], 0.1, s_buf, bm, bogus=1)
     with pytest.raises(ValueError, match="maxnreg = 300"):
         LG.logits_gluon(q, pw, pc, sel, 128, pc.shape[0], 0.1, s_buf, bm, maxnreg=300)
+    with pytest.raises(ValueError, match="q_stages = 3"):
+        LG.logits_gluon(q, pw, pc, sel, 128, pc.shape[0], 0.1, s_buf, bm, q_stages=3)
     with pytest.raises(ValueError, match="needs packed rows"):
         LG.logits_gluon(q, win, comp, sel, 128, comp.shape[0], 0.1, s_buf, bm)

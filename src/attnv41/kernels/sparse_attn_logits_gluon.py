@@ -60,8 +60,10 @@ if HAVE_GLUON:
 __all__ = ["HAVE_GLUON", "GLUON_LOGITS_TUNE", "logits_gluon", "logits_gluon_ok"]
 
 # Launch options (none moves a bit): pdl (programmatic dependent launch where
-# `_triton.pdl_launch` allows it), maxnreg (a register cap for ptxas, or None).
-GLUON_LOGITS_TUNE = dict(pdl=True, maxnreg=None)
+# `_triton.pdl_launch` allows it), maxnreg (a register cap for ptxas, or None), q_stages (0:
+# q whole in shared memory, H_P·D·2 bytes, 64 KiB at Flash; 2: streamed through two chunk
+# buffers, 16 KiB, one more barrier per chunk).
+GLUON_LOGITS_TUNE = dict(pdl=True, maxnreg=None, q_stages=0)
 _DK = 64  # columns per chunk (one fragment of 4 MMA steps)
 
 if HAVE_GLUON:
@@ -167,6 +169,7 @@ if HAVE_GLUON:
         q_ptr, win_ptr, comp_ptr, sel_ptr, s_ptr, bm_ptr, H, K, offset, n_comp, scale,
         s_qt, s_qh, s_qd, s_wn, s_cn, s_st, s_sk,
         H_P: gl.constexpr, D: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+        QST: gl.constexpr = 0,
     ):  # fmt: skip
         _pdl_release_wait(PDL)
         t = gl.program_id(0).to(gl.int64)
@@ -199,18 +202,6 @@ if HAVE_GLUON:
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([H_P, 64], gl.bfloat16)
 
-        # q [H_P, D] (heads past H zero) into shared memory, chunk by chunk
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, H_P, 64], Q_SL)
-        qh = gl.arange(0, H_P, layout=gl.SliceLayout(1, LQ))
-        qc = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
-        for qi in gl.static_range(NC):
-            qv = gl.load(
-                q_ptr + t * s_qt + qh.to(gl.int64)[:, None] * s_qh + (qi * 64 + qc).to(gl.int64)[None, :] * s_qd,
-                mask=(qh < H)[:, None],
-                other=0.0,
-            )
-            q_smem.index(qi).store(qv)
-
         # the block's entries, in each layout that reads them
         _, fw_a, _, widx, _ = _entries(sel_ptr, t, kb, K, offset, n_comp, s_st, s_sk, gl.SliceLayout(1, LWA))
         _, _, fc_f, _, cidx = _entries(sel_ptr, t, kb, K, offset, n_comp, s_st, s_sk, gl.SliceLayout(1, LWF))
@@ -218,29 +209,53 @@ if HAVE_GLUON:
         present, _, _, _, _ = _entries(sel_ptr, t, kb, K, offset, n_comp, s_st, s_sk, gl.SliceLayout(1, MMA))
         w_base = win_ptr + widx * s_wn
         c_base = comp_ptr + cidx * s_cn
+        # the block's formats: 0 window rows only, 1 compressed rows only, 2 both
         n_win = gl.sum(fw_a.to(gl.int32), axis=0)
         n_cmp = gl.sum(fc_f.to(gl.int32), axis=0)
-        gl.thread_barrier()  # q's stores before the MMAs read it (through the async proxy: the fence)
-        fence_async_shared()
+        mode = gl.where(n_cmp == 0, 0, gl.where(n_win == 0, 1, 2))
+
+        # q [H_P, D] (heads past H zero) in shared memory: whole (QST 0), or streamed through
+        # QST = 2 buffers of one chunk (chunk c + 1 loaded into registers during chunk c,
+        # stored once chunk c's MMA is done: the buffer chunk c − 1 used)
+        qh = gl.arange(0, H_P, layout=gl.SliceLayout(1, LQ))
+        qc = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
+        q_rows = q_ptr + t * s_qt + qh.to(gl.int64)[:, None] * s_qh + qc.to(gl.int64)[None, :] * s_qd
+        q_ok = gl.broadcast((qh < H)[:, None], q_rows)[0]
+        if QST == 0:
+            q_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, H_P, 64], Q_SL)
+            for qi in gl.static_range(NC):
+                q_smem.index(qi).store(gl.load(q_rows + qi * 64 * s_qd, mask=q_ok, other=0.0))
+        else:
+            q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, H_P, 64], Q_SL)
+            q_smem.index(0).store(gl.load(q_rows, mask=q_ok, other=0.0))
 
         acc = gl.zeros([64, H_P], gl.float32, layout=MMA)
-        if n_cmp == 0:
-            for c in range(NC):
+        for c in range(NC):
+            if QST != 0:
+                qv = gl.load(q_rows + (c + 1) * 64 * s_qd, mask=q_ok & (c + 1 < NC), other=0.0)
+            if mode == 0:
                 a = _win_chunk(w_base, fw_a, c, D, LWA, A_OP)
-                acc = warpgroup_mma(a, q_smem.index(c).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        elif n_win == 0:
-            for c in range(NC):
+            elif mode == 1:
                 a = _comp_chunk(c_base, fc_f, c, D, LWF, A_OP)
-                acc = warpgroup_mma(a, q_smem.index(c).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        else:
-            for c in range(NC):
+            else:
                 aw = _win_chunk(w_base, fw_a, c, D, LWA, A_OP)
                 ac = _comp_chunk(c_base, fc_f, c, D, LWF, A_OP)
                 a = gl.where(gl.broadcast(fw_o[:, None], aw)[0], aw, ac)
-                acc = warpgroup_mma(a, q_smem.index(c).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if (QST != 0) | (
+                c == 0
+            ):  # q's chunk stored by every warp before the MMA reads it (the async proxy: the fence)
+                gl.thread_barrier()
+                fence_async_shared()
+            if QST == 0:
+                qb = q_smem.index(c)
+            else:
+                qb = q_smem.index(c % 2)
+            acc = warpgroup_mma(a, qb.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if QST != 0:
+                # chunk c − 1's buffer: its MMA finished before chunk c's (every warp is past it)
+                if c + 1 < NC:
+                    q_smem.index((c + 1) % 2).store(qv)
 
         # τ, −inf where absent; stored [m, blocks, H, 64] and each head's max over the block
         s = acc * scale
@@ -289,6 +304,8 @@ def logits_gluon(q, win, comp, sel, offset, n_comp, scale, s_buf, bm, **tune) ->
     cap = cfg["maxnreg"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 64 <= cap <= 255):
         raise ValueError(f"maxnreg = {cap!r}; allowed: None or 64 … 255")
+    if cfg["q_stages"] not in (0, 2) or isinstance(cfg["q_stages"], bool):
+        raise ValueError(f"q_stages = {cfg['q_stages']!r}; allowed: 0 or 2")
     if not logits_gluon_ok(q, win, comp):
         raise ValueError(
             "logits_gluon: needs packed rows (4-byte aligned), D a multiple of 64 up to 512, H <= 64, sm_90"
@@ -301,7 +318,7 @@ def logits_gluon(q, win, comp, sel, offset, n_comp, scale, s_buf, bm, **tune) ->
     _logits_gl_kernel[(m, kbs)](
         q, win, comp, sel, s_buf, bm, H, sel.shape[1], offset, n_comp, float(scale),
         *q.stride(), win.stride(0), comp.stride(0), *sel.stride(),
-        H_P=max(16, triton.next_power_of_2(H)), D=D, num_warps=4, enable_fp_fusion=False,
+        H_P=max(16, triton.next_power_of_2(H)), D=D, QST=cfg["q_stages"], num_warps=4, enable_fp_fusion=False,
         **({"maxnreg": cap} if cap else {}),
         **(pdl_launch(q) if cfg["pdl"] else {"PDL": False}),
     )  # fmt: skip

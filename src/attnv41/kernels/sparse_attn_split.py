@@ -158,6 +158,12 @@ _TUNE = dict(
     fmt_loops=True,
     gluon_logits=False,
 )
+# gluon_logits (fifty-first entry; off): over packed rows at the loop combine's shape (rsplit
+# 1), the logits by `sparse_attn_logits_gluon` (the rows dequantized straight into the MMA's A
+# fragment, no shared-memory tile), with this kernel's bits; True, or a dict of its launch
+# options (`GLUON_LOGITS_TUNE` keys). Where it does not apply (`logits_gluon_ok`: packed rows
+# 4-byte aligned, D a multiple of 128 up to 512, H ≤ 64, sm_90) `_logits_kernel` runs.
+# Built without a GPU; untimed.
 # fmt_loops (thirty-fourth entry; on in `_TUNE`, off in BATCH_TUNE): the logits
 # kernel picks a block's format once and runs that format's chunk loop, with no branch
 # inside, so Triton's pipeliner turns its row loads into asynchronous copies stages ahead,
@@ -506,11 +512,18 @@ def sparse_attn_split(q, win, comp, sel, offset, sink, scale, out=None, rot=None
     if packed and dk % 32:  # a tuning value: the packed loaders read whole 32-value scale blocks
         raise ValueError(f"dk = {dk}; allowed with packed rows: a multiple of 32")
     strides = (*win.stride(), *comp.stride(), *sel.stride())
-    if not isinstance(cfg["gluon_logits"], bool):
-        raise ValueError(f"gluon_logits = {cfg['gluon_logits']!r}; allowed: True or False")
-    if cfg["gluon_logits"] and packed and not blocks and rsplit == 1 and logits_gluon_ok(q, win, comp):
+    glo = cfg["gluon_logits"]
+    if not isinstance(glo, (bool, dict)):
+        raise ValueError(f"gluon_logits = {glo!r}; allowed: True, False or a dict of GLUON_LOGITS_TUNE keys")
+    if (
+        (glo is True or isinstance(glo, dict))
+        and packed
+        and not blocks
+        and rsplit == 1
+        and logits_gluon_ok(q, win, comp)
+    ):
         # packed rows straight into the MMA's A fragment, the same bits (`sparse_attn_logits_gluon`)
-        logits_gluon(q, win, comp, sel, offset, n_comp, scale, s_buf, bm)
+        logits_gluon(q, win, comp, sel, offset, n_comp, scale, s_buf, bm, **(glo if isinstance(glo, dict) else {}))
     else:
         _logits_kernel[(m, kbs * rsplit, n_hb)](
             q,
