@@ -4,8 +4,9 @@
 # logits kernel (`sparse_attn_split`'s `gluon_logits`): 1. their GPU tests (bytes equal to the
 # Triton kernels'); 2. the probe's `glogits` and `afrag` sets on a B = 64, 32K step's inputs
 # (its attention, its ratio-1 index call; packed, L2 flushed); 3. the B = 64, 32K FP8 step
-# over bf16 and packed caches (production: on an H200 issue 15's blocker re-measured), then over packed caches with the index kernel's afrag form
-# and the Gluon logits (AB1_S, AB2_S; AB2_S=0 skips the second).
+# over bf16 and packed caches (production: on an H200 issue 15's blocker re-measured), then
+# over packed caches with the index kernel's afrag form and the Gluon logits (AB1_S, AB2_S;
+# AB2_S=0 skips the second).
 set -u
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 T0=$(date +%s)
