@@ -181,6 +181,12 @@ VARIANTS = {
     # (fifty-first entry) the batched logits over packed rows by the Gluon kernel (A fragments)
     "attn gluon logits": {"batch": dict(gluon_logits=True)},
     "attn gluon logits q2 cap128": {"batch": dict(gluon_logits=dict(q_stages=2, maxnreg=128))},
+    "attn gluon logits q2 cap96": {"batch": dict(gluon_logits=dict(q_stages=2, maxnreg=96))},
+    "index triton": {"index_paged": dict(gluon=False)},
+    "index triton attn gluon logits q2 cap96": {
+        "index_paged": dict(gluon=False),
+        "batch": dict(gluon_logits=dict(q_stages=2, maxnreg=96)),
+    },
     "attn fmt loops": _attn(fmt_loops=True),
     "attn fmt loops off": _attn(fmt_loops=False),  # (thirty-fifth entry) `_TUNE`'s fmt_loops back off
     "attn fmt loops 128": {**_attn(fmt_loops=True), "batch": dict(fmt_loops=True, maxnreg_a_packed=128)},

@@ -18,6 +18,10 @@ from attnv41.reference.qdq import fp4_e8m0_qdq
 from helpers import paged_table
 
 BF = torch.bfloat16
+# the forms before `afrag` became the default (fifty-first entry): cp.async stages, and the
+# direct loads through a shared-memory tile
+STAGED = dict(stages=4, afrag=False, slice_out=False)
+DIRECT = dict(stages=0, afrag=False, slice_out=False)
 
 
 def _sm90() -> bool:
@@ -66,10 +70,12 @@ def _bits(t):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_same_bytes_as_the_triton_kernel(seed, B, heads):
     iq, w, packed, pool, table, slot, vis, B, width = _case(seed, H=heads, B=B)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
-    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
+    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, gluon=False)
     assert torch.equal(_bits(base), _bits(over_bf16)), "the Triton kernel: packed keys give the bf16 keys' bytes"
-    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width)
+    staged = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **STAGED)
+    assert torch.equal(_bits(staged), _bits(base)), "the cp.async form"
+    got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width)  # the default: afrag
     torch.cuda.synchronize()
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
     assert not torch.isnan(got.float()).any()
@@ -83,18 +89,18 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
 @pytest.mark.parametrize(
     "tune",
     [
-        dict(sub=1, stages=2),
-        dict(sub=2, stages=3),
-        dict(sub=16, stages=6),
+        dict(STAGED, sub=1, stages=2),
+        dict(STAGED, sub=2, stages=3),
+        dict(STAGED, sub=16, stages=6),
         dict(pdl=False),
-        dict(mid=True),
-        dict(mid=True, sub=4, stages=2),
+        dict(STAGED, mid=True),
+        dict(STAGED, mid=True, sub=4, stages=2),
         dict(maxnreg=80),
-        dict(one_word=True),
-        dict(one_word=True, mid=True, sub=16, stages=6),
-        dict(stages=0),
-        dict(stages=0, sub=1, maxnreg=72),
-        dict(stages=0, sub=32, pdl=False),
+        dict(STAGED, one_word=True),
+        dict(STAGED, one_word=True, mid=True, sub=16, stages=6),
+        dict(DIRECT),
+        dict(DIRECT, sub=1, maxnreg=72),
+        dict(DIRECT, sub=32, pdl=False),
         dict(stages=0, afrag=True),
         dict(stages=0, afrag=True, slice_out=True),
         dict(stages=0, afrag=True, slice_out=True, sub=1, pdl=False),
@@ -127,22 +133,28 @@ def test_same_bytes_as_the_triton_kernel(seed, B, heads):
 )
 def test_launch_shapes_keep_the_bytes(tune):
     iq, w, packed, pool, table, slot, vis, B, width = _case(3, rows=(2000, 5, 700), width=2050, per_seq=3)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
     got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
     assert torch.equal(_bits(got), _bits(base)), f"{tune}"
 
 
 @pytest.mark.parametrize(
     "tune",
-    [{}, dict(one_word=True), dict(stages=0), dict(stages=0, afrag=True, slice_out=True, ahead=True)],
-    ids=["word-pairs", "one-word", "direct", "afrag"],
+    [
+        dict(STAGED),
+        dict(STAGED, one_word=True),
+        dict(DIRECT),
+        {},
+        dict(stages=0, afrag=True, slice_out=True, ahead=True),
+    ],
+    ids=["word-pairs", "one-word", "direct", "default-afrag", "afrag-ahead"],
 )
 def test_nan_inf_and_overflow_keep_the_bytes(tune):
     """Dots that overflow to ±inf, inf times a zero weight, NaN and ±inf weights, −0 dots:
     the Triton kernel's bytes, through either conversion of the code words."""
     iq, w, packed, pool, table, slot, vis, B, width = _case(5, extremes=True)
     vis[:2] = vis[:2].clamp_min(2)  # the first sequence's tokens see its rows 0 and 1 (the extremes)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
     assert base.float().isnan().any() and base.float().isinf().any(), "the case must reach NaN and inf"
     got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
     assert torch.equal(_bits(got), _bits(base))
@@ -161,8 +173,8 @@ def test_zero_code_words_keep_the_bytes(tune):
     pool[rows[1::2], 64:] = 0.0  # the second half of these
     packed = pack(pool, "fp4_e8m0").to(packed.device)
     pool = pool.to(packed.device)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
-    assert torch.equal(_bits(base), _bits(I.index_scores_paged(iq, w, pool, table, slot, B, vis, width)))
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
+    assert torch.equal(_bits(base), _bits(I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, gluon=False)))
     got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, **tune)
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"
 
@@ -171,8 +183,9 @@ def test_runtime_option_and_graph_replay():
     """`index_scores_paged(..., gluon=True)` takes the Gluon kernel (the same bytes); a CUDA
     graph of it replays with rewritten visible counts and keys to the eager bytes."""
     iq, w, packed, pool, table, slot, vis, B, width = _case(7)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
     got = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=True)
+    assert I._PAGED_TUNE["gluon"], "the runtime's default (fifty-first entry)"
     assert torch.equal(_bits(got), _bits(base))
     out = torch.empty_like(base)
     G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, out=out)  # compiled before capture
@@ -187,22 +200,22 @@ def test_runtime_option_and_graph_replay():
         packed.copy_(pack(fp4_e8m0_qdq(torch.randn(packed.shape[0], 128, generator=gen).to(BF)), "fp4_e8m0"))
         g.replay()
         torch.cuda.synchronize()
-        eager = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width)
+        eager = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, gluon=False)
         assert torch.equal(_bits(out), _bits(eager)), f"replay {seed}"
 
 
 @pytest.mark.parametrize(
     "cb, tune",
     [
+        (8, dict(STAGED)),
+        (4, dict(STAGED)),
+        (8, dict(STAGED, one_word=True)),
+        (4, dict(DIRECT)),
         (8, {}),
-        (4, {}),
-        (8, dict(one_word=True)),
-        (4, dict(stages=0)),
-        (8, dict(stages=0, afrag=True, slice_out=True)),
-        (4, dict(stages=0, afrag=True)),
+        (4, dict(stages=0, afrag=True, slice_out=False)),
         (8, dict(stages=0, afrag=True, ahead=True, sub=4)),
     ],
-    ids=["cb8", "cb4", "cb8-one-word", "cb4-direct", "cb8-afrag-slice-out", "cb4-afrag", "cb8-afrag-ahead"],
+    ids=["cb8-staged", "cb4-staged", "cb8-one-word", "cb4-direct", "cb8-default-afrag", "cb4-afrag", "cb8-afrag-ahead"],
 )
 def test_gathered_form_same_bytes(cb, tune):
     """The reindex layers' gathered form (ids of kept candidate blocks, ascending, padding
@@ -218,8 +231,8 @@ def test_gathered_form_same_bytes(cb, tune):
     ids[0, 5] = n_blocks  # a taken block that is not kept, inside the list
     ids[1, -1] = n_blocks - 1  # the last, partial block
     ids = ids.to(iq.device)
-    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb)
-    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, ids=ids, cand_block=cb)
+    base = I.index_scores_paged(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, gluon=False)
+    over_bf16 = I.index_scores_paged(iq, w, pool, table, slot, B, vis, width, ids=ids, cand_block=cb, gluon=False)
     assert torch.equal(_bits(base), _bits(over_bf16))
     got = G.index_scores_paged_gluon(iq, w, packed, table, slot, B, vis, width, ids=ids, cand_block=cb, **tune)
     assert torch.equal(_bits(got), _bits(base)), f"{int((_bits(got) != _bits(base)).sum())} scores differ"

@@ -15,15 +15,33 @@ from attnv41.kernels import indexer as I
 from attnv41.kernels import indexer_gluon as G
 from kernels.sass_helpers import compiled
 
+# the forms before `afrag` became the default (fifty-first entry)
+_STAGED = json.dumps(dict(stages=4, afrag=False, slice_out=False))
+_DIRECT = dict(stages=0, afrag=False, slice_out=False)
+
+
+@pytest.mark.parametrize("heads, paged", [(32, 64), (8, 16)], ids=["flash", "narrow"])
+def test_default_is_afrag(heads, paged):
+    """The default launch (`GLUON_INDEX_TUNE`: afrag, slice_out, sub 8) at the Flash index
+    geometry and a narrow one: no spills, q's tile alone in shared memory, no async copies or
+    shared loads of keys, one barrier."""
+    assert G.GLUON_INDEX_TUNE["afrag"] and G.GLUON_INDEX_TUNE["slice_out"] and G.GLUON_INDEX_TUNE["stages"] == 0
+    args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", str(paged), "--gluon", "--heads", str(heads)]
+    k = compiled(*args)["_index_gl_kernel"]
+    assert k["local"] == 0 and k["dyn_smem"] <= 8 * 1024, (k["local"], k["dyn_smem"])
+    ops = k["ops"]
+    assert not any(o.startswith(("LDSM", "LDGSTS")) for o in ops), sorted(ops)
+    assert ops.get("BAR.SYNC.DEFER_BLOCKING", 0) == 1
+
 
 @pytest.mark.parametrize("heads, paged", [(32, 64), (8, 16)], ids=["flash", "narrow"])
 def test_sm90_compile(heads, paged):
-    """No spills, shared memory within an sm_90 block's, the warpgroup MMAs present, and the
+    """(The cp.async form.) No spills, shared memory within an sm_90 block's, the warpgroup MMAs present, and the
     code words copied by 4-byte `cp.async` only: the 68-byte rows are 4-byte aligned, and a
     16-byte copy there would fault (the copy's width follows its layout's per-thread
     contiguity, not the pointers' alignment)."""
     args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", str(paged), "--gluon", "--heads", str(heads)]
-    ks = compiled(*args, "--dump-sass-lines")
+    ks = compiled(*args, "--dump-sass-lines", "--tune", _STAGED)
     assert list(ks) == ["_index_gl_kernel"], f"launched {sorted(ks)}"
     k = ks["_index_gl_kernel"]
     assert k["local"] == 0, f"{k['local']} bytes of local memory (spills)"
@@ -49,7 +67,7 @@ def test_one_word_conversion_layouts(gather):
     chunk per thread, eight consecutive chunks of a row per quarter warp (the swizzle then
     gives them eight different bank groups); still no spills, 4-byte copies only."""
     args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
-    k = compiled(*args, "--tune", '{"one_word": true}')["_index_gl_kernel"]
+    k = compiled(*args, "--tune", json.dumps(dict(json.loads(_STAGED), one_word=True)))["_index_gl_kernel"]
     assert k["local"] == 0 and k["regs"] <= 255
     copies = {o for o in k["ops"] if o.startswith("LDGSTS")}
     assert copies and copies <= {"LDGSTS.E", "LDGSTS.E.LTC128B"}, f"async copies {copies}"
@@ -70,7 +88,7 @@ def test_direct_form_loads_one_word_per_thread(gather):
     over two whole rows), the tile stored from the one-word conversion's layout; no
     spills, at the default registers and under a cap of 72."""
     args = ["index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", gather]
-    for tune in ('{"stages": 0}', '{"stages": 0, "maxnreg": 72}'):
+    for tune in (json.dumps(_DIRECT), json.dumps(dict(_DIRECT, maxnreg=72))):
         k = compiled(*args, "--tune", tune)["_index_gl_kernel"]
         assert k["local"] == 0, f"{tune}: {k['local']} bytes of local memory (spills)"
         assert not any(o.startswith("LDGSTS") for o in k["ops"]), f"{tune}: async copies in the direct form"
@@ -111,9 +129,11 @@ def test_afrag_keys_never_touch_shared_memory(gather):
 
 
 def test_sm90_compile_gathered_form():
-    """The reindex layers' gathered form (ids of candidate blocks of 8 rows) compiles for
+    """(The cp.async form.) The reindex layers' gathered form (ids of candidate blocks of 8 rows) compiles for
     sm_90 without spills, its copies 4-byte."""
-    ks = compiled("index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", "8")
+    ks = compiled(
+        "index", "--m", "4", "--L", "4096", "--packed", "--paged", "64", "--gluon", "--gather", "8", "--tune", _STAGED
+    )
     k = ks["_index_gl_kernel"]
     assert k["local"] == 0 and k["regs"] <= 255
     copies = {o for o in k["ops"] if o.startswith("LDGSTS")}
@@ -143,11 +163,11 @@ def _args(d=128, H=32, dtype=torch.uint8):
         ({}, dict(sub=3), "sub = 3"),
         ({}, dict(stages=1), "stages = 1"),
         ({}, dict(bogus=1), "tune keys"),
-        ({}, dict(afrag=True), "afrag = True with stages = 4"),
-        ({}, dict(stages=0, slice_out=True), "slice_out = True"),
-        ({}, dict(stages=0, afrag=1), "afrag = 1"),
-        ({}, dict(stages=0, row0=True), "row0 = True"),
-        ({}, dict(stages=0, ahead=True), "ahead = True"),
+        ({}, dict(stages=4), "afrag = True with stages = 4"),
+        ({}, dict(afrag=False), "slice_out = True"),
+        ({}, dict(afrag=1), "afrag = 1"),
+        ({}, dict(afrag=False, slice_out=False, row0=True), "row0 = True"),
+        ({}, dict(afrag=False, slice_out=False, ahead=True), "ahead = True"),
     ],
     ids=[
         "d64",

@@ -99,12 +99,18 @@ _TUNE = dict(
 # (both) ms. The same bytes (GPU tests). So the conflicts and the sector waste do not bound
 # this kernel: removing them costs more in per-row address work than they take.
 # `index_scores_paged` (the batched runtime's)
-_PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=False)
-# gluon (forty-eighth entry; off): over packed keys of 128 values with at most 32 heads on an
-# sm_90 GPU, one token per program group (full and gathered forms) runs
-# `indexer_gluon.index_scores_paged_gluon` (the code and scale words streamed through
-# shared-memory stages by cp.async), with this kernel's bits (the GPU tests and the probe
-# on a step's inputs: the same bytes). Slower on an H100 (batch_kernel_probe, a B = 64 step's
+_PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=True)
+# gluon (on since the fifty-first entry): over packed keys of 128 values with at most 32 heads
+# on an sm_90 GPU, one token per program group (full and gathered forms) runs
+# `indexer_gluon.index_scores_paged_gluon` with this kernel's bits (the GPU tests and the
+# probe on a step's inputs: the same bytes), at `GLUON_INDEX_TUNE`'s default: `afrag` (the
+# code words loaded in the MMA's A-fragment layout, a byte transpose within each quad of
+# lanes, no shared-memory tile) with `slice_out`. H100 (fifty-first entry): a B = 64 step's
+# ratio-1 call 103.6 µs against this kernel's 122.0 (batch_kernel_probe, L2 flushed); the
+# B = 64, 32K FP8 step over packed caches 8.295 / 8.316 / 8.302 ms against 8.497 / 8.498 /
+# 8.529 (three runs; bf16 caches 8.545 / 8.529 / 8.552), the quick tier passing with it on.
+# Its first form (forty-eighth entry: the words streamed through shared-memory stages by
+# cp.async, `stages` 4, still a tune) was slower on an H100 (batch_kernel_probe, a B = 64 step's
 # ratio-1 call: 151-170 µs over its shapes against 121.5; the B = 64, 32K FP8 step over
 # packed caches 8.747 against 8.513 ms). Nsight Compute on this kernel's packed launch there:
 # L1/TEX 80 % busy, DRAM 37 % (its 4-byte loads of the 68-byte rows use 9.5 of 32 bytes per

@@ -1,6 +1,12 @@
-"""Index scores over packed index keys with their loads kept in flight (Gluon, sm_90): the
-batched decode's `indexer.index_scores_paged` over a pool of V4.1's fp4_e8m0 key rows, with
-the bits of the Triton kernel (`indexer._index_scores_kernel` at `_PAGED_TUNE`).
+"""Index scores over packed index keys in Gluon (sm_90): the batched decode's
+`indexer.index_scores_paged` over a pool of V4.1's fp4_e8m0 key rows, with the bits of the
+Triton kernel (`indexer._index_scores_kernel` at `_PAGED_TUNE`). The runtime's default over
+packed keys since the fifty-first entry, in its `afrag` form (below, `GLUON_INDEX_TUNE`):
+each quad of lanes loads one row's code words in the warpgroup MMA's A-fragment layout, a
+byte transpose within the quad (`_QUAD_T`) hands each lane its own columns' bytes, and the
+keys reach the MMA from registers (no shared-memory tile, one barrier in the kernel). H100,
+a B = 64 step's ratio-1 call: 103.6 µs against the Triton kernel's 122.0; the B = 64, 32K
+FP8 step over packed caches 2.1-2.4 % faster (BENCHMARKS.md, fifty-first entry).
 
 Why it was built: over packed keys the Triton kernel reads its bytes at about a third of the
 copy rate (BENCHMARKS.md, thirty-third entry), and its loads of a block's code words wait at
@@ -82,6 +88,12 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # words per thread a quarter warp's stores meet two ways on every bank, and its word loads
 # four ways). The same values, so the same bits. stages = 0: the direct form (no stages,
 # no cp.async: each block's words loaded into registers in the one-word layout).
+# The defaults (fifty-first entry): stages 0 with afrag and slice_out, sub 8 (H100, a B = 64
+# step's ratio-1 call, L2 flushed, µs: sub 8 103.6, 4 105.3, 16 105.9, 2 112.3, 1 126.1, 32
+# 112.7; without slice_out 105.9; row0 103.5; ahead 111.6, with row0 103.7; cap 80 104.8; the
+# direct one-word form 134.5, the Triton kernel 122.0). Whole B = 64, 32K FP8 steps over
+# packed caches (ab_steps.py, ms): afrag 8.316, sub 4 8.342, sub 16 8.355, ahead row0 8.323,
+# production before 8.498.
 # afrag (with stages = 0): each block's code words loaded straight into registers in the
 # warpgroup MMA's A-fragment layout (`_afrag_blocks`' LWA: a quad of lanes holds one row's
 # words 4i … 4i + 3, one each), a byte transpose within each quad (`_QUAD_T`: two
@@ -97,13 +109,13 @@ __all__ = ["HAVE_GLUON", "index_scores_paged_gluon", "GLUON_INDEX_TUNE"]
 # registers before block i's transpose, conversion and MMA.
 GLUON_INDEX_TUNE = dict(
     sub=8,
-    stages=4,
+    stages=0,
     pdl=True,
     maxnreg=None,
     mid=False,
     one_word=False,
-    afrag=False,
-    slice_out=False,
+    afrag=True,
+    slice_out=True,
     row0=False,
     ahead=False,
 )

@@ -1,7 +1,11 @@
 """The decode attention's first kernel over V4.1's packed rows in Gluon, each row chunk
 dequantized straight into the warpgroup MMA's A fragment: `sparse_attn_split`'s
 `_logits_kernel` (its batched launch: the rows as the MMA's rows, all heads per program),
-with its bits. An option of `sparse_attn_split` (`gluon_logits`, off).
+with its bits. An option of `sparse_attn_split` (`gluon_logits`), off: the same bytes on an
+H100 but slower there (the logits alone on a B = 64, 32K step's inputs 31.0-38.8 µs over its
+launch options against the Triton kernel's 28.8; the B = 64 step 0.6-3.6 % slower;
+BENCHMARKS.md, fifty-first entry). Unlike the index kernel, this one is not bound by the
+tile's shared-memory round trip; what bounds it was not profiled.
 
 Why: over packed rows the Triton kernel converts each 64-column chunk of a block's rows in
 registers, stores the bf16 tile in shared memory and loads it back in the MMA's operand
