@@ -153,7 +153,9 @@ if HAVE_GLUON:
     def _lut_values(words, sw, L: gl.constexpr):
         """The eight bf16 values of each code word (nibble j: value j) by `_FP4_LUT_E8M0`,
         one word per instance; `sw` [64] the rows' scale words (word c's scale is byte
-        c // 4 of it, c its index along L's second axis)."""
+        c // 4 of it, c its index along L's second axis), passed with the byte's selector and
+        the runtime high half its tables' prmt ignores, as `packed_rows._fp4_rows_bf16_lut`
+        passes them."""
         wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
         sw2 = gl.broadcast(sw[:, None], words)[0]
         b = wc // 4
@@ -228,24 +230,13 @@ if HAVE_GLUON:
     def _words_bf16(words, sw, L: gl.constexpr, ONE_WORD: gl.constexpr):
         """[64, 128] bf16 keys of a block's code words [64, 16] (layout L) and scale words
         [64] (its row slice): word c holds columns 8c … 8c + 7, its scale is byte c // 4 of
-        the row's scale word. ONE_WORD: `_FP4_LUT_E8M0`, one word per instance (its byte
-        selector and the runtime high half its tables' prmt ignores, as `packed_rows`
-        `_fp4_rows_bf16_lut` passes them); else `_FP4_SW_E8M0`, two words per instance."""
-        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
-        sw2 = gl.broadcast(sw[:, None], words)[0]
+        the row's scale word. ONE_WORD: `_lut_values` (`_FP4_LUT_E8M0`, one word per
+        instance); else `_FP4_SW_E8M0`, two words per instance."""
         if ONE_WORD:
-            b = wc // 4
-            sel = gl.broadcast((0x0404 | (b << 4) | (b << 12))[None, :], words)[0]
-            ident = gl.broadcast((0x3210 | ((sw != 0).to(gl.int32) << 16))[:, None], words)[0]
-            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-                _LUT_ASM,
-                "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
-                [words, sw2, sel, ident],
-                dtype=(gl.bfloat16,) * 8,
-                is_pure=True,
-                pack=1,
-            )
+            o0, o1, o2, o3, o4, o5, o6, o7 = _lut_values(words, sw, L)
         else:
+            wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
+            sw2 = gl.broadcast(sw[:, None], words)[0]
             sh = gl.broadcast(((wc // 4) * 8)[None, :], words)[0]
             o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
                 _SW_ASM,

@@ -68,7 +68,6 @@ __all__ = ["HAVE_GLUON", "GLUON_LOGITS_TUNE", "logits_gluon", "logits_gluon_ok"]
 # q whole in shared memory, H_P·D·2 bytes, 64 KiB at Flash; 2: streamed through two chunk
 # buffers, 16 KiB, one more barrier per chunk).
 GLUON_LOGITS_TUNE = dict(pdl=True, maxnreg=None, q_stages=0)
-_DK = 64  # columns per chunk (one fragment of 4 MMA steps)
 
 if HAVE_GLUON:
     # `_FP4_LUT_E4M3` with two scales per word: $10 selects scale byte b0 into the low half
