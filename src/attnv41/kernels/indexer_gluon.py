@@ -156,13 +156,18 @@ if HAVE_GLUON:
         c // 4 of it, c its index along L's second axis), passed with the byte's selector and
         the runtime high half its tables' prmt ignores, as `packed_rows._fp4_rows_bf16_lut`
         passes them."""
-        wc = gl.arange(0, 16, layout=gl.SliceLayout(0, L))
+        b = gl.arange(0, 16, layout=gl.SliceLayout(0, L)) // 4
+        return _lut8(_LUT_ASM, words, sw, gl.broadcast((0x0404 | (b << 4) | (b << 12))[None, :], words)[0])
+
+    @gluon.jit
+    def _lut8(asm: gl.constexpr, words, sw, sel):
+        """`packed_rows`' table-lookup PTX `asm` (`_FP4_LUT_*` or a variant with the same
+        operands), one code word per instance: eight bf16 values per word of `words` [R, W],
+        scaled by the bytes of the rows' scale words `sw` [R] that `sel` [R, W] selects."""
         sw2 = gl.broadcast(sw[:, None], words)[0]
-        b = wc // 4
-        sel = gl.broadcast((0x0404 | (b << 4) | (b << 12))[None, :], words)[0]
         ident = gl.broadcast((0x3210 | ((sw != 0).to(gl.int32) << 16))[:, None], words)[0]
         return gl.inline_asm_elementwise(
-            _LUT_ASM,
+            asm,
             "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
             [words, sw2, sel, ident],
             dtype=(gl.bfloat16,) * 8,

@@ -57,7 +57,7 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from .indexer_gluon import _QUAD_T
+    from .indexer_gluon import _QUAD_T, _lut8
     from .packed_rows import _FP4_LUT_HEAD, fp4_lut_body
     from .sparse_attn_gluon import _pdl_release_wait
 
@@ -151,17 +151,8 @@ if HAVE_GLUON:
         s2 = gl.broadcast(gl.where((wc & 1) != 0, 0x3715, 0x6240)[None, :], words)[0]
         tw = gl.inline_asm_elementwise(_QUAD_T, "=r,r,r,r", [words, s1, s2], dtype=gl.int32, is_pure=False, pack=1)
         i = wc // 4
-        sw2 = gl.broadcast(swc[:, None], words)[0]
         sel = gl.broadcast((0x4040 | (2 * i) | ((2 * i + 1) << 8))[None, :], words)[0]
-        ident = gl.broadcast((0x3210 | ((swc != 0).to(gl.int32) << 16))[:, None], words)[0]
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _LUT2_E4M3,
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
-            [tw, sw2, sel, ident],
-            dtype=(gl.bfloat16,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        o0, o1, o2, o3, o4, o5, o6, o7 = _lut8(_LUT2_E4M3, tw, swc, sel)
         # [64, 8, 8]: word 4i + q, value 2j + n → column 32i + 8j + 2q + n
         v = gl.join(gl.join(gl.join(o0, o4), gl.join(o2, o6)), gl.join(gl.join(o1, o5), gl.join(o3, o7)))
         v = gl.permute(gl.reshape(v, [64, 2, 4, 4, 2]), (0, 1, 3, 2, 4))
