@@ -108,7 +108,8 @@ _PAGED_TUNE = dict(_TUNE, sub_packed=4, gluon=True)
 # lanes, no shared-memory tile) with `slice_out`. H100 (fifty-first entry): a B = 64 step's
 # ratio-1 call 103.6 µs against this kernel's 122.0 (batch_kernel_probe, L2 flushed); the
 # B = 64, 32K FP8 step over packed caches 8.295 / 8.316 / 8.302 ms against 8.497 / 8.498 /
-# 8.529 (three runs; bf16 caches 8.545 / 8.529 / 8.552), the quick tier passing with it on.
+# 8.529 (three runs; bf16 caches 8.545 / 8.529 / 8.552); the quick tier with it on: 1,791 passed (5
+# failures: tests of the cp.async shapes written for the old defaults, since given them explicitly).
 # Its first form (forty-eighth entry: the words streamed through shared-memory stages by
 # cp.async, `stages` 4, still a tune) was slower on an H100 (batch_kernel_probe, a B = 64 step's
 # ratio-1 call: 151-170 µs over its shapes against 121.5; the B = 64, 32K FP8 step over
