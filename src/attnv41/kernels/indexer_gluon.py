@@ -149,6 +149,20 @@ if HAVE_GLUON:
         "prmt.b32 $0, t, p, $3;\n}"
     )
 
+    # [64 rows, 16 words] at 4 warps: registers over words 4i (i = 0 … 3) and the row + 8,
+    # lanes over words q = 0 … 3 and rows 0 … 7, warps over rows 16w: the warpgroup MMA's A
+    # fragment (rows r and r + 8 of a warp's 16 in lane 4r + q) at word granularity (also
+    # `sparse_attn_logits_gluon`'s window rows)
+    AFRAG_WORDS16 = gl.constexpr(
+        gl.DistributedLinearLayout(
+            reg_bases=[[0, 4], [0, 8], [8, 0]],
+            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 16],
+        )
+    )
+
     @gluon.jit
     def _lut_values(words, sw, L: gl.constexpr):
         """The eight bf16 values of each code word (nibble j: value j) by `_FP4_LUT_E8M0`,
@@ -432,16 +446,7 @@ if HAVE_GLUON:
         """`afrag`: each live block's code and scale words loaded straight into registers in
         the A fragment's layout (`_afrag_keys`), no shared-memory tile and no barrier
         between blocks."""
-        # [64 rows, 16 words]: registers over words 4i (i = 0 … 3) and the row + 8, lanes over
-        # words q = 0 … 3 and rows 0 … 7, warps over rows 16w: the MMA's A fragment (rows
-        # r and r + 8 of a warp's 16 in lane 4r + q) at word granularity
-        LWA: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 4], [0, 8], [8, 0]],
-            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]],
-            block_bases=[],
-            shape=[64, 16],
-        )
+        LWA: gl.constexpr = AFRAG_WORDS16
         gl.thread_barrier()  # q's store before the MMAs read it (through the async proxy: the fence)
         fence_async_shared()
         if AHEAD:

@@ -57,7 +57,7 @@ if HAVE_GLUON:
         warpgroup_mma_wait,
     )
 
-    from .indexer_gluon import _QUAD_T, _lut8
+    from .indexer_gluon import _QUAD_T, AFRAG_WORDS16, _lut8
     from .packed_rows import _FP4_LUT_HEAD, fp4_lut_body
     from .sparse_attn_gluon import _pdl_release_wait
 
@@ -179,13 +179,7 @@ if HAVE_GLUON:
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, H_P, 16]
         )
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        LWA: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 4], [0, 8], [8, 0]],
-            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]],
-            block_bases=[],
-            shape=[64, 16],
-        )
+        LWA: gl.constexpr = AFRAG_WORDS16
         LWF: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 4], [8, 0]],
             lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
